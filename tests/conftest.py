@@ -30,8 +30,14 @@ def tokenizer(smollm2_dir):
     return AutoTokenizer.from_pretrained(smollm2_dir)
 
 
-def build_tiny_model(arch: str = "llama", tied: bool = True, vocab_size: int = 49152, extra_rows: int = 0,
-                     dtype: torch.dtype = torch.float32, seed: int = 0):
+def build_tiny_model(
+    arch: str = "llama",
+    tied: bool = True,
+    vocab_size: int = 49152,
+    extra_rows: int = 0,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+):
     """A 2-layer, 64-wide causal LM with the tokenizer's vocabulary.
 
     ``extra_rows`` pads the embedding matrix beyond the tokenizer like Qwen3 checkpoints do.
@@ -39,9 +45,17 @@ def build_tiny_model(arch: str = "llama", tied: bool = True, vocab_size: int = 4
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
     common = dict(
-        vocab_size=vocab_size + extra_rows, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=tied,
-        bos_token_id=1, eos_token_id=2, pad_token_id=2,
+        vocab_size=vocab_size + extra_rows,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=tied,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
     )
     config = LlamaConfig(**common) if arch == "llama" else Qwen3Config(head_dim=16, **common)
     torch.manual_seed(seed)
