@@ -1,0 +1,22 @@
+"""The grounded-token adapter as a PEFT method (``PeftType.GROUNDED_TOKENS``)."""
+
+from .config import GroundedTokenConfig
+from .layer import GroundedHead, GroundedTokenLayer
+from .model import GroundedTokenModel
+from .registration import GROUNDED_TOKENS, register
+from .vocab import AddedTokens, add_sid_tokens, add_tokens, check_tokenizer, vocab_fingerprint
+
+register(GroundedTokenConfig, GroundedTokenModel)
+
+__all__ = [
+    "GROUNDED_TOKENS",
+    "AddedTokens",
+    "GroundedHead",
+    "GroundedTokenConfig",
+    "GroundedTokenLayer",
+    "GroundedTokenModel",
+    "add_sid_tokens",
+    "add_tokens",
+    "check_tokenizer",
+    "vocab_fingerprint",
+]

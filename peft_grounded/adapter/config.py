@@ -1,0 +1,257 @@
+"""``GroundedTokenConfig``: the configuration of a grounded-token adapter."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+import torch
+from peft.config import PeftConfig
+
+from ..init.projection import PROJECTIONS
+from ..init.sources import IN_MEMORY_PREFIX
+from ..init.strategies import DATA_STRATEGIES, STRATEGIES
+from .registration import GROUNDED_TOKENS
+
+RUNTIME_TENSOR_FIELDS = ("init_vectors", "init_anchors")
+
+
+def describe_tensor(value: torch.Tensor | np.ndarray) -> str:
+    """The JSON record of an in-memory tensor: dtype, shape and a content hash."""
+    tensor = torch.as_tensor(value).detach().cpu().contiguous()
+    digest = hashlib.sha256(tensor.numpy().tobytes()).hexdigest()[:16]
+    return f"{IN_MEMORY_PREFIX}{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)} sha256={digest}"
+
+
+@dataclass
+class GroundedTokenConfig(PeftConfig):
+    """Configuration of a grounded-token adapter: a trainable delta on the rows of new tokens only.
+
+    The adapter wraps the input embedding (and, for untied models, the output head) so that the rows of
+    ``token_indices`` come from small trainable matrices while every other weight stays frozen and
+    bit-identical. ``init`` chooses how those rows start (see :mod:`peft_grounded.init.strategies`).
+
+    Data-dependent initialisations take their data from ``init_vectors`` / ``init_texts`` /
+    ``init_anchors``. Tensors given there are used once, when the adapter is created, and are recorded
+    in ``adapter_config.json`` as a description (dtype, shape, hash), not as values: a saved adapter's
+    rows come from ``adapter_model.safetensors``.
+
+    Passing the list returned by :func:`peft_grounded.add_tokens` as ``token_indices`` also fills
+    ``token_strings``, ``original_vocab_size`` and ``vocab_fingerprint``.
+    """
+
+    token_indices: list[int] = field(
+        default_factory=list,
+        metadata={"help": "Row indices of the new tokens (as returned by `peft_grounded.add_tokens`)."},
+    )
+    token_strings: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "The token strings at `token_indices`, checked against a tokenizer when one is given."
+        },
+    )
+    tokens_are_new: bool = field(
+        default=True,
+        metadata={
+            "help": "The tokens extend the vocabulary: their indices must lie at or beyond `original_vocab_size`. "
+            "Set to False to re-learn rows of existing tokens."
+        },
+    )
+    original_vocab_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "Size of the vocabulary before the extension; statistics for `mean`/`gaussian`/`centroid` "
+            "come from rows below it. Default: the smallest new index (new tokens are appended)."
+        },
+    )
+    target_modules: str | list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Name of the input-embedding module to wrap. Default: `model.get_input_embeddings()`."
+        },
+    )
+    output_module: str | None = field(
+        default=None,
+        metadata={
+            "help": "Name of the output head for untied models. Default: `model.get_output_embeddings()`."
+        },
+    )
+    train_output_rows: bool = field(
+        default=True,
+        metadata={"help": "Untied heads: also give the new tokens trainable output rows (x2 parameters)."},
+    )
+    init: str = field(
+        default="mean",
+        metadata={"help": f"How the new rows start: one of {', '.join(STRATEGIES)}."},
+    )
+    init_vectors: Any = field(
+        default=None,
+        metadata={
+            "help": "centroid: one vector per new token, any width (tensor, array, or path to a .safetensors "
+            "file with a `vectors` tensor); tensor: a [n, d_model] matrix; adapter: path of a saved grounded "
+            "adapter. A dict {'input': ..., 'output': ...} gives untied heads their own vectors."
+        },
+    )
+    init_texts: list[str] | list[list[int]] | None = field(
+        default=None,
+        metadata={
+            "help": "description: one text per new token (e.g. the titles of the items under a SID code), or "
+            "the token ids of each text. Strings need `tokenizer_name_or_path`."
+        },
+    )
+    tokenizer_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "description: local tokenizer used to tokenise `init_texts` strings."},
+    )
+    init_anchors: Any = field(
+        default=None,
+        metadata={
+            "help": "centroid with lstsq projection: {'token_ids': [...], 'vectors': [a, d]} (or a .safetensors "
+            "path with those keys), the encoder's vectors of existing vocabulary tokens."
+        },
+    )
+    centroid_projection: str = field(
+        default="auto",
+        metadata={
+            "help": "centroid: truncate (MRL encoders, d >= d_model), pca (principal axes onto the vocabulary's), "
+            "lstsq (map fitted on init_anchors), or auto: lstsq with anchors, truncate when wide enough, else pca."
+        },
+    )
+    norm_match: bool = field(
+        default=True,
+        metadata={
+            "help": "centroid: scale the mean-shifted vectors so their RMS deviation from the vocabulary mean "
+            "equals the vocabulary rows' (one global factor; keeps all cosine ratios)."
+        },
+    )
+    init_seed: int = field(
+        default=0, metadata={"help": "Seed of the random initialisations (gaussian, random)."}
+    )
+    num_embeddings: int | None = field(
+        default=None,
+        metadata={
+            "help": "Rows of the input embedding the adapter was made for (filled when the adapter is created)."
+        },
+    )
+    embedding_signature: list[float] | None = field(
+        default=None,
+        metadata={
+            "help": "Norms of a few fixed rows of the original vocabulary, filled at creation and checked on load "
+            "to catch a different base model."
+        },
+    )
+    vocab_fingerprint: str | None = field(
+        default=None,
+        metadata={"help": "sha256 of the original vocabulary's token strings (filled by `add_tokens`)."},
+    )
+    lora_r: int = field(
+        default=0,
+        metadata={"help": "Rank of a LoRA stacked on the backbone for the task's SFT; 0 disables it."},
+    )
+    lora_alpha: int = field(
+        default=16, metadata={"help": "LoRA scaling numerator (scale = lora_alpha / lora_r)."}
+    )
+    lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on the LoRA branch."})
+    lora_target_modules: list[str] | str | None = field(
+        default=None,
+        metadata={
+            "help": "Modules that get LoRA (names, regex, or 'all-linear'); the LM head and embeddings are never "
+            "targeted: their new rows are this adapter's own parameters."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.peft_type = GROUNDED_TOKENS
+        added = self.token_indices
+        for attr, name in (
+            ("tokens", "token_strings"),
+            ("original_vocab_size", "original_vocab_size"),
+            ("vocab_fingerprint", "vocab_fingerprint"),
+        ):
+            if getattr(self, name) is None and getattr(added, attr, None) is not None:
+                setattr(self, name, getattr(added, attr))
+        self.token_indices = self._checked_indices(added)
+        if self.token_strings is not None:
+            self.token_strings = list(self.token_strings)
+            if len(self.token_strings) != len(self.token_indices):
+                raise ValueError(
+                    f"token_strings has {len(self.token_strings)} entries for {len(self.token_indices)} token indices."
+                )
+        if self.init not in STRATEGIES:
+            raise ValueError(f"Unknown init {self.init!r}; choose one of {', '.join(STRATEGIES)}.")
+        if self.centroid_projection not in PROJECTIONS:
+            raise ValueError(
+                f"Unknown centroid_projection {self.centroid_projection!r}; choose one of {', '.join(PROJECTIONS)}."
+            )
+        if self.tokens_are_new and self.original_vocab_size is not None:
+            inside = [i for i in self.token_indices if i < self.original_vocab_size]
+            if inside:
+                raise ValueError(
+                    f"token_indices {inside[:5]} lie inside the original vocabulary (size {self.original_vocab_size}) "
+                    "but the tokens are declared new. Add the tokens with peft_grounded.add_tokens and pass the "
+                    "indices it returns, or set tokens_are_new=False to re-learn existing tokens."
+                )
+        if self.lora_r < 0:
+            raise ValueError(f"lora_r must be >= 0, got {self.lora_r}.")
+        if self.lora_r and not self.lora_target_modules:
+            raise ValueError(
+                "lora_r > 0 needs lora_target_modules (e.g. 'all-linear' or ['q_proj', 'v_proj'])."
+            )
+        if self.init in DATA_STRATEGIES and self.init != "description" and self.init_vectors is None:
+            raise ValueError(f"init={self.init!r} needs init_vectors.")
+        if self.init == "description" and self.init_texts is None:
+            raise ValueError("init='description' needs init_texts (one text per new token).")
+
+    @staticmethod
+    def _checked_indices(indices: Any) -> list[int]:
+        values = [int(i) for i in indices]
+        if not values:
+            raise ValueError("token_indices is empty: pass the indices of the new tokens (see add_tokens).")
+        if any(i < 0 for i in values):
+            raise ValueError(f"token_indices must be >= 0, got {[i for i in values if i < 0][:5]}.")
+        seen: set[int] = set()
+        duplicated = sorted({i for i in values if i in seen or seen.add(i)})
+        if duplicated:
+            raise ValueError(
+                f"token_indices lists {duplicated[:5]} more than once; each new token needs one row."
+            )
+        return values
+
+    @property
+    def has_lora(self) -> bool:
+        return self.lora_r > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict; in-memory init tensors become a description (dtype, shape, hash)."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in RUNTIME_TENSOR_FIELDS:
+                value = _record(value)
+            out[f.name] = value
+        out["peft_type"] = str(self.peft_type.value if hasattr(self.peft_type, "value") else self.peft_type)
+        if out.get("task_type") is not None and hasattr(out["task_type"], "value"):
+            out["task_type"] = out["task_type"].value
+        return out
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str, subfolder: str | None = None, **kwargs):
+        """Load a saved config; its rows will come from the checkpoint, so init data are not required."""
+        config = super().from_pretrained(pretrained_model_name_or_path, subfolder=subfolder, **kwargs)
+        config.rows_from_checkpoint = True
+        return config
+
+    # Set by from_pretrained. Deliberately unannotated: a class attribute, not a dataclass field, so it is
+    # never serialised.
+    rows_from_checkpoint = False
+
+
+def _record(value: Any) -> Any:
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        return describe_tensor(value)
+    if isinstance(value, dict):
+        return {k: _record(v) for k, v in value.items()}
+    return value

@@ -1,0 +1,259 @@
+"""The tuner layer: new-token rows as small trainable matrices over a frozen embedding and head.
+
+``GroundedTokenLayer`` wraps the input embedding. For each adapter it holds ``grounded_embedding``, the
+``n x d`` rows of its new tokens, and for untied models ``grounded_head``, their ``n x d`` output rows.
+The forward pass looks the batch up in the frozen matrix and overwrites the positions of new tokens
+with the adapter's rows, so no full-vocabulary tensor ever gets a gradient or optimiser state.
+
+``GroundedHead`` stands in for the output layer. Its forward runs the frozen head and overwrites the
+logits of the new tokens with ``hidden @ rows.T``; its ``weight`` property returns the frozen matrix
+with the adapter rows written in, differentiable with respect to those rows. That second path is what
+TRL's ``SFTTrainer`` uses: its fused loss reads ``lm_head.weight`` directly, and it refuses PEFT tuner
+layers on the head, which is why ``GroundedHead`` is a plain module driven by the embedding layer
+(tied models share one set of rows between input and output, exactly like the base model).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+from peft.tuners._buffer_dict import BufferDict
+from peft.tuners.tuners_utils import BaseTunerLayer, check_adapters_to_merge
+from torch import nn
+
+
+class GroundedTokenLayer(nn.Module, BaseTunerLayer):
+    """Input embedding with trainable rows for the new tokens of each adapter."""
+
+    adapter_layer_names = ("grounded_embedding", "grounded_head")
+    other_param_names = ("grounded_indices", "grounded_original", "grounded_head_original")
+
+    def __init__(self, base_layer: nn.Module, adapter_name: str, head: nn.Module | None = None) -> None:
+        super().__init__()
+        if not isinstance(getattr(base_layer, "weight", None), torch.Tensor) or base_layer.weight.ndim != 2:
+            raise TypeError(
+                f"The grounded-token adapter wraps an embedding with a 2-d `weight`; got {type(base_layer).__name__}."
+                " Point `target_modules` at the input embedding."
+            )
+        self.base_layer = base_layer
+        self.grounded_embedding = nn.ParameterDict()
+        self.grounded_head = nn.ParameterDict()
+        self.grounded_indices = BufferDict(persistent=False)
+        self.grounded_original = BufferDict(persistent=False)
+        self.grounded_head_original = BufferDict(persistent=False)
+        self._head = [head]  # the model's own output layer: referenced, not owned (kept out of state_dict)
+        self.num_embeddings = base_layer.weight.shape[0]
+        self._active_adapter = adapter_name
+        self.merged_adapters: list[str] = []
+        self._lookup: dict[tuple[str, torch.device], torch.Tensor] = {}
+
+    # --- structure -------------------------------------------------------------------------------------
+
+    @property
+    def head(self) -> nn.Module | None:
+        return self._head[0]
+
+    @property
+    def tied(self) -> bool:
+        head = self.head
+        return head is not None and head.weight is self.base_layer.weight
+
+    def update_layer(
+        self,
+        adapter_name: str,
+        token_indices: list[int],
+        input_rows: torch.Tensor,
+        output_rows: torch.Tensor | None,
+    ) -> None:
+        """Add an adapter whose new tokens ``token_indices`` start from ``input_rows`` (and ``output_rows``)."""
+        self._check_disjoint(adapter_name, token_indices)
+        weight = self.base_layer.weight
+        index = torch.as_tensor(token_indices, dtype=torch.long, device=weight.device)
+        self.grounded_indices[adapter_name] = index
+        self.grounded_original[adapter_name] = weight.detach()[index].clone()
+        self.grounded_embedding[adapter_name] = nn.Parameter(
+            input_rows.to(weight.device, weight.dtype).clone()
+        )
+        if output_rows is not None:
+            head_weight = self.head.weight
+            self.grounded_head_original[adapter_name] = head_weight.detach()[index].clone()
+            self.grounded_head[adapter_name] = nn.Parameter(
+                output_rows.to(head_weight.device, head_weight.dtype)
+            )
+        self._lookup.clear()
+        self.set_adapter(self.active_adapters)
+
+    def delete_adapter(self, adapter_name: str) -> None:
+        super().delete_adapter(adapter_name)
+        self._lookup.clear()
+
+    def _check_disjoint(self, adapter_name: str, token_indices: list[int]) -> None:
+        new = set(token_indices)
+        for other, index in self.grounded_indices.items():
+            if other == adapter_name:
+                continue
+            shared = sorted(new.intersection(index.tolist()))
+            if shared:
+                raise ValueError(
+                    f"Adapter {adapter_name!r} would train token rows {shared[:5]} that adapter {other!r} already "
+                    "trains; grounded adapters on one model must cover disjoint tokens."
+                )
+
+    def _check_size(self) -> None:
+        rows = self.base_layer.weight.shape[0]
+        if rows != self.num_embeddings:
+            raise RuntimeError(
+                f"The input embedding was resized from {self.num_embeddings} to {rows} rows after the grounded-token "
+                "adapter wrapped it, which would misplace the adapter's rows. Add tokens and resize first "
+                "(peft_grounded.add_tokens), then call get_peft_model; to extend an adapted model, "
+                "merge_and_unload() it, add the tokens, and wrap it again."
+            )
+
+    def _active_here(self) -> list[str]:
+        return [name for name in self.active_adapters if name in self.grounded_embedding]
+
+    def _local_index(self, adapter_name: str, device: torch.device) -> torch.Tensor:
+        """Map from token id to the adapter's row (-1 for tokens the adapter does not own), cached per device."""
+        key = (adapter_name, device)
+        lookup = self._lookup.get(key)
+        if lookup is None:
+            lookup = torch.full((self.num_embeddings,), -1, dtype=torch.long, device=device)
+            index = self.grounded_indices[adapter_name].to(device)
+            lookup[index] = torch.arange(index.numel(), device=device)
+            self._lookup[key] = lookup
+        return lookup
+
+    def _output_rows(self, adapter_name: str) -> torch.Tensor | None:
+        if self.tied:
+            return self.grounded_embedding[adapter_name]
+        return self.grounded_head.get(adapter_name)
+
+    def _adapters_in_effect(self) -> list[str]:
+        if self.disable_adapters or self.merged:
+            return []
+        return self._active_here()
+
+    # --- forward -----------------------------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        self._check_size()
+        if self.disable_adapters and self.merged:
+            self.unmerge()
+        result = self.base_layer(x, *args, **kwargs)
+        names = self._adapters_in_effect()
+        if not names:
+            return result
+        scale = self._get_embed_scale()
+        for name in names:
+            local = self._local_index(name, x.device)[x]
+            rows = F.embedding(local.clamp(min=0), self.grounded_embedding[name].to(result.dtype))
+            if scale is not None:
+                rows = rows * scale.to(rows.dtype)
+            result = torch.where((local >= 0).unsqueeze(-1), rows, result)
+        return result
+
+    def head_forward(self, head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of the frozen head with the new tokens' columns computed from the adapter rows."""
+        self._check_size()
+        logits = head(hidden)
+        bias = getattr(head, "bias", None)
+        for name in self._adapters_in_effect():
+            rows = self._output_rows(name)
+            if rows is None:
+                continue
+            index = self.grounded_indices[name].to(logits.device)
+            rows = rows.to(hidden.dtype)
+            new = F.linear(hidden, rows, None if bias is None else bias[index].to(rows.dtype))
+            logits.index_copy_(-1, index, new.to(logits.dtype))
+        return logits
+
+    def head_weight(self, head: nn.Module) -> torch.Tensor:
+        """The head's weight with the adapter rows written in (differentiable w.r.t. those rows)."""
+        weight = head.weight
+        for name in self._adapters_in_effect():
+            rows = self._output_rows(name)
+            if rows is not None:
+                index = self.grounded_indices[name].to(weight.device)
+                weight = weight.index_copy(0, index, rows.to(weight.dtype))
+        return weight
+
+    # --- merge ---------------------------------------------------------------------------------------------
+
+    def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
+        """Write the adapter rows into the base matrices in place (tying is preserved)."""
+        adapter_names = check_adapters_to_merge(self, adapter_names)
+        for name in adapter_names:
+            if name not in self.grounded_embedding:
+                continue
+            pairs = [(self.base_layer.weight, self.grounded_embedding[name])]
+            if not self.tied and name in self.grounded_head:
+                pairs.append((self.head.weight, self.grounded_head[name]))
+            for weight, rows in pairs:
+                values = rows.detach().to(weight.dtype)
+                if safe_merge and not torch.isfinite(values).all():
+                    raise ValueError(f"Adapter {name!r} has NaN or Inf rows; refusing to merge it.")
+                weight.data.index_copy_(0, self.grounded_indices[name].to(weight.device), values)
+            self.merged_adapters.append(name)
+
+    def unmerge(self) -> None:
+        """Restore the base rows exactly as they were when the adapter was added."""
+        if not self.merged:
+            warnings.warn("Already unmerged. Nothing to do.", stacklevel=2)
+            return
+        while self.merged_adapters:
+            name = self.merged_adapters.pop()
+            index = self.grounded_indices[name]
+            self.base_layer.weight.data.index_copy_(
+                0, index.to(self.base_layer.weight.device), self.grounded_original[name]
+            )
+            if not self.tied and name in self.grounded_head_original:
+                head_weight = self.head.weight
+                head_weight.data.index_copy_(
+                    0, index.to(head_weight.device), self.grounded_head_original[name]
+                )
+
+
+class GroundedHead(nn.Module):
+    """Stand-in for the output layer; the embedding's :class:`GroundedTokenLayer` supplies the new rows."""
+
+    def __init__(self, base_layer: nn.Module, owner: GroundedTokenLayer) -> None:
+        super().__init__()
+        self.base_layer = base_layer
+        self._owner = [owner]  # referenced, not a submodule: its parameters belong to the embedding
+
+    @property
+    def owner(self) -> GroundedTokenLayer:
+        return self._owner[0]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.owner.head_weight(self.base_layer)
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return getattr(self.base_layer, "bias", None)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "weight":  # transformers' tie_weights assigns the head weight
+            self.base_layer.weight = value
+            return
+        super().__setattr__(name, value)
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "base_layer":
+                raise
+            return getattr(self.base_layer, name)  # in_features, out_features, ...
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.owner.head_forward(self.base_layer, hidden)
+
+    def get_base_layer(self) -> nn.Module:
+        return self.base_layer
+
+    def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
+        """No-op: the owning embedding layer merges the head rows together with the input rows."""

@@ -1,0 +1,276 @@
+"""``GroundedTokenModel``: the PEFT tuner that installs grounded-token layers (and an optional LoRA)."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from peft import LoraConfig
+from peft.tuners.lora import LoraLayer, LoraModel
+from peft.tuners.tuners_utils import BaseTuner, _maybe_include_all_linear_layers, check_target_module_exists
+from peft.utils import _get_input_embeddings_name
+from torch import nn
+
+from ..init.sources import adapter_rows, resolve_init_data
+from ..init.strategies import InitData, initial_rows
+from .config import GroundedTokenConfig
+from .layer import GroundedHead, GroundedTokenLayer
+
+SIGNATURE_ROWS = 8
+SIGNATURE_RTOL = 2e-2
+
+
+def embedding_signature(weight: torch.Tensor, original_vocab_size: int) -> list[float]:
+    """Norms of a few fixed rows of the original vocabulary: cheap to check, robust to dtype changes."""
+    positions = sorted(
+        {round(j * (original_vocab_size - 1) / (SIGNATURE_ROWS - 1)) for j in range(SIGNATURE_ROWS)}
+    )
+    norms = weight.detach()[torch.as_tensor(positions, device=weight.device)].double().norm(dim=1)
+    return [float(f"{n:.6g}") for n in norms.cpu().tolist()]
+
+
+class GroundedTokenModel(BaseTuner):
+    """Wraps the input embedding (and the output head) so that only the new tokens' rows train."""
+
+    prefix: str = "grounded_"
+    tuner_layer_cls = GroundedTokenLayer
+    target_module_mapping: dict = {}  # noqa: RUF012
+
+    def __init__(self, model, config, adapter_name, low_cpu_mem_usage: bool = False, state_dict=None) -> None:
+        self._lora_configs: dict[str, LoraConfig] = {}
+        super().__init__(
+            model, config, adapter_name, low_cpu_mem_usage=low_cpu_mem_usage, state_dict=state_dict
+        )
+
+    # --- targeting ---------------------------------------------------------------------------------------
+
+    def _prepare_adapter_config(
+        self, peft_config: GroundedTokenConfig, model_config: dict
+    ) -> GroundedTokenConfig:
+        if peft_config.target_modules is None:
+            name = _get_input_embeddings_name(self.model, None)
+            if name is None:
+                raise ValueError(
+                    "Could not find the model's input embedding; set target_modules to its module name."
+                )
+            peft_config.target_modules = name
+        return peft_config
+
+    def _lora_config(self, config: GroundedTokenConfig) -> LoraConfig | None:
+        if not config.has_lora:
+            return None
+        key = id(config)
+        if key not in self._lora_configs:
+            lora = LoraConfig(
+                r=config.lora_r,
+                lora_alpha=config.lora_alpha,
+                lora_dropout=config.lora_dropout,
+                target_modules=copy.copy(config.lora_target_modules),
+                task_type=config.task_type,
+            )
+            lora = _maybe_include_all_linear_layers(lora, self.model)
+            self._lora_configs[key] = lora
+        return self._lora_configs[key]
+
+    def _is_embedding_key(self, config: GroundedTokenConfig, key: str) -> bool:
+        return bool(check_target_module_exists(config, key))
+
+    def _check_target_module_exists(self, config: GroundedTokenConfig, key: str):  # type: ignore[override]
+        if self._is_embedding_key(config, key):
+            return True
+        lora = self._lora_config(config)
+        if lora is None or key in self._excluded_from_lora():
+            return False
+        return check_target_module_exists(lora, key)
+
+    def _excluded_from_lora(self) -> set[str]:
+        excluded = set()
+        for module_getter in ("get_input_embeddings", "get_output_embeddings"):
+            module = getattr(self.model, module_getter, lambda: None)()
+            excluded.update(name for name, m in self.model.named_modules() if m is module)
+        return excluded
+
+    def _create_and_replace(self, config, adapter_name, target, target_name, parent, current_key, **kwargs):
+        if self._is_embedding_key(config, current_key):
+            self._add_token_rows(config, adapter_name, target, target_name, parent)
+        else:
+            self._add_lora(config, adapter_name, target, target_name, parent, current_key)
+
+    # --- token rows --------------------------------------------------------------------------------------
+
+    def _output_layer(self, config: GroundedTokenConfig) -> nn.Module | None:
+        """The model's own output layer (unwrapped), or None if the model has none."""
+        if config.output_module is not None:
+            try:
+                head = self.model.get_submodule(config.output_module)
+            except AttributeError as err:
+                raise ValueError(
+                    f"output_module={config.output_module!r} is not a module of this model."
+                ) from err
+        else:
+            getter = getattr(self.model, "get_output_embeddings", None)
+            head = getter() if getter is not None else None
+        if isinstance(head, GroundedHead):
+            head = head.base_layer
+        return head
+
+    def _add_token_rows(self, config, adapter_name, target, target_name, parent) -> None:
+        head = self._output_layer(config)
+        if isinstance(target, GroundedTokenLayer):
+            layer = target
+        else:
+            layer = GroundedTokenLayer(target, adapter_name, head)
+            self._replace_module(parent, target_name, layer, target)
+        untied = self.get_model_config(self.model).get("tie_word_embeddings") is False
+        if head is None and untied and config.train_output_rows:
+            raise ValueError(
+                "The model's head is untied but its output layer could not be found, so the new tokens' output "
+                "rows cannot train. Set output_module to the head's module name, or train_output_rows=False."
+            )
+        self._check_fits(config, layer)
+        input_rows, output_rows = self._initial_rows(config, layer)
+        layer.update_layer(adapter_name, config.token_indices, input_rows, output_rows)
+
+    def _check_fits(self, config: GroundedTokenConfig, layer: GroundedTokenLayer) -> None:
+        rows = layer.num_embeddings
+        outside = [i for i in config.token_indices if i >= rows]
+        if outside:
+            raise ValueError(
+                f"token_indices {outside[:5]} are out of range for an embedding with {rows} rows. Add the tokens "
+                "and resize the model first (peft_grounded.add_tokens), then wrap it."
+            )
+        if config.num_embeddings is None:
+            config.num_embeddings = rows
+        elif config.num_embeddings != rows:
+            raise ValueError(
+                f"This adapter was made for an embedding with {config.num_embeddings} rows, but the base has {rows}. "
+                "Add the adapter's tokens to the base first (peft_grounded.hub.load_grounded does it, or "
+                "peft_grounded.add_tokens with config.token_strings), in the same order."
+            )
+        original = self._original_vocab_size(config)
+        signature = embedding_signature(layer.base_layer.weight, original)
+        if config.embedding_signature is None:
+            config.embedding_signature = signature
+        elif len(config.embedding_signature) != len(signature) or not all(
+            math.isclose(a, b, rel_tol=SIGNATURE_RTOL, abs_tol=1e-6)
+            for a, b in zip(config.embedding_signature, signature, strict=True)
+        ):
+            raise ValueError(
+                "The base model's vocabulary rows differ from those the adapter was made for (embedding signature "
+                f"{signature} vs {config.embedding_signature}): this adapter belongs to another base model "
+                f"({config.base_model_name_or_path!r}). Load it onto that model."
+            )
+
+    @staticmethod
+    def _original_vocab_size(config: GroundedTokenConfig) -> int:
+        if config.original_vocab_size is not None:
+            return config.original_vocab_size
+        return min(config.token_indices) if config.tokens_are_new else max(config.token_indices) + 1
+
+    def _reference(self, config: GroundedTokenConfig, rows: int) -> slice | torch.Tensor:
+        if config.tokens_are_new:
+            return slice(0, self._original_vocab_size(config))
+        keep = torch.ones(rows, dtype=torch.bool)
+        keep[torch.as_tensor(config.token_indices)] = False
+        return keep.nonzero().flatten()
+
+    def _initial_rows(
+        self, config: GroundedTokenConfig, layer: GroundedTokenLayer
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        weight = layer.base_layer.weight
+        index = torch.as_tensor(config.token_indices, device=weight.device)
+        head = layer.head
+        train_head = head is not None and not layer.tied and config.train_output_rows
+        if config.rows_from_checkpoint:  # loading: the rows come from the checkpoint right after this
+            return weight.detach()[index].clone(), head.weight.detach()[index].clone() if train_head else None
+        if config.init == "adapter":
+            saved_in, saved_out = adapter_rows(
+                config.init_vectors, config.token_indices, config.token_strings
+            )
+            if train_head and saved_out is None:
+                saved_out = saved_in
+            return saved_in, saved_out if train_head else None
+        matrices = {"input": weight} | ({"output": head.weight} if train_head else {})
+        init_range = getattr(getattr(self.model, "config", None), "initializer_range", 0.02) or 0.02
+        rows = {}
+        for matrix, tensor in matrices.items():
+            data = (
+                resolve_init_data(config, matrix)
+                if config.init not in ("mean", "gaussian", "random")
+                else InitData()
+            )
+            rows[matrix] = initial_rows(
+                config.init,
+                tensor,
+                config.token_indices,
+                self._reference(config, tensor.shape[0]),
+                data,
+                seed=config.init_seed + (0 if matrix == "input" else 1),
+                initializer_range=init_range,
+            )
+        return rows["input"], rows.get("output")
+
+    # --- LoRA ----------------------------------------------------------------------------------------------
+
+    def _add_lora(self, config, adapter_name, target, target_name, parent, current_key) -> None:
+        lora = self._lora_config(config)
+        if isinstance(target, LoraLayer):
+            target.update_layer(
+                adapter_name, lora.r, lora_alpha=lora.lora_alpha, config=lora, target_name=current_key
+            )
+            return
+        kwargs = {
+            "r": lora.r,
+            "lora_alpha": lora.lora_alpha,
+            "target_name": current_key,
+            "ephemeral_gpu_offload": False,
+            "loaded_in_8bit": getattr(self.model, "is_loaded_in_8bit", False),
+            "loaded_in_4bit": getattr(self.model, "is_loaded_in_4bit", False),
+        }
+        new_module = LoraModel._create_new_module(lora, adapter_name, target, **kwargs)
+        if adapter_name not in self.active_adapters:
+            new_module.requires_grad_(False)
+        self._replace_module(parent, target_name, new_module, target)
+
+    # --- after injection -----------------------------------------------------------------------------------
+
+    def inject_adapter(self, model: nn.Module, adapter_name: str, **kwargs) -> None:
+        super().inject_adapter(model, adapter_name, **kwargs)
+        embedding = model.get_input_embeddings()
+        if not isinstance(embedding, GroundedTokenLayer):
+            raise ValueError(
+                "The grounded-token adapter did not find the input embedding; set target_modules."
+            )
+        head = embedding.head
+        if head is not None and not isinstance(model.get_output_embeddings(), GroundedHead):
+            name = next(n for n, m in model.named_modules() if m is head)
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, GroundedHead(head, embedding))
+        _guard_resize(model)
+
+    def _unload_and_optionally_merge(
+        self, merge=True, progressbar=False, safe_merge=False, adapter_names=None
+    ):
+        model = super()._unload_and_optionally_merge(
+            merge=merge, progressbar=progressbar, safe_merge=safe_merge, adapter_names=adapter_names
+        )
+        model.__dict__.pop("resize_token_embeddings", None)
+        return model
+
+    def forward(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+
+def _guard_resize(model: nn.Module) -> None:
+    """Make ``resize_token_embeddings`` on the wrapped model fail loudly instead of detaching the adapter."""
+
+    def resize_token_embeddings(*args, **kwargs):
+        raise RuntimeError(
+            "This model carries a grounded-token adapter: resizing its embeddings now would misplace or drop the "
+            "adapter's rows. Add tokens and resize before get_peft_model; to extend an adapted model, "
+            "merge_and_unload() it first, add the tokens, and wrap it again."
+        )
+
+    model.resize_token_embeddings = resize_token_embeddings

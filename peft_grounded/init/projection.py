@@ -1,0 +1,121 @@
+"""Bring semantic vectors (centroids of SID regions) into an LM's embedding space.
+
+Three ways to reach the LM's width ``d_model`` from vectors of width ``d``:
+
+* ``truncate`` -- keep the first ``d_model`` coordinates (needs ``d >= d_model``). This is the centroid
+  paper's method: its encoders are Matryoshka-trained (MRL), so a prefix of the vector is itself a
+  good embedding.
+* ``pca`` -- express the centred vectors in their own principal axes and lay those axes along the
+  principal axes of the LM's vocabulary (axis ``j`` of the vectors -> axis ``j`` of the vocabulary).
+  Works for any ``d``, keeps the vectors' relative geometry exactly (it is an isometry onto a
+  subspace), needs nothing but the two matrices.
+* ``lstsq`` -- a ridge-regularised linear map from the encoder space to the LM space, fitted on
+  anchors: vocabulary tokens whose strings were encoded by the same encoder, regressed onto their LM
+  rows. The map carries the encoder's semantics into the LM's own coordinates.
+
+Then every variant is mean-shifted so that the vectors' mean equals the vocabulary's mean (the
+paper's "mean-shifted projection") and, by default, norm-matched: the deviations from the mean are
+scaled by one global factor so their RMS norm equals that of the vocabulary rows. Encoders emit
+vectors on their own scale (unit-norm for sentence-transformers), unrelated to the LM's; without the
+match the new rows are either squashed towards the mean (close to mean init) or blown far outside the
+vocabulary. One global factor keeps all cosine and distance ratios of the centroids intact.
+"""
+
+from __future__ import annotations
+
+import torch
+
+PROJECTIONS = ("auto", "truncate", "pca", "lstsq")
+
+
+def resolve_projection(method: str, d_in: int, d_model: int, has_anchors: bool) -> str:
+    """The concrete projection for ``method`` ("auto": lstsq with anchors, truncate if wide enough, else pca)."""
+    if method not in PROJECTIONS:
+        raise ValueError(f"Unknown centroid projection {method!r}; choose one of {', '.join(PROJECTIONS)}.")
+    if method == "auto":
+        if has_anchors:
+            return "lstsq"
+        return "truncate" if d_in >= d_model else "pca"
+    if method == "truncate" and d_in < d_model:
+        raise ValueError(
+            f"Cannot truncate {d_in}-d vectors to the model's width {d_model}: they are narrower. "
+            "Use centroid_projection='pca' (no extra data) or 'lstsq' (with init_anchors)."
+        )
+    if method == "lstsq" and not has_anchors:
+        raise ValueError(
+            "centroid_projection='lstsq' needs init_anchors: encoder vectors of vocabulary tokens and their "
+            "token ids (see peft_grounded.init.encode_vocabulary_anchors)."
+        )
+    return method
+
+
+def _principal_axes(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Top-``k`` right singular vectors of the centred ``x`` as columns, with a deterministic sign."""
+    centred = x - x.mean(dim=0, keepdim=True)
+    _, _, vh = torch.linalg.svd(centred, full_matrices=False)
+    axes = vh[:k].T.contiguous()
+    # make the largest-magnitude entry of each axis positive so the result does not depend on LAPACK
+    signs = torch.sign(axes.gather(0, axes.abs().argmax(dim=0, keepdim=True)))
+    signs[signs == 0] = 1
+    return axes * signs
+
+
+def _pca_align(vectors: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    k = min(vectors.shape[0], vectors.shape[1], reference.shape[1])
+    source_axes = _principal_axes(vectors, k)  # d_in x k
+    target_axes = _principal_axes(reference, k)  # d_model x k
+    coords = (vectors - vectors.mean(dim=0, keepdim=True)) @ source_axes
+    return coords @ target_axes.T
+
+
+def _lstsq_map(
+    vectors: torch.Tensor, anchor_vectors: torch.Tensor, anchor_rows: torch.Tensor, ridge: float
+) -> torch.Tensor:
+    ones = torch.ones(anchor_vectors.shape[0], 1, dtype=anchor_vectors.dtype)
+    x = torch.cat([anchor_vectors, ones], dim=1)
+    gram = x.T @ x
+    reg = ridge * gram.diagonal()[:-1].mean() * torch.eye(x.shape[1], dtype=x.dtype)
+    reg[-1, -1] = 0  # do not shrink the bias
+    weights = torch.linalg.solve(gram + reg, x.T @ anchor_rows)
+    return torch.cat([vectors, torch.ones(vectors.shape[0], 1, dtype=vectors.dtype)], dim=1) @ weights
+
+
+def project_vectors(
+    vectors: torch.Tensor,
+    reference_rows: torch.Tensor,
+    method: str = "auto",
+    *,
+    anchors: tuple[torch.Tensor, torch.Tensor] | None = None,
+    norm_match: bool = True,
+    ridge: float = 1e-2,
+) -> torch.Tensor:
+    """Project ``vectors`` [n, d] into the space of ``reference_rows`` [m, d_model] (float64 math, float32 out).
+
+    ``anchors`` is ``(anchor_vectors [a, d], anchor_rows [a, d_model])`` for ``lstsq``.
+    """
+    if vectors.ndim != 2 or reference_rows.ndim != 2:
+        raise ValueError("vectors and reference rows must be 2-d matrices")
+    x = vectors.detach().to(torch.float64).cpu()
+    ref = reference_rows.detach().to(torch.float64).cpu()
+    d_model = ref.shape[1]
+    concrete = resolve_projection(method, x.shape[1], d_model, anchors is not None)
+    if concrete == "truncate":
+        projected = x[:, :d_model]
+    elif concrete == "pca":
+        projected = _pca_align(x, ref)
+    else:
+        anchor_vectors, anchor_rows = (a.detach().to(torch.float64).cpu() for a in anchors)  # type: ignore[union-attr]
+        if anchor_vectors.shape[1] != x.shape[1] or anchor_rows.shape[1] != d_model:
+            raise ValueError(
+                f"init_anchors do not fit: anchor vectors are {anchor_vectors.shape[1]}-d (centroids are "
+                f"{x.shape[1]}-d) and anchor rows {anchor_rows.shape[1]}-d (model is {d_model}-d)."
+            )
+        projected = _lstsq_map(x, anchor_vectors, anchor_rows, ridge)
+    ref_mean = ref.mean(dim=0)
+    deviations = projected - projected.mean(dim=0, keepdim=True)
+    if norm_match:
+        ref_rms = (ref - ref_mean).norm(dim=1).pow(2).mean().sqrt()
+        own_rms = deviations.norm(dim=1).pow(2).mean().sqrt()
+        if own_rms > 0:
+            deviations = deviations * (ref_rms / own_rms)
+    return (ref_mean + deviations).to(torch.float32)

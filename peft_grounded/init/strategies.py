@@ -1,0 +1,168 @@
+"""Starting values for new token rows: every initialisation the two papers compare, and a few more.
+
+Each strategy maps one embedding matrix (input embedding or untied output head) to the ``n x d``
+starting rows of the new tokens. ``reference`` are the rows of the existing vocabulary the statistics
+come from (the original tokens, never the new ones nor padding rows). All math runs in float64 on the
+CPU and is deterministic under ``seed``.
+
+=============  ==========================================================================================
+``mean``       the exact mean of the reference rows; every new token identical (Hewitt, 2021).
+``gaussian``   draws from MVN(mean, cov) of the reference rows (the centroid paper's baseline).
+``random``     N(0, initializer_range^2), the model's own initialiser.
+``description`` per token, the mean of the matrix's rows for the tokens of a text.
+``centroid``   given vectors, projected to the model's width, mean-shifted (and norm-matched).
+``tensor``     a given matrix with the model's width, used as is.
+``adapter``    the rows of a saved grounded adapter (warm start).
+=============  ==========================================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .projection import project_vectors
+
+STRATEGIES = ("mean", "gaussian", "random", "description", "centroid", "tensor", "adapter")
+DATA_STRATEGIES = ("description", "centroid", "tensor", "adapter")
+
+
+@dataclass
+class InitData:
+    """What a data-dependent strategy needs, already resolved to tensors and lists."""
+
+    vectors: torch.Tensor | None = None  # centroid: [n, d_any]; tensor / adapter: [n, d_model]
+    token_id_lists: list[list[int]] | None = None  # description: token ids of each new token's text
+    anchor_token_ids: list[int] | None = None  # lstsq: vocabulary tokens that were encoded ...
+    anchor_vectors: torch.Tensor | None = None  # ... and their encoder vectors
+    projection: str = "auto"
+    norm_match: bool = True
+
+
+def _mean(weight, tokens, reference, data, generator, std) -> torch.Tensor:
+    return reference.mean(dim=0, keepdim=True).expand(len(tokens), -1).clone()
+
+
+def _gaussian(weight, tokens, reference, data, generator, std) -> torch.Tensor:
+    mean = reference.mean(dim=0)
+    centred = reference - mean
+    cov = centred.T @ centred / max(reference.shape[0] - 1, 1)
+    jitter = 1e-10 * cov.diagonal().mean().clamp(min=1e-30)
+    chol = torch.linalg.cholesky(cov + jitter * torch.eye(cov.shape[0], dtype=cov.dtype))
+    z = torch.randn(len(tokens), cov.shape[0], generator=generator, dtype=torch.float64)
+    return mean + z @ chol.T
+
+
+def _random(weight, tokens, reference, data, generator, std) -> torch.Tensor:
+    return torch.randn(len(tokens), reference.shape[1], generator=generator, dtype=torch.float64) * std
+
+
+def _description(weight, tokens, reference, data, generator, std) -> torch.Tensor:
+    lists = data.token_id_lists
+    if lists is None:
+        raise ValueError(
+            "init='description' needs init_texts: one text (or list of token ids) per new token."
+        )
+    if len(lists) != len(tokens):
+        raise ValueError(
+            f"init_texts has {len(lists)} entries for {len(tokens)} new tokens; give exactly one per token, "
+            "in the order of token_indices."
+        )
+    rows = []
+    new = set(tokens)
+    for position, ids in enumerate(lists):
+        if not ids:
+            raise ValueError(
+                f"init_texts[{position}] (token index {tokens[position]}) is empty after tokenisation; give "
+                "every new token a non-empty description."
+            )
+        bad = [i for i in ids if not 0 <= i < weight.shape[0] or i in new]
+        if bad:
+            raise ValueError(
+                f"init_texts[{position}] uses token ids {bad[:5]} that are new tokens or outside the "
+                "vocabulary; descriptions must be written with existing tokens."
+            )
+        rows.append(_gather(weight, ids).mean(dim=0))
+    return torch.stack(rows)
+
+
+def _centroid(weight, tokens, reference, data, generator, std) -> torch.Tensor:
+    vectors = _checked_vectors(data, tokens, width=None)
+    anchors = None
+    if data.anchor_vectors is not None and data.anchor_token_ids is not None:
+        anchor_rows = _gather(weight, data.anchor_token_ids)
+        anchors = (data.anchor_vectors, anchor_rows)
+    projected = project_vectors(
+        vectors, reference, data.projection, anchors=anchors, norm_match=data.norm_match
+    )
+    return projected.to(torch.float64)
+
+
+def _tensor(weight, tokens, reference, data, generator, std) -> torch.Tensor:
+    return _checked_vectors(data, tokens, width=reference.shape[1]).to(torch.float64)
+
+
+def _gather(weight: torch.Tensor, ids: Sequence[int]) -> torch.Tensor:
+    return weight[torch.as_tensor(list(ids), device=weight.device)].to("cpu", torch.float64)
+
+
+def _checked_vectors(data: InitData, tokens: Sequence[int], width: int | None) -> torch.Tensor:
+    vectors = data.vectors
+    if vectors is None:
+        raise ValueError("This initialisation needs init_vectors (one row per new token).")
+    if vectors.ndim != 2 or vectors.shape[0] != len(tokens):
+        raise ValueError(
+            f"init_vectors has shape {tuple(vectors.shape)} but there are {len(tokens)} new tokens: give "
+            "exactly one vector per token, in the order of token_indices."
+        )
+    if not torch.isfinite(vectors).all():
+        bad = (~torch.isfinite(vectors)).any(dim=1).nonzero().flatten().tolist()
+        raise ValueError(
+            f"init_vectors has NaN or Inf in rows {bad[:10]} (token indices "
+            f"{[tokens[i] for i in bad[:10]]}); clean or recompute those vectors."
+        )
+    if width is not None and vectors.shape[1] != width:
+        raise ValueError(
+            f"init_vectors are {vectors.shape[1]}-d but the model's rows are {width}-d. For vectors of another "
+            "width use init='centroid', which projects them (centroid_projection='truncate'|'pca'|'lstsq')."
+        )
+    return vectors.detach().to(torch.float64).cpu()
+
+
+_STRATEGY_FNS: dict[str, Callable[..., torch.Tensor]] = {
+    "mean": _mean,
+    "gaussian": _gaussian,
+    "random": _random,
+    "description": _description,
+    "centroid": _centroid,
+    "tensor": _tensor,
+    "adapter": _tensor,
+}
+
+
+def initial_rows(
+    strategy: str,
+    weight: torch.Tensor,
+    token_indices: Sequence[int],
+    reference_indices: torch.Tensor | slice,
+    data: InitData | None = None,
+    *,
+    seed: int = 0,
+    initializer_range: float = 0.02,
+) -> torch.Tensor:
+    """Starting rows [n, d] (float32) for ``token_indices`` of ``weight`` under ``strategy``."""
+    if strategy not in _STRATEGY_FNS:
+        raise ValueError(f"Unknown init {strategy!r}; choose one of {', '.join(STRATEGIES)}.")
+    matrix = weight.detach()
+    reference = matrix[reference_indices].to("cpu", torch.float64)
+    if reference.shape[0] == 0:
+        raise ValueError("No existing vocabulary rows to take statistics from (the reference set is empty).")
+    generator = torch.Generator().manual_seed(int(seed))
+    rows = _STRATEGY_FNS[strategy](
+        matrix, list(token_indices), reference, data or InitData(), generator, initializer_range
+    )
+    if not torch.isfinite(rows).all():
+        raise ValueError(f"init={strategy!r} produced non-finite rows; check the inputs it was given.")
+    return rows.to(torch.float32)
