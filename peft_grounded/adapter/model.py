@@ -38,7 +38,8 @@ class GroundedTokenModel(BaseTuner):
     target_module_mapping: dict = {}  # noqa: RUF012
 
     def __init__(self, model, config, adapter_name, low_cpu_mem_usage: bool = False, state_dict=None) -> None:
-        self._lora_configs: dict[str, LoraConfig] = {}
+        self._lora_configs: dict[int, LoraConfig] = {}
+        self._no_lora: set[str] = set()
         super().__init__(
             model, config, adapter_name, low_cpu_mem_usage=low_cpu_mem_usage, state_dict=state_dict
         )
@@ -55,6 +56,7 @@ class GroundedTokenModel(BaseTuner):
                     "Could not find the model's input embedding; set target_modules to its module name."
                 )
             peft_config.target_modules = name
+        self._no_lora = self._embedding_module_names()
         return peft_config
 
     def _lora_config(self, config: GroundedTokenConfig) -> LoraConfig | None:
@@ -80,11 +82,12 @@ class GroundedTokenModel(BaseTuner):
         if self._is_embedding_key(config, key):
             return True
         lora = self._lora_config(config)
-        if lora is None or key in self._excluded_from_lora():
+        if lora is None or any(key == name or key.startswith(name + ".") for name in self._no_lora):
             return False
         return check_target_module_exists(lora, key)
 
-    def _excluded_from_lora(self) -> set[str]:
+    def _embedding_module_names(self) -> set[str]:
+        """Input embedding and output head: their new rows are the adapter's own, so LoRA never targets them."""
         excluded = set()
         for module_getter in ("get_input_embeddings", "get_output_embeddings"):
             module = getattr(self.model, module_getter, lambda: None)()
@@ -117,19 +120,22 @@ class GroundedTokenModel(BaseTuner):
 
     def _add_token_rows(self, config, adapter_name, target, target_name, parent) -> None:
         head = self._output_layer(config)
-        if isinstance(target, GroundedTokenLayer):
-            layer = target
-        else:
-            layer = GroundedTokenLayer(target, adapter_name, head)
-            self._replace_module(parent, target_name, layer, target)
         untied = self.get_model_config(self.model).get("tie_word_embeddings") is False
         if head is None and untied and config.train_output_rows:
             raise ValueError(
                 "The model's head is untied but its output layer could not be found, so the new tokens' output "
                 "rows cannot train. Set output_module to the head's module name, or train_output_rows=False."
             )
+        # every check and the initialisation run before the model is touched, so a bad input leaves it intact
+        layer = (
+            target
+            if isinstance(target, GroundedTokenLayer)
+            else GroundedTokenLayer(target, adapter_name, head)
+        )
         self._check_fits(config, layer)
         input_rows, output_rows = self._initial_rows(config, layer)
+        if layer is not target:
+            self._replace_module(parent, target_name, layer, target)
         layer.update_layer(adapter_name, config.token_indices, input_rows, output_rows)
 
     def _check_fits(self, config: GroundedTokenConfig, layer: GroundedTokenLayer) -> None:
