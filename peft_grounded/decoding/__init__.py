@@ -1,0 +1,16 @@
+"""Constrained decoding: beam search restricted to valid Semantic IDs, returning the top-K items."""
+
+from .generation import Recommendations, beam_search_config, isolated_generation, recommend
+from .processor import SIDConstraintLogitsProcessor
+from .sid_ids import sid_token_ids
+from .trie import SIDTrie
+
+__all__ = [
+    "Recommendations",
+    "SIDConstraintLogitsProcessor",
+    "SIDTrie",
+    "beam_search_config",
+    "isolated_generation",
+    "recommend",
+    "sid_token_ids",
+]

@@ -1,0 +1,202 @@
+"""A prefix trie over the Semantic-ID token-id sequences of a catalogue, stored as flat tensors.
+
+Every node is one valid SID prefix (the root is the empty prefix); an edge is one SID token. The
+edges are kept sorted by ``parent * key_base + token``, so that
+
+- a child is found with one ``torch.searchsorted`` for a whole batch of beams, and
+- the children of a node are one contiguous slice (``node_start``, ``node_degree``),
+
+which lets :meth:`SIDTrie.allowed_mask` build the next-token mask of every beam without a Python loop.
+
+The SID set must map 1:1 to items: no two items may share a SID, and no SID may be a proper prefix of
+another (otherwise a decoded sequence could stop at, or run past, an item). When all SIDs have the same
+length ``L`` a decoded sequence is complete after exactly ``L`` tokens. Variable lengths (e.g. a
+disambiguation level only some items have) are supported when the set is prefix-free and an
+``end_token_id`` is given: a complete SID then allows only that token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+
+import torch
+
+DEAD = -1
+"""Node id of a beam whose tokens left the trie (only possible for beams with score ``-inf``)."""
+
+
+class SIDTrie:
+    """Prefix trie of the SID token-id sequences of ``item_sids`` (item id -> token ids)."""
+
+    def __init__(self, item_sids: Mapping[Hashable, Sequence[int]], end_token_id: int | None = None) -> None:
+        if not isinstance(item_sids, Mapping) or len(item_sids) == 0:
+            raise ValueError("item_sids must be a non-empty mapping item id -> SID token ids")
+        self.items: list[Hashable] = list(item_sids)
+        self._index = {item: i for i, item in enumerate(self.items)}
+        sids = [_as_token_tuple(item, item_sids[item]) for item in self.items]
+        self._item_of: dict[tuple[int, ...], Hashable] = {}
+        for item, sid in zip(self.items, sids, strict=True):
+            other = self._item_of.setdefault(sid, item)
+            if other != item:
+                raise ValueError(
+                    f"items {other!r} and {item!r} share the SID {list(sid)}: decoding cannot tell them "
+                    "apart; resolve SID collisions (e.g. add a disambiguation level) before decoding"
+                )
+        self.lengths = sorted({len(sid) for sid in sids})
+        self.max_length = self.lengths[-1]
+        self.fixed_length = len(self.lengths) == 1
+        sid_tokens = {token for sid in sids for token in sid}
+        if end_token_id is not None and end_token_id in sid_tokens:
+            raise ValueError(f"end_token_id {end_token_id} is also a SID token; pass the model's EOS token")
+        if not self.fixed_length and end_token_id is None:
+            raise ValueError(
+                f"SIDs have different lengths {self.lengths}: pass end_token_id (e.g. tokenizer.eos_token_id) "
+                "so that a shorter SID can end, or give every item the same number of levels"
+            )
+        self.end_token_id = end_token_id
+        self.sid_tokens = sorted(sid_tokens)
+
+        # Nodes: one per distinct prefix, numbered in sorted order (root = 0).
+        node_of: dict[tuple[int, ...], int] = {(): 0}
+        edges: list[tuple[int, int, int]] = []  # (parent, token, child)
+        for sid in sorted(sids):
+            for depth in range(1, len(sid) + 1):
+                prefix = sid[:depth]
+                if prefix not in node_of:
+                    node_of[prefix] = len(node_of)
+                    edges.append((node_of[sid[: depth - 1]], sid[depth - 1], node_of[prefix]))
+        n_nodes = len(node_of)
+        node_item = torch.full((n_nodes,), -1, dtype=torch.long)
+        for index, sid in enumerate(sids):
+            node_item[node_of[sid]] = index
+        self._check_prefix_free(edges, node_item)
+
+        self.key_base = max(sid_tokens) + 1
+        edges.sort(key=lambda e: (e[0], e[1]))
+        parent = torch.tensor([e[0] for e in edges], dtype=torch.long)
+        token = torch.tensor([e[1] for e in edges], dtype=torch.long)
+        child = torch.tensor([e[2] for e in edges], dtype=torch.long)
+        degree = torch.bincount(parent, minlength=n_nodes)
+        self._cpu = {
+            "keys": parent * self.key_base + token,
+            "token": token,
+            "child": child,
+            "start": torch.cumsum(degree, 0) - degree,
+            "degree": degree,
+            "item": node_item,
+        }
+        self._by_device: dict[torch.device, dict[str, torch.Tensor]] = {torch.device("cpu"): self._cpu}
+
+    # -- lookups ---------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._index
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self._cpu["degree"].numel())
+
+    def item_of(self, tokens: Sequence[int]) -> Hashable | None:
+        """The item whose SID is exactly ``tokens``, or ``None``."""
+        return self._item_of.get(tuple(int(t) for t in tokens))
+
+    def allowed_tokens(self, prefix: Sequence[int]) -> list[int]:
+        """The tokens that may follow ``prefix`` (for inspection and tests; decoding uses the tensors)."""
+        node = int(self.walk(torch.tensor([list(prefix)], dtype=torch.long))[0])
+        if node == DEAD:
+            return []
+        t = self._cpu
+        if int(t["item"][node]) >= 0:
+            return [] if self.end_token_id is None else [self.end_token_id]
+        start, degree = int(t["start"][node]), int(t["degree"][node])
+        return t["token"][start : start + degree].tolist()
+
+    # -- batched operations used during generation ------------------------------------------------
+
+    def tensors(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """The trie's tensors on ``device`` (copied once, then cached)."""
+        device = torch.device(device)
+        if device not in self._by_device:
+            self._by_device[device] = {k: v.to(device) for k, v in self._cpu.items()}
+        return self._by_device[device]
+
+    def walk(self, generated: torch.Tensor) -> torch.Tensor:
+        """Node id reached by each row of ``generated`` (rows x steps token ids), or ``DEAD``."""
+        t = self.tensors(generated.device)
+        nodes = torch.zeros(generated.shape[0], dtype=torch.long, device=generated.device)
+        for step in range(generated.shape[1]):
+            tokens = generated[:, step]
+            keys = nodes * self.key_base + tokens
+            valid = (nodes >= 0) & (tokens >= 0) & (tokens < self.key_base)
+            index = torch.searchsorted(t["keys"], keys).clamp(max=t["keys"].numel() - 1)
+            found = valid & (t["keys"][index] == keys)
+            nodes = torch.where(found, t["child"][index], torch.full_like(nodes, DEAD))
+        return nodes
+
+    def allowed_mask(self, nodes: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """Boolean ``(rows, vocab_size)`` mask of the SID tokens that extend each row's node.
+
+        Complete SIDs and ``DEAD`` rows get an all-False row (the caller handles the end token).
+        """
+        if self.key_base > vocab_size:
+            raise ValueError(
+                f"SID token id {self.key_base - 1} is outside the model's {vocab_size} output rows: "
+                "resize the model's embeddings after adding the SID tokens"
+            )
+        t = self.tensors(nodes.device)
+        rows = nodes.shape[0]
+        live = nodes >= 0
+        safe = nodes.clamp(min=0)
+        degree = torch.where(live, t["degree"][safe], 0)
+        start = torch.where(live, t["start"][safe], 0)
+        total = int(degree.sum())
+        mask = torch.zeros(rows, vocab_size, dtype=torch.bool, device=nodes.device)
+        if total == 0:
+            return mask
+        row_index = torch.repeat_interleave(
+            torch.arange(rows, device=nodes.device), degree, output_size=total
+        )
+        first = torch.repeat_interleave(start - (torch.cumsum(degree, 0) - degree), degree, output_size=total)
+        edge_index = first + torch.arange(total, device=nodes.device)
+        mask[row_index, t["token"][edge_index]] = True
+        return mask
+
+    def is_complete(self, nodes: torch.Tensor) -> torch.Tensor:
+        """Whether each node is a complete SID (``DEAD`` rows: False)."""
+        t = self.tensors(nodes.device)
+        return (nodes >= 0) & (t["item"][nodes.clamp(min=0)] >= 0)
+
+    # -- validation ------------------------------------------------------------------------------
+
+    def _check_prefix_free(self, edges: list[tuple[int, int, int]], node_item: torch.Tensor) -> None:
+        has_child = torch.zeros_like(node_item, dtype=torch.bool)
+        if edges:
+            has_child[torch.tensor([e[0] for e in edges])] = True
+        inner_items = ((node_item >= 0) & has_child).nonzero().flatten().tolist()
+        if inner_items:
+            examples = ", ".join(repr(self.items[int(node_item[n])]) for n in inner_items[:5])
+            raise ValueError(
+                f"{len(inner_items)} SIDs are proper prefixes of other SIDs (items {examples}): a decoded "
+                "sequence could not be mapped to one item; give every item the same number of levels "
+                "(e.g. pad the disambiguation level with code 0 for all items)"
+            )
+
+
+def _as_token_tuple(item: Hashable, sid: Sequence[int]) -> tuple[int, ...]:
+    if isinstance(sid, (str, bytes)):
+        raise TypeError(
+            f"item {item!r}: SID must be a sequence of token ids, got the string {sid!r}; "
+            "convert it with peft_grounded.decoding.sid_token_ids(tokenizer, ...)"
+        )
+    try:
+        tokens = tuple(int(t) for t in sid)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"item {item!r}: SID must be a sequence of int token ids, got {sid!r}") from err
+    if not tokens:
+        raise ValueError(f"item {item!r} has an empty SID")
+    if min(tokens) < 0:
+        raise ValueError(f"item {item!r}: negative token id in SID {list(tokens)}")
+    return tokens
