@@ -1,0 +1,30 @@
+"""Evaluation: leave-one-out Recall@K / NDCG@K on all users and cold-item targets, JSON and markdown."""
+
+from .evaluate import (
+    comparison_table,
+    evaluate_predictions,
+    evaluate_recommender,
+    evaluate_split,
+    markdown_table,
+    write_json,
+    write_markdown,
+    write_text_atomic,
+)
+from .metrics import DEFAULT_KS, metric_names, ndcg_at_k, ranking_metrics, recall_at_k, target_rank
+
+__all__ = [
+    "DEFAULT_KS",
+    "comparison_table",
+    "evaluate_predictions",
+    "evaluate_recommender",
+    "evaluate_split",
+    "markdown_table",
+    "metric_names",
+    "ndcg_at_k",
+    "ranking_metrics",
+    "recall_at_k",
+    "target_rank",
+    "write_json",
+    "write_markdown",
+    "write_text_atomic",
+]

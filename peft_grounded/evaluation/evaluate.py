@@ -1,0 +1,175 @@
+"""Evaluation of a SID recommender: metrics per split (valid, test) on all users and on cold-item targets.
+
+Results are plain dicts, ``{split: {"all": metrics, "cold": metrics, "decoding": counters}}`` with
+``metrics`` as returned by :func:`~peft_grounded.evaluation.metrics.ranking_metrics`; they serialise to
+JSON as they are and render as markdown tables. Files are written atomically (temp file + ``os.replace``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Collection, Hashable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .metrics import DEFAULT_KS, metric_names, ranking_metrics
+
+Results = dict[str, Any]
+
+
+def evaluate_split(
+    predictions: Sequence[Sequence[Hashable]],
+    targets: Sequence[Hashable],
+    cold_items: Collection[Hashable] | None = None,
+    ks: Sequence[int] = DEFAULT_KS,
+) -> Results:
+    """Metrics on all users and, when ``cold_items`` is given, on the users whose target is cold."""
+    result: Results = {"all": ranking_metrics(predictions, targets, ks)}
+    if cold_items is not None:
+        cold = set(cold_items)
+        users = [u for u, target in enumerate(targets) if target in cold]
+        result["cold"] = ranking_metrics([predictions[u] for u in users], [targets[u] for u in users], ks)
+    return result
+
+
+def evaluate_predictions(
+    splits: Mapping[str, tuple[Sequence[Sequence[Hashable]], Sequence[Hashable]]],
+    cold_items: Collection[Hashable] | None = None,
+    ks: Sequence[int] = DEFAULT_KS,
+) -> Results:
+    """:func:`evaluate_split` for each ``split name -> (predictions, targets)``."""
+    return {name: evaluate_split(preds, targets, cold_items, ks) for name, (preds, targets) in splits.items()}
+
+
+def evaluate_recommender(
+    model: Any,
+    tokenizer: Any,
+    splits: Mapping[str, tuple[Sequence[Any], Sequence[Hashable]]],
+    catalogue: Any,
+    cold_items: Collection[Hashable] | None = None,
+    ks: Sequence[int] = DEFAULT_KS,
+    num_beams: int | None = None,
+    batch_size: int = 16,
+    end_token_id: int | None = None,
+    show_progress: bool = False,
+) -> Results:
+    """Decode the top ``max(ks)`` items for each ``split name -> (prompts, targets)`` and score them.
+
+    ``catalogue`` is what :func:`~peft_grounded.decoding.recommend` takes (item id -> SID token ids, or a
+    ``SIDTrie``); every target must be one of its items. Each split also gets the decoding counters
+    (invalid and duplicate beams, always 0, and their rate) under ``"decoding"``.
+    """
+    from peft_grounded.decoding import SIDTrie, recommend
+
+    trie = catalogue if isinstance(catalogue, SIDTrie) else SIDTrie(catalogue, end_token_id=end_token_id)
+    k = max(ks)
+    results: Results = {}
+    for name, (prompts, targets) in splits.items():
+        unknown = [t for t in targets if t not in trie]
+        if unknown:
+            raise ValueError(
+                f"split {name!r}: {len(unknown)} targets are not in the catalogue (first: {unknown[0]!r}); "
+                "every target item needs a SID"
+            )
+        recs = recommend(
+            model,
+            tokenizer,
+            prompts,
+            trie,
+            k=k,
+            num_beams=num_beams or k,
+            batch_size=batch_size,
+            show_progress=show_progress,
+        )
+        results[name] = evaluate_split(recs.items, targets, cold_items, ks)
+        results[name]["decoding"] = recs.stats()
+    return results
+
+
+# -- rendering ------------------------------------------------------------------------------------
+
+
+def _label(name: str) -> str:
+    kind, k = name.split("@")
+    return f"{'R' if kind == 'recall' else 'N'}@{k}"
+
+
+def _ks_of(metrics: Mapping[str, Any]) -> list[int]:
+    return sorted(int(key.split("@")[1]) for key in metrics if key.startswith("recall@"))
+
+
+def _cells(metrics: Mapping[str, Any], names: Sequence[str]) -> list[str]:
+    return ["–" if metrics.get(n) is None else f"{metrics[n]:.4f}" for n in names]
+
+
+def markdown_table(results: Results, title: str | None = None) -> str:
+    """One row per (split, subset) of :func:`evaluate_split` results: R@K, N@K and the number of users."""
+    rows: list[tuple[str, str, Mapping[str, Any]]] = [
+        (split, subset, metrics)
+        for split, parts in results.items()
+        for subset, metrics in parts.items()
+        if subset != "decoding"
+    ]
+    if not rows:
+        raise ValueError("no results to tabulate")
+    names = metric_names(_ks_of(rows[0][2]))
+    lines = [f"### {title}", ""] if title else []
+    lines.append("| split | targets | users | " + " | ".join(_label(n) for n in names) + " |")
+    lines.append("|---|---|---:|" + "---:|" * len(names))
+    for split, subset, metrics in rows:
+        lines.append(
+            f"| {split} | {subset} | {metrics['users']} | " + " | ".join(_cells(metrics, names)) + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def comparison_table(
+    results_by_name: Mapping[str, Results], split: str = "test", subset: str = "all", title: str | None = None
+) -> str:
+    """One row per run (e.g. per initialisation strategy) for one split and subset."""
+    if not results_by_name:
+        raise ValueError("no runs to compare")
+    missing = [n for n, r in results_by_name.items() if subset not in r.get(split, {})]
+    if missing:
+        raise ValueError(f"runs {missing} have no {split!r}/{subset!r} results")
+    first = next(iter(results_by_name.values()))[split][subset]
+    names = metric_names(_ks_of(first))
+    lines = [f"### {title}", ""] if title else []
+    lines.append("| run | users | " + " | ".join(_label(n) for n in names) + " |")
+    lines.append("|---|---:|" + "---:|" * len(names))
+    for run, results in results_by_name.items():
+        metrics = results[split][subset]
+        lines.append(f"| {run} | {metrics['users']} | " + " | ".join(_cells(metrics, names)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# -- files ----------------------------------------------------------------------------------------
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` through a temp file in the same folder and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json(path: str | os.PathLike[str], results: Results) -> Path:
+    """Results as indented JSON (fails on values JSON cannot hold, before touching ``path``)."""
+    return write_text_atomic(path, json.dumps(results, indent=2, allow_nan=False) + "\n")
+
+
+def write_markdown(path: str | os.PathLike[str], results: Results, title: str | None = None) -> Path:
+    """:func:`markdown_table` of ``results`` to ``path``."""
+    return write_text_atomic(path, markdown_table(results, title))

@@ -1,0 +1,86 @@
+"""Leave-one-out ranking metrics: one held-out target item per user, a ranked list of predictions.
+
+With a single relevant item the ideal DCG is 1, so for a target at 0-based rank ``r < K``
+``NDCG@K = 1 / log2(r + 2)`` (and 0 otherwise), and ``Recall@K = HitRate@K = 1[r < K]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+
+DEFAULT_KS: tuple[int, ...] = (1, 5, 10, 20)
+
+
+def target_rank(predicted: Sequence[Hashable], target: Hashable) -> int | None:
+    """0-based rank of ``target`` in ``predicted``, or ``None`` when it is absent."""
+    for rank, item in enumerate(predicted):
+        if item == target:
+            return rank
+    return None
+
+
+def recall_at_k(predicted: Sequence[Hashable], target: Hashable, k: int) -> float:
+    """1.0 when ``target`` is among the first ``k`` predictions, else 0.0."""
+    rank = target_rank(predicted[:k], target)
+    return 0.0 if rank is None else 1.0
+
+
+def ndcg_at_k(predicted: Sequence[Hashable], target: Hashable, k: int) -> float:
+    """``1 / log2(rank + 2)`` when ``target`` is among the first ``k`` predictions, else 0.0."""
+    rank = target_rank(predicted[:k], target)
+    return 0.0 if rank is None else 1.0 / math.log2(rank + 2)
+
+
+def metric_names(ks: Sequence[int] = DEFAULT_KS) -> list[str]:
+    """Names of the metrics :func:`ranking_metrics` returns, in table order."""
+    ks = _check_ks(ks)
+    return [f"recall@{k}" for k in ks] + [f"ndcg@{k}" for k in ks]
+
+
+def ranking_metrics(
+    predictions: Sequence[Sequence[Hashable]],
+    targets: Sequence[Hashable],
+    ks: Sequence[int] = DEFAULT_KS,
+) -> dict[str, float | int | None]:
+    """Mean Recall@K and NDCG@K over users, plus ``users`` (their number).
+
+    ``predictions[u]`` is user ``u``'s ranked list (best first, no repeats, at least ``max(ks)`` long) and
+    ``targets[u]`` the held-out item. With no users the metrics are ``None``.
+    """
+    ks = _check_ks(ks)
+    if len(predictions) != len(targets):
+        raise ValueError(f"{len(predictions)} prediction lists for {len(targets)} targets: give one per user")
+    for user, predicted in enumerate(predictions):
+        if isinstance(predicted, (str, bytes)):
+            raise TypeError(
+                f"user {user}: predictions must be a list of item ids, got the string {predicted!r}"
+            )
+        if len(predicted) < ks[-1]:
+            raise ValueError(
+                f"user {user} has {len(predicted)} predictions, fewer than K={ks[-1]}: "
+                f"decode at least {ks[-1]} items per user, or drop K={ks[-1]} from ks"
+            )
+        if len(set(predicted)) != len(predicted):
+            raise ValueError(f"user {user}: the predicted list repeats an item; rank each item once")
+    result: dict[str, float | int | None] = {}
+    ranks = [
+        target_rank(predicted[: ks[-1]], target)
+        for predicted, target in zip(predictions, targets, strict=True)
+    ]
+    n = len(ranks)
+    for k in ks:
+        hits = [r for r in ranks if r is not None and r < k]
+        result[f"recall@{k}"] = len(hits) / n if n else None
+    for k in ks:
+        gains = [1.0 / math.log2(r + 2) for r in ranks if r is not None and r < k]
+        result[f"ndcg@{k}"] = math.fsum(gains) / n if n else None
+    result["users"] = n
+    return result
+
+
+def _check_ks(ks: Sequence[int]) -> list[int]:
+    values = sorted(set(ks))
+    if not values or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in values):
+        raise ValueError(f"ks must be positive integers, got {list(ks)}")
+    return values
