@@ -1,0 +1,273 @@
+"""From a catalogue (or ready vectors) to a :class:`~peft_grounded.sids.index.SIDIndex`: the Python twin of
+``peft-grounded build-sids``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .catalogue import Catalogue, CatalogueError
+from .collisions import DEDUP_MODES, add_disambiguation_level, collision_stats, reassign_last_level
+from .encoders import TextEncoder, encode_texts, load_encoder
+from .index import SIDIndex
+from .quality import level_usage
+from .rqkmeans import QuantizationError, RQKMeansConfig, check_vectors, fit_rqkmeans
+from .text import TextTemplate
+from .tokens import DEFAULT_TEMPLATE
+
+logger = logging.getLogger(__name__)
+
+
+def token_centroids(
+    vectors: np.ndarray,
+    codes: np.ndarray,
+    codes_per_level: Sequence[int],
+    codebooks: Sequence[np.ndarray],
+    final_residual: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """Both centroid variants (see :mod:`peft_grounded.sids.index`), rows in SID-vocabulary order."""
+    x = torch.as_tensor(vectors, dtype=torch.float32)
+    residual = torch.as_tensor(final_residual, dtype=torch.float32)
+    global_mean = x.mean(0)
+    items_rows, book_rows = [], []
+    for level, k in enumerate(codes_per_level):
+        labels = torch.as_tensor(codes[:, level], dtype=torch.int64)
+        counts = torch.bincount(labels, minlength=k).to(torch.float32)[:, None]
+        sums = torch.zeros(k, x.shape[1]).index_add_(0, labels, x)
+        means = torch.where(counts > 0, sums / counts.clamp_min(1), global_mean)
+        items_rows.append(means)
+        if level < len(codebooks):
+            book_rows.append(torch.as_tensor(codebooks[level], dtype=torch.float32))
+        else:  # disambiguation level: the mean final residual of the items holding the code
+            res = torch.zeros(k, x.shape[1]).index_add_(0, labels, residual)
+            book_rows.append(torch.where(counts > 0, res / counts.clamp_min(1), torch.zeros_like(res)))
+    return {"items": torch.cat(items_rows).numpy(), "codebook": torch.cat(book_rows).numpy()}
+
+
+def index_from_vectors(
+    vectors: np.ndarray | torch.Tensor,
+    item_ids: Sequence[str],
+    config: RQKMeansConfig | None = None,
+    dedup: str = "level",
+    encoder: Mapping[str, Any] | None = None,
+    text_template: Mapping[str, Any] | None = None,
+    item_interactions: np.ndarray | None = None,
+    item_categories: Sequence[tuple[str, ...]] | None = None,
+    token_template: str = DEFAULT_TEMPLATE,
+    build_config: Mapping[str, Any] | None = None,
+) -> SIDIndex:
+    """Quantise ``vectors`` (one row per item id) into a SID index with unique SIDs (``dedup``)."""
+    if dedup not in DEDUP_MODES:
+        raise ValueError(f"dedup must be one of {DEDUP_MODES}, got {dedup!r}")
+    config = config or RQKMeansConfig()
+    x = check_vectors(vectors, what="item vectors")
+    if x.shape[0] != len(item_ids):
+        raise ValueError(f"{x.shape[0]} vectors for {len(item_ids)} item ids")
+    start = time.perf_counter()
+    fit = fit_rqkmeans(x, config)
+    codes = fit.codes.cpu().numpy()
+    books = [b.cpu().numpy() for b in fit.codebooks]
+    residual = fit.residual.cpu().numpy()
+    before = collision_stats(codes)
+    codes_per_level = list(config.codes_per_level)
+    unresolved = 0
+    if dedup == "reassign":
+        entering = residual + books[-1][codes[:, -1]]
+        codes, unresolved = reassign_last_level(codes, entering, books[-1])
+        residual = entering - books[-1][codes[:, -1]]
+    elif dedup == "level":
+        codes = add_disambiguation_level(codes, (residual**2).sum(1))
+        codes_per_level.append(int(codes[:, -1].max()) + 1)
+    after = collision_stats(codes)
+    centroids = token_centroids(x.numpy(), codes, codes_per_level, books, residual)
+    mse = float((residual**2).sum(1).mean())
+    levels = [
+        level_usage(codes[:, lv], k) | {"level": lv, "disambiguation": dedup == "level" and lv == len(books)}
+        for lv, k in enumerate(codes_per_level)
+    ]
+    quality = {
+        "n_items": len(item_ids),
+        "dim": int(x.shape[1]),
+        "dedup": dedup,
+        "levels": levels,
+        "collisions_before": before.as_dict(),
+        "collisions_after": after.as_dict(),
+        "unresolved_collisions": unresolved,
+        "input_mse": fit.input_mse,
+        "mse": mse,
+        "relative_error": mse / fit.input_mse if fit.input_mse else 0.0,
+        "relative_error_per_level": [e / fit.input_mse if fit.input_mse else 0.0 for e in fit.level_mse],
+        "fit": fit.stats,
+        "quantize_seconds": round(time.perf_counter() - start, 3),
+    }
+    if dedup == "reassign":
+        quality["relative_error_per_level"][-1] = quality["relative_error"]
+    settings = {
+        "codes_per_level": list(config.codes_per_level),
+        "normalize_residuals": config.normalize_residuals,
+        "balanced": config.balanced,
+        "max_iter": config.max_iter,
+        "tol": config.tol,
+        "seed": config.seed,
+        "sample_size": config.sample_size,
+        "dedup": dedup,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    return SIDIndex(
+        item_ids=[str(i) for i in item_ids],
+        codes=codes,
+        codes_per_level=tuple(codes_per_level),
+        codebooks=books,
+        centroids=centroids,
+        disambiguation_level=dedup == "level",
+        normalize_residuals=config.normalize_residuals,
+        token_template=token_template,
+        encoder=dict(encoder or {}),
+        text_template=None if text_template is None else dict(text_template),
+        quality=quality,
+        build_config=settings | dict(build_config or {}),
+        item_interactions=None
+        if item_interactions is None
+        else np.asarray(item_interactions, dtype=np.int64),
+        item_categories=None if item_categories is None else [tuple(c) for c in item_categories],
+    )
+
+
+def _codes_per_level(levels: int, codes: int | Sequence[int]) -> tuple[int, ...]:
+    if isinstance(codes, int):
+        if levels < 1:
+            raise ValueError(f"levels must be >= 1, got {levels}")
+        return (codes,) * levels
+    return tuple(int(c) for c in codes)
+
+
+def build_sids(
+    catalogue: Catalogue | str | Path = "movielens-100k",
+    output: str | Path | None = None,
+    *,
+    encoder: TextEncoder | str | None = None,
+    text_template: TextTemplate | str | Sequence[str] | None = None,
+    vectors: np.ndarray | None = None,
+    encoder_fingerprint: Mapping[str, Any] | None = None,
+    levels: int = 3,
+    codes: int | Sequence[int] = 256,
+    dedup: str = "level",
+    balanced: str = "none",
+    normalize_residuals: bool = False,
+    seed: int = 0,
+    max_iter: int = 30,
+    sample_size: int | None = None,
+    k_core: int = 0,
+    empty_text: str = "error",
+    catalogue_format: str = "auto",
+    batch_size: int = 64,
+    cache_dir: str | Path | None = None,
+    use_cache: bool = True,
+    device: str = "cpu",
+    token_template: str = DEFAULT_TEMPLATE,
+    show_progress: bool = True,
+) -> SIDIndex:
+    """Build (and, with ``output``, save) the SID index of a catalogue.
+
+    ``catalogue``: a :class:`Catalogue`, a path, or ``"movielens-100k"``. ``encoder``: a
+    :class:`TextEncoder` or a spec for :func:`~peft_grounded.sids.encoders.load_encoder` (default: the
+    packaged all-MiniLM-L6-v2). ``vectors`` (one row per catalogue item, with ``encoder_fingerprint``)
+    skips encoding. ``codes`` is per level (an int for all ``levels``, or a list). ``empty_text``:
+    ``"error"`` or ``"drop"`` for items whose rendered text is empty. See ``docs/sids.md``.
+    """
+    if dedup not in DEDUP_MODES:
+        raise ValueError(f"dedup must be one of {DEDUP_MODES}, got {dedup!r}")
+    config = RQKMeansConfig(
+        codes_per_level=_codes_per_level(levels, codes),
+        normalize_residuals=normalize_residuals,
+        balanced=balanced,
+        max_iter=max_iter,
+        seed=seed,
+        sample_size=sample_size,
+        device=device,
+    )
+    if not isinstance(catalogue, Catalogue):
+        from .loaders import load_catalogue
+
+        catalogue = load_catalogue(catalogue, format=catalogue_format)
+    if k_core > 1:
+        catalogue = catalogue.k_core(k_core)
+    template = text_template if isinstance(text_template, TextTemplate) else None
+    if template is None:
+        template = TextTemplate() if text_template is None else TextTemplate.from_spec(text_template)
+    items = list(catalogue.items.values())
+    texts = template.render_all(items)
+    empty = [it.item_id for it, text in zip(items, texts, strict=True) if not text]
+    dropped = 0
+    if empty and vectors is None:
+        if empty_text == "drop":
+            keep = {it.item_id for it, text in zip(items, texts, strict=True) if text}
+            catalogue = catalogue.subset(keep)
+            items = list(catalogue.items.values())
+            texts = [t for t in texts if t]
+            dropped = len(empty)
+            logger.warning("dropped %d items whose text under fields %s is empty", dropped, template.fields)
+        else:
+            raise CatalogueError(
+                f"{len(empty)} items have no text in the template fields {list(template.fields)} "
+                f"(e.g. {empty[:5]}); add fields (e.g. --text-fields title,brand,categories,description) "
+                "or pass empty_text='drop' (--drop-empty-text) to leave them out"
+            )
+    k_max = max(config.codes_per_level)
+    if k_max > len(items):
+        raise QuantizationError(
+            f"{k_max} codes per level but the catalogue has only {len(items)} items; every code needs an item: "
+            f"use codes <= {len(items)} (e.g. --codes {2 ** int(np.log2(max(len(items), 1)))})"
+        )
+    start = time.perf_counter()
+    if vectors is None:
+        enc = (
+            encoder if encoder is not None and not isinstance(encoder, str) else load_encoder(encoder, device)
+        )
+        fingerprint = enc.fingerprint()
+        vectors = encode_texts(
+            texts,
+            enc,
+            batch_size=batch_size,
+            cache_dir=cache_dir,
+            use_cache=use_cache,
+            show_progress=show_progress,
+        )
+    else:
+        fingerprint = dict(encoder_fingerprint or {"kind": "precomputed", "model": "unknown"})
+        if len(vectors) != len(items):
+            raise ValueError(
+                f"{len(vectors)} vectors for {len(items)} catalogue items (one row per item, in order)"
+            )
+    encode_seconds = time.perf_counter() - start
+    counts = catalogue.item_counts()
+    index = index_from_vectors(
+        vectors,
+        [it.item_id for it in items],
+        config,
+        dedup=dedup,
+        encoder=fingerprint,
+        text_template=template.spec(),
+        item_interactions=np.array([counts[it.item_id] for it in items], dtype=np.int64),
+        item_categories=[it.categories for it in items],
+        token_template=token_template,
+        build_config={
+            "catalogue": catalogue.name,
+            "catalogue_report": catalogue.report.summary(),
+            "k_core": k_core,
+            "n_users": len(catalogue.sequences),
+            "n_interactions": catalogue.n_interactions,
+            "dropped_empty_text": dropped,
+        },
+    )
+    index.quality["encode_seconds"] = round(encode_seconds, 3)
+    if output is not None:
+        index.save(output)
+    return index

@@ -1,0 +1,422 @@
+"""The SID index: the artefact that the SID stage hands to every later stage.
+
+It holds item -> SID codes, the codebooks of each k-means level, the per-token centroids in two variants,
+the quality figures, and the provenance (encoder fingerprint, text template, build settings, format
+version). Token rows always follow :func:`~peft_grounded.sids.tokens.sid_vocabulary` order: level by
+level, code by code (``<a_0> ... <a_255> <b_0> ...``), the disambiguation level last when there is one.
+
+Centroid variants (one row per SID token, in the encoder's space, dimension ``dim``):
+
+* ``"items"`` (default): the mean of the *original* embeddings of all items that carry the code at that
+  level. Every token lives in the same space as the item vectors, so tokens of all levels are comparable
+  and a level-2 token is "the region of its items", not a small residual vector near the origin.
+* ``"codebook"``: the level's codebook vector in residual space (level 0 coincides with the item space;
+  deeper levels are residuals, small and centred near 0).
+
+For a disambiguation level both variants use item statistics: ``"items"`` the mean original embedding of
+the items holding that code, ``"codebook"`` the mean of their final residuals (what a codebook vector at
+that level would be). A code that no item carries (an unused k-means code) gets the mean of all items in
+the ``"items"`` variant.
+
+Files: ``<dir>/sid_index.json`` (metadata, item ids, SHA-256 and size of the tensor file) and
+``<dir>/sid_index.safetensors`` (codes, codebooks, centroids, item interaction counts). Both are written
+to temporary files in ``<dir>`` and moved into place with ``os.replace``; the checksum detects a
+truncated or corrupted tensor file and a JSON / tensor pair from two different saves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._io import atomic_write
+from .tokens import DEFAULT_TEMPLATE, parse_sid, sid_string, sid_vocabulary
+
+FORMAT = "peft_grounded.sid_index"
+FORMAT_VERSION = 1
+JSON_NAME = "sid_index.json"
+TENSORS_NAME = "sid_index.safetensors"
+CENTROID_VARIANTS = ("items", "codebook")
+
+
+class IndexFileError(ValueError):
+    """A SID index file that is missing, truncated, corrupted or of an unknown version."""
+
+
+class EncoderMismatchError(ValueError):
+    """Vectors from another encoder than the one the index was built with."""
+
+
+def _package_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("peft-grounded")
+    except Exception:  # pragma: no cover - not installed
+        return "unknown"
+
+
+@dataclass
+class SIDIndex:
+    """Item -> SID codes with codebooks, per-token centroids, quality figures and provenance."""
+
+    item_ids: list[str]
+    codes: np.ndarray  # [n_items, n_levels] int64
+    codes_per_level: tuple[int, ...]  # vocabulary size of each level (disambiguation level included)
+    codebooks: list[np.ndarray]  # one [K_l, dim] array per k-means level
+    centroids: dict[str, np.ndarray]  # variant -> [n_tokens, dim]
+    disambiguation_level: bool = False
+    normalize_residuals: bool = False
+    token_template: str = DEFAULT_TEMPLATE
+    encoder: dict[str, Any] = field(default_factory=dict)
+    text_template: dict[str, Any] | None = None
+    quality: dict[str, Any] = field(default_factory=dict)
+    build_config: dict[str, Any] = field(default_factory=dict)
+    item_interactions: np.ndarray | None = None  # [n_items] interactions per item in the build catalogue
+    item_categories: list[tuple[str, ...]] | None = None  # category path per item
+    version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        self.codes = np.asarray(self.codes, dtype=np.int64)
+        self.codes_per_level = tuple(int(k) for k in self.codes_per_level)
+        n, levels = self.codes.shape if self.codes.ndim == 2 else (-1, -1)
+        if n != len(self.item_ids) or levels != len(self.codes_per_level):
+            raise IndexFileError(
+                f"codes have shape {self.codes.shape}, expected ({len(self.item_ids)}, {len(self.codes_per_level)})"
+            )
+        if len(set(self.item_ids)) != n:
+            raise IndexFileError("item ids in a SID index must be unique")
+        if n and ((self.codes < 0).any() or (self.codes >= np.asarray(self.codes_per_level)).any()):
+            raise IndexFileError(f"codes out of range for codes_per_level={self.codes_per_level}")
+        if len(self.codebooks) != levels - int(self.disambiguation_level):
+            raise IndexFileError(f"{len(self.codebooks)} codebooks for {levels} levels")
+        for variant, matrix in self.centroids.items():
+            if matrix.shape != (self.n_tokens, self.dim):
+                raise IndexFileError(
+                    f"centroids[{variant!r}] has shape {matrix.shape}, expected ({self.n_tokens}, {self.dim})"
+                )
+        self._row: dict[str, int] | None = None
+        self._by_sid: dict[tuple[int, ...], str] | None = None
+        self._sorted: tuple[np.ndarray, np.ndarray] | None = None
+
+    # ------------------------------------------------------------------------------------------ shape
+
+    @property
+    def n_items(self) -> int:
+        return len(self.item_ids)
+
+    @property
+    def n_levels(self) -> int:
+        return len(self.codes_per_level)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(sum(self.codes_per_level))
+
+    @property
+    def dim(self) -> int:
+        return int(self.codebooks[0].shape[1])
+
+    @property
+    def token_strings(self) -> list[str]:
+        """Every SID token, in row order (level by level, code by code)."""
+        return sid_vocabulary(self.codes_per_level, self.token_template)
+
+    def token_offset(self, level: int) -> int:
+        """Row of ``(level, code 0)`` in the token order."""
+        return int(sum(self.codes_per_level[:level]))
+
+    # ------------------------------------------------------------------------------------------ hand-over
+
+    def adapter_init(self, variant: str = "items") -> tuple[list[str], Any]:
+        """``(token_strings, vectors)``: the SID tokens and a float32 ``torch.Tensor [n_tokens, dim]`` whose
+        rows follow ``token_strings`` — ready for ``GroundedTokenConfig(init="centroid", init_vectors=...)``."""
+        import torch
+
+        if variant not in self.centroids:
+            raise ValueError(f"unknown centroid variant {variant!r}; use one of {sorted(self.centroids)}")
+        return self.token_strings, torch.tensor(self.centroids[variant], dtype=torch.float32)
+
+    # ------------------------------------------------------------------------------------------ lookups
+
+    def _rows(self) -> dict[str, int]:
+        if self._row is None:
+            self._row = {item: i for i, item in enumerate(self.item_ids)}
+        return self._row
+
+    def __contains__(self, item_id: object) -> bool:
+        return str(item_id) in self._rows()
+
+    def row_of(self, item_id: str) -> int:
+        try:
+            return self._rows()[str(item_id)]
+        except KeyError:
+            raise KeyError(f"item {item_id!r} is not in the SID index ({self.n_items} items)") from None
+
+    def sid_of(self, item_id: str) -> tuple[int, ...]:
+        """The codes of an item, e.g. ``(12, 3, 200, 0)``."""
+        return tuple(int(c) for c in self.codes[self.row_of(item_id)])
+
+    def sid_text(self, item_id: str) -> str:
+        """The SID string of an item, e.g. ``"<a_12><b_3><c_200><d_0>"``."""
+        return sid_string(self.sid_of(item_id), self.token_template)
+
+    def sid_texts(self) -> list[str]:
+        """SID strings of all items, in ``item_ids`` order."""
+        return [sid_string(row, self.token_template) for row in self.codes.tolist()]
+
+    def item_of(self, sid: str | Sequence[int]) -> str | None:
+        """The item carrying a full SID (codes or string), or ``None``; with collisions, the first item."""
+        if self._by_sid is None:
+            self._by_sid = {}
+            for item, row in zip(self.item_ids, self.codes.tolist(), strict=True):
+                self._by_sid.setdefault(tuple(row), item)
+        key = tuple(parse_sid(sid, self.token_template)) if isinstance(sid, str) else tuple(sid)
+        return self._by_sid.get(key)
+
+    def items_with_prefix(self, prefix: str | Sequence[int]) -> list[str]:
+        """Items whose SID starts with ``prefix`` (codes or string), in index order of their SIDs."""
+        codes = parse_sid(prefix, self.token_template) if isinstance(prefix, str) else list(prefix)
+        if len(codes) > self.n_levels:
+            raise ValueError(f"prefix {codes} is longer than the {self.n_levels} levels")
+        if self._sorted is None:
+            order = np.lexsort(self.codes.T[::-1])
+            self._sorted = (order, self.codes[order])
+        order, sorted_codes = self._sorted
+        lo, hi = 0, len(order)
+        for level, code in enumerate(codes):
+            column = sorted_codes[lo:hi, level]
+            lo, hi = (
+                lo + int(np.searchsorted(column, code, "left")),
+                lo + int(np.searchsorted(column, code, "right")),
+            )
+        return [self.item_ids[i] for i in order[lo:hi]]
+
+    # ------------------------------------------------------------------------------------------ statistics
+
+    def token_frequencies(self, by: str = "items", counts: Mapping[str, int] | None = None) -> np.ndarray:
+        """Per SID token (row order): how many items carry it (``by="items"``), or how many interactions
+        name an item carrying it (``by="interactions"``; ``counts`` maps item id -> count, e.g.
+        ``split.training_target_counts()``, and defaults to the build catalogue's interactions)."""
+        if by == "items":
+            weights = np.ones(self.n_items)
+        elif by == "interactions":
+            if counts is not None:
+                weights = np.array([counts.get(i, 0) for i in self.item_ids], dtype=np.float64)
+            elif self.item_interactions is not None:
+                weights = self.item_interactions.astype(np.float64)
+            else:
+                raise ValueError("this index has no interaction counts; pass counts={item_id: count}")
+        else:
+            raise ValueError(f"by must be 'items' or 'interactions', got {by!r}")
+        out = np.concatenate(
+            [
+                np.bincount(self.codes[:, lv], weights=weights, minlength=k)
+                for lv, k in enumerate(self.codes_per_level)
+            ]
+        )
+        return out.astype(np.int64)
+
+    def majority_labels(
+        self,
+        level: int = 0,
+        item_labels: Mapping[str, str] | Sequence[str] | None = None,
+        depth: int = 0,
+    ) -> list[tuple[str | None, float]]:
+        """For each code of ``level``: the most common label of its items and that label's share.
+
+        ``item_labels`` (per item id, or in ``item_ids`` order) defaults to the category path element at
+        ``depth`` stored at build time. Codes no item carries give ``(None, 0.0)``.
+        """
+        if item_labels is None:
+            if self.item_categories is None:
+                raise ValueError("this index stores no categories; pass item_labels")
+            labels = [c[min(depth, len(c) - 1)] if c else "<none>" for c in self.item_categories]
+        elif isinstance(item_labels, Mapping):
+            labels = [item_labels.get(i, "<none>") for i in self.item_ids]
+        else:
+            labels = list(item_labels)
+        per_code: list[Counter[str]] = [Counter() for _ in range(self.codes_per_level[level])]
+        for code, label in zip(self.codes[:, level].tolist(), labels, strict=True):
+            per_code[code][label] += 1
+        out: list[tuple[str | None, float]] = []
+        for counter in per_code:
+            if counter:
+                label, n = counter.most_common(1)[0]
+                out.append((label, n / sum(counter.values())))
+            else:
+                out.append((None, 0.0))
+        return out
+
+    def level0_labels(self, depth: int = 0) -> list[str | None]:
+        """Majority category label of each level-0 token (for neighbourhood-purity diagnostics)."""
+        return [label for label, _ in self.majority_labels(0, depth=depth)]
+
+    # ------------------------------------------------------------------------------------------ new items
+
+    def check_encoder(self, encoder: Any) -> None:
+        """Raise :class:`EncoderMismatchError` unless ``encoder`` (a TextEncoder or fingerprint) is this index's."""
+        from .encoders import same_encoder
+
+        fingerprint = encoder if isinstance(encoder, Mapping) else encoder.fingerprint()
+        if self.encoder and not same_encoder(dict(fingerprint), self.encoder):
+            diff = {
+                k: (self.encoder.get(k), fingerprint.get(k)) for k in set(self.encoder) | set(fingerprint)
+            }
+            diff = {k: v for k, v in diff.items() if v[0] != v[1]}
+            raise EncoderMismatchError(
+                f"this SID index was built with encoder {self.encoder.get('model')!r} but the vectors come from "
+                f"{fingerprint.get('model')!r} (differs in {diff}); encode with the index's encoder, "
+                "or rebuild the index with `peft-grounded build-sids --encoder ...`"
+            )
+
+    def quantize(self, vectors: Any, encoder: Any = None) -> np.ndarray:
+        """k-means codes ``[m, n_kmeans_levels]`` of new vectors (nearest codeword per level, no dedup)."""
+        from .rqkmeans import quantize
+
+        if encoder is not None:
+            self.check_encoder(encoder)
+        array = np.asarray(vectors, dtype=np.float32)
+        if array.ndim != 2 or array.shape[1] != self.dim:
+            raise EncoderMismatchError(
+                f"vectors of shape {array.shape} do not match the index's {self.dim}-d encoder "
+                f"{self.encoder.get('model')!r}; encode with that encoder"
+            )
+        codes, _ = quantize(array, self.codebooks, self.normalize_residuals)
+        return codes.numpy()
+
+    # ------------------------------------------------------------------------------------------ export
+
+    def to_lcrec_json(self) -> dict[str, list[str]]:
+        """``{item_id: ["<a_12>", "<b_3>", ...]}``, the LC-Rec / MiniOneRec ``.index.json`` layout."""
+        tokens = self.token_strings
+        offsets = np.cumsum((0, *self.codes_per_level[:-1]))
+        return {
+            item: [tokens[o + c] for o, c in zip(offsets, row, strict=True)]
+            for item, row in zip(self.item_ids, self.codes.tolist(), strict=True)
+        }
+
+    def summary(self) -> str:
+        from .quality import format_quality
+
+        head = (
+            f"SID index: {self.n_items} items, levels {list(self.codes_per_level)} "
+            f"({self.n_tokens} tokens), dim {self.dim}, encoder {self.encoder.get('model', '?')}"
+        )
+        return head + ("\n" + format_quality(self.quality) if self.quality else "")
+
+    # ------------------------------------------------------------------------------------------ files
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``sid_index.json`` + ``sid_index.safetensors`` into ``directory`` atomically; returns it."""
+        from safetensors.numpy import save
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors: dict[str, np.ndarray] = {"codes": self.codes.astype(np.int64)}
+        for level, book in enumerate(self.codebooks):
+            tensors[f"codebook.{level}"] = np.ascontiguousarray(book, dtype=np.float32)
+        for variant, matrix in self.centroids.items():
+            tensors[f"centroids.{variant}"] = np.ascontiguousarray(matrix, dtype=np.float32)
+        if self.item_interactions is not None:
+            tensors["item_interactions"] = np.asarray(self.item_interactions, dtype=np.int64)
+        payload = save(tensors, metadata={"format": FORMAT, "version": str(self.version)})
+        meta = {
+            "format": FORMAT,
+            "version": self.version,
+            "package_version": _package_version(),
+            "n_items": self.n_items,
+            "codes_per_level": list(self.codes_per_level),
+            "disambiguation_level": self.disambiguation_level,
+            "normalize_residuals": self.normalize_residuals,
+            "token_template": self.token_template,
+            "tokens": self.token_strings,
+            "centroid_variants": sorted(self.centroids),
+            "encoder": self.encoder,
+            "text_template": self.text_template,
+            "quality": self.quality,
+            "build_config": self.build_config,
+            "tensors": {
+                "file": TENSORS_NAME,
+                "bytes": len(payload),
+                "sha256": hashlib.sha256(payload).hexdigest(),
+            },
+            "item_ids": self.item_ids,
+            "item_categories": None
+            if self.item_categories is None
+            else [list(c) for c in self.item_categories],
+        }
+        atomic_write(directory / TENSORS_NAME, payload)
+        atomic_write(directory / JSON_NAME, json.dumps(meta, ensure_ascii=False).encode("utf-8"))
+        return directory
+
+    @classmethod
+    def load(cls, path: str | Path, verify: bool = True) -> SIDIndex:
+        """Read an index saved by :meth:`save` (``path``: its directory or its ``sid_index.json``)."""
+        from safetensors import SafetensorError
+        from safetensors.numpy import load
+
+        path = Path(path)
+        directory = path.parent if path.suffix == ".json" else path
+        json_path = directory / JSON_NAME
+        fix = "rebuild it with `peft-grounded build-sids` (or restore a good copy)"
+        if not json_path.is_file():
+            raise IndexFileError(f"no SID index at {directory} (missing {JSON_NAME}); {fix}")
+        try:
+            meta = json.loads(json_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise IndexFileError(f"{json_path} is truncated or corrupted ({err}); {fix}") from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise IndexFileError(f"{json_path} is not a peft_grounded SID index; {fix}")
+        if int(meta.get("version", 0)) > FORMAT_VERSION:
+            raise IndexFileError(
+                f"{json_path} has format version {meta['version']}, newer than this peft_grounded reads "
+                f"({FORMAT_VERSION}); upgrade peft_grounded"
+            )
+        tensor_path = directory / meta["tensors"]["file"]
+        if not tensor_path.is_file():
+            raise IndexFileError(f"{tensor_path} is missing; {fix}")
+        payload = tensor_path.read_bytes()
+        if len(payload) != meta["tensors"]["bytes"]:
+            raise IndexFileError(
+                f"{tensor_path} has {len(payload)} bytes, {meta['tensors']['bytes']} expected: truncated or from "
+                f"another save; {fix}"
+            )
+        if verify and hashlib.sha256(payload).hexdigest() != meta["tensors"]["sha256"]:
+            raise IndexFileError(
+                f"{tensor_path} fails its SHA-256 check: corrupted or from another save; {fix}"
+            )
+        try:
+            tensors = load(payload)
+        except (SafetensorError, ValueError) as err:
+            raise IndexFileError(f"{tensor_path} cannot be read ({err}); {fix}") from None
+        n_books = len(meta["codes_per_level"]) - int(meta["disambiguation_level"])
+        try:
+            return cls(
+                item_ids=list(meta["item_ids"]),
+                codes=tensors["codes"],
+                codes_per_level=tuple(meta["codes_per_level"]),
+                codebooks=[tensors[f"codebook.{lv}"] for lv in range(n_books)],
+                centroids={v: tensors[f"centroids.{v}"] for v in meta["centroid_variants"]},
+                disambiguation_level=bool(meta["disambiguation_level"]),
+                normalize_residuals=bool(meta["normalize_residuals"]),
+                token_template=meta["token_template"],
+                encoder=meta["encoder"],
+                text_template=meta["text_template"],
+                quality=meta["quality"],
+                build_config=meta["build_config"],
+                item_interactions=tensors.get("item_interactions"),
+                item_categories=None
+                if meta.get("item_categories") is None
+                else [tuple(c) for c in meta["item_categories"]],
+                version=int(meta["version"]),
+            )
+        except KeyError as err:
+            raise IndexFileError(f"{directory} lacks {err} (an incomplete or foreign index); {fix}") from None

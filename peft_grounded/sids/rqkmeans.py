@@ -1,0 +1,371 @@
+"""Residual k-means (RQ-KMeans) in torch: deterministic, chunked (memory linear in the items), CPU or GPU.
+
+``r_1 = z``; at each level ``l``: (optionally ``r_l <- r_l / ||r_l||``), fit k-means on ``r_l``,
+``c_l = argmin_k ||r_l - q_k||``, ``r_{l+1} = r_l - q_{c_l}``.
+
+* :func:`kmeans`: Lloyd's algorithm with k-means++ seeding (on a subsample of ``init_sample_per_code * K``
+  points), empty clusters re-seeded from the worst-fitted points, and an optional size-constrained
+  (balanced) assignment in which no cluster holds more than ``ceil(n / K)`` points.
+* :func:`fit_rqkmeans` / :func:`quantize`: the residual stack; ``sample_size`` fits the codebooks on a
+  random subsample then assigns every item in chunks, which is how catalogues of millions of items run.
+
+Distances are computed ``chunk_size`` rows at a time (``chunk_size x K`` floats), so memory is the input,
+one residual copy and ``O(K d)``; everything is seeded by one ``torch.Generator``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+BALANCE_MODES = ("none", "last", "all")
+
+
+class QuantizationError(ValueError):
+    """Input the quantiser cannot use; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class RQKMeansConfig:
+    """Settings of residual k-means. ``balanced``: ``"none"``, ``"last"`` (last level only) or ``"all"``."""
+
+    codes_per_level: tuple[int, ...] = (256, 256, 256)
+    normalize_residuals: bool = False
+    balanced: str = "none"
+    max_iter: int = 30
+    tol: float = 1e-4
+    seed: int = 0
+    init_sample_per_code: int = 64
+    sample_size: int | None = None
+    chunk_size: int = 16384
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "codes_per_level", tuple(int(k) for k in self.codes_per_level))
+        if not self.codes_per_level or min(self.codes_per_level) < 1:
+            raise QuantizationError(f"codes_per_level must be >= 1 each, got {self.codes_per_level}")
+        if self.balanced not in BALANCE_MODES:
+            raise QuantizationError(f"balanced must be one of {BALANCE_MODES}, got {self.balanced!r}")
+
+    def balanced_at(self, level: int) -> bool:
+        last = len(self.codes_per_level) - 1
+        return self.balanced == "all" or (self.balanced == "last" and level == last)
+
+
+@dataclass
+class KMeansResult:
+    centroids: torch.Tensor  # [K, d]
+    labels: torch.Tensor  # [n] int64
+    inertia: float  # sum of squared distances to the assigned centroid
+    n_iter: int
+    converged: bool
+
+
+@dataclass
+class RQKMeansResult:
+    codebooks: list[torch.Tensor]  # per level [K_l, d]
+    codes: torch.Tensor  # [n, L] int64
+    residual: torch.Tensor  # [n, d], what is left after the last level
+    level_mse: list[float]  # mean squared residual norm after each level
+    input_mse: float  # mean squared norm of the input vectors (first level's residual)
+    stats: list[dict[str, Any]] = field(default_factory=list)  # per level: iterations, seconds, converged
+
+
+def check_vectors(x: np.ndarray | torch.Tensor, min_rows: int = 1, what: str = "vectors") -> torch.Tensor:
+    """A float32 2-D tensor view of ``x``; raises on a wrong shape, too few rows, NaN or inf (naming rows)."""
+    t = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
+    if t.ndim != 2:
+        raise QuantizationError(f"{what} must be a 2-D array [items, dim], got shape {tuple(t.shape)}")
+    if t.shape[0] < min_rows:
+        raise QuantizationError(f"{what}: {t.shape[0]} rows, at least {min_rows} needed")
+    t = t.to(torch.float32)
+    bad = ~torch.isfinite(t).all(dim=1)
+    if bad.any():
+        rows = bad.nonzero().flatten().tolist()
+        raise QuantizationError(
+            f"{what}: {len(rows)} rows hold NaN or inf (rows {rows[:10]}{'...' if len(rows) > 10 else ''}); "
+            "check the encoder (fp16 overflow, empty texts) or drop those items"
+        )
+    return t
+
+
+def _sq_norms(x: torch.Tensor, chunk: int) -> torch.Tensor:
+    out = torch.empty(x.shape[0], dtype=x.dtype, device=x.device)
+    for s in range(0, x.shape[0], chunk):
+        out[s : s + chunk] = x[s : s + chunk].pow(2).sum(1)
+    return out
+
+
+def assign(
+    x: torch.Tensor, centroids: torch.Tensor, chunk: int = 16384, x_norm: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Nearest centroid of each row and the squared distance to it (chunked; ``x_norm``: cached ``|x|^2``)."""
+    x_norm = _sq_norms(x, chunk) if x_norm is None else x_norm
+    c_norm = centroids.pow(2).sum(1)
+    labels = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
+    dist = torch.empty(x.shape[0], dtype=x.dtype, device=x.device)
+    for s in range(0, x.shape[0], chunk):
+        xs = x[s : s + chunk]
+        d = torch.addmm(c_norm, xs, centroids.T, alpha=-2.0)
+        best, idx = d.min(1)
+        labels[s : s + chunk] = idx
+        dist[s : s + chunk] = (best + x_norm[s : s + chunk]).clamp_min_(0.0)
+    return labels, dist
+
+
+def _topk_candidates(
+    x: torch.Tensor, centroids: torch.Tensor, m: int, chunk: int, x_norm: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    c_norm = centroids.pow(2).sum(1)
+    cand = torch.empty(x.shape[0], m, dtype=torch.int64, device=x.device)
+    cdist = torch.empty(x.shape[0], m, dtype=x.dtype, device=x.device)
+    for s in range(0, x.shape[0], chunk):
+        xs = x[s : s + chunk]
+        d = torch.addmm(c_norm, xs, centroids.T, alpha=-2.0)
+        vals, idx = d.topk(m, dim=1, largest=False, sorted=True)
+        cand[s : s + chunk] = idx
+        cdist[s : s + chunk] = vals + x_norm[s : s + chunk, None]
+    return cand, cdist.clamp_min_(0.0)
+
+
+def _accept(
+    points: torch.Tensor, props: torch.Tensor, dists: torch.Tensor, remaining: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each cluster accepts, by increasing distance, as many of the points proposing to it as it has room for."""
+    order = torch.argsort(dists, stable=True)
+    order = order[torch.argsort(props[order], stable=True)]
+    sp = props[order]
+    counts = torch.bincount(sp, minlength=remaining.numel())
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(sp.numel(), device=sp.device) - starts[sp]
+    ok = rank < remaining[sp]
+    return points[order[ok]], sp[ok]
+
+
+def balanced_assign(
+    x: torch.Tensor,
+    centroids: torch.Tensor,
+    capacity: int,
+    candidates: int = 16,
+    chunk: int = 16384,
+    x_norm: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Assignment with at most ``capacity`` points per cluster (greedy by distance, vectorised).
+
+    Round ``r``: every unassigned point proposes to its ``r``-th nearest centroid; each cluster accepts the
+    closest proposers it has room for. Points whose ``candidates`` nearest clusters all fill up then
+    propose to their nearest cluster that still has room, until all are placed. Memory ``O(n x candidates)``.
+    """
+    n, k = x.shape[0], centroids.shape[0]
+    if capacity * k < n:
+        raise QuantizationError(f"capacity {capacity} x {k} clusters < {n} points")
+    m = min(candidates, k)
+    x_norm = _sq_norms(x, chunk) if x_norm is None else x_norm
+    cand, cdist = _topk_candidates(x, centroids, m, chunk, x_norm)
+    labels = torch.full((n,), -1, dtype=torch.int64, device=x.device)
+    remaining = torch.full((k,), capacity, dtype=torch.int64, device=x.device)
+    for r in range(m):
+        todo = (labels < 0).nonzero().flatten()
+        if todo.numel() == 0:
+            break
+        pts, cl = _accept(todo, cand[todo, r], cdist[todo, r], remaining)
+        labels[pts] = cl
+        remaining -= torch.bincount(cl, minlength=k)
+    c_norm = centroids.pow(2).sum(1)
+    while True:
+        todo = (labels < 0).nonzero().flatten()
+        if todo.numel() == 0:
+            break
+        xs = x[todo]
+        d = torch.addmm(c_norm, xs, centroids.T, alpha=-2.0)
+        d[:, remaining <= 0] = float("inf")
+        best, props = d.min(1)
+        pts, cl = _accept(todo, props, best, remaining)
+        labels[pts] = cl
+        remaining -= torch.bincount(cl, minlength=k)
+    dist = torch.empty(n, dtype=x.dtype, device=x.device)
+    for s in range(0, n, chunk):
+        diff = x[s : s + chunk] - centroids[labels[s : s + chunk]]
+        dist[s : s + chunk] = diff.pow(2).sum(1)
+    return labels, dist
+
+
+def kmeans_plusplus(x: torch.Tensor, k: int, generator: torch.Generator, chunk: int = 16384) -> torch.Tensor:
+    """k-means++ seeding (Arthur & Vassilvitskii, 2007): each next centre drawn with probability ~ D(x)^2."""
+    n = x.shape[0]
+    first = int(torch.randint(n, (1,), generator=generator, device="cpu"))
+    centers = torch.empty(k, x.shape[1], dtype=x.dtype, device=x.device)
+    centers[0] = x[first]
+    x_norm = _sq_norms(x, chunk)
+    d2 = (x_norm - 2 * (x @ centers[0]) + centers[0].pow(2).sum()).clamp_min_(0.0)
+    for j in range(1, k):
+        cum = torch.cumsum(d2, 0)
+        total = float(cum[-1])
+        if total > 0:
+            u = float(torch.rand(1, generator=generator, dtype=torch.float64)) * total
+            idx = min(
+                int(
+                    torch.searchsorted(cum, torch.tensor([u], dtype=cum.dtype, device=cum.device), right=True)
+                ),
+                n - 1,
+            )
+        else:  # fewer distinct points than k: any point (duplicate centres become empty clusters)
+            idx = int(torch.randint(n, (1,), generator=generator, device="cpu"))
+        centers[j] = x[idx]
+        d2 = torch.minimum(d2, (x_norm - 2 * (x @ centers[j]) + centers[j].pow(2).sum()).clamp_min_(0.0))
+    return centers
+
+
+def kmeans(
+    x: torch.Tensor,
+    k: int,
+    *,
+    balanced: bool = False,
+    max_iter: int = 30,
+    tol: float = 1e-4,
+    generator: torch.Generator | None = None,
+    init_sample_per_code: int = 64,
+    chunk_size: int = 16384,
+) -> KMeansResult:
+    """Lloyd's k-means with k-means++ seeding; ``balanced`` caps every cluster at ``ceil(n / k)`` points.
+
+    Stops when the labels no longer change or the inertia improves by less than ``tol`` (relative). The
+    returned labels are the assignment to the returned centroids.
+    """
+    n, d = x.shape
+    if k > n:
+        raise QuantizationError(f"k-means with {k} codes needs at least {k} items, got {n}")
+    gen = generator or torch.Generator().manual_seed(0)
+    seed_rows = min(n, max(k, init_sample_per_code * k))
+    init_x = x if seed_rows == n else x[torch.randperm(n, generator=gen)[:seed_rows].to(x.device)]
+    centroids = kmeans_plusplus(init_x, k, gen, chunk_size)
+    capacity = math.ceil(n / k)
+    x_norm = _sq_norms(x, chunk_size)
+
+    def step(c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if balanced:
+            return balanced_assign(x, c, capacity, chunk=chunk_size, x_norm=x_norm)
+        return assign(x, c, chunk_size, x_norm)
+
+    labels, dist = step(centroids)
+    inertia, converged, n_iter = float(dist.sum()), False, 0
+    while n_iter < max_iter:
+        n_iter += 1
+        sums = torch.zeros(k, d, dtype=x.dtype, device=x.device)
+        for s in range(0, n, chunk_size):
+            sums.index_add_(0, labels[s : s + chunk_size], x[s : s + chunk_size])
+        counts = torch.bincount(labels, minlength=k)
+        centroids = torch.where(counts[:, None] > 0, sums / counts.clamp_min(1)[:, None], centroids)
+        empty = (counts == 0).nonzero().flatten()
+        if empty.numel():  # re-seed from the points worst served by their centroid
+            worst = torch.argsort(dist, descending=True, stable=True)[: empty.numel()]
+            centroids[empty] = x[worst]
+        new_labels, dist = step(centroids)
+        new_inertia = float(dist.sum())
+        changed = bool((new_labels != labels).any())
+        labels = new_labels
+        improvement = (inertia - new_inertia) / max(inertia, 1e-30)
+        inertia = new_inertia
+        if not changed or (0 <= improvement < tol and not empty.numel()):
+            converged = True
+            break
+    return KMeansResult(centroids, labels, inertia, n_iter, converged)
+
+
+def _normalize_rows(r: torch.Tensor, chunk: int) -> None:
+    for s in range(0, r.shape[0], chunk):
+        part = r[s : s + chunk]
+        part.div_(part.norm(dim=1, keepdim=True).clamp_min_(1e-12))
+
+
+def fit_rqkmeans(x: np.ndarray | torch.Tensor, config: RQKMeansConfig | None = None) -> RQKMeansResult:
+    """Fit ``len(config.codes_per_level)`` levels of residual k-means and code every row of ``x``."""
+    config = config or RQKMeansConfig()
+    n = int(np.shape(x)[0]) if not isinstance(x, torch.Tensor) else x.shape[0]
+    k_max = max(config.codes_per_level)
+    if n == 0:
+        raise QuantizationError("no vectors to quantise (empty catalogue)")
+    if k_max > n:
+        raise QuantizationError(
+            f"{k_max} codes per level but only {n} items; every code needs an item: "
+            f"use codes <= {n} (e.g. --codes {2 ** int(math.log2(n)) if n > 1 else 1})"
+        )
+    device = torch.device(config.device)
+    residual = check_vectors(x).to(device, copy=True)
+    gen = torch.Generator().manual_seed(config.seed)
+    fit_rows = None
+    if config.sample_size is not None and config.sample_size < n:
+        if config.sample_size < k_max:
+            raise QuantizationError(f"sample_size {config.sample_size} < {k_max} codes")
+        fit_rows = torch.randperm(n, generator=gen)[: config.sample_size].sort().values.to(device)
+    chunk = config.chunk_size
+    input_mse = float(_sq_norms(residual, chunk).mean())
+    codebooks, level_mse, stats = [], [], []
+    codes = torch.empty(n, len(config.codes_per_level), dtype=torch.int64, device=device)
+    for level, k in enumerate(config.codes_per_level):
+        start = time.perf_counter()
+        if config.normalize_residuals:
+            _normalize_rows(residual, chunk)
+        train = residual if fit_rows is None else residual[fit_rows]
+        balanced = config.balanced_at(level)
+        km = kmeans(
+            train,
+            k,
+            balanced=balanced,
+            max_iter=config.max_iter,
+            tol=config.tol,
+            generator=gen,
+            init_sample_per_code=config.init_sample_per_code,
+            chunk_size=chunk,
+        )
+        if fit_rows is None:
+            labels = km.labels
+        elif balanced:
+            labels = balanced_assign(residual, km.centroids, math.ceil(n / k), chunk=chunk)[0]
+        else:
+            labels = assign(residual, km.centroids, chunk)[0]
+        codes[:, level] = labels
+        for s in range(0, n, chunk):
+            residual[s : s + chunk] -= km.centroids[labels[s : s + chunk]]
+        codebooks.append(km.centroids)
+        level_mse.append(float(_sq_norms(residual, chunk).mean()))
+        stats.append(
+            {"level": level, "iterations": km.n_iter, "converged": km.converged, "balanced": balanced}
+            | {"seconds": round(time.perf_counter() - start, 3)}
+        )
+        logger.info("level %d: %d iterations, mse %.5f", level, km.n_iter, level_mse[-1])
+    return RQKMeansResult(codebooks, codes, residual, level_mse, input_mse, stats)
+
+
+def quantize(
+    x: np.ndarray | torch.Tensor,
+    codebooks: Sequence[torch.Tensor | np.ndarray],
+    normalize_residuals: bool = False,
+    chunk_size: int = 16384,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes ``[n, L]`` (nearest codeword at each level, no capacity limit) and the final residual."""
+    residual = check_vectors(x).clone()
+    codes = torch.empty(residual.shape[0], len(codebooks), dtype=torch.int64)
+    for level, book in enumerate(codebooks):
+        book = torch.as_tensor(book, dtype=torch.float32)
+        if book.shape[1] != residual.shape[1]:
+            raise QuantizationError(
+                f"vectors have dimension {residual.shape[1]} but the codebooks {book.shape[1]}: "
+                "encode with the encoder the index was built with"
+            )
+        if normalize_residuals:
+            _normalize_rows(residual, chunk_size)
+        labels, _ = assign(residual, book, chunk_size)
+        codes[:, level] = labels
+        for s in range(0, residual.shape[0], chunk_size):
+            residual[s : s + chunk_size] -= book[labels[s : s + chunk_size]]
+    return codes, residual
