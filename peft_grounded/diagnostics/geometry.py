@@ -1,0 +1,533 @@
+"""Geometry of the new token rows: similarities, spectra, RSA, purity, popularity R^2, nearest tokens.
+
+Pure functions. Inputs are 2-D numpy arrays or torch tensors (any dtype, any device); they are
+converted to float64 numpy arrays, so results do not depend on the checkpoint's precision.
+Definitions follow ``METHODS.md``; each function's docstring states the choices it makes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from peft_grounded.sids.tokens import level_name
+
+# Singular values below RTOL x ||rows||_F (of the rows before any centring) count as zero: rows that
+# are identical up to rounding then have a centred spectrum of exactly zero, not of amplified noise.
+RTOL = 1e-10
+# Cosine similarities closer than this count as ties (neighbour search, constant-similarity checks).
+TIE_TOL = 1e-9
+
+_SID_TOKEN = re.compile(r"^<([a-z]+)_(\d+)>$")
+
+
+# --------------------------------------------------------------------------------------------- inputs
+
+
+def as_matrix(x: Any, name: str = "rows", dtype: type = np.float64) -> np.ndarray:
+    """``x`` as a finite matrix of ``dtype``; raises ``ValueError`` naming ``name`` otherwise."""
+    if hasattr(x, "detach"):  # a torch tensor (any dtype or device), without importing torch here
+        x = x.detach().cpu().double().numpy()
+    array = np.asarray(x, dtype=dtype)
+    if array.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D matrix (tokens x width), got shape {array.shape}")
+    bad = ~np.isfinite(array).all(axis=1)
+    if bad.any():
+        raise ValueError(
+            f"{name} has {int(bad.sum())} row(s) with NaN or inf (first: row {int(np.argmax(bad))}); "
+            "the checkpoint is broken or was saved mid-update"
+        )
+    return array
+
+
+def as_vector(x: Any, n: int, name: str) -> np.ndarray:
+    """``x`` as a finite float64 vector of length ``n``."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    vector = np.asarray(x, dtype=np.float64).reshape(-1)
+    if vector.shape[0] != n:
+        raise ValueError(f"{name} has {vector.shape[0]} values but there are {n} tokens; give one per token")
+    if not np.isfinite(vector).all():
+        raise ValueError(f"{name} contains NaN or inf")
+    return vector
+
+
+# ------------------------------------------------------------------------------------- similarities
+
+
+def normalise_rows(rows: Any, dtype: type = np.float64) -> np.ndarray:
+    """Rows scaled to unit L2 norm; all-zero rows stay zero (their cosine with anything is 0)."""
+    matrix = as_matrix(rows, dtype=dtype)
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    return np.divide(matrix, norms, out=np.zeros_like(matrix), where=norms > 0)
+
+
+def cosine_similarity_matrix(a: Any, b: Any | None = None) -> np.ndarray:
+    """Cosine similarities between the rows of ``a`` and those of ``b`` (default: ``a`` itself)."""
+    left = normalise_rows(a)
+    right = left if b is None else normalise_rows(b)
+    if left.shape[1] != right.shape[1]:
+        raise ValueError(f"cannot compare rows of width {left.shape[1]} with rows of width {right.shape[1]}")
+    return np.clip(left @ right.T, -1.0, 1.0)
+
+
+def upper_triangle(matrix: np.ndarray) -> np.ndarray:
+    """Entries strictly above the diagonal of a square matrix, row by row."""
+    rows, cols = np.triu_indices(matrix.shape[0], k=1)
+    return matrix[rows, cols]
+
+
+# ------------------------------------------------------------------------------------------ spectrum
+
+
+@dataclass(frozen=True)
+class Spectrum:
+    """Singular values (descending) of the SID rows and the ranks derived from them."""
+
+    singular_values: np.ndarray
+    effective_rank: float
+    stable_rank: float
+    centred: bool
+
+
+def spectrum(rows: Any, center: bool = False) -> Spectrum:
+    """Singular-value spectrum, effective rank and stable rank of ``rows``.
+
+    * Effective rank (Roy & Vetterli 2007): ``exp(H(p))`` with ``p_i = s_i / sum(s)``; 1 for
+      rank-one rows, ``n`` for ``n`` orthonormal rows.
+    * Stable rank: ``||A||_F^2 / ||A||_2^2 = sum(s^2) / s_1^2``.
+
+    ``center=False`` (default) measures the rows as the LM uses them, so every construction in
+    METHODS.md keeps its meaning: mean init gives effective rank 1, and a shared offset (the
+    vocabulary mean added by the centroid init's mean shift) counts as one direction.
+    ``center=True`` subtracts the mean row first and measures only the spread around that offset,
+    which a large shared offset otherwise hides. Identical rows then have no spread at all: both
+    ranks are 0. Singular values under ``RTOL * ||rows||_F`` are treated as 0.
+    """
+    matrix = as_matrix(rows)
+    if matrix.shape[0] == 0:
+        raise ValueError("no rows to measure")
+    tol = RTOL * float(np.linalg.norm(matrix))
+    if center:
+        matrix = matrix - matrix.mean(axis=0, keepdims=True)
+    values = np.linalg.svd(matrix, compute_uv=False)
+    values = np.where(values > tol, values, 0.0)
+    return Spectrum(values, _effective_rank(values), _stable_rank(values), center)
+
+
+def _effective_rank(values: np.ndarray) -> float:
+    total = values.sum()
+    if total <= 0:
+        return 0.0
+    p = values[values > 0] / total
+    return float(np.exp(-(p * np.log(p)).sum()))
+
+
+def _stable_rank(values: np.ndarray) -> float:
+    if values.size == 0 or values[0] <= 0:
+        return 0.0
+    return float((values**2).sum() / values[0] ** 2)
+
+
+def effective_rank(rows: Any, center: bool = False) -> float:
+    """Roy & Vetterli's effective rank of ``rows``; see :func:`spectrum`."""
+    return spectrum(rows, center).effective_rank
+
+
+def stable_rank(rows: Any, center: bool = False) -> float:
+    """``||A||_F^2 / ||A||_2^2`` of ``rows``; see :func:`spectrum`."""
+    return spectrum(rows, center).stable_rank
+
+
+# ------------------------------------------------------------------------------------------------ RSA
+
+
+def rankdata(values: np.ndarray) -> np.ndarray:
+    """Ranks 1..n, ties sharing their average rank (as Spearman's correlation needs)."""
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)
+    return (ends - (counts - 1) / 2.0)[inverse.reshape(-1)]
+
+
+def pearson(x: np.ndarray, y: np.ndarray) -> float:
+    """Pearson correlation; NaN when either side is constant (the correlation is undefined)."""
+    x = np.asarray(x, dtype=np.float64) - np.mean(x)
+    y = np.asarray(y, dtype=np.float64) - np.mean(y)
+    denom = np.sqrt((x * x).sum() * (y * y).sum())
+    return float((x * y).sum() / denom) if denom > 0 else float("nan")
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rank correlation (Pearson of average ranks); NaN when either side is constant."""
+    return pearson(rankdata(np.asarray(x)), rankdata(np.asarray(y)))
+
+
+@dataclass(frozen=True)
+class RSAResult:
+    """Representational similarity between a reference geometry and learned rows."""
+
+    pearson: float
+    spearman: float
+    n_tokens: int
+    n_pairs: int
+
+
+def rsa(reference: Any, learned: Any) -> RSAResult:
+    """Pearson and Spearman correlation of the upper triangles of two cosine-similarity matrices.
+
+    ``reference[i]`` (a codebook or centroid vector, any width) and ``learned[i]`` (the SID row)
+    must describe the same token. The result is invariant to rotations and scalings of either
+    side. When one side's similarities are all equal within ``TIE_TOL`` (mean init: every row the
+    same) the correlation is undefined and both values are NaN, not rounding noise.
+    """
+    ref = as_matrix(reference, "reference vectors")
+    rows = as_matrix(learned, "learned rows")
+    if ref.shape[0] != rows.shape[0]:
+        raise ValueError(
+            f"{ref.shape[0]} reference vectors for {rows.shape[0]} learned rows; "
+            "RSA needs one reference vector per SID token, in the same order"
+        )
+    if rows.shape[0] < 3:
+        raise ValueError(f"RSA needs at least 3 tokens (3 pairs), got {rows.shape[0]}")
+    a = upper_triangle(cosine_similarity_matrix(ref))
+    b = upper_triangle(cosine_similarity_matrix(rows))
+    if np.ptp(a) <= TIE_TOL or np.ptp(b) <= TIE_TOL:
+        return RSAResult(float("nan"), float("nan"), rows.shape[0], a.size)
+    return RSAResult(pearson(a, b), spearman(a, b), rows.shape[0], a.size)
+
+
+# --------------------------------------------------------------------------------------------- purity
+
+
+@dataclass(frozen=True)
+class PurityResult:
+    """Neighbourhood purity P_m: mean share of a token's m nearest neighbours with its label."""
+
+    purity: float
+    per_token: np.ndarray
+    chance: float
+    m: int
+    n_tokens: int
+
+
+def neighbourhood_purity(rows: Any, labels: Sequence[Hashable | None], m: int = 10) -> PurityResult:
+    """P_m over the labelled rows (label ``None`` = unlabelled: left out as query and as neighbour).
+
+    Neighbours are by cosine similarity, the token itself excluded. Ties at the m-th neighbour (within
+    ``TIE_TOL``) are shared out in expectation, as a random tie-break would on average: identical
+    rows get the chance level, whatever order the tokens come in. ``chance`` is that level,
+    the mean over tokens of ``(n_label - 1) / (n - 1)``.
+    """
+    matrix = as_matrix(rows)
+    if len(labels) != matrix.shape[0]:
+        raise ValueError(f"{len(labels)} labels for {matrix.shape[0]} rows; give one label (or None) per row")
+    keep = np.array([label is not None for label in labels], dtype=bool)
+    kept_labels = [label for label in labels if label is not None]
+    n = len(kept_labels)
+    if n < 2:
+        raise ValueError(f"purity needs at least 2 labelled tokens, got {n}")
+    if not 1 <= m <= n - 1:
+        raise ValueError(f"m={m} neighbours asked for, but only {n - 1} other labelled tokens exist")
+    _, codes = np.unique(np.array([str(label) for label in kept_labels]), return_inverse=True)
+    codes = codes.reshape(-1)
+    same = codes[:, None] == codes[None, :]
+    np.fill_diagonal(same, False)
+
+    sims = cosine_similarity_matrix(matrix[keep])
+    np.fill_diagonal(sims, -np.inf)
+    threshold = -np.sort(-sims, axis=1)[:, m - 1 : m]
+    above = sims > threshold + TIE_TOL
+    tied = np.abs(sims - threshold) <= TIE_TOL
+    np.fill_diagonal(tied, False)
+    slots = m - above.sum(axis=1)
+    same_above = (above & same).sum(axis=1)
+    same_tied = (tied & same).sum(axis=1)
+    per_token = (same_above + slots * same_tied / np.maximum(tied.sum(axis=1), 1)) / m
+
+    counts = np.bincount(codes)
+    chance = float(np.mean((counts[codes] - 1) / (n - 1)))
+    return PurityResult(float(per_token.mean()), per_token, chance, m, n)
+
+
+# ------------------------------------------------------------------------------- popularity R^2_q
+
+
+def principal_scores(rows: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Scores of the mean-centred rows on all their principal components, and the singular values.
+
+    Components whose singular value is under ``RTOL * ||rows||_F`` are dropped (no real variance).
+    """
+    matrix = as_matrix(rows)
+    tol = RTOL * float(np.linalg.norm(matrix))
+    centred = matrix - matrix.mean(axis=0, keepdims=True)
+    u, s, _ = np.linalg.svd(centred, full_matrices=False)
+    keep = s > tol
+    return u[:, keep] * s[keep], s[keep]
+
+
+def principal_score(vectors: Any, component: int = 0) -> np.ndarray:
+    """Each vector's coordinate on one principal component: a scalar semantic target for contrast."""
+    scores, _ = principal_scores(vectors)
+    if component >= scores.shape[1]:
+        raise ValueError(f"the vectors have only {scores.shape[1]} non-degenerate principal components")
+    return scores[:, component]
+
+
+@dataclass(frozen=True)
+class PCRegression:
+    """R^2 of a linear regression of a per-token target on the top-q principal components."""
+
+    r2: float
+    q: int
+    cross_validated: bool
+    folds: int
+
+
+def pc_regression_curve(
+    rows: Any, target: Any, max_q: int = 10, cv_folds: int = 0, seed: int = 0
+) -> list[PCRegression]:
+    """:func:`pc_regression_r2` for q = 1..max_q (q clamped as there), principal components computed once."""
+    matrix = as_matrix(rows)
+    y = as_vector(target, matrix.shape[0], "target")
+    scores, _ = principal_scores(matrix)
+    folds = _folds(matrix.shape[0], cv_folds, seed)
+    return [_fit(scores, y, q, folds) for q in range(1, max_q + 1)]
+
+
+def pc_regression_r2(rows: Any, target: Any, q: int = 3, cv_folds: int = 0, seed: int = 0) -> PCRegression:
+    """How well the top-``q`` principal components of ``rows`` predict ``target`` (ordinary least squares).
+
+    The principal components come from the mean-centred rows, without the target, so they may be
+    computed on all rows even when cross-validating. ``cv_folds=0``: in-sample R^2 (in [0, 1]).
+    ``cv_folds=k >= 2``: out-of-fold predictions from k shuffled folds (seeded),
+    ``R^2 = 1 - PRESS / SS_tot``, which may be negative. ``q`` is clamped to the non-degenerate
+    components and so that every fit keeps a residual degree of freedom; ``result.q`` is the q used
+    (0 for identical rows, whose R^2 is then 0). A constant target gives NaN.
+    """
+    if q < 1:
+        raise ValueError(f"q must be >= 1, got {q}")
+    matrix = as_matrix(rows)
+    y = as_vector(target, matrix.shape[0], "target")
+    scores, _ = principal_scores(matrix)
+    return _fit(scores, y, q, _folds(matrix.shape[0], cv_folds, seed))
+
+
+def _folds(n: int, cv_folds: int, seed: int) -> list[np.ndarray]:
+    if cv_folds == 0:
+        return []
+    if cv_folds < 2:
+        raise ValueError(f"cv_folds must be 0 (in-sample) or >= 2, got {cv_folds}")
+    if n < 2 * cv_folds:
+        raise ValueError(f"{cv_folds}-fold cross-validation needs at least {2 * cv_folds} tokens, got {n}")
+    order = np.random.default_rng(seed).permutation(n)
+    return np.array_split(order, cv_folds)
+
+
+def _fit(scores: np.ndarray, y: np.ndarray, q: int, folds: list[np.ndarray]) -> PCRegression:
+    n = y.shape[0]
+    smallest_fit = n - max((len(f) for f in folds), default=0)
+    q = max(0, min(q, scores.shape[1], smallest_fit - 2))
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    if ss_tot <= 0:
+        return PCRegression(float("nan"), q, bool(folds), len(folds))
+    design = np.hstack([np.ones((n, 1)), scores[:, :q]])
+    if not folds:
+        coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+        residual = y - design @ coef
+    else:
+        residual = np.empty(n)
+        for held_out in folds:
+            train = np.setdiff1d(np.arange(n), held_out)
+            coef, *_ = np.linalg.lstsq(design[train], y[train], rcond=None)
+            residual[held_out] = y[held_out] - design[held_out] @ coef
+    return PCRegression(1.0 - float((residual**2).sum()) / ss_tot, q, bool(folds), len(folds))
+
+
+# ------------------------------------------------------------------------------ nearest vocabulary
+
+
+@dataclass(frozen=True)
+class NearestTokens:
+    """For each SID row, the ``k`` most cosine-similar vocabulary rows, best first."""
+
+    ids: np.ndarray  # (n_sid, k) int64 vocabulary row ids
+    scores: np.ndarray  # (n_sid, k) cosine similarities
+
+
+def nearest_vocabulary(
+    sid_rows: Any,
+    vocab_rows: Any,
+    k: int = 10,
+    exclude_ids: Sequence[int] | None = None,
+    chunk_size: int = 256,
+) -> NearestTokens:
+    """Top-``k`` vocabulary rows by cosine similarity for each SID row (ties: lower id first).
+
+    ``exclude_ids`` (e.g. special tokens) are never returned. Decode the ids with the tokenizer.
+    Works in chunks of ``chunk_size`` SID rows so memory stays at chunk_size x vocabulary size.
+    """
+    # float32 here: a large vocabulary in float64 would cost gigabytes, and ranks barely change.
+    sids = normalise_rows(as_matrix(sid_rows, "SID rows", np.float32), np.float32)
+    vocab = normalise_rows(as_matrix(vocab_rows, "vocabulary rows", np.float32), np.float32)
+    if sids.shape[1] != vocab.shape[1]:
+        raise ValueError(f"SID rows have width {sids.shape[1]} but vocabulary rows {vocab.shape[1]}")
+    allowed = np.ones(vocab.shape[0], dtype=bool)
+    if exclude_ids is not None:
+        allowed[np.asarray(list(exclude_ids), dtype=np.int64)] = False
+    n_allowed = int(allowed.sum())
+    if not 1 <= k <= n_allowed:
+        raise ValueError(f"k={k} nearest tokens asked for, but {n_allowed} vocabulary rows are eligible")
+    ids = np.empty((sids.shape[0], k), dtype=np.int64)
+    scores = np.empty((sids.shape[0], k), dtype=np.float64)
+    for start in range(0, sids.shape[0], chunk_size):
+        sims = np.clip(sids[start : start + chunk_size] @ vocab.T, -1.0, 1.0)
+        sims[:, ~allowed] = -np.inf
+        top = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+        for row, (candidates, values) in enumerate(zip(top, np.take_along_axis(sims, top, 1), strict=True)):
+            order = np.lexsort((candidates, -values))
+            ids[start + row] = candidates[order]
+            scores[start + row] = values[order]
+    return NearestTokens(ids, scores)
+
+
+# ---------------------------------------------------------------------------------- heatmap tokens
+
+
+def parse_sid_token(token: str) -> tuple[int, int] | None:
+    """``(level, code)`` of a token in the default template (``<a_12>`` -> (0, 12)), else ``None``."""
+    match = _SID_TOKEN.match(token)
+    if match is None:
+        return None
+    level = 0
+    for letter in match.group(1):
+        level = level * 26 + (ord(letter) - ord("a") + 1)
+    return level - 1, int(match.group(2))
+
+
+def infer_levels(tokens: Sequence[str]) -> list[int] | None:
+    """The level of every token when all follow the default template, else ``None``."""
+    parsed = [parse_sid_token(token) for token in tokens]
+    if any(p is None for p in parsed):
+        return None
+    return [p[0] for p in parsed if p is not None]
+
+
+def _natural_key(token: str) -> tuple[tuple[int, int, str], ...]:
+    chunks = re.split(r"(\d+)", token)
+    return tuple((1, int(c), "") if c.isdigit() else (0, 0, c) for c in chunks if c)
+
+
+@dataclass(frozen=True)
+class HeatmapSelection:
+    """Which tokens a similarity heatmap shows: text tokens first, then SID tokens grouped by level."""
+
+    text_ids: np.ndarray  # vocabulary row ids, ascending
+    sid_indices: np.ndarray  # positions in the SID token list, ordered by (level, code)
+    sid_groups: tuple[str, ...]  # block label of each selected SID token (its level letter)
+    notes: tuple[str, ...]  # what was clamped, for the report
+
+
+def select_heatmap_tokens(
+    sid_tokens: Sequence[str],
+    n_sid: int = 50,
+    vocab_size: int | None = None,
+    n_text: int = 50,
+    *,
+    sid_levels: Sequence[int] | None = None,
+    text_ids: Sequence[int] | None = None,
+    seed: int = 0,
+    strict: bool = False,
+) -> HeatmapSelection:
+    """Pick ``n_text`` vocabulary tokens and ``n_sid`` SID tokens for a cosine-similarity heatmap.
+
+    SID tokens are spread evenly over the levels and, within a level, evenly over the codes, then
+    ordered by (level, code) so that any block structure by level shows. Levels come from
+    ``sid_levels`` or are parsed from default-template strings; otherwise all tokens form one block
+    in natural string order. Text tokens are ``text_ids`` if given, else a seeded uniform sample of
+    ``range(vocab_size)`` (no text block if ``vocab_size`` is None).
+
+    Fewer tokens than asked for: by default the selection is clamped to what exists and a note
+    says so (a small demo index still gets its heatmap); ``strict=True`` raises instead.
+    """
+    notes: list[str] = []
+    n_available = len(sid_tokens)
+    if n_available == 0:
+        raise ValueError("no SID tokens to show")
+    if n_sid < 1 or n_text < 0:
+        raise ValueError(f"n_sid must be >= 1 and n_text >= 0, got {n_sid} and {n_text}")
+    if n_sid > n_available:
+        message = f"{n_sid} SID tokens asked for, only {n_available} exist"
+        if strict:
+            raise ValueError(f"{message}; lower n_sid or pass strict=False to show all of them")
+        notes.append(f"{message}: showing all {n_available}.")
+        n_sid = n_available
+
+    levels = list(sid_levels) if sid_levels is not None else infer_levels(sid_tokens)
+    if levels is not None and len(levels) != n_available:
+        raise ValueError(f"{len(levels)} levels given for {n_available} SID tokens")
+    by_level: dict[int, list[int]] = {}
+    for index in range(n_available):
+        by_level.setdefault(levels[index] if levels is not None else 0, []).append(index)
+    for members in by_level.values():  # within a level, "<a_2>" before "<a_10>"
+        members.sort(key=lambda i: _natural_key(sid_tokens[i]))
+
+    quota = _spread(n_sid, [len(by_level[level]) for level in sorted(by_level)])
+    chosen: list[int] = []
+    groups: list[str] = []
+    for level, count in zip(sorted(by_level), quota, strict=True):
+        members = by_level[level]
+        picks = np.floor(np.linspace(0, len(members) - 1, count) + 0.5).astype(int) if count else []
+        chosen.extend(members[p] for p in picks)
+        groups.extend([level_name(level) if levels is not None else "SID"] * count)
+
+    if text_ids is not None:
+        ids = np.asarray(sorted(set(int(i) for i in text_ids)), dtype=np.int64)
+        if vocab_size is not None and ids.size and (ids[0] < 0 or ids[-1] >= vocab_size):
+            raise ValueError(f"text_ids must lie in [0, {vocab_size}), got {ids[0]}..{ids[-1]}")
+    elif vocab_size is None or n_text == 0:
+        ids = np.zeros(0, dtype=np.int64)
+        if n_text and vocab_size is None:
+            notes.append("No vocabulary rows given: the heatmap shows SID tokens only.")
+    else:
+        if n_text > vocab_size:
+            message = f"{n_text} text tokens asked for, the vocabulary has {vocab_size}"
+            if strict:
+                raise ValueError(f"{message}; lower n_text")
+            notes.append(f"{message}: showing all {vocab_size}.")
+            n_text = vocab_size
+        ids = np.sort(np.random.default_rng(seed).choice(vocab_size, size=n_text, replace=False))
+    return HeatmapSelection(
+        ids.astype(np.int64), np.asarray(chosen, dtype=np.int64), tuple(groups), tuple(notes)
+    )
+
+
+def _spread(total: int, capacities: list[int]) -> list[int]:
+    """Split ``total`` as evenly as possible over groups, none above its capacity."""
+    quota = [0] * len(capacities)
+    remaining = total
+    while remaining > 0:
+        open_groups = [g for g, cap in enumerate(capacities) if quota[g] < cap]
+        share, extra = divmod(remaining, len(open_groups))
+        for rank, g in enumerate(open_groups):
+            add = min(share + (1 if rank < extra else 0), capacities[g] - quota[g])
+            quota[g] += add
+            remaining -= add
+    return quota
+
+
+def heatmap_matrix(sid_rows: Any, selection: HeatmapSelection, vocab_rows: Any | None = None) -> np.ndarray:
+    """Cosine similarities among the selected text rows followed by the selected SID rows."""
+    sids = as_matrix(sid_rows, "SID rows")[selection.sid_indices]
+    if selection.text_ids.size == 0:
+        return cosine_similarity_matrix(sids)
+    if vocab_rows is None:
+        raise ValueError("the selection has text tokens but no vocabulary rows were given")
+    table = vocab_rows if hasattr(vocab_rows, "detach") else np.asarray(vocab_rows)
+    text = as_matrix(table[selection.text_ids], "vocabulary rows")  # index first: no full-vocabulary copy
+    if text.shape[1] != sids.shape[1]:
+        raise ValueError(f"SID rows have width {sids.shape[1]} but vocabulary rows {text.shape[1]}")
+    return cosine_similarity_matrix(np.vstack([text, sids]))

@@ -1,0 +1,255 @@
+"""Measure snapshots: every diagnostic that a snapshot's data allows, with a note for each one skipped."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from peft_grounded.diagnostics import geometry as geo
+from peft_grounded.diagnostics.snapshot import GeometrySnapshot, check_compatible
+from peft_grounded.sids.tokens import level_name
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """Knobs of the report; the defaults follow the papers (METHODS.md)."""
+
+    title: str = "Geometry of the SID tokens"
+    n_text: int = 50  # heatmap: text tokens (GTI paper: 50 + 50)
+    n_sid: int = 50  # heatmap: SID tokens
+    text_ids: Sequence[int] | None = None  # heatmap text tokens; default: seeded sample of the vocabulary
+    strict: bool = False  # fewer tokens than asked for: raise instead of clamping with a note
+    purity_m: int = 10  # P_10, as in the centroid paper
+    r2_q: int = 3  # R^2 of the top 3 PCs, as in the centroid paper
+    r2_max_q: int = 10  # R^2_q curve for q = 1..r2_max_q
+    cv_folds: int = 0  # 0: in-sample R^2 (the paper's figure); k >= 2: k-fold out-of-fold R^2
+    popularity_transform: str = "none"  # "none" (Theorem 3.1: drift linear in frequency) or "log1p"
+    nearest_k: int = 5  # nearest vocabulary tokens per SID token
+    nearest_shown: int = 12  # SID tokens per snapshot in the markdown table (all go to the JSON)
+    html: bool = False  # also write report.html
+    seed: int = 0
+
+
+@dataclass
+class SnapshotMetrics:
+    """Every diagnostic of one snapshot; ``None`` where its input was missing (see ``notes``)."""
+
+    name: str
+    stage: str
+    n_tokens: int
+    width: int
+    spectrum: geo.Spectrum
+    spectrum_centred: geo.Spectrum
+    heatmap: np.ndarray
+    rsa: geo.RSAResult | None = None
+    rsa_by_level: dict[str, geo.RSAResult] = field(default_factory=dict)
+    purity: geo.PurityResult | None = None
+    purity_reference: geo.PurityResult | None = None
+    popularity_r2: list[geo.PCRegression] | None = None  # q = 1..r2_max_q
+    semantic_r2: list[geo.PCRegression] | None = None
+    nearest: geo.NearestTokens | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def r2_at(self, q: int, which: str = "popularity") -> float | None:
+        curve = self.popularity_r2 if which == "popularity" else self.semantic_r2
+        return None if curve is None or q > len(curve) else curve[q - 1].r2
+
+
+def measure_snapshots(
+    snapshots: Sequence[GeometrySnapshot], config: ReportConfig | None = None
+) -> tuple[geo.HeatmapSelection, list[SnapshotMetrics]]:
+    """Check the snapshots agree, pick one heatmap selection for all of them and measure each."""
+    config = config or ReportConfig()
+    if config.popularity_transform not in ("none", "log1p"):
+        raise ValueError(
+            f"popularity_transform must be 'none' or 'log1p', got {config.popularity_transform!r}"
+        )
+    check_compatible(snapshots)
+    first = snapshots[0]
+    vocab_size = next((s.vocab_size for s in snapshots if s.vocab_size is not None), None)
+    selection = geo.select_heatmap_tokens(
+        first.sid_tokens,
+        n_sid=config.n_sid,
+        vocab_size=vocab_size,
+        n_text=config.n_text,
+        sid_levels=first.levels(),
+        text_ids=config.text_ids,
+        seed=config.seed,
+        strict=config.strict,
+    )
+    return selection, [measure_snapshot(s, selection, config) for s in snapshots]
+
+
+def measure_snapshot(
+    snapshot: GeometrySnapshot, selection: geo.HeatmapSelection, config: ReportConfig | None = None
+) -> SnapshotMetrics:
+    """All diagnostics of one snapshot that its fields allow."""
+    config = config or ReportConfig()
+    rows = geo.as_matrix(snapshot.sid_rows, f"SID rows of snapshot {snapshot.name!r}")
+    heatmap_selection = selection
+    if selection.text_ids.size and snapshot.vocab_rows is None:
+        heatmap_selection = geo.HeatmapSelection(
+            selection.text_ids[:0], selection.sid_indices, selection.sid_groups, selection.notes
+        )
+    metrics = SnapshotMetrics(
+        name=snapshot.name,
+        stage=snapshot.stage,
+        n_tokens=snapshot.n_tokens,
+        width=snapshot.width,
+        spectrum=geo.spectrum(rows, center=False),
+        spectrum_centred=geo.spectrum(rows, center=True),
+        heatmap=geo.heatmap_matrix(rows, heatmap_selection, snapshot.vocab_rows),
+    )
+    if heatmap_selection is not selection:
+        metrics.notes.append("no vocabulary rows: its heatmap shows SID tokens only")
+    levels = snapshot.levels()
+    reference = None if snapshot.reference is None else geo.as_matrix(snapshot.reference, "reference vectors")
+    _measure_rsa(metrics, rows, reference, levels)
+    _measure_purity(metrics, rows, reference, levels, snapshot.categories, config)
+    _measure_r2(metrics, rows, reference, snapshot, config)
+    if snapshot.vocab_rows is None:
+        metrics.notes.append("no vocabulary rows: nearest vocabulary tokens skipped")
+    else:
+        eligible = snapshot.vocab_size - len(set(snapshot.exclude_vocab_ids or ()))
+        metrics.nearest = geo.nearest_vocabulary(
+            rows,
+            snapshot.vocab_rows,
+            k=min(config.nearest_k, eligible),
+            exclude_ids=snapshot.exclude_vocab_ids,
+        )
+    return metrics
+
+
+def _measure_rsa(
+    metrics: SnapshotMetrics, rows: np.ndarray, reference: np.ndarray | None, levels: list[int] | None
+) -> None:
+    if reference is None:
+        metrics.notes.append("no reference vectors (codebooks / centroids): RSA skipped")
+        return
+    if rows.shape[0] < 3:
+        metrics.notes.append("fewer than 3 SID tokens: RSA skipped")
+        return
+    metrics.rsa = geo.rsa(reference, rows)
+    if levels is not None and len(set(levels)) > 1:
+        for level in sorted(set(levels)):
+            members = np.flatnonzero(np.asarray(levels) == level)
+            if members.size >= 3:
+                metrics.rsa_by_level[level_name(level)] = geo.rsa(reference[members], rows[members])
+
+
+def _measure_purity(
+    metrics: SnapshotMetrics,
+    rows: np.ndarray,
+    reference: np.ndarray | None,
+    levels: list[int] | None,
+    categories: Sequence[str | None] | None,
+    config: ReportConfig,
+) -> None:
+    if categories is None:
+        metrics.notes.append("no categories: neighbourhood purity skipped")
+        return
+    if levels is None:
+        metrics.notes.append(
+            "token levels unknown (non-default token template, no sid_levels): purity skipped"
+        )
+        return
+    labels = [c if level == 0 and c else None for c, level in zip(categories, levels, strict=True)]
+    n = sum(label is not None for label in labels)
+    if n < 2:
+        metrics.notes.append(f"{n} level-0 token(s) with a category (2 needed): purity skipped")
+        return
+    m = min(config.purity_m, n - 1)
+    if m < config.purity_m:
+        metrics.notes.append(
+            f"only {n} labelled level-0 tokens: purity uses m={m} instead of {config.purity_m}"
+        )
+    metrics.purity = geo.neighbourhood_purity(rows, labels, m)
+    if reference is not None:
+        metrics.purity_reference = geo.neighbourhood_purity(reference, labels, m)
+
+
+def _measure_r2(
+    metrics: SnapshotMetrics,
+    rows: np.ndarray,
+    reference: np.ndarray | None,
+    snapshot: GeometrySnapshot,
+    config: ReportConfig,
+) -> None:
+    folds = config.cv_folds
+    if folds and rows.shape[0] < 2 * folds:
+        metrics.notes.append(f"{rows.shape[0]} tokens are too few for {folds}-fold CV: R^2 is in-sample")
+        folds = 0
+    max_q = max(config.r2_max_q, config.r2_q)
+    if snapshot.frequencies is None:
+        metrics.notes.append("no code frequencies: popularity R^2 skipped")
+    else:
+        target = geo.as_vector(snapshot.frequencies, rows.shape[0], "frequencies")
+        if config.popularity_transform == "log1p":
+            target = np.log1p(target)
+        metrics.popularity_r2 = geo.pc_regression_curve(rows, target, max_q, folds, config.seed)
+    semantic = snapshot.semantic_target
+    if semantic is None and reference is not None:
+        scores, _ = geo.principal_scores(reference)
+        semantic = scores[:, 0] if scores.shape[1] else None
+    if semantic is None:
+        metrics.notes.append("no semantic target (no reference vectors): semantic R^2 skipped")
+    else:
+        target = geo.as_vector(semantic, rows.shape[0], "semantic target")
+        metrics.semantic_r2 = geo.pc_regression_curve(rows, target, max_q, folds, config.seed)
+
+
+def metrics_to_dict(
+    metrics: list[SnapshotMetrics],
+    selection: geo.HeatmapSelection,
+    snapshots: Sequence[GeometrySnapshot],
+    config: ReportConfig,
+) -> dict[str, Any]:
+    """Every number of the measurements as JSON-ready values (NaN stays NaN; the writer maps it to null)."""
+
+    def rsa(r: geo.RSAResult | None) -> dict[str, Any] | None:
+        return None if r is None else {"pearson": r.pearson, "spearman": r.spearman, "n_pairs": r.n_pairs}
+
+    def purity(p: geo.PurityResult | None) -> dict[str, Any] | None:
+        return (
+            None if p is None else {"value": p.purity, "chance": p.chance, "m": p.m, "n_tokens": p.n_tokens}
+        )
+
+    def curve(c: list[geo.PCRegression] | None) -> list[dict[str, Any]] | None:
+        return None if c is None else [{"q_requested": i + 1, "q": r.q, "r2": r.r2} for i, r in enumerate(c)]
+
+    return {
+        "config": {
+            k: (list(v) if isinstance(v, Sequence) and not isinstance(v, str) else v)
+            for k, v in config.__dict__.items()
+        },
+        "heatmap": {
+            "text_ids": selection.text_ids.tolist(),
+            "sid_tokens": [snapshots[0].sid_tokens[i] for i in selection.sid_indices],
+            "notes": list(selection.notes),
+        },
+        "snapshots": [
+            {
+                "name": m.name,
+                "stage": m.stage,
+                "n_tokens": m.n_tokens,
+                "width": m.width,
+                "effective_rank": m.spectrum.effective_rank,
+                "effective_rank_centred": m.spectrum_centred.effective_rank,
+                "stable_rank": m.spectrum.stable_rank,
+                "stable_rank_centred": m.spectrum_centred.stable_rank,
+                "singular_values": m.spectrum.singular_values.tolist(),
+                "singular_values_centred": m.spectrum_centred.singular_values.tolist(),
+                "rsa": rsa(m.rsa),
+                "rsa_by_level": {k: rsa(v) for k, v in m.rsa_by_level.items()},
+                "purity": purity(m.purity),
+                "purity_reference": purity(m.purity_reference),
+                "popularity_r2": curve(m.popularity_r2),
+                "semantic_r2": curve(m.semantic_r2),
+                "notes": m.notes,
+            }
+            for m in metrics
+        ],
+    }

@@ -1,0 +1,158 @@
+"""PNG figures for the diagnostics report (matplotlib's Agg canvas; no pyplot, no global state).
+
+Each function takes plain data, writes one PNG atomically and returns its path.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from peft_grounded.diagnostics._io import atomic_write_bytes
+
+DPI = 110
+
+
+def _save(fig: Figure, path: str | os.PathLike[str]) -> Path:
+    FigureCanvasAgg(fig)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
+    return atomic_write_bytes(path, buffer.getvalue())
+
+
+def _blocks(groups: Sequence[str]) -> list[tuple[str, int, int]]:
+    """Runs of equal labels as (label, start, stop)."""
+    runs: list[tuple[str, int, int]] = []
+    for index, group in enumerate(groups):
+        if runs and runs[-1][0] == group:
+            runs[-1] = (group, runs[-1][1], index + 1)
+        else:
+            runs.append((group, index, index + 1))
+    return runs
+
+
+def plot_heatmaps(
+    path: str | os.PathLike[str],
+    matrices: Sequence[np.ndarray],
+    titles: Sequence[str],
+    groups: Sequence[str],
+    ncols: int = 4,
+) -> Path:
+    """Cosine-similarity heatmaps side by side, on one [-1, 1] scale, with lines between token blocks.
+
+    ``groups`` labels each row/column (e.g. "text", then the SID level letters) and is shared by all
+    matrices.
+    """
+    ncols = max(1, min(ncols, len(matrices)))
+    nrows = math.ceil(len(matrices) / ncols)
+    fig = Figure(figsize=(3.6 * ncols + 0.8, 3.4 * nrows))
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    image = None
+    runs = _blocks(groups)
+    cmap = colormaps["RdBu_r"].with_extremes(bad="#d9d9d9")  # grey: no rows (a snapshot without vocabulary)
+    for ax, matrix, title in zip(axes.flat, matrices, titles, strict=False):
+        image = ax.imshow(matrix, cmap=cmap, vmin=-1.0, vmax=1.0, interpolation="nearest")
+        for _, start, _stop in runs[1:]:
+            ax.axhline(start - 0.5, color="black", linewidth=0.6)
+            ax.axvline(start - 0.5, color="black", linewidth=0.6)
+        centres = [(start + stop - 1) / 2 for _, start, stop in runs]
+        ax.set_xticks(centres, [label for label, _, _ in runs], fontsize=7)
+        ax.set_yticks(centres, [label for label, _, _ in runs], fontsize=7)
+        ax.set_title(title, fontsize=9)
+    for ax in list(axes.flat)[len(matrices) :]:
+        ax.axis("off")
+    if image is not None:
+        fig.colorbar(image, ax=list(axes.flat), shrink=0.8, label="cosine similarity")
+    return _save(fig, path)
+
+
+def plot_curves(
+    path: str | os.PathLike[str],
+    panels: Mapping[str, Mapping[str, Sequence[float]]],
+    xlabel: str,
+    ylabel: str,
+    logy: bool = False,
+    ylim: tuple[float, float] | None = None,
+) -> Path:
+    """Line charts, one panel per entry of ``panels`` ({panel title: {series name: y values}}), x = 1..n.
+
+    Used for overlaid singular-value spectra (``logy=True``; zeros are not drawn) and R^2_q curves.
+    """
+    fig = Figure(figsize=(4.6 * len(panels), 3.4))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (title, series) in zip(axes, panels.items(), strict=True):
+        for name, values in series.items():
+            y = np.asarray(values, dtype=np.float64)
+            if logy:
+                if not (y > 0).any():
+                    name += " (all zero)"
+                y = np.where(y > 0, y, np.nan)
+            # markers, so that a single non-zero value (a rank-one spectrum) still shows
+            size = 3 if y.size <= 20 else 1.5
+            ax.plot(np.arange(1, y.size + 1), y, marker="o", markersize=size, label=name)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if logy:
+            ax.set_yscale("log")
+        if ylim is not None:
+            ax.set_ylim(*ylim)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def plot_bars(
+    path: str | os.PathLike[str],
+    names: Sequence[str],
+    series: Mapping[str, Sequence[float]],
+    title: str,
+    ylabel: str,
+    reference_lines: Mapping[str, float] | None = None,
+    ylim: tuple[float, float] | None = None,
+) -> Path:
+    """Grouped bars: one group per snapshot (``names``), one bar per entry of ``series``.
+
+    Missing values (NaN) are marked "n/a"; ``reference_lines`` draws labelled horizontal lines
+    (e.g. a chance level).
+    """
+    fig = Figure(figsize=(max(4.0, 1.0 + 0.9 * len(names) * max(1, len(series)) / 2), 3.6))
+    ax = fig.subplots()
+    x = np.arange(len(names))
+    width = 0.8 / max(1, len(series))
+    for index, (label, values) in enumerate(series.items()):
+        y = np.asarray(values, dtype=np.float64)
+        offsets = x - 0.4 + width * (index + 0.5)
+        bars = ax.bar(offsets, np.nan_to_num(y, nan=0.0), width, label=label)
+        for bar, value in zip(bars, y, strict=True):
+            text = "n/a" if np.isnan(value) else f"{value:.2f}"
+            ax.annotate(
+                text,
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=6,
+            )
+    for (label, value), style in zip((reference_lines or {}).items(), ("--", ":", "-."), strict=False):
+        ax.axhline(value, linestyle=style, color="grey", linewidth=0.8, label=f"{label} ({value:.2f})")
+    ax.set_xticks(
+        x, names, rotation=30 if len(names) > 3 else 0, ha="right" if len(names) > 3 else "center", fontsize=8
+    )
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.set_title(title, fontsize=9)
+    ax.set_ylabel(ylabel)
+    ax.grid(axis="y", alpha=0.3)
+    if len(series) > 1 or reference_lines:
+        ax.legend(fontsize=7)
+    return _save(fig, path)
