@@ -67,3 +67,7 @@ def build_tiny_model(
 @pytest.fixture
 def tiny_model_factory():
     return build_tiny_model
+
+
+# Loopback Hugging Face Hub for push/pull tests (hub_server, hub_endpoint, hub_env): see tests/hub_fixtures.py.
+from hub_fixtures import hub_endpoint, hub_env, hub_server  # noqa: E402, F401

@@ -1,0 +1,199 @@
+"""Model card of a grounded adapter, rendered from ``model_cards/grounded_adapter.md`` with ``huggingface_hub``.
+
+>>> card = render_model_card({"base_model": "HuggingFaceTB/SmolLM2-135M", "repo_id": "user/sid-adapter",
+...                           "sid": {"codes_per_level": [256, 256, 256]}, "init": {"name": "centroid"}})
+>>> card.push_to_hub("user/sid-adapter")  # or card.save("README.md")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import ModelCard, ModelCardData
+
+from ..sids.tokens import DEFAULT_TEMPLATE, sid_string, sid_token
+
+TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "model_cards" / "grounded_adapter.md"
+LOAD_HELPER = "peft_grounded.hub.load_grounded"
+BASE_TAGS = ("peft", "peft_grounded", "semantic-ids", "generative-recommendation")
+
+
+@dataclass
+class SIDFacts:
+    """The Semantic-ID scheme: ``codes_per_level`` (e.g. ``[256, 256, 256]``) and how tokens are named."""
+
+    codes_per_level: Sequence[int]
+    token_template: str = DEFAULT_TEMPLATE
+    num_new_tokens: int | None = None  # defaults to sum(codes_per_level)
+    quantiser: str | None = None  # e.g. "RQ-KMeans", "RQ-VAE"
+    encoder: str | None = None  # text encoder of the items
+    text_template: str | None = None  # item text given to the encoder
+    index: str | None = None  # where the item -> SID index is (a file of the repo or a URL)
+
+
+@dataclass
+class InitFacts:
+    """How the new rows were initialised: ``name`` (mean, gaussian, centroid, ...) and its parameters."""
+
+    name: str
+    description: str | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GroundingFacts:
+    """The grounding stage (GTI): data, number of steps and other settings (lr, batch size, templates...)."""
+
+    data: str | None = None
+    steps: int | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GroundedCardFacts:
+    """Everything the card can say; only ``base_model`` is required, the rest is shown when given."""
+
+    base_model: str
+    repo_id: str | None = None
+    license: str = "apache-2.0"
+    summary: str | None = None
+    sid: SIDFacts | None = None
+    init: InitFacts | None = None
+    grounding: GroundingFacts | None = None
+    lora: Mapping[str, Any] | None = None  # settings of a LoRA stacked on the grounded rows
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    eval_setup: str | None = None  # one sentence on the protocol behind ``metrics``
+    diagnostics: Mapping[str, Any] = field(default_factory=dict)
+    datasets: Sequence[str] = ()
+    language: str | Sequence[str] | None = None
+    tags: Sequence[str] = ()
+    load_helper: str = LOAD_HELPER
+
+    @classmethod
+    def from_dict(cls, facts: Mapping[str, Any]) -> GroundedCardFacts:
+        """Build from plain (e.g. JSON) data; nested ``sid``/``init``/``grounding`` may be dicts."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(facts) - known
+        if unknown:
+            raise ValueError(f"unknown model card facts: {sorted(unknown)} (known: {sorted(known)})")
+        kwargs = dict(facts)
+        for name, kind in (("sid", SIDFacts), ("init", InitFacts), ("grounding", GroundingFacts)):
+            if isinstance(kwargs.get(name), Mapping):
+                kwargs[name] = kind(**kwargs[name])
+        return cls(**kwargs)
+
+
+def _fmt(value: Any) -> str:
+    """Table cell text: floats to 4 significant digits, sequences comma-joined, pipes escaped."""
+    if isinstance(value, bool) or value is None:
+        text = str(value)
+    elif isinstance(value, float):
+        text = f"{value:.4g}"
+    elif isinstance(value, (list, tuple)):
+        text = ", ".join(_fmt(v) for v in value)
+    else:
+        text = str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _table(values: Mapping[str, Any]) -> dict[str, str]:
+    return {str(k): _fmt(v) for k, v in values.items() if v is not None}
+
+
+def _sid_vars(sid: SIDFacts) -> dict[str, Any]:
+    codes = [int(c) for c in sid.codes_per_level]
+    if not codes or min(codes) < 1:
+        raise ValueError(f"codes_per_level must be positive, got {codes}")
+    shape = f"{len(codes)} x {codes[0]}" if len(set(codes)) == 1 else " / ".join(map(str, codes))
+    return {
+        "shape": shape,
+        "token_template": sid.token_template,
+        "first_token": sid_token(0, 0, sid.token_template),
+        "last_token": sid_token(len(codes) - 1, codes[-1] - 1, sid.token_template),
+        "example": sid_string(
+            [min(c - 1, 7 * level + 3) for level, c in enumerate(codes)], sid.token_template
+        ),
+        "num_new_tokens": sid.num_new_tokens if sid.num_new_tokens is not None else sum(codes),
+        "quantiser": sid.quantiser,
+        "encoder": sid.encoder,
+        "text_template": sid.text_template,
+        "index": sid.index,
+    }
+
+
+def card_tags(facts: GroundedCardFacts) -> list[str]:
+    """The card's tags: peft, peft_grounded, ``base_model:adapter:<base>``, then the extra ones."""
+    tags = [*BASE_TAGS, f"base_model:adapter:{facts.base_model}"]
+    if facts.lora:
+        tags.append("lora")
+    return list(dict.fromkeys([*tags, *facts.tags]))
+
+
+def render_model_card(
+    facts: GroundedCardFacts | Mapping[str, Any], template_path: str | Path | None = None
+) -> ModelCard:
+    """Render the grounded-adapter model card (YAML metadata + sections) from ``facts``."""
+    from .. import __version__
+
+    if not isinstance(facts, GroundedCardFacts):
+        facts = GroundedCardFacts.from_dict(facts)
+    template = Path(template_path) if template_path is not None else TEMPLATE_PATH
+    if not template.is_file():
+        raise FileNotFoundError(f"model card template not found: {template}")
+    card_data = ModelCardData(
+        base_model=facts.base_model,
+        library_name="peft",
+        license=facts.license,
+        pipeline_tag="text-generation",
+        tags=card_tags(facts),
+        datasets=list(facts.datasets) or None,
+        language=facts.language,
+    )
+    module, _, _ = facts.load_helper.rpartition(".")
+    name = facts.repo_id or "<user>/<repo>"  # only shown inside code blocks
+    title = facts.repo_id or f"Grounded Semantic-ID adapter for {facts.base_model}"
+    summary = facts.summary or (
+        f"A `peft_grounded` adapter for `{facts.base_model}`: it adds Semantic-ID (SID) tokens to the "
+        "vocabulary and stores the trained embedding rows of those tokens only, so that the model can "
+        "read and generate item SIDs for generative recommendation."
+    )
+    card = ModelCard.from_template(
+        card_data,
+        template_path=str(template),
+        title=title,
+        model_id=name,
+        summary=summary,
+        lora=_table(facts.lora) if facts.lora else None,
+        sid=_sid_vars(facts.sid) if facts.sid else None,
+        init=(
+            {
+                "name": facts.init.name,
+                "description": facts.init.description,
+                "params": _table(facts.init.params),
+            }
+            if facts.init
+            else None
+        ),
+        grounding=(
+            {
+                "data": facts.grounding.data,
+                "steps": facts.grounding.steps,
+                "params": _table(facts.grounding.params),
+            }
+            if facts.grounding
+            else None
+        ),
+        metrics=_table(facts.metrics),
+        eval_setup=facts.eval_setup,
+        diagnostics=_table(facts.diagnostics),
+        load_helper=facts.load_helper,
+        load_module=module or facts.load_helper,
+        peft_grounded_version=__version__,
+    )
+    # Optional sections leave no trace: squeeze the blank lines that skipped blocks may leave behind.
+    return ModelCard(re.sub(r"\n{3,}", "\n\n", str(card)).rstrip() + "\n")
