@@ -68,7 +68,6 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
         output_rows: torch.Tensor | None,
     ) -> None:
         """Add an adapter whose new tokens ``token_indices`` start from ``input_rows`` (and ``output_rows``)."""
-        self._check_disjoint(adapter_name, token_indices)
         weight = self.base_layer.weight
         index = torch.as_tensor(token_indices, dtype=torch.long, device=weight.device)
         self.grounded_indices[adapter_name] = index
@@ -89,17 +88,18 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
         super().delete_adapter(adapter_name)
         self._lookup.clear()
 
-    def _check_disjoint(self, adapter_name: str, token_indices: list[int]) -> None:
-        new = set(token_indices)
-        for other, index in self.grounded_indices.items():
-            if other == adapter_name:
-                continue
-            shared = sorted(new.intersection(index.tolist()))
-            if shared:
-                raise ValueError(
-                    f"Adapter {adapter_name!r} would train token rows {shared[:5]} that adapter {other!r} already "
-                    "trains; grounded adapters on one model must cover disjoint tokens."
-                )
+    def _check_disjoint(self, adapter_names: list[str]) -> None:
+        """Adapters used together (active or merged) must cover disjoint tokens."""
+        names = list(dict.fromkeys(self.merged_adapters + adapter_names))
+        seen: dict[int, str] = {}
+        for name in names:
+            for token in self.grounded_indices[name].tolist():
+                other = seen.setdefault(token, name)
+                if other != name:
+                    raise ValueError(
+                        f"Adapters {other!r} and {name!r} both own token row {token}; grounded adapters used together "
+                        "must cover disjoint tokens. Activate one of them at a time (set_adapter)."
+                    )
 
     def _check_size(self) -> None:
         rows = self.base_layer.weight.shape[0]
@@ -133,7 +133,10 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
     def _adapters_in_effect(self) -> list[str]:
         if self.disable_adapters or self.merged:
             return []
-        return self._active_here()
+        names = self._active_here()
+        if len(names) > 1:
+            self._check_disjoint(names)
+        return names
 
     # --- forward -----------------------------------------------------------------------------------------
 
@@ -183,10 +186,11 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
 
     def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
         """Write the adapter rows into the base matrices in place (tying is preserved)."""
-        adapter_names = check_adapters_to_merge(self, adapter_names)
+        adapter_names = [
+            n for n in check_adapters_to_merge(self, adapter_names) if n in self.grounded_embedding
+        ]
+        self._check_disjoint(adapter_names)
         for name in adapter_names:
-            if name not in self.grounded_embedding:
-                continue
             pairs = [(self.base_layer.weight, self.grounded_embedding[name])]
             if not self.tied and name in self.grounded_head:
                 pairs.append((self.head.weight, self.grounded_head[name]))

@@ -239,6 +239,11 @@ class GroundedTokenModel(BaseTuner):
             new_module.requires_grad_(False)
         self._replace_module(parent, target_name, new_module, target)
 
+    def _get_tied_target_modules(self, model: nn.Module) -> list[str]:
+        # Tied heads are handled by design (GroundedHead shares the embedding's rows), so PEFT's warning about
+        # adapters on tied modules does not apply.
+        return []
+
     # --- after injection -----------------------------------------------------------------------------------
 
     def inject_adapter(self, model: nn.Module, adapter_name: str, **kwargs) -> None:
