@@ -178,8 +178,12 @@ def test_batched_left_padding_equals_one_by_one(tokenizer, tiny_model_factory):
     single = recommend(model, tokenizer, prompts, catalogue, k=5, num_beams=8, batch_size=1)
     ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     from_ids = recommend(model, None, ids, catalogue, k=5, num_beams=8, batch_size=2)
-    assert batched.items == single.items == from_ids.items
+    uncached = recommend(
+        model, tokenizer, prompts, catalogue, k=5, num_beams=8, batch_size=3, prefix_cache=False
+    )
+    assert batched.items == single.items == from_ids.items == uncached.items
     torch.testing.assert_close(batched.scores, single.scores, atol=1e-4, rtol=0)
+    torch.testing.assert_close(batched.scores, uncached.scores, atol=1e-4, rtol=0)
     assert len({len(i) for i in ids}) == len(ids)  # the batch really needed padding
 
 
