@@ -33,13 +33,13 @@ class SIDConstraintLogitsProcessor(LogitsProcessor):
             raise ValueError(
                 f"input_ids have {input_ids.shape[1]} positions, fewer than prompt_length={self.prompt_length}"
             )
+        self.trie.check_vocab_size(scores.shape[-1])
         nodes = self.trie.walk(input_ids[:, self.prompt_length :])
-        allowed = self.trie.allowed_mask(nodes, scores.shape[-1])
-        constrained = scores.masked_fill(~allowed, float("-inf"))
+        rows, tokens = self.trie.allowed_pairs(nodes)
+        constrained = torch.full_like(scores, float("-inf"))
+        constrained[rows, tokens] = scores[rows, tokens]
         end = self.trie.end_token_id
         if end is not None:
-            if end >= scores.shape[-1]:
-                raise ValueError(f"end_token_id {end} is outside the model's {scores.shape[-1]} output rows")
             complete = self.trie.is_complete(nodes)
             constrained[:, end] = torch.where(complete, 0.0, float("-inf")).to(constrained.dtype)
         return constrained

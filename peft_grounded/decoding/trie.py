@@ -136,33 +136,38 @@ class SIDTrie:
             nodes = torch.where(found, t["child"][index], torch.full_like(nodes, DEAD))
         return nodes
 
-    def allowed_mask(self, nodes: torch.Tensor, vocab_size: int) -> torch.Tensor:
-        """Boolean ``(rows, vocab_size)`` mask of the SID tokens that extend each row's node.
+    def allowed_pairs(self, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(row, token)`` index pairs of the SID tokens that extend each row's node.
 
-        Complete SIDs and ``DEAD`` rows get an all-False row (the caller handles the end token).
+        Complete SIDs and ``DEAD`` rows get none (the caller handles the end token).
         """
-        if self.key_base > vocab_size:
-            raise ValueError(
-                f"SID token id {self.key_base - 1} is outside the model's {vocab_size} output rows: "
-                "resize the model's embeddings after adding the SID tokens"
-            )
         t = self.tensors(nodes.device)
-        rows = nodes.shape[0]
         live = nodes >= 0
         safe = nodes.clamp(min=0)
         degree = torch.where(live, t["degree"][safe], 0)
         start = torch.where(live, t["start"][safe], 0)
         total = int(degree.sum())
-        mask = torch.zeros(rows, vocab_size, dtype=torch.bool, device=nodes.device)
-        if total == 0:
-            return mask
-        row_index = torch.repeat_interleave(
-            torch.arange(rows, device=nodes.device), degree, output_size=total
-        )
+        rows = torch.arange(nodes.shape[0], device=nodes.device)
+        row_index = torch.repeat_interleave(rows, degree, output_size=total)
         first = torch.repeat_interleave(start - (torch.cumsum(degree, 0) - degree), degree, output_size=total)
         edge_index = first + torch.arange(total, device=nodes.device)
-        mask[row_index, t["token"][edge_index]] = True
+        return row_index, t["token"][edge_index]
+
+    def allowed_mask(self, nodes: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """Boolean ``(rows, vocab_size)`` mask of :meth:`allowed_pairs`."""
+        self.check_vocab_size(vocab_size)
+        mask = torch.zeros(nodes.shape[0], vocab_size, dtype=torch.bool, device=nodes.device)
+        mask[self.allowed_pairs(nodes)] = True
         return mask
+
+    def check_vocab_size(self, vocab_size: int) -> None:
+        """Fail clearly when a SID (or end) token has no row in a ``vocab_size``-wide output."""
+        largest = max(self.key_base - 1, -1 if self.end_token_id is None else self.end_token_id)
+        if largest >= vocab_size:
+            raise ValueError(
+                f"token id {largest} (a SID or end token) is outside the model's {vocab_size} output rows: "
+                "resize the model's embeddings after adding the SID tokens"
+            )
 
     def is_complete(self, nodes: torch.Tensor) -> torch.Tensor:
         """Whether each node is a complete SID (``DEAD`` rows: False)."""
