@@ -2,6 +2,7 @@
 
 from .config import GroundedTokenConfig
 from .layer import GroundedHead, GroundedTokenLayer
+from .lora import add_lora
 from .model import GroundedTokenModel
 from .registration import GROUNDED_TOKENS, register
 from .vocab import AddedTokens, add_sid_tokens, add_tokens, check_tokenizer, vocab_fingerprint
@@ -15,6 +16,7 @@ __all__ = [
     "GroundedTokenConfig",
     "GroundedTokenLayer",
     "GroundedTokenModel",
+    "add_lora",
     "add_sid_tokens",
     "add_tokens",
     "check_tokenizer",

@@ -244,6 +244,35 @@ class GroundedTokenModel(BaseTuner):
         # adapters on tied modules does not apply.
         return []
 
+    def inject_lora(self, adapter_name: str) -> list[str]:
+        """Add LoRA layers, as described by the adapter's config, to an adapter that already has its rows."""
+        config = self.peft_config[adapter_name]
+        self._lora_configs.pop(id(config), None)
+        self._no_lora = self._embedding_module_names()
+        lora = self._lora_config(config)
+        if lora is None:
+            raise ValueError(f"Adapter {adapter_name!r} has lora_r=0: set lora_r > 0 to add a LoRA.")
+        names = [
+            key
+            for key, module in self.model.named_modules()
+            if not isinstance(module, (LoraLayer, GroundedTokenLayer, GroundedHead))
+            and not any(key == n or key.startswith(n + ".") for n in self._no_lora)
+            and check_target_module_exists(lora, key)
+            and not any(key.startswith(f"{m}.") for m in self.targeted_module_names)
+        ]
+        if not names:
+            raise ValueError(
+                f"lora_target_modules={config.lora_target_modules!r} matched no module of the model."
+            )
+        for key in names:
+            parent_name, _, child = key.rpartition(".")
+            parent = self.model.get_submodule(parent_name) if parent_name else self.model
+            self._add_lora(config, adapter_name, self.model.get_submodule(key), child, parent, key)
+        self.targeted_module_names.extend(n for n in names if n not in self.targeted_module_names)
+        self.set_adapter(self.active_adapters, inference_mode=config.inference_mode)
+        self._mark_only_adapters_as_trainable(self.model)
+        return names
+
     # --- after injection -----------------------------------------------------------------------------------
 
     def inject_adapter(self, model: nn.Module, adapter_name: str, **kwargs) -> None:
