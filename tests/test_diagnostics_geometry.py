@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from peft_grounded.diagnostics import geometry as geo
-from peft_grounded.diagnostics.targets import code_frequencies, level0_categories
 from peft_grounded.sids.tokens import sid_vocabulary
 
 
@@ -235,7 +234,9 @@ def test_heatmap_selection_clamps_with_a_note_or_raises_when_strict():
     selection = geo.select_heatmap_tokens(tokens, n_sid=50, vocab_size=30, n_text=50)
     assert len(selection.sid_indices) == 24 and len(selection.text_ids) == 30
     assert any("only 24 exist" in note for note in selection.notes)
-    assert any("vocabulary has 30" in note for note in selection.notes)
+    assert any("vocabulary has 30 eligible" in note for note in selection.notes)
+    excluded = geo.select_heatmap_tokens(tokens, n_sid=3, vocab_size=30, n_text=50, exclude_ids=[0, 5])
+    assert len(excluded.text_ids) == 28 and not {0, 5} & set(excluded.text_ids.tolist())
     with pytest.raises(ValueError, match="only 24 exist; lower n_sid"):
         geo.select_heatmap_tokens(tokens, n_sid=50, vocab_size=30, n_text=5, strict=True)
     custom = geo.select_heatmap_tokens(["[x10]", "[x2]", "[x1]"], n_sid=3)  # unknown template: one block
@@ -262,14 +263,13 @@ def test_mean_init_rows_make_a_uniform_block():
     assert math.isnan(geo.rsa(rng.normal(size=(8, 3)), rows).pearson)
 
 
-# ------------------------------------------------------------------------------------------ targets
-
-
-def test_code_frequencies_and_level0_categories():
-    items = [(0, 1), (0, 2), (1, 2), (1, 2)]
-    assert code_frequencies(items, [2, 3]).tolist() == [2, 2, 0, 1, 3]
-    assert code_frequencies(items, [2, 3], counts=[5, 0, 1, 1]).tolist() == [5, 2, 0, 5, 2]
-    labels = level0_categories(items, ["toys", "books", "books", None], [2, 3])
-    assert labels == ["books", "books", None, None, None]  # tie -> alphabetical; deeper levels None
-    with pytest.raises(ValueError, match="outside"):
-        code_frequencies([(0, 3)], [2, 3])
+def test_one_pca_serves_the_centred_spectrum_and_every_target():
+    rows, frequency = popularity_rows(n=40, d=6)
+    pcs = geo.principal_components(rows)
+    centred = geo.spectrum(rows, center=True)
+    assert np.allclose(pcs.singular_values, centred.singular_values)
+    reused = geo.Spectrum.from_singular_values(pcs.singular_values, centred=True)
+    assert reused.effective_rank == pytest.approx(centred.effective_rank)
+    assert geo.pc_regression_r2(pcs, frequency, q=2).r2 == pytest.approx(
+        geo.pc_regression_r2(rows, frequency, q=2).r2
+    )

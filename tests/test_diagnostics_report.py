@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from peft_grounded.diagnostics import GeometrySnapshot, ReportConfig, measure_snapshots, write_report
-from peft_grounded.diagnostics.targets import level0_categories
 from peft_grounded.sids.tokens import sid_vocabulary
 
 LEVELS = [8, 8, 8]
@@ -28,8 +27,7 @@ def make_world(seed: int = 0) -> dict:
     reference = rng.normal(size=(n, 24))  # centroids, wider than the model
     centres = 3.0 * rng.normal(size=(3, 24))
     reference[: LEVELS[0]] += centres[np.arange(LEVELS[0]) % 3]  # level-0 centroids cluster by category
-    item_codes = [tuple(int(rng.integers(0, k)) for k in LEVELS) for _ in range(60)]
-    categories = level0_categories(item_codes, [f"cat{codes[0] % 3}" for codes in item_codes], LEVELS)
+    categories = [f"cat{code % 3}" for code in range(LEVELS[0])] + [None] * (n - LEVELS[0])  # level 0 only
     frequencies = rng.zipf(1.8, size=n).clip(max=200).astype(float)
     mean = vocab.mean(0)
     axis = rng.normal(size=WIDTH)
@@ -99,7 +97,9 @@ def test_full_report_compares_checkpoints(world, tmp_path):
     assert "<html>" in files.html.read_text() and "&lt;a_0&gt;" in files.html.read_text()
     assert not list(tmp_path.rglob("*.tmp"))
 
-    metrics = {m["name"]: m for m in json.loads(files.metrics_json.read_text())["snapshots"]}
+    written = json.loads(files.metrics_json.read_text())
+    assert len(written["heatmap"]["text_ids"]) == 10 and 0 not in written["heatmap"]["text_ids"]  # excluded
+    metrics = {m["name"]: m for m in written["snapshots"]}
     assert metrics["mean"]["effective_rank"] == pytest.approx(1.0)
     assert metrics["mean"]["effective_rank_centred"] == 0.0
     assert metrics["mean"]["rsa"]["pearson"] is None  # undefined for identical rows, written as null

@@ -4,7 +4,6 @@
   RSA, neighbourhood purity, popularity R^2_q, nearest vocabulary tokens, heatmap selection);
 * :mod:`~peft_grounded.diagnostics.snapshot`: :class:`GeometrySnapshot`, one checkpoint's rows
   and the per-token data that switch diagnostics on;
-* :mod:`~peft_grounded.diagnostics.targets`: code frequencies and level-0 categories from items;
 * :mod:`~peft_grounded.diagnostics.measure`: :class:`ReportConfig` and every diagnostic of a snapshot;
 * :mod:`~peft_grounded.diagnostics.report`: :func:`write_report` (markdown/HTML, PNG, JSON), built on
   :mod:`~peft_grounded.diagnostics.document` (markdown/HTML rendering) and
@@ -15,6 +14,7 @@ from peft_grounded.diagnostics.geometry import (
     HeatmapSelection,
     NearestTokens,
     PCRegression,
+    PrincipalComponents,
     PurityResult,
     RSAResult,
     Spectrum,
@@ -25,6 +25,7 @@ from peft_grounded.diagnostics.geometry import (
     neighbourhood_purity,
     pc_regression_curve,
     pc_regression_r2,
+    principal_components,
     principal_score,
     rsa,
     select_heatmap_tokens,
@@ -39,13 +40,13 @@ from peft_grounded.diagnostics.measure import (
 )
 from peft_grounded.diagnostics.report import ReportFiles, write_report
 from peft_grounded.diagnostics.snapshot import GeometrySnapshot, check_compatible
-from peft_grounded.diagnostics.targets import code_frequencies, level0_categories
 
 __all__ = [
     "GeometrySnapshot",
     "HeatmapSelection",
     "NearestTokens",
     "PCRegression",
+    "PrincipalComponents",
     "PurityResult",
     "RSAResult",
     "ReportConfig",
@@ -53,17 +54,16 @@ __all__ = [
     "SnapshotMetrics",
     "Spectrum",
     "check_compatible",
-    "code_frequencies",
     "cosine_similarity_matrix",
     "effective_rank",
     "heatmap_matrix",
-    "level0_categories",
     "measure_snapshot",
     "measure_snapshots",
     "nearest_vocabulary",
     "neighbourhood_purity",
     "pc_regression_curve",
     "pc_regression_r2",
+    "principal_components",
     "principal_score",
     "rsa",
     "select_heatmap_tokens",

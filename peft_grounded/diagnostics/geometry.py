@@ -31,7 +31,8 @@ _SID_TOKEN = re.compile(r"^<([a-z]+)_(\d+)>$")
 def as_matrix(x: Any, name: str = "rows", dtype: type = np.float64) -> np.ndarray:
     """``x`` as a finite matrix of ``dtype``; raises ``ValueError`` naming ``name`` otherwise."""
     if hasattr(x, "detach"):  # a torch tensor (any dtype or device), without importing torch here
-        x = x.detach().cpu().double().numpy()
+        x = x.detach().cpu()
+        x = (x.double() if dtype == np.float64 else x.float()).numpy()
     array = np.asarray(x, dtype=dtype)
     if array.ndim != 2:
         raise ValueError(f"{name} must be a 2-D matrix (tokens x width), got shape {array.shape}")
@@ -93,6 +94,11 @@ class Spectrum:
     stable_rank: float
     centred: bool
 
+    @classmethod
+    def from_singular_values(cls, values: np.ndarray, centred: bool) -> Spectrum:
+        """Ranks of given singular values (descending; values meant as zero already set to 0)."""
+        return cls(values, _effective_rank(values), _stable_rank(values), centred)
+
 
 def spectrum(rows: Any, center: bool = False) -> Spectrum:
     """Singular-value spectrum, effective rank and stable rank of ``rows``.
@@ -115,8 +121,7 @@ def spectrum(rows: Any, center: bool = False) -> Spectrum:
     if center:
         matrix = matrix - matrix.mean(axis=0, keepdims=True)
     values = np.linalg.svd(matrix, compute_uv=False)
-    values = np.where(values > tol, values, 0.0)
-    return Spectrum(values, _effective_rank(values), _stable_rank(values), center)
+    return Spectrum.from_singular_values(np.where(values > tol, values, 0.0), center)
 
 
 def _effective_rank(values: np.ndarray) -> float:
@@ -256,22 +261,35 @@ def neighbourhood_purity(rows: Any, labels: Sequence[Hashable | None], m: int = 
 # ------------------------------------------------------------------------------- popularity R^2_q
 
 
-def principal_scores(rows: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Scores of the mean-centred rows on all their principal components, and the singular values.
+@dataclass(frozen=True)
+class PrincipalComponents:
+    """PCA of rows: scores on the non-degenerate components, and the centred rows' singular values."""
 
-    Components whose singular value is under ``RTOL * ||rows||_F`` are dropped (no real variance).
+    scores: np.ndarray  # (n, k) by decreasing variance; components under the tolerance are left out
+    singular_values: np.ndarray  # all of them, descending, those under the tolerance set to 0
+
+    @property
+    def n_rows(self) -> int:
+        return self.scores.shape[0]
+
+
+def principal_components(rows: Any) -> PrincipalComponents:
+    """PCA of the mean-centred rows (one SVD; reuse it for the centred spectrum and every R^2 target).
+
+    Singular values under ``RTOL * ||rows||_F`` (of the rows before centring) count as zero.
     """
+    if isinstance(rows, PrincipalComponents):
+        return rows
     matrix = as_matrix(rows)
     tol = RTOL * float(np.linalg.norm(matrix))
-    centred = matrix - matrix.mean(axis=0, keepdims=True)
-    u, s, _ = np.linalg.svd(centred, full_matrices=False)
+    u, s, _ = np.linalg.svd(matrix - matrix.mean(axis=0, keepdims=True), full_matrices=False)
     keep = s > tol
-    return u[:, keep] * s[keep], s[keep]
+    return PrincipalComponents(u[:, keep] * s[keep], np.where(keep, s, 0.0))
 
 
 def principal_score(vectors: Any, component: int = 0) -> np.ndarray:
     """Each vector's coordinate on one principal component: a scalar semantic target for contrast."""
-    scores, _ = principal_scores(vectors)
+    scores = principal_components(vectors).scores
     if component >= scores.shape[1]:
         raise ValueError(f"the vectors have only {scores.shape[1]} non-degenerate principal components")
     return scores[:, component]
@@ -291,15 +309,16 @@ def pc_regression_curve(
     rows: Any, target: Any, max_q: int = 10, cv_folds: int = 0, seed: int = 0
 ) -> list[PCRegression]:
     """:func:`pc_regression_r2` for q = 1..max_q (q clamped as there), principal components computed once."""
-    matrix = as_matrix(rows)
-    y = as_vector(target, matrix.shape[0], "target")
-    scores, _ = principal_scores(matrix)
-    folds = _folds(matrix.shape[0], cv_folds, seed)
-    return [_fit(scores, y, q, folds) for q in range(1, max_q + 1)]
+    pcs = principal_components(rows)
+    y = as_vector(target, pcs.n_rows, "target")
+    folds = _folds(pcs.n_rows, cv_folds, seed)
+    return [_fit(pcs.scores, y, q, folds) for q in range(1, max_q + 1)]
 
 
 def pc_regression_r2(rows: Any, target: Any, q: int = 3, cv_folds: int = 0, seed: int = 0) -> PCRegression:
     """How well the top-``q`` principal components of ``rows`` predict ``target`` (ordinary least squares).
+
+    ``rows`` may also be their :func:`principal_components`, computed once for several targets.
 
     The principal components come from the mean-centred rows, without the target, so they may be
     computed on all rows even when cross-validating. ``cv_folds=0``: in-sample R^2 (in [0, 1]).
@@ -310,10 +329,9 @@ def pc_regression_r2(rows: Any, target: Any, q: int = 3, cv_folds: int = 0, seed
     """
     if q < 1:
         raise ValueError(f"q must be >= 1, got {q}")
-    matrix = as_matrix(rows)
-    y = as_vector(target, matrix.shape[0], "target")
-    scores, _ = principal_scores(matrix)
-    return _fit(scores, y, q, _folds(matrix.shape[0], cv_folds, seed))
+    pcs = principal_components(rows)
+    y = as_vector(target, pcs.n_rows, "target")
+    return _fit(pcs.scores, y, q, _folds(pcs.n_rows, cv_folds, seed))
 
 
 def _folds(n: int, cv_folds: int, seed: int) -> list[np.ndarray]:
@@ -365,7 +383,7 @@ def nearest_vocabulary(
     exclude_ids: Sequence[int] | None = None,
     chunk_size: int = 256,
 ) -> NearestTokens:
-    """Top-``k`` vocabulary rows by cosine similarity for each SID row (ties: lower id first).
+    """Top-``k`` vocabulary rows by cosine similarity for each SID row (equal scores: lower id first).
 
     ``exclude_ids`` (e.g. special tokens) are never returned. Decode the ids with the tokenizer.
     Works in chunks of ``chunk_size`` SID rows so memory stays at chunk_size x vocabulary size.
@@ -384,13 +402,14 @@ def nearest_vocabulary(
     ids = np.empty((sids.shape[0], k), dtype=np.int64)
     scores = np.empty((sids.shape[0], k), dtype=np.float64)
     for start in range(0, sids.shape[0], chunk_size):
-        sims = np.clip(sids[start : start + chunk_size] @ vocab.T, -1.0, 1.0)
-        sims[:, ~allowed] = -np.inf
+        sims = sids[start : start + chunk_size] @ vocab.T
+        if not allowed.all():
+            sims[:, ~allowed] = -np.inf
         top = np.argpartition(-sims, k - 1, axis=1)[:, :k]
         for row, (candidates, values) in enumerate(zip(top, np.take_along_axis(sims, top, 1), strict=True)):
             order = np.lexsort((candidates, -values))
             ids[start + row] = candidates[order]
-            scores[start + row] = values[order]
+            scores[start + row] = np.clip(values[order], -1.0, 1.0)
     return NearestTokens(ids, scores)
 
 
@@ -439,6 +458,7 @@ def select_heatmap_tokens(
     *,
     sid_levels: Sequence[int] | None = None,
     text_ids: Sequence[int] | None = None,
+    exclude_ids: Sequence[int] | None = None,
     seed: int = 0,
     strict: bool = False,
 ) -> HeatmapSelection:
@@ -448,7 +468,8 @@ def select_heatmap_tokens(
     ordered by (level, code) so that any block structure by level shows. Levels come from
     ``sid_levels`` or are parsed from default-template strings; otherwise all tokens form one block
     in natural string order. Text tokens are ``text_ids`` if given, else a seeded uniform sample of
-    ``range(vocab_size)`` (no text block if ``vocab_size`` is None).
+    ``range(vocab_size)`` without ``exclude_ids`` (e.g. special tokens); no text block if
+    ``vocab_size`` is None.
 
     Fewer tokens than asked for: by default the selection is clamped to what exists and a note
     says so (a small demo index still gets its heatmap); ``strict=True`` raises instead.
@@ -493,13 +514,14 @@ def select_heatmap_tokens(
         if n_text and vocab_size is None:
             notes.append("No vocabulary rows given: the heatmap shows SID tokens only.")
     else:
-        if n_text > vocab_size:
-            message = f"{n_text} text tokens asked for, the vocabulary has {vocab_size}"
+        pool = np.setdiff1d(np.arange(vocab_size), np.asarray(list(exclude_ids or ()), dtype=np.int64))
+        if n_text > pool.size:
+            message = f"{n_text} text tokens asked for, the vocabulary has {pool.size} eligible"
             if strict:
                 raise ValueError(f"{message}; lower n_text")
-            notes.append(f"{message}: showing all {vocab_size}.")
-            n_text = vocab_size
-        ids = np.sort(np.random.default_rng(seed).choice(vocab_size, size=n_text, replace=False))
+            notes.append(f"{message}: showing all {pool.size}.")
+            n_text = pool.size
+        ids = np.sort(np.random.default_rng(seed).choice(pool, size=n_text, replace=False))
     return HeatmapSelection(
         ids.astype(np.int64), np.asarray(chosen, dtype=np.int64), tuple(groups), tuple(notes)
     )

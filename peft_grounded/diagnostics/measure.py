@@ -69,14 +69,15 @@ def measure_snapshots(
         )
     check_compatible(snapshots)
     first = snapshots[0]
-    vocab_size = next((s.vocab_size for s in snapshots if s.vocab_size is not None), None)
+    with_vocab = next((s for s in snapshots if s.vocab_rows is not None), None)
     selection = geo.select_heatmap_tokens(
         first.sid_tokens,
         n_sid=config.n_sid,
-        vocab_size=vocab_size,
+        vocab_size=None if with_vocab is None else with_vocab.vocab_size,
         n_text=config.n_text,
         sid_levels=first.levels(),
         text_ids=config.text_ids,
+        exclude_ids=None if with_vocab is None else with_vocab.exclude_vocab_ids,
         seed=config.seed,
         strict=config.strict,
     )
@@ -94,13 +95,14 @@ def measure_snapshot(
         heatmap_selection = geo.HeatmapSelection(
             selection.text_ids[:0], selection.sid_indices, selection.sid_groups, selection.notes
         )
+    pcs = geo.principal_components(rows)  # one SVD for the centred spectrum and every R^2 target
     metrics = SnapshotMetrics(
         name=snapshot.name,
         stage=snapshot.stage,
         n_tokens=snapshot.n_tokens,
         width=snapshot.width,
         spectrum=geo.spectrum(rows, center=False),
-        spectrum_centred=geo.spectrum(rows, center=True),
+        spectrum_centred=geo.Spectrum.from_singular_values(pcs.singular_values, centred=True),
         heatmap=geo.heatmap_matrix(rows, heatmap_selection, snapshot.vocab_rows),
     )
     if heatmap_selection is not selection:
@@ -109,7 +111,7 @@ def measure_snapshot(
     reference = None if snapshot.reference is None else geo.as_matrix(snapshot.reference, "reference vectors")
     _measure_rsa(metrics, rows, reference, levels)
     _measure_purity(metrics, rows, reference, levels, snapshot.categories, config)
-    _measure_r2(metrics, rows, reference, snapshot, config)
+    _measure_r2(metrics, pcs, reference, snapshot, config)
     if snapshot.vocab_rows is None:
         metrics.notes.append("no vocabulary rows: nearest vocabulary tokens skipped")
     else:
@@ -173,32 +175,33 @@ def _measure_purity(
 
 def _measure_r2(
     metrics: SnapshotMetrics,
-    rows: np.ndarray,
+    pcs: geo.PrincipalComponents,
     reference: np.ndarray | None,
     snapshot: GeometrySnapshot,
     config: ReportConfig,
 ) -> None:
+    n = pcs.n_rows
     folds = config.cv_folds
-    if folds and rows.shape[0] < 2 * folds:
-        metrics.notes.append(f"{rows.shape[0]} tokens are too few for {folds}-fold CV: R^2 is in-sample")
+    if folds and n < 2 * folds:
+        metrics.notes.append(f"{n} tokens are too few for {folds}-fold CV: R^2 is in-sample")
         folds = 0
     max_q = max(config.r2_max_q, config.r2_q)
     if snapshot.frequencies is None:
         metrics.notes.append("no code frequencies: popularity R^2 skipped")
     else:
-        target = geo.as_vector(snapshot.frequencies, rows.shape[0], "frequencies")
+        target = geo.as_vector(snapshot.frequencies, n, "frequencies")
         if config.popularity_transform == "log1p":
             target = np.log1p(target)
-        metrics.popularity_r2 = geo.pc_regression_curve(rows, target, max_q, folds, config.seed)
+        metrics.popularity_r2 = geo.pc_regression_curve(pcs, target, max_q, folds, config.seed)
     semantic = snapshot.semantic_target
     if semantic is None and reference is not None:
-        scores, _ = geo.principal_scores(reference)
+        scores = geo.principal_components(reference).scores
         semantic = scores[:, 0] if scores.shape[1] else None
     if semantic is None:
         metrics.notes.append("no semantic target (no reference vectors): semantic R^2 skipped")
     else:
-        target = geo.as_vector(semantic, rows.shape[0], "semantic target")
-        metrics.semantic_r2 = geo.pc_regression_curve(rows, target, max_q, folds, config.seed)
+        target = geo.as_vector(semantic, n, "semantic target")
+        metrics.semantic_r2 = geo.pc_regression_curve(pcs, target, max_q, folds, config.seed)
 
 
 def metrics_to_dict(

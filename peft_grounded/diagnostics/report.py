@@ -352,7 +352,10 @@ class _Report:
         self.blocks.append(("h", "Nearest vocabulary tokens"))
         first = self.snapshots[0]
         shown = geo.select_heatmap_tokens(
-            first.sid_tokens, min(self.config.nearest_shown, first.n_tokens), sid_levels=first.levels()
+            first.sid_tokens,
+            min(self.config.nearest_shown, first.n_tokens),
+            n_text=0,
+            sid_levels=first.levels(),
         ).sid_indices
         data: dict[str, dict[str, list[list[Any]]]] = {}
         for snapshot, m in zip(self.snapshots, self.metrics, strict=True):
