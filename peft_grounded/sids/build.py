@@ -18,7 +18,7 @@ from .collisions import DEDUP_MODES, add_disambiguation_level, collision_stats, 
 from .encoders import TextEncoder, encode_texts, load_encoder
 from .index import SIDIndex
 from .quality import level_usage
-from .rqkmeans import QuantizationError, RQKMeansConfig, check_vectors, fit_rqkmeans
+from .rqkmeans import QuantizationError, RQKMeansConfig, check_vectors, cluster_sums, fit_rqkmeans
 from .text import TextTemplate
 from .tokens import DEFAULT_TEMPLATE
 
@@ -40,13 +40,13 @@ def token_centroids(
     for level, k in enumerate(codes_per_level):
         labels = torch.as_tensor(codes[:, level], dtype=torch.int64)
         counts = torch.bincount(labels, minlength=k).to(torch.float32)[:, None]
-        sums = torch.zeros(k, x.shape[1]).index_add_(0, labels, x)
+        sums = cluster_sums(x, labels, k)
         means = torch.where(counts > 0, sums / counts.clamp_min(1), global_mean)
         items_rows.append(means)
         if level < len(codebooks):
             book_rows.append(torch.as_tensor(codebooks[level], dtype=torch.float32))
         else:  # disambiguation level: the mean final residual of the items holding the code
-            res = torch.zeros(k, x.shape[1]).index_add_(0, labels, residual)
+            res = cluster_sums(residual, labels, k)
             book_rows.append(torch.where(counts > 0, res / counts.clamp_min(1), torch.zeros_like(res)))
     return {"items": torch.cat(items_rows).numpy(), "codebook": torch.cat(book_rows).numpy()}
 

@@ -566,7 +566,9 @@ def load_catalogue(source: str | Path = "movielens-100k", format: str = "auto", 
         if len(metas) != 1:
             raise CatalogueError(f"{path}: expected one meta_* file, found {len(metas)}; pass it directly")
         stem = re.sub(r"^meta_|\.jsonl?(\.gz)?$|\.gz$", "", metas[0].name)
-        reviews = [p for p in path.iterdir() if p.name.startswith(stem) and p != metas[0]]
+        reviews = [
+            p for p in path.iterdir() if p != metas[0] and stem in p.name and not p.name.startswith(".")
+        ]
         kwargs.setdefault("reviews", reviews[0] if len(reviews) == 1 else None)
         path = metas[0]
     return loaders[fmt](path, **kwargs)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +42,7 @@ class RQKMeansConfig:
     normalize_residuals: bool = False
     balanced: str = "none"
     max_iter: int = 30
+    balanced_iter: int = 10
     tol: float = 1e-4
     seed: int = 0
     init_sample_per_code: int = 64
@@ -105,6 +106,23 @@ def _sq_norms(x: torch.Tensor, chunk: int) -> torch.Tensor:
     return out
 
 
+def cluster_sums(x: torch.Tensor, labels: torch.Tensor, k: int, chunk: int = 16384) -> torch.Tensor:
+    """Per-cluster sums of the rows of ``x`` ``[k, d]`` (a sparse one-hot product, chunked; faster than
+    ``index_add_`` on CPU)."""
+    sums = torch.zeros(k, x.shape[1], dtype=x.dtype, device=x.device)
+    for s in range(0, x.shape[0], chunk):
+        part = labels[s : s + chunk]
+        rows = torch.arange(part.numel(), device=x.device)
+        onehot = torch.sparse_coo_tensor(
+            torch.stack([part, rows]),
+            torch.ones(part.numel(), dtype=x.dtype, device=x.device),
+            (k, part.numel()),
+            check_invariants=False,
+        )
+        sums += torch.sparse.mm(onehot, x[s : s + chunk])
+    return sums
+
+
 def assign(
     x: torch.Tensor, centroids: torch.Tensor, chunk: int = 16384, x_norm: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,8 +159,9 @@ def _accept(
     points: torch.Tensor, props: torch.Tensor, dists: torch.Tensor, remaining: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each cluster accepts, by increasing distance, as many of the points proposing to it as it has room for."""
-    order = torch.argsort(dists, stable=True)
-    order = order[torch.argsort(props[order], stable=True)]
+    d = dists.to(torch.float64)
+    key = props.to(torch.float64) * (float(d.max()) + 1.0) + d  # sort by (cluster, distance) in one pass
+    order = torch.argsort(key, stable=True)
     sp = props[order]
     counts = torch.bincount(sp, minlength=remaining.numel())
     starts = torch.cumsum(counts, 0) - counts
@@ -225,44 +244,21 @@ def kmeans_plusplus(x: torch.Tensor, k: int, generator: torch.Generator, chunk: 
     return centers
 
 
-def kmeans(
+def _lloyd(
     x: torch.Tensor,
-    k: int,
-    *,
-    balanced: bool = False,
-    max_iter: int = 30,
-    tol: float = 1e-4,
-    generator: torch.Generator | None = None,
-    init_sample_per_code: int = 64,
-    chunk_size: int = 16384,
+    centroids: torch.Tensor,
+    step: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    max_iter: int,
+    tol: float,
+    chunk_size: int,
 ) -> KMeansResult:
-    """Lloyd's k-means with k-means++ seeding; ``balanced`` caps every cluster at ``ceil(n / k)`` points.
-
-    Stops when the labels no longer change or the inertia improves by less than ``tol`` (relative). The
-    returned labels are the assignment to the returned centroids.
-    """
-    n, d = x.shape
-    if k > n:
-        raise QuantizationError(f"k-means with {k} codes needs at least {k} items, got {n}")
-    gen = generator or torch.Generator().manual_seed(0)
-    seed_rows = min(n, max(k, init_sample_per_code * k))
-    init_x = x if seed_rows == n else x[torch.randperm(n, generator=gen)[:seed_rows].to(x.device)]
-    centroids = kmeans_plusplus(init_x, k, gen, chunk_size)
-    capacity = math.ceil(n / k)
-    x_norm = _sq_norms(x, chunk_size)
-
-    def step(c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if balanced:
-            return balanced_assign(x, c, capacity, chunk=chunk_size, x_norm=x_norm)
-        return assign(x, c, chunk_size, x_norm)
-
+    """Alternate ``step`` (assignment) and centroid updates until the labels settle or ``tol`` is met."""
+    k = centroids.shape[0]
     labels, dist = step(centroids)
     inertia, converged, n_iter = float(dist.sum()), False, 0
     while n_iter < max_iter:
         n_iter += 1
-        sums = torch.zeros(k, d, dtype=x.dtype, device=x.device)
-        for s in range(0, n, chunk_size):
-            sums.index_add_(0, labels[s : s + chunk_size], x[s : s + chunk_size])
+        sums = cluster_sums(x, labels, k, chunk_size)
         counts = torch.bincount(labels, minlength=k)
         centroids = torch.where(counts[:, None] > 0, sums / counts.clamp_min(1)[:, None], centroids)
         empty = (counts == 0).nonzero().flatten()
@@ -279,6 +275,48 @@ def kmeans(
             converged = True
             break
     return KMeansResult(centroids, labels, inertia, n_iter, converged)
+
+
+def kmeans(
+    x: torch.Tensor,
+    k: int,
+    *,
+    balanced: bool = False,
+    max_iter: int = 30,
+    balanced_iter: int = 10,
+    tol: float = 1e-4,
+    generator: torch.Generator | None = None,
+    init_sample_per_code: int = 64,
+    chunk_size: int = 16384,
+) -> KMeansResult:
+    """Lloyd's k-means with k-means++ seeding; stops when the labels settle or the inertia improves by less
+    than ``tol`` (relative). The returned labels are the assignment to the returned centroids.
+
+    ``balanced``: after the unconstrained run, up to ``balanced_iter`` more iterations with the
+    size-constrained assignment (no cluster above ``ceil(n / k)`` points), so the final labels are balanced.
+    """
+    n, _ = x.shape
+    if k > n:
+        raise QuantizationError(f"k-means with {k} codes needs at least {k} items, got {n}")
+    gen = generator or torch.Generator().manual_seed(0)
+    seed_rows = min(n, max(k, init_sample_per_code * k))
+    init_x = x if seed_rows == n else x[torch.randperm(n, generator=gen)[:seed_rows].to(x.device)]
+    centroids = kmeans_plusplus(init_x, k, gen, chunk_size)
+    x_norm = _sq_norms(x, chunk_size)
+    result = _lloyd(x, centroids, lambda c: assign(x, c, chunk_size, x_norm), max_iter, tol, chunk_size)
+    if not balanced:
+        return result
+    capacity = math.ceil(n / k)
+    refined = _lloyd(
+        x,
+        result.centroids,
+        lambda c: balanced_assign(x, c, capacity, chunk=chunk_size, x_norm=x_norm),
+        balanced_iter,
+        tol,
+        chunk_size,
+    )
+    refined.n_iter += result.n_iter
+    return refined
 
 
 def _normalize_rows(r: torch.Tensor, chunk: int) -> None:
@@ -322,6 +360,7 @@ def fit_rqkmeans(x: np.ndarray | torch.Tensor, config: RQKMeansConfig | None = N
             k,
             balanced=balanced,
             max_iter=config.max_iter,
+            balanced_iter=config.balanced_iter,
             tol=config.tol,
             generator=gen,
             init_sample_per_code=config.init_sample_per_code,
