@@ -140,20 +140,31 @@ class GroundedTokenModel(BaseTuner):
 
     def _check_fits(self, config: GroundedTokenConfig, layer: GroundedTokenLayer) -> None:
         rows = layer.num_embeddings
+        if config.num_embeddings is not None and config.num_embeddings != rows:
+            raise ValueError(
+                f"This adapter was made for an embedding with {config.num_embeddings} rows, but the base has {rows}. "
+                "Add the adapter's tokens to the base first (peft_grounded.hub.load_grounded does it, or "
+                "peft_grounded.add_tokens with config.token_strings), in the same order."
+            )
         outside = [i for i in config.token_indices if i >= rows]
         if outside:
             raise ValueError(
                 f"token_indices {outside[:5]} are out of range for an embedding with {rows} rows. Add the tokens "
                 "and resize the model first (peft_grounded.add_tokens), then wrap it."
             )
-        if config.num_embeddings is None:
-            config.num_embeddings = rows
-        elif config.num_embeddings != rows:
+        head = layer.head
+        if (
+            head is not None
+            and not layer.tied
+            and config.train_output_rows
+            and head.weight.shape[0] <= max(config.token_indices)
+        ):
             raise ValueError(
-                f"This adapter was made for an embedding with {config.num_embeddings} rows, but the base has {rows}. "
-                "Add the adapter's tokens to the base first (peft_grounded.hub.load_grounded does it, or "
-                "peft_grounded.add_tokens with config.token_strings), in the same order."
+                f"The output head has {head.weight.shape[0]} rows, too few for token index {max(config.token_indices)}: "
+                "it was not resized with the input embedding. Resize both (model.resize_token_embeddings resizes "
+                "the head returned by get_output_embeddings)."
             )
+        config.num_embeddings = rows
         original = self._original_vocab_size(config)
         signature = embedding_signature(layer.base_layer.weight, original)
         if config.embedding_signature is None:

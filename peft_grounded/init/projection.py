@@ -87,7 +87,7 @@ def project_vectors(
     *,
     anchors: tuple[torch.Tensor, torch.Tensor] | None = None,
     norm_match: bool = True,
-    ridge: float = 1e-2,
+    ridge: float = 1e-3,
 ) -> torch.Tensor:
     """Project ``vectors`` [n, d] into the space of ``reference_rows`` [m, d_model] (float64 math, float32 out).
 
