@@ -82,7 +82,7 @@ def assert_matches_exhaustive(model, tokenizer, prompts, catalogue, recs: Recomm
         scores = exhaustive_scores(model, ids, catalogue)
         ranking = sorted(scores, key=lambda item: -scores[item])[:k]
         assert recs.items[p] == ranking, f"prompt {p}"
-        torch.testing.assert_close(recs.scores[p], [scores[i] for i in ranking], atol=1e-4, rtol=0)
+        torch.testing.assert_close(recs.scores[p], [scores[i] for i in ranking], atol=1e-4, rtol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -230,3 +230,16 @@ def test_invalid_and_duplicate_beams_are_counted():
     assert result.num_beams_returned == 6 and result.invalid_rate == pytest.approx(2 / 5)
     with pytest.raises(FloatingPointError):
         _collect(result, 0, trie, beams, torch.full((6,), float("nan")))
+
+
+@pytest.mark.slow  # the real SmolLM2-135M: a few seconds on CPU
+def test_real_smollm2_wide_beam_equals_exhaustive_ranking(tokenizer, smollm2_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    add_sid_tokens(tokenizer, model, scale=float(model.get_input_embeddings().weight.std()))
+    catalogue = make_catalogue(tokenizer, n_items=12)
+    model.generation_config.do_sample, model.generation_config.temperature = True, 0.2
+    prompts = [f"<|im_start|>user\n{QUESTIONS[0]}<|im_end|>\n<|im_start|>assistant\n"]
+    recs = recommend(model, tokenizer, prompts, catalogue, k=10, num_beams=12)
+    assert_matches_exhaustive(model, tokenizer, prompts, catalogue, recs, k=10)

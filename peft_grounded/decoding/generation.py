@@ -187,6 +187,11 @@ def recommend(
                 **cache,
             )
             generated = output.sequences[:, input_ids.shape[1] :].view(len(batch), num_beams, -1).cpu()
+            if trie.fixed_length and generated.shape[-1] != trie.max_length:
+                raise RuntimeError(
+                    f"generate returned {generated.shape[-1]} new tokens per beam, not the SID length "
+                    f"{trie.max_length}; a custom stopping criterion or generate override interfered"
+                )
             scores = output.sequences_scores.view(len(batch), num_beams).float().cpu()
             for row, index in enumerate(batch):
                 _collect(result, index, trie, generated[row], scores[row])
