@@ -202,3 +202,15 @@ def purity(pred: np.ndarray, truth: np.ndarray) -> float:
     for p in np.unique(pred):
         total += np.bincount(truth[pred == p]).max()
     return total / len(truth)
+
+
+def office_dir() -> Path | None:
+    """The shared Amazon Office catalogue (``<checkout>/../shared/data/amazon-office``), if present."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (
+        here.parent / "shared" / "data" / "amazon-office",
+        Path("/work/shared/data/amazon-office"),
+    ):
+        if (candidate / "Office.item.json").is_file():
+            return candidate
+    return None

@@ -94,10 +94,10 @@ def test_normalized_residuals_are_unit_norm_before_each_level():
 
 def test_sample_size_fits_on_a_subsample_and_codes_everything():
     x, top, _ = clustered_vectors(n_clusters=8, sub=2, per_sub=30, seed=8)
-    fit = fit_rqkmeans(x, RQKMeansConfig(codes_per_level=(8, 4), sample_size=120, seed=0))
+    fit = fit_rqkmeans(x, RQKMeansConfig(codes_per_level=(8, 4), sample_size=240, seed=0))
     assert fit.codes.shape == (len(x), 2)
     assert purity(fit.codes[:, 0].numpy(), top) >= 0.99
-    bal = fit_rqkmeans(x, RQKMeansConfig(codes_per_level=(8,), sample_size=120, balanced="all"))
+    bal = fit_rqkmeans(x, RQKMeansConfig(codes_per_level=(8,), sample_size=240, balanced="all"))
     assert torch.bincount(bal.codes[:, 0]).max() <= math.ceil(len(x) / 8)
 
 

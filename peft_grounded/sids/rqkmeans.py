@@ -218,29 +218,32 @@ def balanced_assign(
     return labels, dist
 
 
-def kmeans_plusplus(x: torch.Tensor, k: int, generator: torch.Generator, chunk: int = 16384) -> torch.Tensor:
-    """k-means++ seeding (Arthur & Vassilvitskii, 2007): each next centre drawn with probability ~ D(x)^2."""
+def kmeans_plusplus(
+    x: torch.Tensor, k: int, generator: torch.Generator, local_trials: int | None = None
+) -> torch.Tensor:
+    """Greedy k-means++ seeding (Arthur & Vassilvitskii, 2007; the greedy form scikit-learn uses): each next
+    centre is the best, by resulting potential, of ``local_trials`` (default ``2 + ln k``) points drawn with
+    probability ~ D(x)^2."""
     n = x.shape[0]
-    first = int(torch.randint(n, (1,), generator=generator, device="cpu"))
+    trials = local_trials or 2 + int(math.log(k))
+    first = int(torch.randint(n, (1,), generator=generator))
     centers = torch.empty(k, x.shape[1], dtype=x.dtype, device=x.device)
     centers[0] = x[first]
-    x_norm = _sq_norms(x, chunk)
-    d2 = (x_norm - 2 * (x @ centers[0]) + centers[0].pow(2).sum()).clamp_min_(0.0)
+    x_norm = x.pow(2).sum(1)
+    d2 = (x_norm - 2 * (x @ centers[0]) + x_norm[first]).clamp_min_(0.0)
     for j in range(1, k):
-        cum = torch.cumsum(d2, 0)
+        cum = torch.cumsum(d2.double(), 0)
         total = float(cum[-1])
         if total > 0:
-            u = float(torch.rand(1, generator=generator, dtype=torch.float64)) * total
-            idx = min(
-                int(
-                    torch.searchsorted(cum, torch.tensor([u], dtype=cum.dtype, device=cum.device), right=True)
-                ),
-                n - 1,
-            )
+            u = torch.rand(trials, generator=generator, dtype=torch.float64).to(cum.device) * total
+            cand = torch.searchsorted(cum, u, right=True).clamp_max_(n - 1)
         else:  # fewer distinct points than k: any point (duplicate centres become empty clusters)
-            idx = int(torch.randint(n, (1,), generator=generator, device="cpu"))
-        centers[j] = x[idx]
-        d2 = torch.minimum(d2, (x_norm - 2 * (x @ centers[j]) + centers[j].pow(2).sum()).clamp_min_(0.0))
+            cand = torch.randint(n, (1,), generator=generator).to(x.device)
+        dc = (x_norm[:, None] - 2 * (x @ x[cand].T) + x_norm[cand][None, :]).clamp_min_(0.0)  # [n, trials]
+        new_d2 = torch.minimum(d2[:, None], dc)
+        best = int(new_d2.sum(0).argmin())
+        centers[j] = x[cand[best]]
+        d2 = new_d2[:, best].contiguous()
     return centers
 
 
@@ -301,7 +304,7 @@ def kmeans(
     gen = generator or torch.Generator().manual_seed(0)
     seed_rows = min(n, max(k, init_sample_per_code * k))
     init_x = x if seed_rows == n else x[torch.randperm(n, generator=gen)[:seed_rows].to(x.device)]
-    centroids = kmeans_plusplus(init_x, k, gen, chunk_size)
+    centroids = kmeans_plusplus(init_x, k, gen)
     x_norm = _sq_norms(x, chunk_size)
     result = _lloyd(x, centroids, lambda c: assign(x, c, chunk_size, x_norm), max_iter, tol, chunk_size)
     if not balanced:
