@@ -222,13 +222,16 @@ def _prompt_cache(
     if input_ids.shape[1] < 2:
         return {}
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    output = model(
-        input_ids=input_ids[:, :-1],
-        attention_mask=attention_mask[:, :-1],
-        position_ids=position_ids[:, :-1],
-        use_cache=True,
-        logits_to_keep=1,
-    )
+    try:
+        output = model(
+            input_ids=input_ids[:, :-1],
+            attention_mask=attention_mask[:, :-1],
+            position_ids=position_ids[:, :-1],
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    except TypeError:  # a model whose forward lacks one of these arguments: let generate encode
+        return {}
     for name in ("cache", "past_key_values"):  # the attribute was renamed during transformers 5.x
         cache = getattr(output, name, None)
         if cache is not None and hasattr(cache, "batch_repeat_interleave"):
