@@ -1,0 +1,82 @@
+"""Run manifests: what a training run is, so that a resume never continues another run's checkpoints.
+
+A manifest (``run.json`` in the output directory) records the facts that define a run: the stage, the
+model, the new tokens and their initialisation, the data and the hyper-parameters that shape the
+optimisation. Starting a run in a directory that holds another run's checkpoints, or resuming from a
+checkpoint whose manifest differs, raises an error that names the differing fields; nothing on disk is
+touched before that check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "run.json"
+
+
+class RunMismatchError(ValueError):
+    """The checkpoints on disk belong to another run or configuration."""
+
+
+def fingerprint(value: Any) -> str:
+    """Short sha256 of a JSON-serialisable value (key order does not matter)."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def write_json_atomic(path: str | Path, value: Any) -> None:
+    """Write JSON to ``path`` through a temporary file in the same directory (never a half-written file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(value, handle, indent=2, sort_keys=True, default=str)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _differences(old: dict, new: dict) -> list[str]:
+    keys = sorted(set(old) | set(new))
+    return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+
+
+def checkpoints(output_dir: str | Path) -> list[Path]:
+    """The ``checkpoint-N`` directories of ``output_dir``, oldest first."""
+    directory = Path(output_dir)
+    found = [p for p in directory.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
+
+
+def check_and_write(output_dir: str | Path, manifest: dict, resume_from: str | Path | None) -> None:
+    """Refuse to mix runs, then record ``manifest`` in ``output_dir`` (and nothing else)."""
+    output_dir = Path(output_dir)
+    sources = []
+    if resume_from is not None:
+        sources.append(Path(resume_from) / MANIFEST)
+    if checkpoints(output_dir):
+        sources.append(output_dir / MANIFEST)
+    for source in sources:
+        if not source.is_file():
+            raise RunMismatchError(
+                f"{source.parent} holds checkpoints without a {MANIFEST}: they were not written by this run. "
+                "Choose an empty output directory."
+            )
+        recorded = json.loads(source.read_text())
+        diff = _differences(recorded, manifest)
+        if diff:
+            raise RunMismatchError(
+                f"{source.parent} belongs to another run or configuration; differing fields: "
+                + "; ".join(diff)
+                + ". Resume with the same settings, or start the new run in another output directory "
+                "(the existing checkpoints were left untouched)."
+            )
+    write_json_atomic(output_dir / MANIFEST, manifest)
