@@ -104,7 +104,7 @@ def test_sample_size_fits_on_a_subsample_and_codes_everything():
 def test_duplicate_points_fewer_distinct_than_k():
     x = np.repeat(np.eye(4, dtype=np.float32), 5, axis=0)  # 4 distinct points, 20 rows
     fit = fit_rqkmeans(x, RQKMeansConfig(codes_per_level=(8,)))
-    assert fit.level_mse[0] == pytest.approx(0.0, abs=1e-8)
+    assert fit.level_mse[0] == pytest.approx(0.0, abs=1e-4)  # split clusters sit 1e-3 apart
     assert len(torch.unique(fit.codes[:, 0])) == 4
 
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,7 +90,9 @@ def check_vectors(x: np.ndarray | torch.Tensor, min_rows: int = 1, what: str = "
     if t.shape[0] < min_rows:
         raise QuantizationError(f"{what}: {t.shape[0]} rows, at least {min_rows} needed")
     t = t.to(torch.float32)
-    bad = ~torch.isfinite(t).all(dim=1)
+    bad = torch.zeros(t.shape[0], dtype=torch.bool, device=t.device)
+    for s in range(0, t.shape[0], 16384):  # chunked: isfinite on the whole matrix would hold 2x its size
+        bad[s : s + 16384] = ~torch.isfinite(t[s : s + 16384]).all(dim=1)
     if bad.any():
         rows = bad.nonzero().flatten().tolist()
         raise QuantizationError(
@@ -218,6 +221,20 @@ def balanced_assign(
     return labels, dist
 
 
+@contextmanager
+def _one_thread(device: torch.device) -> Iterator[None]:
+    """Run small CPU ops on one thread: with several, each op pays a thread wake-up that dominates them."""
+    if device.type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def kmeans_plusplus(
     x: torch.Tensor, k: int, generator: torch.Generator, local_trials: int | None = None
 ) -> torch.Tensor:
@@ -247,6 +264,25 @@ def kmeans_plusplus(
     return centers
 
 
+def _split_largest(
+    centroids: torch.Tensor, counts: torch.Tensor, empty: torch.Tensor, generator: torch.Generator
+) -> torch.Tensor:
+    """Give each empty cluster half of the currently largest one (faiss' rule): both centroids move a tiny
+    random step apart, so the next assignment splits that cluster's points between them. (Re-seeding
+    from the farthest points instead makes singleton clusters, whose zero residuals then distort the
+    next level.)"""
+    centroids, counts = centroids.clone(), counts.clone()
+    scale = centroids.norm(dim=1).mean().clamp_min(1e-12) * 1e-3
+    for e in empty.tolist():
+        big = int(counts.argmax())
+        step = torch.randn(centroids.shape[1], generator=generator).to(centroids) * scale
+        centroids[e] = centroids[big] + step
+        centroids[big] = centroids[big] - step
+        counts[e] = counts[big] // 2
+        counts[big] -= counts[e]
+    return centroids
+
+
 def _lloyd(
     x: torch.Tensor,
     centroids: torch.Tensor,
@@ -254,6 +290,7 @@ def _lloyd(
     max_iter: int,
     tol: float,
     chunk_size: int,
+    generator: torch.Generator,
 ) -> KMeansResult:
     """Alternate ``step`` (assignment) and centroid updates until the labels settle or ``tol`` is met."""
     k = centroids.shape[0]
@@ -265,9 +302,8 @@ def _lloyd(
         counts = torch.bincount(labels, minlength=k)
         centroids = torch.where(counts[:, None] > 0, sums / counts.clamp_min(1)[:, None], centroids)
         empty = (counts == 0).nonzero().flatten()
-        if empty.numel():  # re-seed from the points worst served by their centroid
-            worst = torch.argsort(dist, descending=True, stable=True)[: empty.numel()]
-            centroids[empty] = x[worst]
+        if empty.numel():
+            centroids = _split_largest(centroids, counts, empty, generator)
         new_labels, dist = step(centroids)
         new_inertia = float(dist.sum())
         changed = bool((new_labels != labels).any())
@@ -302,11 +338,18 @@ def kmeans(
     if k > n:
         raise QuantizationError(f"k-means with {k} codes needs at least {k} items, got {n}")
     gen = generator or torch.Generator().manual_seed(0)
-    seed_rows = min(n, max(k, init_sample_per_code * k))
-    init_x = x if seed_rows == n else x[torch.randperm(n, generator=gen)[:seed_rows].to(x.device)]
-    centroids = kmeans_plusplus(init_x, k, gen)
     x_norm = _sq_norms(x, chunk_size)
-    result = _lloyd(x, centroids, lambda c: assign(x, c, chunk_size, x_norm), max_iter, tol, chunk_size)
+    # Seed from rows with a non-degenerate norm: in residual k-means, items alone in their cluster at the
+    # previous level have a zero residual, and a seed at the origin captures nearly every item.
+    pool = (x_norm > 1e-6 * x_norm.median()).nonzero().flatten()
+    if pool.numel() < k:
+        pool = torch.arange(n, device=x.device)
+    seed_rows = min(pool.numel(), max(k, init_sample_per_code * k))
+    if seed_rows < pool.numel():
+        pool = pool[torch.randperm(pool.numel(), generator=gen)[:seed_rows].to(x.device)]
+    with _one_thread(x.device):
+        centroids = kmeans_plusplus(x[pool], k, gen)
+    result = _lloyd(x, centroids, lambda c: assign(x, c, chunk_size, x_norm), max_iter, tol, chunk_size, gen)
     if not balanced:
         return result
     capacity = math.ceil(n / k)
@@ -317,6 +360,7 @@ def kmeans(
         balanced_iter,
         tol,
         chunk_size,
+        gen,
     )
     refined.n_iter += result.n_iter
     return refined

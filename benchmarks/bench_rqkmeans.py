@@ -1,0 +1,197 @@
+"""RQ-KMeans scale and speed: wall time, CPU time and peak memory of ``fit_rqkmeans``.
+
+Each configuration runs in its own subprocess, so its peak RSS is its own. Results go to stdout as a
+markdown table (and, with ``--json``, to a file).
+
+    python benchmarks/bench_rqkmeans.py                       # 100k x 384 random, 3 x 256
+    python benchmarks/bench_rqkmeans.py --scaling             # 25k / 50k / 100k: memory linear in items?
+    python benchmarks/bench_rqkmeans.py --balanced all --sample-size 65536
+    python benchmarks/bench_rqkmeans.py --office              # the Amazon Office catalogue (MiniLM vectors)
+    python benchmarks/bench_rqkmeans.py --faiss               # the same with faiss.Kmeans (if installed)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+OFFICE = Path(__file__).resolve().parents[2] / "shared" / "data" / "amazon-office"
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _vectors(spec: dict):
+    import numpy as np
+
+    if spec["data"] == "random":
+        rng = np.random.default_rng(0)
+        return rng.standard_normal((spec["n"], spec["dim"]), dtype=np.float32)
+    from peft_grounded.sids import load_catalogue
+    from peft_grounded.sids.encoders import SentenceTransformerEncoder, encode_texts
+    from peft_grounded.sids.text import TextTemplate
+
+    catalogue = load_catalogue(spec["office"])
+    texts = TextTemplate().render_all(list(catalogue.items.values()))
+    return encode_texts(texts, SentenceTransformerEncoder(), show_progress=False)
+
+
+def _faiss_rq(x, codes_per_level, seed: int, niter: int):
+    import faiss
+    import numpy as np
+
+    residual = x.copy()
+    codes = np.empty((len(x), len(codes_per_level)), dtype=np.int64)
+    for level, k in enumerate(codes_per_level):
+        km = faiss.Kmeans(x.shape[1], k, niter=niter, seed=seed + level, verbose=False)
+        km.train(residual)
+        _, labels = km.index.search(residual, 1)
+        codes[:, level] = labels[:, 0]
+        residual -= km.centroids[labels[:, 0]]
+    return codes, residual
+
+
+def worker(spec: dict) -> dict:
+    import numpy as np
+    import torch
+
+    from peft_grounded.sids.collisions import collision_stats
+    from peft_grounded.sids.quality import level_usage
+    from peft_grounded.sids.rqkmeans import RQKMeansConfig, fit_rqkmeans
+
+    x = _vectors(spec)
+    levels = tuple(spec["codes"] for _ in range(spec["levels"]))
+    base_rss = _rss_mb()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    if spec["impl"] == "faiss":
+        codes, residual = _faiss_rq(x, levels, spec["seed"], spec["faiss_niter"])
+        iterations = [spec["faiss_niter"]] * len(levels)
+    else:
+        cfg = RQKMeansConfig(
+            codes_per_level=levels,
+            balanced=spec["balanced"],
+            sample_size=spec["sample_size"],
+            seed=spec["seed"],
+            normalize_residuals=spec["normalize"],
+        )
+        fit = fit_rqkmeans(x, cfg)
+        codes, residual = fit.codes.numpy(), fit.residual.numpy()
+        iterations = [s["iterations"] for s in fit.stats]
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    peak = _peak_mb()  # before the figures below allocate anything
+    input_mse = float((x.astype(np.float64) ** 2).sum(1).mean())
+    return {
+        **spec,
+        "n": len(x),
+        "dim": x.shape[1],
+        "wall_s": round(wall, 2),
+        "cpu_s": round(cpu, 2),
+        "threads": torch.get_num_threads(),
+        "input_mb": round(x.nbytes / 2**20, 1),
+        "peak_rss_mb": round(peak, 1),
+        "peak_above_input_mb": round(peak - base_rss, 1),
+        "iterations": iterations,
+        "relative_error": round(float((residual.astype(np.float64) ** 2).sum(1).mean()) / input_mse, 4),
+        "collision_rate": round(collision_stats(codes).collision_rate, 4),
+        "normalized_entropy": [
+            level_usage(codes[:, lv], k)["normalized_entropy"] for lv, k in enumerate(levels)
+        ],
+    }
+
+
+def run(spec: dict) -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def table(rows: list[dict]) -> str:
+    head = (
+        "| data | n x d | levels x K | impl | balanced | sample | wall s | CPU s | iters/level | "
+        "peak RSS MiB (above input) | rel. error | collisions | norm. entropy |"
+    )
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        lines.append(
+            f"| {r['data']} | {r['n']:,} x {r['dim']} | {r['levels']} x {r['codes']} | {r['impl']} | "
+            f"{r['balanced'] if r['impl'] == 'torch' else '-'} | {r['sample_size'] or 'all'} | {r['wall_s']} | "
+            f"{r['cpu_s']} | {'/'.join(map(str, r['iterations']))} | {r['peak_rss_mb']:.0f} "
+            f"({r['peak_above_input_mb']:.0f}) | {r['relative_error']:.3f} | {r['collision_rate']:.2%} | "
+            f"{'/'.join(f'{e:.2f}' for e in r['normalized_entropy'])} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--n", type=int, default=100_000)
+    p.add_argument("--dim", type=int, default=384)
+    p.add_argument("--levels", type=int, default=3)
+    p.add_argument("--codes", type=int, default=256)
+    p.add_argument("--balanced", default="none", choices=["none", "last", "all"])
+    p.add_argument("--sample-size", type=int)
+    p.add_argument("--normalize", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scaling", action="store_true", help="also 25k and 50k items (memory vs n)")
+    p.add_argument(
+        "--office", action="store_true", help="the Amazon Office catalogue instead of random vectors"
+    )
+    p.add_argument("--office-dir", default=str(OFFICE))
+    p.add_argument("--faiss", action="store_true", help="add faiss.Kmeans residual quantisation (same shape)")
+    p.add_argument("--faiss-niter", type=int, default=20)
+    p.add_argument("--json", help="also write the rows to this JSON file")
+    args = p.parse_args()
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return
+    spec = {
+        "data": "office" if args.office else "random",
+        "office": args.office_dir,
+        "n": args.n,
+        "dim": args.dim,
+        "levels": args.levels,
+        "codes": args.codes,
+        "balanced": args.balanced,
+        "sample_size": args.sample_size,
+        "normalize": args.normalize,
+        "seed": args.seed,
+        "impl": "torch",
+        "faiss_niter": args.faiss_niter,
+    }
+    specs = [spec]
+    if args.scaling and not args.office:
+        specs = [spec | {"n": n} for n in (args.n // 4, args.n // 2)] + specs
+    if args.faiss:
+        specs += [s | {"impl": "faiss"} for s in specs]
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[:3]
+    print(f"# {os.cpu_count()} CPUs, load average before: {' '.join(load)}", file=sys.stderr)
+    rows = []
+    for s in specs:
+        rows.append(run(s))
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    with open("/proc/loadavg") as f:
+        print(f"# load average after: {' '.join(f.read().split()[:3])}", file=sys.stderr)
+    print(table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
