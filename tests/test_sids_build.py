@@ -55,6 +55,9 @@ def test_build_sids_end_to_end(minilm, tmp_path):
     assert index.token_frequencies("interactions").sum() == 32 * index.n_levels
     loaded = SIDIndex.load(tmp_path / "out")
     assert loaded.sid_texts() == index.sid_texts()
+    ds = cat.items_dataset(loaded)
+    assert ds.num_rows == 32 and ds[0]["sid"] == index.sid_text(ds[0]["item_id"])
+    assert ds[0]["categories"] == ["Topic0"]
     # rebuilding reads the vectors from the cache and gives the same SIDs
     again = build_sids(
         cat, encoder=minilm, levels=2, codes=4, cache_dir=tmp_path / "cache", show_progress=False

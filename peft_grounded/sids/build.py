@@ -167,6 +167,7 @@ def build_sids(
     k_core: int = 0,
     empty_text: str = "error",
     catalogue_format: str = "auto",
+    catalogue_options: Mapping[str, Any] | None = None,
     batch_size: int = 64,
     cache_dir: str | Path | None = None,
     use_cache: bool = True,
@@ -179,7 +180,8 @@ def build_sids(
     ``catalogue``: a :class:`Catalogue`, a path, or ``"movielens-100k"``. ``encoder``: a
     :class:`TextEncoder` or a spec for :func:`~peft_grounded.sids.encoders.load_encoder` (default: the
     packaged all-MiniLM-L6-v2). ``vectors`` (one row per catalogue item, with ``encoder_fingerprint``)
-    skips encoding. ``codes`` is per level (an int for all ``levels``, or a list). ``empty_text``:
+    skips encoding. ``catalogue_format`` / ``catalogue_options`` go to
+    :func:`~peft_grounded.sids.loaders.load_catalogue` when ``catalogue`` is a path. ``codes`` is per level (an int for all ``levels``, or a list). ``empty_text``:
     ``"error"`` or ``"drop"`` for items whose rendered text is empty. See ``docs/sids.md``.
     """
     if dedup not in DEDUP_MODES:
@@ -193,10 +195,13 @@ def build_sids(
         sample_size=sample_size,
         device=device,
     )
+    source = None
     if not isinstance(catalogue, Catalogue):
         from .loaders import load_catalogue
 
-        catalogue = load_catalogue(catalogue, format=catalogue_format)
+        source = str(catalogue)
+        catalogue = load_catalogue(catalogue, format=catalogue_format, **(catalogue_options or {}))
+    logger.info("catalogue %s: %s", catalogue.name, catalogue.report.summary())
     if k_core > 1:
         catalogue = catalogue.k_core(k_core)
     template = text_template if isinstance(text_template, TextTemplate) else None
@@ -260,6 +265,7 @@ def build_sids(
         token_template=token_template,
         build_config={
             "catalogue": catalogue.name,
+            "catalogue_source": source,
             "catalogue_report": catalogue.report.summary(),
             "k_core": k_core,
             "n_users": len(catalogue.sequences),

@@ -124,6 +124,25 @@ class Catalogue:
             labels[item_id] = cats[min(depth, len(cats) - 1)] if cats else missing
         return labels
 
+    def items_dataset(self, index: Any = None) -> Any:
+        """A ``datasets.Dataset`` of the items (``item_id``, ``title``, ``description``, ``brand``,
+        ``categories`` as a list), plus ``sid`` (the SID string) when a :class:`SIDIndex` is given; items
+        missing from the index get ``""``."""
+        from datasets import Dataset
+
+        rows: dict[str, list] = {"item_id": [], "title": [], "description": [], "brand": [], "categories": []}
+        if index is not None:
+            rows["sid"] = []
+        for item in self.items.values():
+            rows["item_id"].append(item.item_id)
+            rows["title"].append(item.title)
+            rows["description"].append(item.description)
+            rows["brand"].append(item.brand)
+            rows["categories"].append(list(item.categories))
+            if index is not None:
+                rows["sid"].append(index.sid_text(item.item_id) if item.item_id in index else "")
+        return Dataset.from_dict(rows)
+
     def k_core(self, k: int) -> Catalogue:
         """Iteratively drop users and items with fewer than ``k`` interactions (items drop from ``items`` too)."""
         if k <= 1:

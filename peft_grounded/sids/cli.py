@@ -84,7 +84,6 @@ def run(args: argparse.Namespace) -> int:
 
     from .build import build_sids
     from .catalogue import CatalogueError
-    from .loaders import load_catalogue
     from .rqkmeans import QuantizationError
     from .text import TextTemplate
 
@@ -99,15 +98,15 @@ def run(args: argparse.Namespace) -> int:
     if args.interaction_columns:
         kwargs["interaction_columns"] = args.interaction_columns
     try:
-        catalogue = load_catalogue(args.catalogue, format=args.format, **kwargs)
-        print(f"catalogue {catalogue.name}: {catalogue.report.summary()}", file=sys.stderr)
         template = TextTemplate(
             fields=tuple(f.strip() for f in args.text_fields.split(",") if f.strip()),
             labelled=not args.unlabelled,
         )
         index = build_sids(
-            catalogue,
+            args.catalogue,
             args.output,
+            catalogue_format=args.format,
+            catalogue_options=kwargs,
             encoder=args.encoder,
             text_template=template,
             levels=args.levels,
