@@ -44,7 +44,18 @@ def write_json_atomic(path: str | Path, value: Any) -> None:
         raise
 
 
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_flatten(item, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: value}
+
+
 def _differences(old: dict, new: dict) -> list[str]:
+    """``key: old -> new`` for every (nested) field that differs, comparing values as stored in JSON."""
+    old, new = _flatten(old), _flatten(json.loads(json.dumps(new, default=str)))
     keys = sorted(set(old) | set(new))
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 

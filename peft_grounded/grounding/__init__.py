@@ -1,7 +1,7 @@
 """The grounding stage (GTI): paired text <-> SID data and a TRL trainer that moves only the new rows."""
 
 from .data import DEFAULT_TEMPLATES, GroundingData, GroundingTemplate, grounding_dataset, grounding_examples
-from .trainer import GroundingConfig, GroundingTrainer, save_adapter_atomic
+from .trainer import GroundingConfig, GroundingTrainer
 
 __all__ = [
     "DEFAULT_TEMPLATES",
@@ -11,5 +11,4 @@ __all__ = [
     "GroundingTrainer",
     "grounding_dataset",
     "grounding_examples",
-    "save_adapter_atomic",
 ]

@@ -1,0 +1,337 @@
+"""One runner for every initialisation strategy, so that they differ only in how the new rows start.
+
+A strategy = an initialisation (+ optionally the grounding stage). The runner, for each strategy:
+
+1. adds the SID tokens to a fresh copy of the base model and wraps it with ``GroundedTokenConfig``;
+2. saves the initial rows (``init/adapter``), for the diagnostics;
+3. grounds the rows (``grounding/``) when the strategy asks for it;
+4. stacks a LoRA (``add_lora``) and trains next-item SFT (``sft/``), logging validation Recall on the way;
+5. decodes the validation and test users with the constrained beam search and writes ``metrics.json``.
+
+Every stage resumes: a finished stage is loaded from its ``adapter/``, an interrupted one continues from
+its last checkpoint, and a stage whose settings changed is refused (see :mod:`peft_grounded.runs`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import runs
+from ..training import ADAPTER_DIR, save_adapter_atomic
+from .data import PromptFormat, inference_prompts, training_dataset
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """How the new rows start: an initialisation, optionally followed by grounding."""
+
+    name: str
+    init: str
+    ground: bool = False
+    description: str = ""
+
+
+STRATEGIES: dict[str, Strategy] = {
+    s.name: s
+    for s in (
+        Strategy(
+            "mean", "mean", description="every new row = the vocabulary mean (the GTI paper's baseline)"
+        ),
+        Strategy(
+            "gaussian",
+            "gaussian",
+            description="draws from N(mean, cov) of the vocabulary (the centroid paper's baseline)",
+        ),
+        Strategy("random", "random", description="the model's initialiser, N(0, initializer_range)"),
+        Strategy("centroid", "centroid", description="SID-region centroids, projected and mean-shifted"),
+        Strategy("gti", "mean", ground=True, description="mean init, then grounding (GTI)"),
+        Strategy(
+            "centroid_gti",
+            "centroid",
+            ground=True,
+            description="centroid init, then grounding (neither paper ran it)",
+        ),
+    )
+}
+
+
+def strategy(name: str) -> Strategy:
+    if name not in STRATEGIES:
+        raise ValueError(f"Unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}.")
+    return STRATEGIES[name]
+
+
+@dataclass
+class Budget:
+    """The training and evaluation budget shared by all strategies of a comparison."""
+
+    grounding_steps: int = 200
+    sft_steps: int = 400
+    batch_size: int = 16
+    gradient_accumulation_steps: int = 1
+    grounding_lr: float = 1e-3
+    sft_lr: float = 5e-4
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_target_modules: Any = "all-linear"
+    max_length: int = 256
+    bf16: bool = False
+    seed: int = 0
+    eval_users: int | None = None  # users decoded for valid/test (None: all)
+    eval_every: int = 0  # validation Recall during SFT every N steps (0: off)
+    curve_users: int = 100
+    ks: tuple[int, ...] = (1, 5, 10, 20)
+    num_beams: int = 20
+    eval_batch_size: int = 16
+    cold_max_count: int = 1
+    centroid_variant: str = "items"
+    logging_steps: int = 10
+    save_steps: int = 100
+    show_progress: bool = True
+
+
+@dataclass
+class Experiment:
+    """The data every strategy of a comparison shares."""
+
+    model_path: str
+    catalogue: Any
+    index: Any
+    split: Any = None
+    fmt: PromptFormat = field(default_factory=PromptFormat)
+
+    def __post_init__(self) -> None:
+        if self.split is None:
+            self.split = self.catalogue.leave_one_out()
+
+    def eval_users(self, n: int | None, seed: int) -> list[str]:
+        users = [u.user_id for u in self.split.users]
+        if n is None or n >= len(users):
+            return users
+        return sorted(random.Random(seed).sample(users, n))
+
+
+def load_base(model_path: str, dtype: torch.dtype = torch.float32):
+    """A fresh tokenizer and base model from a local checkpoint."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+    return tokenizer, model
+
+
+def _load_rows(model, directory: Path) -> None:
+    """Load a finished stage's adapter weights into the live adapter (same structure)."""
+    from peft.utils import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    state = load_file(str(directory / "adapter_model.safetensors"))
+    result = set_peft_model_state_dict(model, state)
+    unexpected = getattr(result, "unexpected_keys", [])
+    if unexpected:
+        raise ValueError(f"{directory} does not fit this adapter (unexpected keys {unexpected[:3]}).")
+
+
+def _stage_done(directory: Path) -> bool:
+    return (directory / ADAPTER_DIR / "adapter_model.safetensors").is_file() and (
+        directory / runs.MANIFEST
+    ).is_file()
+
+
+def _resume_point(directory: Path, resume: bool) -> bool | None:
+    return True if resume and runs.checkpoints(directory) else None
+
+
+def run_strategy(
+    name: str, experiment: Experiment, budget: Budget, output_dir: str | Path, resume: bool = False
+) -> dict:
+    """Run one strategy end to end; returns (and writes to ``metrics.json``) its results."""
+    from peft import get_peft_model
+
+    from ..adapter import GroundedTokenConfig, add_lora, add_tokens
+    from ..grounding import GroundingConfig, GroundingTrainer, grounding_dataset
+    from .trainer import RecommendationConfig, RecommendationTrainer, ValidationRecall
+
+    spec = strategy(name)
+    out = Path(output_dir)
+    manifest = {
+        "strategy": asdict(spec),
+        "budget": asdict(budget),
+        "model": experiment.model_path,
+        "index": runs.fingerprint(experiment.index.sid_texts()),
+        "format": asdict(experiment.fmt),
+    }
+    _claim(out, manifest, resume)
+    started = time.perf_counter()
+    torch.manual_seed(budget.seed)
+    tokenizer, base = load_base(experiment.model_path)
+    new = add_tokens(tokenizer, base, experiment.index.token_strings)
+    vectors = None
+    if spec.init == "centroid":
+        tokens, vectors = experiment.index.adapter_init(budget.centroid_variant)
+        if tokens != new.tokens:
+            raise ValueError("The SID index's token order differs from the tokens added to the model.")
+    config = GroundedTokenConfig(
+        token_indices=new, init=spec.init, init_vectors=vectors, init_seed=budget.seed, task_type="CAUSAL_LM"
+    )
+    model = get_peft_model(base, config)
+    save_adapter_atomic(model, out / "init" / ADAPTER_DIR)
+    common = dict(
+        per_device_train_batch_size=budget.batch_size,
+        logging_steps=budget.logging_steps,
+        gradient_accumulation_steps=budget.gradient_accumulation_steps,
+        max_length=budget.max_length,
+        bf16=budget.bf16,
+        seed=budget.seed,
+        save_steps=budget.save_steps,
+        use_cpu=not torch.cuda.is_available(),
+        disable_tqdm=not budget.show_progress,
+        dataloader_num_workers=0,
+    )
+    timings = {}
+    if spec.ground:
+        stage = out / "grounding"
+        t = time.perf_counter()
+        if resume and _stage_done(stage):
+            _load_rows(model, stage / ADAPTER_DIR)
+        else:
+            args = GroundingConfig(
+                output_dir=str(stage),
+                max_steps=budget.grounding_steps,
+                learning_rate=budget.grounding_lr,
+                **common,
+            )
+            data = grounding_dataset(experiment.catalogue, experiment.index, tokenizer)
+            GroundingTrainer(model, args, train_dataset=data, processing_class=tokenizer).train(
+                resume_from_checkpoint=_resume_point(stage, resume)
+            )
+        timings["grounding_s"] = time.perf_counter() - t
+    add_lora(
+        model,
+        r=budget.lora_r,
+        lora_alpha=budget.lora_alpha,
+        lora_dropout=budget.lora_dropout,
+        target_modules=budget.lora_target_modules,
+    )
+    catalogue_ids = _sid_token_ids(tokenizer, experiment.index)
+    curve_users = experiment.eval_users(budget.curve_users, budget.seed + 1)
+
+    def validation(live_model) -> dict:
+        return _evaluate(
+            model, tokenizer, experiment, catalogue_ids, budget, curve_users, ("valid",), ks=(5, 10)
+        )["valid"]["all"]
+
+    stage = out / "sft"
+    t = time.perf_counter()
+    curve = []
+    if resume and _stage_done(stage):
+        _load_rows(model, stage / ADAPTER_DIR)
+        curve = (
+            json.loads((stage / "validation_curve.json").read_text())
+            if (stage / "validation_curve.json").is_file()
+            else []
+        )
+    else:
+        args = RecommendationConfig(
+            output_dir=str(stage), max_steps=budget.sft_steps, learning_rate=budget.sft_lr, **common
+        )
+        data = training_dataset(
+            experiment.split, experiment.index, experiment.catalogue, tokenizer, experiment.fmt
+        )
+        callback = ValidationRecall(validation, budget.eval_every)
+        RecommendationTrainer(
+            model, args, train_dataset=data, processing_class=tokenizer, callbacks=[callback]
+        ).train(resume_from_checkpoint=_resume_point(stage, resume))
+        curve = callback.curve
+        runs.write_json_atomic(stage / "validation_curve.json", curve)
+    timings["sft_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    users = experiment.eval_users(budget.eval_users, budget.seed)
+    results = _evaluate(
+        model, tokenizer, experiment, catalogue_ids, budget, users, ("valid", "test"), budget.ks
+    )
+    timings["eval_s"] = time.perf_counter() - t
+    timings["total_s"] = time.perf_counter() - started
+    record = {
+        "strategy": name,
+        "description": spec.description,
+        "metrics": results,
+        "validation_curve": curve,
+        "eval_users": len(users),
+        "timings": timings,
+        "stages": _stage_dirs(out, spec),
+    }
+    runs.write_json_atomic(out / "metrics.json", record)
+    return record
+
+
+def _claim(out: Path, manifest: dict, resume: bool) -> None:
+    """Record the run in ``out``; refuse a directory holding something else, or another run's results."""
+    if (out / runs.MANIFEST).is_file():
+        if not resume:
+            raise runs.RunMismatchError(
+                f"{out} already holds a run; pass resume=True to continue it, or choose another directory "
+                "(nothing was changed)."
+            )
+        runs.check_and_write(out, manifest, out)
+        return
+    if out.exists() and any(out.iterdir()):
+        raise runs.RunMismatchError(
+            f"{out} is not empty and holds no run of this runner; choose another directory."
+        )
+    runs.check_and_write(out, manifest, None)
+
+
+def _stage_dirs(out: Path, spec: Strategy) -> dict[str, str]:
+    stages = {"init": str(out / "init" / ADAPTER_DIR)}
+    if spec.ground:
+        stages["grounding"] = str(out / "grounding" / ADAPTER_DIR)
+    stages["sft"] = str(out / "sft" / ADAPTER_DIR)
+    return stages
+
+
+def _sid_token_ids(tokenizer, index) -> dict[str, list[int]]:
+    from ..decoding import sid_token_ids
+
+    return sid_token_ids(tokenizer, {item: index.sid_text(item) for item in index.item_ids})
+
+
+def _evaluate(
+    model, tokenizer, experiment: Experiment, catalogue_ids, budget: Budget, users, parts, ks
+) -> dict:
+    from ..evaluation import evaluate_recommender
+
+    keep = set(users)
+    splits = {}
+    for part in parts:
+        examples = getattr(experiment.split, f"{part}_examples")(experiment.fmt.max_history)
+        _, prompts, targets = inference_prompts(
+            (e for e in examples if e[0] in keep),
+            experiment.index,
+            tokenizer,
+            experiment.catalogue,
+            experiment.fmt,
+        )
+        splits[part] = (prompts, targets)
+    cold = experiment.split.cold_items(budget.cold_max_count)
+    return evaluate_recommender(
+        model,
+        tokenizer,
+        splits,
+        catalogue_ids,
+        cold_items=cold,
+        ks=ks,
+        num_beams=max(budget.num_beams, max(ks)),
+        batch_size=budget.eval_batch_size,
+    )

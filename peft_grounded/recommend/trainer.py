@@ -1,0 +1,60 @@
+"""Recommendation SFT: the LoRA-stacked grounded adapter learns next-item SIDs, through TRL's ``SFTTrainer``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from peft import PeftModel
+from transformers import TrainerCallback
+from trl import SFTConfig
+
+from ..adapter import GroundedTokenConfig
+from ..training import RunTrainer
+
+
+@dataclass
+class RecommendationConfig(SFTConfig):
+    """``SFTConfig`` with the recommendation stage's defaults (LoRA + new rows, loss on the SID only)."""
+
+    learning_rate: float = field(
+        default=5e-4, metadata={"help": "Learning rate of the LoRA and the new rows."}
+    )
+    lr_scheduler_type: str = field(default="cosine", metadata={"help": "Learning-rate schedule."})
+    warmup_ratio: float = field(default=0.03, metadata={"help": "Share of the steps spent warming up."})
+    completion_only_loss: bool | None = field(default=True, metadata={"help": "Loss on the target SID only."})
+    save_total_limit: int | None = field(default=2, metadata={"help": "Checkpoints kept on disk."})
+    report_to: Any = field(default="none", metadata={"help": "Logging integrations (none by default)."})
+
+
+class RecommendationTrainer(RunTrainer):
+    """``SFTTrainer`` for next-item SFT on a grounded adapter (usually with a LoRA from ``add_lora``)."""
+
+    stage = "recommendation"
+
+    def __init__(self, model, args: RecommendationConfig | None = None, **kwargs) -> None:
+        if not isinstance(model, PeftModel) or not isinstance(
+            model.peft_config.get(model.active_adapter), GroundedTokenConfig
+        ):
+            raise ValueError(
+                "RecommendationTrainer trains a grounded-token adapter: wrap the model with GroundedTokenConfig "
+                "(and stack a LoRA with peft_grounded.add_lora) first."
+            )
+        super().__init__(model, args or RecommendationConfig(output_dir="recommendation"), **kwargs)
+
+
+class ValidationRecall(TrainerCallback):
+    """Every ``every`` steps, decode the validation prompts and log Recall@K / NDCG@K (``eval_recall@5``...)."""
+
+    def __init__(self, evaluate, every: int) -> None:
+        self.evaluate, self.every = evaluate, every
+        self.curve: list[dict] = []
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if self.every and state.global_step % self.every == 0 and state.is_world_process_zero:
+            metrics = self.evaluate(model)
+            self.curve.append({"step": state.global_step, **metrics})
+            state.log_history.append(
+                {"step": state.global_step, **{f"eval_{k}": v for k, v in metrics.items()}}
+            )
+        return control

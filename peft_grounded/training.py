@@ -1,0 +1,115 @@
+"""The part every stage's trainer shares: an ``SFTTrainer`` that knows its run.
+
+:class:`RunTrainer` records a run manifest (see :mod:`peft_grounded.runs`), copies it into every checkpoint,
+refuses to resume from or write next to another run's checkpoints, keeps the loss log as JSON and writes
+the final adapter atomically to ``<output_dir>/adapter``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from peft import PeftModel
+from transformers import TrainerCallback
+from transformers.trainer_utils import get_last_checkpoint
+from trl import SFTTrainer
+
+from . import runs
+
+ADAPTER_DIR = "adapter"
+LOG_FILE = "log_history.json"
+
+
+def dataset_fingerprint(dataset) -> str:
+    """A content hash of a (raw, in-memory) dataset; ``datasets``' own fingerprint of one is random."""
+    if dataset is None:
+        return "none"
+    if len(dataset) <= 200_000:
+        return runs.fingerprint(dataset.to_list())
+    return str(getattr(dataset, "_fingerprint", len(dataset)))
+
+
+def save_adapter_atomic(model: PeftModel, directory: str | Path) -> Path:
+    """``model.save_pretrained(directory)`` through a temporary sibling directory, swapped in at the end."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        model.save_pretrained(tmp)
+        old = directory.with_name(f".{directory.name}.old")
+        if directory.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            directory.rename(old)
+        tmp.rename(directory)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return directory
+
+
+class _CopyManifest(TrainerCallback):
+    """Store the run manifest in every checkpoint so a resume can be checked against it."""
+
+    def __init__(self, manifest: dict) -> None:
+        self.manifest = manifest
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if checkpoint.is_dir():
+                runs.write_json_atomic(checkpoint / runs.MANIFEST, self.manifest)
+        return control
+
+
+class RunTrainer(SFTTrainer):
+    """``SFTTrainer`` with a run manifest, checked resumes, a JSON loss log and an atomic final adapter."""
+
+    stage = "sft"
+
+    def __init__(self, model, args=None, **kwargs) -> None:
+        data = dataset_fingerprint(kwargs.get("train_dataset"))
+        super().__init__(model=model, args=args, **kwargs)
+        self.manifest = self.build_manifest(data)
+        self.add_callback(_CopyManifest(self.manifest))
+
+    def build_manifest(self, data_fingerprint: str) -> dict:
+        a = self.args
+        config = (
+            self.model.peft_config[self.model.active_adapter].to_dict()
+            if hasattr(self.model, "peft_config")
+            else {}
+        )
+        return {
+            "stage": self.stage,
+            "base_model": config.get("base_model_name_or_path"),
+            "adapter": runs.fingerprint(
+                {k: v for k, v in config.items() if k not in ("inference_mode", "peft_version")}
+            ),
+            "dataset": data_fingerprint,
+            "learning_rate": a.learning_rate,
+            "lr_scheduler_type": str(getattr(a.lr_scheduler_type, "value", a.lr_scheduler_type)),
+            "max_steps": a.max_steps,
+            "num_train_epochs": a.num_train_epochs,
+            "per_device_train_batch_size": a.per_device_train_batch_size,
+            "gradient_accumulation_steps": a.gradient_accumulation_steps,
+            "world_size": a.world_size,
+            "seed": a.seed,
+            "max_length": a.max_length,
+        }
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
+        output_dir = Path(self.args.output_dir)
+        if resume_from_checkpoint is True:
+            last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+            if last is None:
+                raise FileNotFoundError(f"resume_from_checkpoint=True but {output_dir} holds no checkpoint.")
+            resume_from_checkpoint = last
+        if self.is_world_process_zero():
+            runs.check_and_write(output_dir, self.manifest, resume_from_checkpoint)
+        result = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        if self.is_world_process_zero():
+            runs.write_json_atomic(output_dir / LOG_FILE, self.state.log_history)
+            save_adapter_atomic(self.model, output_dir / ADAPTER_DIR)
+        return result

@@ -1,0 +1,109 @@
+"""Next-item data, inference prompts that continue into the SID, and the strategy runner end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from toy_catalogue import toy_catalogue, toy_index
+
+from peft_grounded.recommend import (
+    Budget,
+    Experiment,
+    HistoryError,
+    PromptFormat,
+    inference_prompts,
+    recommendation_examples,
+    run_strategy,
+    training_dataset,
+)
+from peft_grounded.runs import RunMismatchError
+
+
+@pytest.fixture(scope="module")
+def toy():
+    catalogue = toy_catalogue()
+    return catalogue, toy_index(catalogue)
+
+
+def test_sliding_windows_with_a_maximum_history(toy, tokenizer):
+    catalogue, index = toy
+    split = catalogue.leave_one_out()
+    fmt = PromptFormat(max_history=2, with_titles=True)
+    dataset = training_dataset(split, index, catalogue, tokenizer, fmt)
+    expected = sum(len(u.history) - 1 for u in split.users)
+    assert len(dataset) == expected
+    row = dataset[0]
+    user = split.users[0]
+    assert row["completion"] == [{"role": "assistant", "content": index.sid_text(user.history[1])}]
+    assert index.sid_text(user.history[0]) in row["prompt"][-1]["content"]
+    assert f'"{catalogue.items[user.history[0]].title}"' in row["prompt"][-1]["content"]
+    longest = max(r["prompt"][-1]["content"].count("<a_") for r in dataset)
+    assert longest == 2  # at most max_history items
+
+
+def test_inference_prompt_ends_where_the_sid_starts(toy, tokenizer):
+    catalogue, index = toy
+    tokenizer.add_tokens(index.token_strings)
+    split = catalogue.leave_one_out()
+    example = next(split.test_examples())
+    _, prompts, targets = inference_prompts([example], index, tokenizer, catalogue)
+    row = recommendation_examples([example], index, catalogue)[0]
+    full = tokenizer.apply_chat_template(row["prompt"] + row["completion"], tokenize=False)
+    assert full.startswith(prompts[0] + index.sid_text(targets[0]))
+    plain = inference_prompts([example], index, tokenizer, catalogue, chat=False)[1][0]
+    assert plain.endswith("Answer:")
+
+
+def test_bad_histories(toy):
+    _, index = toy
+    with pytest.raises(HistoryError, match="no SID"):
+        recommendation_examples([("u", ("0", "missing-item"), "1")], index)
+    with pytest.raises(HistoryError, match="empty history"):
+        recommendation_examples([("u", (), "1")], index)
+    with pytest.raises(HistoryError, match="Target item"):
+        recommendation_examples([("u", ("0",), "nope")], index)
+
+
+@pytest.fixture
+def model_dir(tmp_path, tiny_model_factory, tokenizer):
+    path = tmp_path / "base"
+    tiny_model_factory("llama", True).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def test_runner_trains_evaluates_and_resumes(toy, model_dir, tmp_path):
+    catalogue, index = toy
+    experiment = Experiment(model_dir, catalogue, index)
+    budget = Budget(
+        grounding_steps=2,
+        sft_steps=2,
+        batch_size=4,
+        eval_users=6,
+        num_beams=10,
+        ks=(1, 5, 10),
+        lora_r=2,
+        save_steps=1,
+        logging_steps=1,
+        eval_every=1,
+        curve_users=3,
+        show_progress=False,
+    )
+    out = tmp_path / "centroid_gti"
+    record = run_strategy("centroid_gti", experiment, budget, out)
+    assert set(record["metrics"]) == {"valid", "test"}
+    test = record["metrics"]["test"]
+    assert test["all"]["users"] == 6 and "recall@10" in test["all"] and "cold" in test
+    assert test["decoding"]["invalid"] == 0 and test["decoding"]["invalid_rate"] == 0
+    assert [p["step"] for p in record["validation_curve"]] == [1, 2]
+    for stage in ("init", "grounding", "sft"):
+        assert (out / stage / "adapter" / "adapter_model.safetensors").is_file()
+    assert json.loads((out / "metrics.json").read_text())["metrics"] == record["metrics"]
+    with pytest.raises(RunMismatchError, match="resume=True"):
+        run_strategy("centroid_gti", experiment, budget, out)
+    again = run_strategy("centroid_gti", experiment, budget, out, resume=True)  # finished stages are loaded
+    assert again["metrics"]["test"]["all"] == record["metrics"]["test"]["all"]
+    changed = Budget(**{**budget.__dict__, "sft_steps": 3})
+    with pytest.raises(RunMismatchError, match="sft_steps"):
+        run_strategy("centroid_gti", experiment, changed, out, resume=True)
