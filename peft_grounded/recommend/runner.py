@@ -96,6 +96,8 @@ class Budget:
     eval_batch_size: int = 16
     cold_max_count: int = 1
     centroid_variant: str = "items"
+    max_train_examples: int | None = None  # sample of the SFT examples (None: all sliding windows)
+    max_grounding_examples: int | None = None  # sample of the grounding pairs (None: all)
     logging_steps: int = 10
     save_steps: int = 100
     show_progress: bool = True
@@ -212,7 +214,11 @@ def run_strategy(
                 learning_rate=budget.grounding_lr,
                 **common,
             )
-            data = grounding_dataset(experiment.catalogue, experiment.index, tokenizer)
+            data = sample_rows(
+                grounding_dataset(experiment.catalogue, experiment.index, tokenizer),
+                budget.max_grounding_examples,
+                budget.seed,
+            )
             GroundingTrainer(model, args, train_dataset=data, processing_class=tokenizer).train(
                 resume_from_checkpoint=_resume_point(stage, resume)
             )
@@ -224,11 +230,11 @@ def run_strategy(
         lora_dropout=budget.lora_dropout,
         target_modules=budget.lora_target_modules,
     )
-    catalogue_ids = _sid_token_ids(tokenizer, experiment.index)
+    catalogue_ids = item_token_ids(tokenizer, experiment.index)
     curve_users = experiment.eval_users(budget.curve_users, budget.seed + 1)
 
     def validation(live_model) -> dict:
-        return _evaluate(
+        return evaluate_users(
             model, tokenizer, experiment, catalogue_ids, budget, curve_users, ("valid",), ks=(5, 10)
         )["valid"]["all"]
 
@@ -249,6 +255,7 @@ def run_strategy(
         data = training_dataset(
             experiment.split, experiment.index, experiment.catalogue, tokenizer, experiment.fmt
         )
+        data = sample_rows(data, budget.max_train_examples, budget.seed)
         callback = ValidationRecall(validation, budget.eval_every)
         RecommendationTrainer(
             model, args, train_dataset=data, processing_class=tokenizer, callbacks=[callback]
@@ -258,7 +265,7 @@ def run_strategy(
     timings["sft_s"] = time.perf_counter() - t
     t = time.perf_counter()
     users = experiment.eval_users(budget.eval_users, budget.seed)
-    results = _evaluate(
+    results = evaluate_users(
         model, tokenizer, experiment, catalogue_ids, budget, users, ("valid", "test"), budget.ks
     )
     timings["eval_s"] = time.perf_counter() - t
@@ -274,6 +281,13 @@ def run_strategy(
     }
     runs.write_json_atomic(out / "metrics.json", record)
     return record
+
+
+def sample_rows(dataset, n: int | None, seed: int):
+    """A seeded sample of ``n`` rows (all rows when ``n`` is None or larger than the dataset)."""
+    if n is None or n >= len(dataset):
+        return dataset
+    return dataset.shuffle(seed=seed).select(range(n))
 
 
 def _claim(out: Path, manifest: dict, resume: bool) -> None:
@@ -301,13 +315,13 @@ def _stage_dirs(out: Path, spec: Strategy) -> dict[str, str]:
     return stages
 
 
-def _sid_token_ids(tokenizer, index) -> dict[str, list[int]]:
+def item_token_ids(tokenizer, index) -> dict[str, list[int]]:
     from ..decoding import sid_token_ids
 
     return sid_token_ids(tokenizer, {item: index.sid_text(item) for item in index.item_ids})
 
 
-def _evaluate(
+def evaluate_users(
     model, tokenizer, experiment: Experiment, catalogue_ids, budget: Budget, users, parts, ks
 ) -> dict:
     from ..evaluation import evaluate_recommender

