@@ -39,13 +39,20 @@ def _vectors(spec: dict):
     if spec["data"] == "random":
         rng = np.random.default_rng(0)
         return rng.standard_normal((spec["n"], spec["dim"]), dtype=np.float32)
+    return np.load(spec["vectors_file"])
+
+
+def encode_office(office_dir: str, out: str) -> None:
+    """MiniLM vectors of the Office catalogue (default template), through the embedding cache, to ``out``."""
+    import numpy as np
+
     from peft_grounded.sids import load_catalogue
     from peft_grounded.sids.encoders import SentenceTransformerEncoder, encode_texts
     from peft_grounded.sids.text import TextTemplate
 
-    catalogue = load_catalogue(spec["office"])
+    catalogue = load_catalogue(office_dir)
     texts = TextTemplate().render_all(list(catalogue.items.values()))
-    return encode_texts(texts, SentenceTransformerEncoder(), show_progress=False)
+    np.save(out, encode_texts(texts, SentenceTransformerEncoder(), show_progress=False))
 
 
 def _faiss_rq(x, codes_per_level, seed: int, niter: int):
@@ -140,6 +147,7 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--encode-office", nargs=2, help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, default=100_000)
     p.add_argument("--dim", type=int, default=384)
     p.add_argument("--levels", type=int, default=3)
@@ -160,6 +168,9 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
+    if args.encode_office:
+        encode_office(*args.encode_office)
+        return
     spec = {
         "data": "office" if args.office else "random",
         "office": args.office_dir,
@@ -174,6 +185,13 @@ def main() -> None:
         "impl": "torch",
         "faiss_niter": args.faiss_niter,
     }
+    if args.office:  # encode in its own process, so the workers' peak memory is the quantiser's alone
+        import tempfile
+
+        spec["vectors_file"] = str(Path(tempfile.mkdtemp()) / "office.npy")
+        subprocess.run(
+            [sys.executable, __file__, "--encode-office", args.office_dir, spec["vectors_file"]], check=True
+        )
     specs = [spec]
     if args.scaling and not args.office:
         specs = [spec | {"n": n} for n in (args.n // 4, args.n // 2)] + specs

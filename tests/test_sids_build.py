@@ -93,6 +93,10 @@ def test_precomputed_vectors():
         Catalogue("c", items), vectors=x, levels=2, codes=4, encoder_fingerprint={"model": "mine"}
     )
     assert index.encoder == {"model": "mine"} and index.dim == 16
+    listed = build_sids(Catalogue("c", items), vectors=x, codes=[4, 2])
+    assert listed.codes_per_level[:2] == (4, 2)
+    with pytest.raises(ValueError, match=r"levels=3 but codes lists 2 levels"):
+        build_sids(Catalogue("c", items), vectors=x, levels=3, codes=[4, 2])
     with pytest.raises(ValueError, match="vectors for"):
         build_sids(Catalogue("c", items), vectors=x[:3], levels=1, codes=2)
 

@@ -140,12 +140,16 @@ def index_from_vectors(
     )
 
 
-def _codes_per_level(levels: int, codes: int | Sequence[int]) -> tuple[int, ...]:
+def _codes_per_level(levels: int | None, codes: int | Sequence[int]) -> tuple[int, ...]:
     if isinstance(codes, int):
+        levels = 3 if levels is None else levels
         if levels < 1:
             raise ValueError(f"levels must be >= 1, got {levels}")
         return (codes,) * levels
-    return tuple(int(c) for c in codes)
+    per_level = tuple(int(c) for c in codes)
+    if levels is not None and levels != len(per_level):
+        raise ValueError(f"levels={levels} but codes lists {len(per_level)} levels ({list(per_level)})")
+    return per_level
 
 
 def build_sids(
@@ -156,7 +160,7 @@ def build_sids(
     text_template: TextTemplate | str | Sequence[str] | None = None,
     vectors: np.ndarray | None = None,
     encoder_fingerprint: Mapping[str, Any] | None = None,
-    levels: int = 3,
+    levels: int | None = None,
     codes: int | Sequence[int] = 256,
     dedup: str = "level",
     balanced: str = "none",
@@ -180,7 +184,7 @@ def build_sids(
     ``catalogue``: a :class:`Catalogue`, a path, or ``"movielens-100k"``. ``encoder``: a
     :class:`TextEncoder` or a spec for :func:`~peft_grounded.sids.encoders.load_encoder` (default: the
     packaged all-MiniLM-L6-v2). ``vectors`` (one row per catalogue item, with ``encoder_fingerprint``)
-    skips encoding. ``catalogue_format`` / ``catalogue_options`` go to
+    skips encoding. ``levels`` defaults to 3, or to the length of ``codes`` when it is a list. ``catalogue_format`` / ``catalogue_options`` go to
     :func:`~peft_grounded.sids.loaders.load_catalogue` when ``catalogue`` is a path. ``codes`` is per level (an int for all ``levels``, or a list). ``empty_text``:
     ``"error"`` or ``"drop"`` for items whose rendered text is empty. See ``docs/sids.md``.
     """

@@ -63,7 +63,9 @@ def add_cli(subparsers: Any) -> None:
     g.add_argument("--no-cache", action="store_true")
     g.add_argument("--device", default="cpu")
     g = p.add_argument_group("quantisation")
-    g.add_argument("--levels", type=int, default=3)
+    g.add_argument(
+        "--levels", type=int, help="number of k-means levels (default 3, or the length of --codes)"
+    )
     g.add_argument(
         "--codes", type=_codes, default=256, help="codes per level: one number or a list (256,256,256)"
     )
@@ -125,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             show_progress=not args.no_progress,
         )
-    except (CatalogueError, QuantizationError, FileNotFoundError) as err:
+    except (CatalogueError, QuantizationError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(index.summary())

@@ -63,7 +63,7 @@ def _package_version() -> str:
         return "unknown"
 
 
-@dataclass
+@dataclass(eq=False)
 class SIDIndex:
     """Item -> SID codes with codebooks, per-token centroids, quality figures and provenance."""
 

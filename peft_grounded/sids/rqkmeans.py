@@ -47,6 +47,7 @@ class RQKMeansConfig:
     tol: float = 1e-4
     seed: int = 0
     init_sample_per_code: int = 64
+    dead_fraction: float = 0.05
     sample_size: int | None = None
     chunk_size: int = 16384
     device: str = "cpu"
@@ -267,10 +268,10 @@ def kmeans_plusplus(
 def _split_largest(
     centroids: torch.Tensor, counts: torch.Tensor, empty: torch.Tensor, generator: torch.Generator
 ) -> torch.Tensor:
-    """Give each empty cluster half of the currently largest one (faiss' rule): both centroids move a tiny
-    random step apart, so the next assignment splits that cluster's points between them. (Re-seeding
-    from the farthest points instead makes singleton clusters, whose zero residuals then distort the
-    next level.)"""
+    """Give each empty (or dead) cluster half of the currently largest one (faiss' rule for empty
+    clusters): both centroids move a tiny random step apart, so the next assignment splits that cluster's
+    points between them. (Re-seeding from the farthest points instead makes singleton clusters, whose
+    zero residuals then distort the next level.)"""
     centroids, counts = centroids.clone(), counts.clone()
     scale = centroids.norm(dim=1).mean().clamp_min(1e-12) * 1e-3
     for e in empty.tolist():
@@ -291,9 +292,14 @@ def _lloyd(
     tol: float,
     chunk_size: int,
     generator: torch.Generator,
+    dead_fraction: float = 0.0,
 ) -> KMeansResult:
-    """Alternate ``step`` (assignment) and centroid updates until the labels settle or ``tol`` is met."""
+    """Alternate ``step`` (assignment) and centroid updates until the labels settle or ``tol`` is met.
+
+    Clusters with fewer than ``max(1, dead_fraction * n / k)`` points are dead codes: they restart by
+    splitting the largest cluster (see :func:`_split_largest`)."""
     k = centroids.shape[0]
+    dead_below = max(1.0, dead_fraction * x.shape[0] / k)
     labels, dist = step(centroids)
     inertia, converged, n_iter = float(dist.sum()), False, 0
     while n_iter < max_iter:
@@ -301,7 +307,7 @@ def _lloyd(
         sums = cluster_sums(x, labels, k, chunk_size)
         counts = torch.bincount(labels, minlength=k)
         centroids = torch.where(counts[:, None] > 0, sums / counts.clamp_min(1)[:, None], centroids)
-        empty = (counts == 0).nonzero().flatten()
+        empty = (counts < dead_below).nonzero().flatten()
         if empty.numel():
             centroids = _split_largest(centroids, counts, empty, generator)
         new_labels, dist = step(centroids)
@@ -327,9 +333,15 @@ def kmeans(
     generator: torch.Generator | None = None,
     init_sample_per_code: int = 64,
     chunk_size: int = 16384,
+    dead_fraction: float = 0.05,
 ) -> KMeansResult:
     """Lloyd's k-means with k-means++ seeding; stops when the labels settle or the inertia improves by less
     than ``tol`` (relative). The returned labels are the assignment to the returned centroids.
+
+    Dead codes (clusters under ``dead_fraction`` of the mean cluster size, and empty ones) restart by
+    splitting the largest cluster, as dead codes of a VQ codebook are restarted. In high dimension a
+    seed with a smaller norm than the others is the nearest seed of almost every point; without restarts
+    Lloyd's iterations settle on one huge cluster and many singletons.
 
     ``balanced``: after the unconstrained run, up to ``balanced_iter`` more iterations with the
     size-constrained assignment (no cluster above ``ceil(n / k)`` points), so the final labels are balanced.
@@ -349,7 +361,16 @@ def kmeans(
         pool = pool[torch.randperm(pool.numel(), generator=gen)[:seed_rows].to(x.device)]
     with _one_thread(x.device):
         centroids = kmeans_plusplus(x[pool], k, gen)
-    result = _lloyd(x, centroids, lambda c: assign(x, c, chunk_size, x_norm), max_iter, tol, chunk_size, gen)
+    result = _lloyd(
+        x,
+        centroids,
+        lambda c: assign(x, c, chunk_size, x_norm),
+        max_iter,
+        tol,
+        chunk_size,
+        gen,
+        dead_fraction,
+    )
     if not balanced:
         return result
     capacity = math.ceil(n / k)
@@ -412,6 +433,7 @@ def fit_rqkmeans(x: np.ndarray | torch.Tensor, config: RQKMeansConfig | None = N
             generator=gen,
             init_sample_per_code=config.init_sample_per_code,
             chunk_size=chunk,
+            dead_fraction=config.dead_fraction,
         )
         if fit_rows is None:
             labels = km.labels
