@@ -21,6 +21,9 @@ def add_cli(subparsers: Any) -> None:
     p.add_argument("--out", required=True, help="directory for metrics.json and metrics.md")
     p.add_argument("--splits", nargs="+", default=["valid", "test"], choices=["valid", "test"])
     p.add_argument("--users", type=int, default=None, help="evaluate a seeded sample of this many users")
+    p.add_argument(
+        "--ks", nargs="+", type=int, default=[1, 5, 10, 20], help="cut-offs K of Recall@K / NDCG@K"
+    )
     p.add_argument("--num-beams", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument(
@@ -46,7 +49,10 @@ def run(args) -> int:
     model = PeftModel.from_pretrained(base, args.adapter)
     experiment = Experiment(model_path(args), catalogue, index, fmt=prompt_format(args))
     budget = Budget(
-        num_beams=args.num_beams, eval_batch_size=args.batch_size, cold_max_count=args.cold_max_count
+        num_beams=args.num_beams,
+        eval_batch_size=args.batch_size,
+        cold_max_count=args.cold_max_count,
+        ks=tuple(args.ks),
     )
     users = experiment.eval_users(args.users, args.seed)
     results = evaluate_users(
