@@ -1,0 +1,204 @@
+"""Step time, peak memory, trainable parameters, optimiser state and file size of the grounded adapter.
+
+Compares, on SmolLM2-135M (local GGUF, cached as safetensors), batch 16 x 64 tokens, 512 new tokens:
+
+  (a) grounded  -- this adapter (GroundedTokenConfig)
+  (b) trainable -- PEFT's TrainableTokensConfig on the same tokens
+  (c) full      -- the whole (tied) embedding matrix trainable
+  (d) floor     -- the same forward + backward with no parameter gradients (grad w.r.t. inputs_embeds only)
+
+Each configuration runs in a fresh process (so peak memory is its own); a step is forward + backward
+(+ AdamW step for a-c). Prints a markdown table; ``--json`` writes the rows too.
+
+    python benchmarks/bench_adapter.py                 # fp32 and bf16 autocast, 7 timed steps
+    python benchmarks/bench_adapter.py --steps 3 --precisions fp32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+METHODS = ("grounded", "trainable", "full", "floor")
+
+
+class PeakRSS:
+    """Samples the process's resident set size in a thread and keeps the maximum."""
+
+    def __init__(self, interval: float = 0.002) -> None:
+        self.interval, self.peak, self._stop = interval, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.rss())
+            time.sleep(self.interval)
+
+    def __enter__(self):
+        self.peak = self.rss()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def run_one(method: str, precision: str, steps: int, warmup: int, new_tokens: int) -> dict:
+    import torch
+    from peft import TrainableTokensConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import peft_grounded
+    from peft_grounded import assets
+
+    torch.manual_seed(0)
+    path = assets.smollm2()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    new = peft_grounded.add_sid_tokens(tokenizer, model, [new_tokens // 2, new_tokens // 2])
+    vocab = model.get_input_embeddings().weight.shape[0]
+    if method == "grounded":
+        model = get_peft_model(model, peft_grounded.GroundedTokenConfig(token_indices=new, init="mean"))
+    elif method == "trainable":
+        model = get_peft_model(model, TrainableTokensConfig(token_indices=list(new)))
+    else:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        if method == "full":
+            model.get_input_embeddings().weight.requires_grad_(True)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-4) if params else None
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 49152, (16, 64), generator=generator)
+    mask = torch.rand(16, 64, generator=generator) < 0.25
+    ids[mask] = torch.as_tensor(new)[torch.randint(0, len(new), (int(mask.sum()),), generator=generator)]
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+
+    def step() -> None:
+        with autocast:
+            if method == "floor":
+                embeds = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+                loss = model(inputs_embeds=embeds, labels=ids).loss
+            else:
+                loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        if optimizer is not None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(warmup):
+        step()
+    times = []
+    with PeakRSS() as memory:
+        baseline = memory.peak
+        for _ in range(steps):
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+    state_bytes = sum(
+        t.numel() * t.element_size()
+        for s in (optimizer.state.values() if optimizer else [])
+        for t in s.values()
+        if torch.is_tensor(t)
+    )
+    file_bytes = None
+    with tempfile.TemporaryDirectory() as out:
+        if method in ("grounded", "trainable"):
+            model.save_pretrained(out)  # save_embedding_layers="auto", as Trainer and push_to_hub
+            file_bytes = os.path.getsize(Path(out) / "adapter_model.safetensors")
+        elif method == "full":
+            file_bytes = vocab * model.config.hidden_size * 4
+    return {
+        "method": method,
+        "precision": precision,
+        "step_s": statistics.median(times),
+        "step_s_all": times,
+        "peak_rss_mib": memory.peak / 2**20,
+        "peak_over_start_mib": (memory.peak - baseline) / 2**20,
+        "trainable_params": sum(p.numel() for p in params),
+        "optimizer_state_mib": state_bytes / 2**20,
+        "file_mib": None if file_bytes is None else file_bytes / 2**20,
+        "ideal_file_mib": new_tokens * model.config.hidden_size * 4 / 2**20,
+    }
+
+
+def table(rows: list[dict]) -> str:
+    floor = {r["precision"]: r["step_s"] for r in rows if r["method"] == "floor"}
+    tt = {r["precision"]: r["step_s"] for r in rows if r["method"] == "trainable"}
+    lines = [
+        "| precision | method | step (s, median) | vs TrainableTokens | vs floor | peak RSS (MiB) | peak over start (MiB) "
+        "| trainable params | optimiser state (MiB) | adapter file (MiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        p = r["precision"]
+        file = "-" if r["file_mib"] is None else f"{r['file_mib']:.3f}"
+        lines.append(
+            f"| {p} | {r['method']} | {r['step_s']:.2f} | {r['step_s'] / tt[p]:.2f}x | {r['step_s'] / floor[p]:.2f}x "
+            f"| {r['peak_rss_mib']:.0f} | {r['peak_over_start_mib']:.0f} | {r['trainable_params']:,} "
+            f"| {r['optimizer_state_mib']:.2f} | {file} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=512)
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--one", nargs=2, metavar=("METHOD", "PRECISION"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(run_one(args.one[0], args.one[1], args.steps, args.warmup, args.new_tokens)))
+        return
+    rows = []
+    for precision in args.precisions:
+        for method in args.methods:
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--one",
+                    method,
+                    precision,
+                    "--steps",
+                    str(args.steps),
+                    "--warmup",
+                    str(args.warmup),
+                    "--new-tokens",
+                    str(args.new_tokens),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(f"{precision} {method}: {rows[-1]['step_s']:.2f} s/step", file=sys.stderr)
+    print(f"load average during the run: {os.getloadavg()}")
+    print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

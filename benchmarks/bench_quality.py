@@ -1,0 +1,189 @@
+"""Recommendation quality of every initialisation strategy under one budget, over several seeds.
+
+    python benchmarks/bench_quality.py --dataset movielens-100k --seeds 0 1 2
+    python benchmarks/bench_quality.py --dataset /work/shared/data/amazon-office --seeds 0 1 2
+
+For each (strategy, seed) the strategy runner trains SmolLM2-135M (init -> grounding for GTI strategies ->
+LoRA SFT) and decodes the validation and test users with the SID-constrained beam search. Runs resume:
+finished ones are read back. The script then prints (and writes to ``results.md`` / ``results.json``):
+
+* Recall/NDCG@5/10/20 on all and cold test targets: mean ± std over seeds;
+* relative changes for the papers' comparisons (centroid vs gaussian, GTI vs mean, ...);
+* validation Recall@5 against SFT steps, and the steps each strategy needs to reach the mean baseline's
+  best validation Recall@5 (the centroid paper's "fewer SFT steps").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+from peft_grounded import assets, runs
+from peft_grounded.recommend import Budget, Experiment, PromptFormat, run_strategy
+from peft_grounded.recommend.runner import STRATEGIES
+from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
+from peft_grounded.sids.index import JSON_NAME
+
+METRICS = ("recall@5", "recall@10", "recall@20", "ndcg@5", "ndcg@10", "ndcg@20")
+CLAIMS = (  # (strategy, baseline, metric, subset, the papers' figure)
+    ("centroid", "gaussian", "recall@5", "all", "+6.5% (centroid paper, average)"),
+    ("centroid", "gaussian", "recall@5", "cold", "+37% (centroid paper, cold items)"),
+    ("gti", "mean", "recall@10", "all", "+22% (GTI paper, Vibrent)"),
+    ("gti", "mean", "recall@20", "all", "+26% (GTI paper, Vibrent)"),
+    ("centroid_gti", "mean", "recall@10", "all", "(neither paper)"),
+)
+
+
+def _stats(values: list[float]) -> tuple[float, float]:
+    values = [v for v in values if v is not None]
+    if not values:
+        return float("nan"), float("nan")
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def steps_to_reach(curve: list[dict], target: float, metric: str = "recall@5") -> int | None:
+    """First SFT step whose validation ``metric`` reaches ``target``."""
+    for point in curve:
+        if point.get(metric) is not None and point[metric] >= target:
+            return point["step"]
+    return None
+
+
+def summarise(records: dict[str, list[dict]]) -> tuple[str, dict]:
+    lines, table = [], {}
+    header = "| strategy | subset | " + " | ".join(METRICS) + " |"
+    lines += [header, "|" + "---|" * (len(METRICS) + 2)]
+    for name, recs in records.items():
+        for subset in ("all", "cold"):
+            cells = []
+            for metric in METRICS:
+                mean, std = _stats([r["metrics"]["test"][subset].get(metric) for r in recs])
+                table[(name, subset, metric)] = mean
+                cells.append(f"{mean:.4f} ± {std:.4f}")
+            lines.append(f"| {name} | {subset} | " + " | ".join(cells) + " |")
+    lines += ["", "| comparison | metric | subset | ours | papers |", "|---|---|---|---|---|"]
+    for strategy, baseline, metric, subset, paper in CLAIMS:
+        if strategy in records and baseline in records:
+            ours, base = table[(strategy, subset, metric)], table[(baseline, subset, metric)]
+            change = f"{100 * (ours - base) / base:+.1f}%" if base else "n/a (baseline 0)"
+            lines.append(f"| {strategy} vs {baseline} | {metric} | {subset} | {change} | {paper} |")
+    if "mean" in records and all(r["validation_curve"] for recs in records.values() for r in recs):
+        best = statistics.fmean(
+            max(p["recall@5"] or 0 for p in r["validation_curve"]) for r in records["mean"]
+        )
+        lines += [
+            "",
+            f"SFT steps to reach the mean baseline's best validation Recall@5 ({best:.4f}):",
+            "",
+            "| strategy | steps (per seed) |",
+            "|---|---|",
+        ]
+        for name, recs in records.items():
+            lines.append(f"| {name} | {[steps_to_reach(r['validation_curve'], best) for r in recs]} |")
+    return "\n".join(lines), {"|".join(k): v for k, v in table.items()}
+
+
+def plot_curves(records: dict[str, list[dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, recs in records.items():
+        steps = [p["step"] for p in recs[0]["validation_curve"]]
+        if not steps:
+            continue
+        values = [
+            statistics.fmean((r["validation_curve"][i]["recall@5"] or 0) for r in recs)
+            for i in range(len(steps))
+        ]
+        ax.plot(steps, values, marker="o", label=name)
+    ax.set_xlabel("SFT step")
+    ax.set_ylabel("validation Recall@5 (mean over seeds)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--dataset", default="movielens-100k", help="'movielens-100k' or a catalogue path")
+    parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--levels", type=int, default=3)
+    parser.add_argument("--codes", type=int, default=64)
+    parser.add_argument("--grounding-steps", type=int, default=60)
+    parser.add_argument("--sft-steps", type=int, default=150)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--eval-users", type=int, default=200)
+    parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--curve-users", type=int, default=100)
+    parser.add_argument("--max-history", type=int, default=8)
+    parser.add_argument("--bf16", action="store_true")
+    args = parser.parse_args()
+
+    name = Path(args.dataset).name or args.dataset
+    out = args.output or Path("runs/bench_quality") / name
+    catalogue = load_catalogue(args.dataset)
+    if (out / "sids" / JSON_NAME).is_file():
+        index = SIDIndex.load(out / "sids")
+    else:
+        index = build_sids(
+            catalogue,
+            out / "sids",
+            levels=args.levels,
+            codes=args.codes,
+            text_template=["title", "brand", "categories", "release_year", "description"],
+        )
+    print(index.summary(), flush=True)
+    budget = Budget(
+        grounding_steps=args.grounding_steps,
+        sft_steps=args.sft_steps,
+        batch_size=args.batch_size,
+        grounding_lr=5e-3,
+        sft_lr=1e-3,
+        lora_r=8,
+        lora_alpha=16,
+        max_length=160,
+        bf16=args.bf16,
+        eval_users=args.eval_users,
+        eval_every=args.eval_every,
+        curve_users=args.curve_users,
+        save_steps=max(args.sft_steps // 2, 1),
+        logging_steps=10,
+        max_train_examples=None,
+        max_grounding_examples=None,
+    )
+    experiment = Experiment(
+        str(assets.smollm2()), catalogue, index, fmt=PromptFormat(max_history=args.max_history)
+    )
+    records: dict[str, list[dict]] = {}
+    for seed in args.seeds:
+        for strategy in args.strategies:
+            run_dir = out / f"{strategy}-seed{seed}"
+            if (run_dir / "metrics.json").is_file():
+                record = json.loads((run_dir / "metrics.json").read_text())
+            else:
+                print(f"[bench] {name}: {strategy} seed {seed}", flush=True)
+                record = run_strategy(strategy, experiment, replace(budget, seed=seed), run_dir, resume=True)
+            records.setdefault(strategy, []).append(record)
+    text, table = summarise(records)
+    plot_curves(records, out / "validation_recall5.png")
+    header = (
+        f"## {name}: SmolLM2-135M, {len(args.seeds)} seeds, grounding {args.grounding_steps} + SFT "
+        f"{args.sft_steps} steps at batch {args.batch_size}, {args.eval_users} test users\n\n"
+    )
+    (out / "results.md").write_text(header + text + "\n")
+    runs.write_json_atomic(out / "results.json", {"table": table, "args": vars(args) | {"output": str(out)}})
+    print(header + text)
+
+
+if __name__ == "__main__":
+    main()
