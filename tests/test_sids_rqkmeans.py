@@ -66,7 +66,7 @@ def test_balanced_assignment_respects_capacity():
     centroids = xt[torch.tensor([0, 1, 2, 950])]
     labels, dist = balanced_assign(xt, centroids, capacity=250, candidates=2)
     assert torch.bincount(labels, minlength=4).tolist() == [250, 250, 250, 250]
-    assert torch.allclose(dist, ((xt - centroids[labels]) ** 2).sum(1), atol=1e-5)
+    assert torch.allclose(dist, ((xt - centroids[labels]) ** 2).sum(1), rtol=1e-4, atol=1e-4)
     plain, _ = assign(xt, centroids)
     # points of the small far cluster keep their own centroid
     assert (labels[900:] == plain[900:]).float().mean() == 1.0
@@ -131,3 +131,15 @@ def test_bad_shapes_and_settings():
         RQKMeansConfig(balanced="yes")
     with pytest.raises(QuantizationError, match="dimension 3 but the codebooks 4"):
         quantize(np.zeros((2, 3), np.float32), [torch.zeros(2, 4)])
+
+
+def test_dead_codes_restart_on_isotropic_data():
+    # In high dimension the seed with the smallest norm is everyone's nearest; without restarts the deeper
+    # levels end with one huge cluster and many singletons.
+    x = np.random.default_rng(0).standard_normal((6000, 96)).astype(np.float32)
+    fit = fit_rqkmeans(x, RQKMeansConfig(codes_per_level=(32, 32, 32), seed=0))
+    mean_size = len(x) / 32
+    for level in range(3):
+        counts = torch.bincount(fit.codes[:, level], minlength=32)
+        assert counts.min() >= 0.05 * mean_size, (level, counts.tolist())
+        assert counts.max() <= 4 * mean_size, (level, counts.tolist())

@@ -3,14 +3,15 @@
 ``r_1 = z``; at each level ``l``: (optionally ``r_l <- r_l / ||r_l||``), fit k-means on ``r_l``,
 ``c_l = argmin_k ||r_l - q_k||``, ``r_{l+1} = r_l - q_{c_l}``.
 
-* :func:`kmeans`: Lloyd's algorithm with k-means++ seeding (on a subsample of ``init_sample_per_code * K``
-  points), empty clusters re-seeded from the worst-fitted points, and an optional size-constrained
-  (balanced) assignment in which no cluster holds more than ``ceil(n / K)`` points.
+* :func:`kmeans`: Lloyd's algorithm with greedy k-means++ seeding (on a subsample of
+  ``init_sample_per_code * K`` points, never on zero residuals), empty and dead clusters restarted by
+  splitting the largest, and an optional size-constrained (balanced) refinement in which no cluster
+  holds more than ``ceil(n / K)`` points.
 * :func:`fit_rqkmeans` / :func:`quantize`: the residual stack; ``sample_size`` fits the codebooks on a
   random subsample then assigns every item in chunks, which is how catalogues of millions of items run.
 
 Distances are computed ``chunk_size`` rows at a time (``chunk_size x K`` floats), so memory is the input,
-one residual copy and ``O(K d)``; everything is seeded by one ``torch.Generator``.
+one residual copy and ``O(chunk_size (K + d))``; everything is seeded by one ``torch.Generator``.
 """
 
 from __future__ import annotations
@@ -159,10 +160,9 @@ def _topk_candidates(
     return cand, cdist.clamp_min_(0.0)
 
 
-def _accept(
-    points: torch.Tensor, props: torch.Tensor, dists: torch.Tensor, remaining: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each cluster accepts, by increasing distance, as many of the points proposing to it as it has room for."""
+def _accept(props: torch.Tensor, dists: torch.Tensor, remaining: torch.Tensor) -> torch.Tensor:
+    """Which proposals clusters accept: each takes, by increasing distance, as many proposers as it has room
+    for. Returns a mask aligned with ``props``."""
     d = dists.to(torch.float64)
     key = props.to(torch.float64) * (float(d.max()) + 1.0) + d  # sort by (cluster, distance) in one pass
     order = torch.argsort(key, stable=True)
@@ -170,8 +170,9 @@ def _accept(
     counts = torch.bincount(sp, minlength=remaining.numel())
     starts = torch.cumsum(counts, 0) - counts
     rank = torch.arange(sp.numel(), device=sp.device) - starts[sp]
-    ok = rank < remaining[sp]
-    return points[order[ok]], sp[ok]
+    ok = torch.empty_like(sp, dtype=torch.bool)
+    ok[order] = rank < remaining[sp]
+    return ok
 
 
 def balanced_assign(
@@ -195,30 +196,29 @@ def balanced_assign(
     x_norm = _sq_norms(x, chunk) if x_norm is None else x_norm
     cand, cdist = _topk_candidates(x, centroids, m, chunk, x_norm)
     labels = torch.full((n,), -1, dtype=torch.int64, device=x.device)
+    dist = torch.zeros(n, dtype=x.dtype, device=x.device)
     remaining = torch.full((k,), capacity, dtype=torch.int64, device=x.device)
+    todo = torch.arange(n, device=x.device)
+
+    def take(props: torch.Tensor, d: torch.Tensor) -> None:
+        nonlocal todo, remaining
+        ok = _accept(props, d, remaining)
+        placed = todo[ok]
+        labels[placed] = props[ok]
+        dist[placed] = d[ok]
+        remaining = remaining - torch.bincount(props[ok], minlength=k)
+        todo = todo[~ok]
+
     for r in range(m):
-        todo = (labels < 0).nonzero().flatten()
         if todo.numel() == 0:
             break
-        pts, cl = _accept(todo, cand[todo, r], cdist[todo, r], remaining)
-        labels[pts] = cl
-        remaining -= torch.bincount(cl, minlength=k)
+        take(cand[todo, r], cdist[todo, r])
     c_norm = centroids.pow(2).sum(1)
-    while True:
-        todo = (labels < 0).nonzero().flatten()
-        if todo.numel() == 0:
-            break
-        xs = x[todo]
-        d = torch.addmm(c_norm, xs, centroids.T, alpha=-2.0)
+    while todo.numel():
+        d = torch.addmm(c_norm, x[todo], centroids.T, alpha=-2.0)
         d[:, remaining <= 0] = float("inf")
         best, props = d.min(1)
-        pts, cl = _accept(todo, props, best, remaining)
-        labels[pts] = cl
-        remaining -= torch.bincount(cl, minlength=k)
-    dist = torch.empty(n, dtype=x.dtype, device=x.device)
-    for s in range(0, n, chunk):
-        diff = x[s : s + chunk] - centroids[labels[s : s + chunk]]
-        dist[s : s + chunk] = diff.pow(2).sum(1)
+        take(props, (best + x_norm[todo]).clamp_min_(0.0))
     return labels, dist
 
 
