@@ -147,14 +147,27 @@ def test_cli_build_sids(tmp_path, capsys):
         "--output",
         str(out),
     ]
-    rc = main([*argv, "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--dedup", "reassign"])
+    rc = main(
+        [
+            *argv,
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--no-progress",
+            "--dedup",
+            "reassign",
+            "--balanced",
+            "last",
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     assert "collision rate" in captured.out and "saved to" in captured.out
     index = SIDIndex.load(out)
     assert sorted(index.item_ids) == ["i1", "i2", "i3", "i4"]  # i5 has no text: skipped and counted
     assert "1 items with no text" in index.build_config["catalogue_report"]
-    assert json.loads((out / "sid_index.json").read_text())["build_config"]["dedup"] == "reassign"
+    settings = json.loads((out / "sid_index.json").read_text())["build_config"]
+    assert settings["dedup"] == "reassign" and settings["balanced"] == "last"
+    assert settings["catalogue_source"] == str(tmp_path / "data")
     assert index.quality["collisions_after"]["collision_rate"] == 0
     # the Python function gives the same SIDs
     same = build_sids(
@@ -162,6 +175,7 @@ def test_cli_build_sids(tmp_path, capsys):
         levels=2,
         codes=2,
         dedup="reassign",
+        balanced="last",
         cache_dir=tmp_path / "cache",
         show_progress=False,
     )

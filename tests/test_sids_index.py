@@ -136,7 +136,7 @@ def test_lookups(index):
     assert index.items_with_prefix(index.sid_text("item5")) == ["item5"]
     assert sorted(index.items_with_prefix([])) == sorted(index.item_ids)
     assert index.items_with_prefix("<a_3><b_99>") == []
-    assert index.sid_texts()[5] == index.sid_text("item5")
+    assert index.sid_texts()[5] == index.sid_text("item5") == index.sid_map()["item5"]
     assert index.to_lcrec_json()["item5"] == [f"<{'abc'[lv]}_{c}>" for lv, c in enumerate(sid)]
     assert "item5" in index and "nope" not in index
     with pytest.raises(KeyError, match="not in the SID index"):

@@ -85,6 +85,13 @@ def index_from_vectors(
     elif dedup == "level":
         codes = add_disambiguation_level(codes, (residual**2).sum(1))
         codes_per_level.append(int(codes[:, -1].max()) + 1)
+        if codes_per_level[-1] > codes_per_level[-2]:
+            logger.warning(
+                "%d items share one SID, so the disambiguation level needs %d tokens (more than a k-means "
+                "level); look for items with identical texts, or use more codes or levels",
+                codes_per_level[-1],
+                codes_per_level[-1],
+            )
     after = collision_stats(codes)
     centroids = token_centroids(x.numpy(), codes, codes_per_level, books, residual)
     mse = float((residual**2).sum(1).mean())

@@ -172,6 +172,10 @@ class SIDIndex:
         """SID strings of all items, in ``item_ids`` order."""
         return [sid_string(row, self.token_template) for row in self.codes.tolist()]
 
+    def sid_map(self) -> dict[str, str]:
+        """``{item_id: SID string}`` for every item (e.g. for ``peft_grounded.decoding``)."""
+        return dict(zip(self.item_ids, self.sid_texts(), strict=True))
+
     def item_of(self, sid: str | Sequence[int]) -> str | None:
         """The item carrying a full SID (codes or string), or ``None``; with collisions, the first item."""
         if self._by_sid is None:
