@@ -7,9 +7,25 @@
 * :mod:`~peft_grounded.diagnostics.measure`: :class:`ReportConfig` and every diagnostic of a snapshot;
 * :mod:`~peft_grounded.diagnostics.report`: :func:`write_report` (markdown/HTML, PNG, JSON), built on
   :mod:`~peft_grounded.diagnostics.document` (markdown/HTML rendering) and
-  :mod:`~peft_grounded.diagnostics.plots` (the figures; imports matplotlib).
+  :mod:`~peft_grounded.diagnostics.plots` (the figures; imports matplotlib);
+* :mod:`~peft_grounded.diagnostics.diagnose`: :func:`diagnose` (saved adapters + SID index -> report) and
+  :func:`diagnose_runs` (a strategy runner's output folder -> report), on
+  :mod:`~peft_grounded.diagnostics.checkpoints` (adapter rows, runner folders) and
+  :mod:`~peft_grounded.diagnostics.vocabulary` (the base model's rows and token strings);
+* :mod:`~peft_grounded.diagnostics.cli`: ``peft-grounded diagnose``.
+
+Importing the package loads numpy only; torch, safetensors and transformers load when used.
 """
 
+from peft_grounded.diagnostics.checkpoints import (
+    AdapterRows,
+    Checkpoint,
+    RunFolder,
+    checkpoint,
+    find_run_checkpoints,
+    load_sid_rows,
+)
+from peft_grounded.diagnostics.diagnose import diagnose, diagnose_runs
 from peft_grounded.diagnostics.geometry import (
     HeatmapSelection,
     NearestTokens,
@@ -40,8 +56,11 @@ from peft_grounded.diagnostics.measure import (
 )
 from peft_grounded.diagnostics.report import ReportFiles, write_report
 from peft_grounded.diagnostics.snapshot import GeometrySnapshot, check_compatible
+from peft_grounded.diagnostics.vocabulary import Vocabulary, load_vocabulary
 
 __all__ = [
+    "AdapterRows",
+    "Checkpoint",
     "GeometrySnapshot",
     "HeatmapSelection",
     "NearestTokens",
@@ -51,12 +70,20 @@ __all__ = [
     "RSAResult",
     "ReportConfig",
     "ReportFiles",
+    "RunFolder",
     "SnapshotMetrics",
     "Spectrum",
+    "Vocabulary",
     "check_compatible",
+    "checkpoint",
     "cosine_similarity_matrix",
+    "diagnose",
+    "diagnose_runs",
     "effective_rank",
+    "find_run_checkpoints",
     "heatmap_matrix",
+    "load_sid_rows",
+    "load_vocabulary",
     "measure_snapshot",
     "measure_snapshots",
     "nearest_vocabulary",

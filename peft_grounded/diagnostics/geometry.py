@@ -3,12 +3,18 @@
 Pure functions. Inputs are 2-D numpy arrays or torch tensors (any dtype, any device); they are
 converted to float64 numpy arrays, so results do not depend on the checkpoint's precision.
 Definitions follow ``METHODS.md``; each function's docstring states the choices it makes.
+
+Speed: the SVDs go through ``torch.linalg`` (float64) on one thread: for matrices of a few thousand
+rows, LAPACK's threads cost more than they give, and on a loaded 2-core machine they made an SVD 3-8x
+slower. The nearest-token search multiplies in float32 and picks with ``torch.topk``. Results are
+numpy arrays either way.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +88,38 @@ def upper_triangle(matrix: np.ndarray) -> np.ndarray:
     return matrix[rows, cols]
 
 
+# ---------------------------------------------------------------------------------------------- SVD
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def singular_values(matrix: np.ndarray) -> np.ndarray:
+    """Singular values (descending, float64) of a float64 matrix, without singular vectors."""
+    import torch
+
+    with _one_thread():
+        return torch.linalg.svdvals(torch.from_numpy(np.ascontiguousarray(matrix))).numpy()
+
+
+def thin_svd(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(u, s)`` of the thin SVD of a float64 matrix (``vh`` is not needed here)."""
+    import torch
+
+    with _one_thread():
+        u, s, _ = torch.linalg.svd(torch.from_numpy(np.ascontiguousarray(matrix)), full_matrices=False)
+    return u.numpy(), s.numpy()
+
+
 # ------------------------------------------------------------------------------------------ spectrum
 
 
@@ -120,7 +158,7 @@ def spectrum(rows: Any, center: bool = False) -> Spectrum:
     tol = RTOL * float(np.linalg.norm(matrix))
     if center:
         matrix = matrix - matrix.mean(axis=0, keepdims=True)
-    values = np.linalg.svd(matrix, compute_uv=False)
+    values = singular_values(matrix)
     return Spectrum.from_singular_values(np.where(values > tol, values, 0.0), center)
 
 
@@ -181,28 +219,76 @@ class RSAResult:
     n_pairs: int
 
 
-def rsa(reference: Any, learned: Any) -> RSAResult:
+@dataclass(frozen=True)
+class SimilarityPairs:
+    """One side of an RSA: the upper triangle of a cosine-similarity matrix and its ranks.
+
+    Build it once with :func:`similarity_pairs` to compare one reference with many checkpoints.
+    """
+
+    values: np.ndarray
+    ranks: np.ndarray
+    n_tokens: int
+
+    @property
+    def constant(self) -> bool:
+        return bool(np.ptp(self.values) <= TIE_TOL) if self.values.size else True
+
+
+def centre_rows(matrix: np.ndarray) -> np.ndarray:
+    """Rows minus their mean row; rows left with a norm under ``RTOL`` x the largest original row
+    norm become exactly zero (identical rows centre to rounding noise, which must not count as spread)."""
+    scale = float(np.linalg.norm(matrix, axis=1).max()) if matrix.size else 0.0
+    centred = matrix - matrix.mean(axis=0, keepdims=True)
+    small = np.linalg.norm(centred, axis=1) <= RTOL * scale
+    centred[small] = 0.0
+    return centred
+
+
+def similarity_pairs(vectors: Any, center: bool = False, name: str = "vectors") -> SimilarityPairs:
+    """Upper triangle (and its average ranks) of the cosine similarities of ``vectors``' rows.
+
+    ``center=True`` subtracts the mean row first (see :func:`centre_rows`), so a shared offset
+    (the vocabulary mean that the centroid init adds) does not compress the similarities.
+    """
+    matrix = as_matrix(vectors, name)
+    if center:
+        matrix = centre_rows(matrix)
+    values = upper_triangle(cosine_similarity_matrix(matrix))
+    return SimilarityPairs(values, rankdata(values), matrix.shape[0])
+
+
+def rsa(reference: Any, learned: Any, center: bool = False) -> RSAResult:
     """Pearson and Spearman correlation of the upper triangles of two cosine-similarity matrices.
 
     ``reference[i]`` (a codebook or centroid vector, any width) and ``learned[i]`` (the SID row)
     must describe the same token. The result is invariant to rotations and scalings of either
     side. When one side's similarities are all equal within ``TIE_TOL`` (mean init: every row the
     same) the correlation is undefined and both values are NaN, not rounding noise.
+
+    ``center=True`` compares the geometries around each side's mean row instead (both sides
+    centred): invariant to a shared offset too, so rows built as ``offset + scale * reference``
+    (centroid init with truncation) score exactly 1. ``reference`` may be a :class:`SimilarityPairs`
+    built with the same ``center``, to reuse it across checkpoints.
     """
-    ref = as_matrix(reference, "reference vectors")
+    if isinstance(reference, SimilarityPairs):
+        ref = reference
+    else:
+        ref = similarity_pairs(reference, center, "reference vectors")
     rows = as_matrix(learned, "learned rows")
-    if ref.shape[0] != rows.shape[0]:
+    if ref.n_tokens != rows.shape[0]:
         raise ValueError(
-            f"{ref.shape[0]} reference vectors for {rows.shape[0]} learned rows; "
+            f"{ref.n_tokens} reference vectors for {rows.shape[0]} learned rows; "
             "RSA needs one reference vector per SID token, in the same order"
         )
     if rows.shape[0] < 3:
         raise ValueError(f"RSA needs at least 3 tokens (3 pairs), got {rows.shape[0]}")
-    a = upper_triangle(cosine_similarity_matrix(ref))
-    b = upper_triangle(cosine_similarity_matrix(rows))
-    if np.ptp(a) <= TIE_TOL or np.ptp(b) <= TIE_TOL:
-        return RSAResult(float("nan"), float("nan"), rows.shape[0], a.size)
-    return RSAResult(pearson(a, b), spearman(a, b), rows.shape[0], a.size)
+    if ref.constant:
+        return RSAResult(float("nan"), float("nan"), rows.shape[0], ref.values.size)
+    own = upper_triangle(cosine_similarity_matrix(centre_rows(rows) if center else rows))
+    if np.ptp(own) <= TIE_TOL:
+        return RSAResult(float("nan"), float("nan"), rows.shape[0], own.size)
+    return RSAResult(pearson(ref.values, own), pearson(ref.ranks, rankdata(own)), rows.shape[0], own.size)
 
 
 # --------------------------------------------------------------------------------------------- purity
@@ -282,7 +368,7 @@ def principal_components(rows: Any) -> PrincipalComponents:
         return rows
     matrix = as_matrix(rows)
     tol = RTOL * float(np.linalg.norm(matrix))
-    u, s, _ = np.linalg.svd(matrix - matrix.mean(axis=0, keepdims=True), full_matrices=False)
+    u, s = thin_svd(matrix - matrix.mean(axis=0, keepdims=True))
     keep = s > tol
     return PrincipalComponents(u[:, keep] * s[keep], np.where(keep, s, 0.0))
 
@@ -376,6 +462,20 @@ class NearestTokens:
     scores: np.ndarray  # (n_sid, k) cosine similarities
 
 
+@dataclass(frozen=True)
+class UnitRows:
+    """Rows scaled to unit norm, float32: a vocabulary prepared once for many nearest-token searches."""
+
+    rows: np.ndarray
+
+
+def unit_rows(rows: Any, name: str = "vocabulary rows") -> UnitRows:
+    """``rows`` normalised to unit L2 norm in float32 (see :func:`nearest_vocabulary`)."""
+    if isinstance(rows, UnitRows):
+        return rows
+    return UnitRows(normalise_rows(as_matrix(rows, name, np.float32), np.float32))
+
+
 def nearest_vocabulary(
     sid_rows: Any,
     vocab_rows: Any,
@@ -386,30 +486,36 @@ def nearest_vocabulary(
     """Top-``k`` vocabulary rows by cosine similarity for each SID row (equal scores: lower id first).
 
     ``exclude_ids`` (e.g. special tokens) are never returned. Decode the ids with the tokenizer.
-    Works in chunks of ``chunk_size`` SID rows so memory stays at chunk_size x vocabulary size.
+    ``vocab_rows`` may be a :class:`UnitRows` (from :func:`unit_rows`) to normalise a large
+    vocabulary once for several checkpoints. Works in chunks of ``chunk_size`` SID rows so memory
+    stays at chunk_size x vocabulary size.
     """
+    import torch
+
     # float32 here: a large vocabulary in float64 would cost gigabytes, and ranks barely change.
     sids = normalise_rows(as_matrix(sid_rows, "SID rows", np.float32), np.float32)
-    vocab = normalise_rows(as_matrix(vocab_rows, "vocabulary rows", np.float32), np.float32)
+    vocab = unit_rows(vocab_rows).rows
     if sids.shape[1] != vocab.shape[1]:
         raise ValueError(f"SID rows have width {sids.shape[1]} but vocabulary rows {vocab.shape[1]}")
-    allowed = np.ones(vocab.shape[0], dtype=bool)
-    if exclude_ids is not None:
-        allowed[np.asarray(list(exclude_ids), dtype=np.int64)] = False
-    n_allowed = int(allowed.sum())
+    excluded = np.unique(np.asarray(list(exclude_ids or ()), dtype=np.int64))
+    if excluded.size and (excluded[0] < 0 or excluded[-1] >= vocab.shape[0]):
+        raise ValueError(f"exclude_ids must lie in [0, {vocab.shape[0]})")
+    n_allowed = vocab.shape[0] - excluded.size
     if not 1 <= k <= n_allowed:
         raise ValueError(f"k={k} nearest tokens asked for, but {n_allowed} vocabulary rows are eligible")
+    table = torch.from_numpy(vocab)
     ids = np.empty((sids.shape[0], k), dtype=np.int64)
     scores = np.empty((sids.shape[0], k), dtype=np.float64)
     for start in range(0, sids.shape[0], chunk_size):
-        sims = sids[start : start + chunk_size] @ vocab.T
-        if not allowed.all():
-            sims[:, ~allowed] = -np.inf
-        top = np.argpartition(-sims, k - 1, axis=1)[:, :k]
-        for row, (candidates, values) in enumerate(zip(top, np.take_along_axis(sims, top, 1), strict=True)):
-            order = np.lexsort((candidates, -values))
+        sims = torch.from_numpy(sids[start : start + chunk_size]) @ table.T
+        if excluded.size:
+            sims[:, torch.from_numpy(excluded)] = -torch.inf
+        # one candidate more than needed: a tie between places k and k + 1 goes to the lower id
+        values, top = torch.topk(sims, min(k + 1, n_allowed), dim=1)
+        for row, (candidates, found) in enumerate(zip(top.numpy(), values.numpy(), strict=True)):
+            order = np.lexsort((candidates, -found))[:k]
             ids[start + row] = candidates[order]
-            scores[start + row] = np.clip(values[order], -1.0, 1.0)
+            scores[start + row] = np.clip(found[order], -1.0, 1.0)
     return NearestTokens(ids, scores)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,7 @@ class SnapshotMetrics:
     spectrum_centred: geo.Spectrum
     heatmap: np.ndarray
     rsa: geo.RSAResult | None = None
+    rsa_centred: geo.RSAResult | None = None  # both sides mean-centred: blind to a shared offset
     rsa_by_level: dict[str, geo.RSAResult] = field(default_factory=dict)
     purity: geo.PurityResult | None = None
     purity_reference: geo.PurityResult | None = None
@@ -56,6 +57,20 @@ class SnapshotMetrics:
     def r2_at(self, q: int, which: str = "popularity") -> float | None:
         curve = self.popularity_r2 if which == "popularity" else self.semantic_r2
         return None if curve is None or q > len(curve) else curve[q - 1].r2
+
+
+class SharedInputs:
+    """Work shared by the snapshots of one report: a reference's PCA and similarity pairs, the unit
+    vocabulary. Keyed by object identity, so it lives only as long as one :func:`measure_snapshots`."""
+
+    def __init__(self) -> None:
+        self._store: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+
+    def get(self, kind: str, source: Any, compute: Callable[[], Any], *extra: Any) -> Any:
+        key = (kind, id(source), *extra)
+        if key not in self._store:
+            self._store[key] = (source, compute())  # holding ``source`` keeps its id unique
+        return self._store[key][1]
 
 
 def measure_snapshots(
@@ -81,14 +96,19 @@ def measure_snapshots(
         seed=config.seed,
         strict=config.strict,
     )
-    return selection, [measure_snapshot(s, selection, config) for s in snapshots]
+    shared = SharedInputs()
+    return selection, [measure_snapshot(s, selection, config, shared) for s in snapshots]
 
 
 def measure_snapshot(
-    snapshot: GeometrySnapshot, selection: geo.HeatmapSelection, config: ReportConfig | None = None
+    snapshot: GeometrySnapshot,
+    selection: geo.HeatmapSelection,
+    config: ReportConfig | None = None,
+    shared: SharedInputs | None = None,
 ) -> SnapshotMetrics:
-    """All diagnostics of one snapshot that its fields allow."""
+    """All diagnostics of one snapshot that its fields allow (``shared``: reuse work across snapshots)."""
     config = config or ReportConfig()
+    shared = shared or SharedInputs()
     rows = geo.as_matrix(snapshot.sid_rows, f"SID rows of snapshot {snapshot.name!r}")
     heatmap_selection = selection
     if selection.text_ids.size and snapshot.vocab_rows is None:
@@ -109,16 +129,17 @@ def measure_snapshot(
         metrics.notes.append("no vocabulary rows: its heatmap shows SID tokens only")
     levels = snapshot.levels()
     reference = None if snapshot.reference is None else geo.as_matrix(snapshot.reference, "reference vectors")
-    _measure_rsa(metrics, rows, reference, levels)
+    _measure_rsa(metrics, rows, snapshot.reference, reference, levels, shared)
     _measure_purity(metrics, rows, reference, levels, snapshot.categories, config)
-    _measure_r2(metrics, pcs, reference, snapshot, config)
+    _measure_r2(metrics, pcs, reference, snapshot, config, shared)
     if snapshot.vocab_rows is None:
         metrics.notes.append("no vocabulary rows: nearest vocabulary tokens skipped")
     else:
         eligible = snapshot.vocab_size - len(set(snapshot.exclude_vocab_ids or ()))
+        vocab = shared.get("unit vocabulary", snapshot.vocab_rows, lambda: geo.unit_rows(snapshot.vocab_rows))
         metrics.nearest = geo.nearest_vocabulary(
             rows,
-            snapshot.vocab_rows,
+            vocab,
             k=min(config.nearest_k, eligible),
             exclude_ids=snapshot.exclude_vocab_ids,
         )
@@ -126,7 +147,12 @@ def measure_snapshot(
 
 
 def _measure_rsa(
-    metrics: SnapshotMetrics, rows: np.ndarray, reference: np.ndarray | None, levels: list[int] | None
+    metrics: SnapshotMetrics,
+    rows: np.ndarray,
+    source: Any,
+    reference: np.ndarray | None,
+    levels: list[int] | None,
+    shared: SharedInputs,
 ) -> None:
     if reference is None:
         metrics.notes.append("no reference vectors (codebooks / centroids): RSA skipped")
@@ -134,12 +160,19 @@ def _measure_rsa(
     if rows.shape[0] < 3:
         metrics.notes.append("fewer than 3 SID tokens: RSA skipped")
         return
-    metrics.rsa = geo.rsa(reference, rows)
+
+    def pairs(center: bool, members: np.ndarray | None = None) -> geo.SimilarityPairs:
+        key = None if members is None else members.tobytes()
+        vectors = reference if members is None else reference[members]
+        return shared.get("rsa", source, lambda: geo.similarity_pairs(vectors, center), center, key)
+
+    metrics.rsa = geo.rsa(pairs(False), rows)
+    metrics.rsa_centred = geo.rsa(pairs(True), rows, center=True)
     if levels is not None and len(set(levels)) > 1:
         for level in sorted(set(levels)):
             members = np.flatnonzero(np.asarray(levels) == level)
             if members.size >= 3:
-                metrics.rsa_by_level[level_name(level)] = geo.rsa(reference[members], rows[members])
+                metrics.rsa_by_level[level_name(level)] = geo.rsa(pairs(False, members), rows[members])
 
 
 def _measure_purity(
@@ -179,6 +212,7 @@ def _measure_r2(
     reference: np.ndarray | None,
     snapshot: GeometrySnapshot,
     config: ReportConfig,
+    shared: SharedInputs,
 ) -> None:
     n = pcs.n_rows
     folds = config.cv_folds
@@ -195,7 +229,7 @@ def _measure_r2(
         metrics.popularity_r2 = geo.pc_regression_curve(pcs, target, max_q, folds, config.seed)
     semantic = snapshot.semantic_target
     if semantic is None and reference is not None:
-        scores = geo.principal_components(reference).scores
+        scores = shared.get("pca", snapshot.reference, lambda: geo.principal_components(reference)).scores
         semantic = scores[:, 0] if scores.shape[1] else None
     if semantic is None:
         metrics.notes.append("no semantic target (no reference vectors): semantic R^2 skipped")
@@ -246,6 +280,7 @@ def metrics_to_dict(
                 "singular_values": m.spectrum.singular_values.tolist(),
                 "singular_values_centred": m.spectrum_centred.singular_values.tolist(),
                 "rsa": rsa(m.rsa),
+                "rsa_centred": rsa(m.rsa_centred),
                 "rsa_by_level": {k: rsa(v) for k, v in m.rsa_by_level.items()},
                 "purity": purity(m.purity),
                 "purity_reference": purity(m.purity_reference),

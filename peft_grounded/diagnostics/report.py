@@ -46,8 +46,11 @@ def write_report(
     out_dir: str | os.PathLike[str],
     snapshots: Sequence[GeometrySnapshot],
     config: ReportConfig | None = None,
+    intro: Sequence[str] = (),
 ) -> ReportFiles:
     """Measure ``snapshots`` (same SID tokens, any stages) and write the comparison into ``out_dir``.
+
+    ``intro``: sentences listed under the title (where the inputs came from, what was left out).
 
     Writes ``report.md`` (and ``report.html`` if ``config.html``), ``figures/*.png``,
     ``metrics.json`` (every number; undefined values as null) and ``nearest_vocabulary.json`` (when
@@ -57,6 +60,8 @@ def write_report(
     config = config or ReportConfig()
     selection, metrics = measure_snapshots(snapshots, config)
     report = _Report(Path(out_dir), list(snapshots), metrics, selection, config)
+    if intro:
+        report.blocks.append(("list", list(intro)))
     for section in (
         report.overview,
         report.heatmaps,
@@ -175,7 +180,9 @@ class _Report:
                 "Effective rank: exp of the entropy of the normalised singular values (Roy & Vetterli), on the "
                 "raw rows (the geometry the LM sees) and on mean-centred rows (the spread around the shared "
                 "offset). Stable rank: ||A||_F^2 / ||A||_2^2 of the raw rows. RSA: correlation of the upper "
-                "triangles of the cosine-similarity matrices of the reference vectors and of the SID rows. "
+                "triangles of the cosine-similarity matrices of the reference vectors and of the SID rows; "
+                "centred: both sides minus their mean vector first, blind to a shared offset such as the "
+                "vocabulary mean that the centroid init adds. "
                 f"P_{m_purity}: share of a level-0 token's nearest neighbours with its category. R^2_{q}: linear "
                 f"regression of a per-token target on the top-{q} principal components of the SID rows, "
                 + ("in-sample." if not self.config.cv_folds else f"{self.config.cv_folds}-fold out-of-fold.")
@@ -191,6 +198,7 @@ class _Report:
                     "stable rank",
                     "RSA Pearson",
                     "RSA Spearman",
+                    "RSA Pearson (centred)",
                     f"P_{m_purity}",
                     f"P_{m_purity} reference",
                     "chance",
@@ -206,6 +214,7 @@ class _Report:
                         _fmt(m.spectrum.stable_rank, 2),
                         _fmt(m.rsa.pearson if m.rsa else None),
                         _fmt(m.rsa.spearman if m.rsa else None),
+                        _fmt(m.rsa_centred.pearson if m.rsa_centred else None),
                         _fmt(m.purity.purity if m.purity else None),
                         _fmt(m.purity_reference.purity if m.purity_reference else None),
                         _fmt(m.purity.chance if m.purity else None),
@@ -266,6 +275,7 @@ class _Report:
         series = {
             "Pearson": _nan_if_none(results, lambda r: r.pearson),
             "Spearman": _nan_if_none(results, lambda r: r.spearman),
+            "Pearson (centred)": _nan_if_none([m.rsa_centred for m in self.metrics], lambda r: r.pearson),
         }
         self.figure(
             "rsa",

@@ -1,0 +1,334 @@
+"""From saved checkpoints and their SID index to the report: :func:`diagnose` and :func:`diagnose_runs`.
+
+Per checkpoint, the SID rows come from the adapter (in the index's token order); the rest is shared:
+
+* vocabulary rows and strings: the base model named in the adapters' config (or ``base_model``);
+* reference vectors: the index's per-token centroids (``reference="items"``, the default, as the
+  runner's centroid init uses them; ``"codebook"``; or ``None``);
+* code frequencies: how often each code is a training target under the leave-one-out split
+  (``split``, or the catalogue's), else the index's interaction counts;
+* categories: the majority level-0 label per code, from the catalogue or the categories the index
+  stored at build time; purity is skipped, with a note, when there are none.
+
+The report lists where each input came from and what was left out.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from peft_grounded.diagnostics.checkpoints import (
+    AdapterRows,
+    Checkpoint,
+    checkpoint,
+    find_run_checkpoints,
+    load_sid_rows,
+)
+from peft_grounded.diagnostics.measure import ReportConfig
+from peft_grounded.diagnostics.report import ReportFiles, write_report
+from peft_grounded.diagnostics.snapshot import GeometrySnapshot
+
+FREQUENCY_SOURCES = ("auto", "targets", "interactions", "items", "none")
+MISSING_CATEGORY = "<none>"  # Catalogue.category_labels' placeholder for an item without categories
+
+
+def diagnose(
+    checkpoints: Sequence[str | os.PathLike[str] | Checkpoint],
+    index: Any,
+    *,
+    out_dir: str | os.PathLike[str],
+    base_model: Any = None,
+    tokenizer: Any = None,
+    catalogue: Any = None,
+    split: Any = None,
+    names: Sequence[str] | None = None,
+    stages: Sequence[str] | None = None,
+    config: ReportConfig | None = None,
+    reference: str | None = "items",
+    matrix: str = "input",
+    frequencies: str = "auto",
+    category_depth: int = 0,
+    drop_duplicates: bool = False,
+    intro: Sequence[str] = (),
+) -> ReportFiles:
+    """Diagnose saved grounded adapters against their SID index and write the report into ``out_dir``.
+
+    ``checkpoints``: adapter directories (or :class:`Checkpoint`); ``names`` / ``stages`` label them
+    (default: ``<strategy>/<stage>`` for the runner's folders, else the directory name).
+    ``index``: a :class:`~peft_grounded.sids.SIDIndex` or its directory. ``base_model``: a local
+    checkpoint, a model object, or ``False`` for no vocabulary; default: the adapters'
+    ``base_model_name_or_path``. ``catalogue``: a :class:`~peft_grounded.sids.Catalogue` or a path
+    for :func:`~peft_grounded.sids.load_catalogue`; ``split``: its leave-one-out split (default:
+    the catalogue's). ``frequencies``: ``"auto"`` (training targets if a catalogue or split is
+    given, else the index's interactions), ``"targets"``, ``"interactions"``, ``"items"`` or
+    ``"none"``. ``matrix="output"`` diagnoses an untied head's rows. ``drop_duplicates`` leaves
+    out a checkpoint whose rows equal an earlier one's (e.g. two strategies sharing one init).
+
+    Raises ``ValueError`` before writing anything when a checkpoint holds other tokens than the
+    index, was trained with another index, or the base model is not the adapters' base.
+    """
+    from peft_grounded.sids.index import SIDIndex
+
+    config = config or ReportConfig()
+    sid_index = index if isinstance(index, SIDIndex) else SIDIndex.load(index)
+    tokens = sid_index.token_strings
+    points = _label(checkpoints, names, stages)
+    _check_index_fingerprints(points, sid_index)
+    loaded = [load_sid_rows(p.path, tokens, matrix) for p in points]
+    notes = list(intro)
+    notes.append(
+        f"SID index: {sid_index.n_tokens} tokens (levels {list(sid_index.codes_per_level)}), "
+        f"{sid_index.n_items} items; rows from the {'untied head' if matrix == 'output' else 'input embedding'}."
+    )
+    if drop_duplicates:
+        points, loaded = _drop_duplicates(points, loaded, notes)
+
+    vocabulary = _vocabulary(base_model, tokenizer, loaded, matrix, notes)
+    if catalogue is not None and not hasattr(catalogue, "items"):
+        from peft_grounded.sids.loaders import load_catalogue
+
+        catalogue = load_catalogue(catalogue)
+    shared: dict[str, Any] = {
+        "reference": _reference(sid_index, reference, notes),
+        "frequencies": _frequencies(sid_index, frequencies, catalogue, split, notes),
+        "categories": _categories(sid_index, catalogue, category_depth, notes),
+    }
+    if vocabulary is not None:
+        shared.update(
+            vocab_rows=vocabulary.rows,
+            vocab_tokens=vocabulary.tokens,
+            exclude_vocab_ids=vocabulary.special_ids or None,
+        )
+    snapshots = [
+        GeometrySnapshot(name=p.name, stage=p.stage, sid_rows=rows.rows, sid_tokens=tokens, **shared)
+        for p, rows in zip(points, loaded, strict=True)
+    ]
+    return write_report(out_dir, snapshots, config, intro=notes)
+
+
+def diagnose_runs(
+    runs_dir: str | os.PathLike[str],
+    index: Any,
+    *,
+    out_dir: str | os.PathLike[str],
+    strategies: Sequence[str] | None = None,
+    stages: Sequence[str] | None = None,
+    seeds: str | Sequence[int] = "first",
+    drop_duplicates: bool = True,
+    **kwargs: Any,
+) -> ReportFiles:
+    """:func:`diagnose` every finished stage of every strategy in a runner's output folder.
+
+    ``runs_dir``: one strategy's folder, a folder of them, or the demo's output folder. Checkpoints
+    are named ``<strategy>/<stage>`` (see :func:`~peft_grounded.diagnostics.checkpoints.find_run_checkpoints`
+    for ``strategies``, ``stages``, ``seeds``). Identical initial rows (``gti/init`` and
+    ``mean/init``) are shown once unless ``drop_duplicates=False``. Other keyword arguments go to
+    :func:`diagnose` (``base_model``, ``catalogue``, ``split``, ``config``, ...).
+    """
+    folder = find_run_checkpoints(
+        runs_dir,
+        strategies=None if strategies is None else list(strategies),
+        stages=None if stages is None else list(stages),
+        seeds=seeds if isinstance(seeds, str) else list(seeds),
+    )
+    intro = [
+        *kwargs.pop("intro", ()),
+        f"Checkpoints: every finished stage in {Path(runs_dir)}.",
+        *folder.notes,
+    ]
+    return diagnose(
+        folder.checkpoints, index, out_dir=out_dir, drop_duplicates=drop_duplicates, intro=intro, **kwargs
+    )
+
+
+# ----------------------------------------------------------------------------------------- pieces
+
+
+def _label(
+    checkpoints: Sequence[str | os.PathLike[str] | Checkpoint],
+    names: Sequence[str] | None,
+    stages: Sequence[str] | None,
+) -> list[Checkpoint]:
+    if not checkpoints:
+        raise ValueError("no checkpoints to diagnose")
+    for what, values in (("names", names), ("stages", stages)):
+        if values is not None and len(values) != len(checkpoints):
+            raise ValueError(
+                f"{len(values)} {what} for {len(checkpoints)} checkpoints; give one per checkpoint"
+            )
+    points = []
+    for i, item in enumerate(checkpoints):
+        point = item if isinstance(item, Checkpoint) else checkpoint(item)
+        name = names[i] if names is not None else point.name
+        stage = stages[i] if stages is not None else point.stage
+        points.append(Checkpoint(point.path, name, stage, point.index_fingerprint))
+    seen: dict[str, Path] = {}
+    for point in points:
+        if point.name in seen:
+            raise ValueError(
+                f"two checkpoints are both labelled {point.name!r} ({seen[point.name]} and {point.path}); "
+                "pass names= (--name) to tell them apart"
+            )
+        seen[point.name] = point.path
+    return points
+
+
+def _check_index_fingerprints(points: list[Checkpoint], index: Any) -> None:
+    recorded = [p for p in points if p.index_fingerprint]
+    if not recorded:
+        return
+    from peft_grounded.runs import fingerprint
+
+    own = fingerprint(index.sid_texts())
+    wrong = [p.name for p in recorded if p.index_fingerprint != own]
+    if wrong:
+        raise ValueError(
+            f"{wrong} were trained with another SID index than the one given (the runner recorded a different "
+            "index fingerprint): the same tokens would mean other items. Pass the run's own SID index."
+        )
+
+
+def _drop_duplicates(
+    points: list[Checkpoint], loaded: list[AdapterRows], notes: list[str]
+) -> tuple[list[Checkpoint], list[AdapterRows]]:
+    import torch
+
+    kept: list[tuple[Checkpoint, AdapterRows]] = []
+    for point, rows in zip(points, loaded, strict=True):
+        twin = next((p for p, r in kept if torch.equal(r.rows, rows.rows)), None)
+        if twin is None:
+            kept.append((point, rows))
+        else:
+            notes.append(f"{point.name}: rows identical to {twin.name}, shown once.")
+    return [p for p, _ in kept], [r for _, r in kept]
+
+
+def _vocabulary(
+    base_model: Any, tokenizer: Any, loaded: list[AdapterRows], matrix: str, notes: list[str]
+) -> Any:
+    from peft_grounded.diagnostics.vocabulary import load_vocabulary
+
+    if base_model is False:
+        notes.append(
+            "No vocabulary (base_model=False): the heatmap has no text tokens, nearest tokens skipped."
+        )
+        return None
+    sizes = {r.original_vocab_size for r in loaded}
+    if len(sizes) > 1:
+        raise ValueError(
+            f"the checkpoints extend vocabularies of different sizes {sorted(sizes)}: compare checkpoints of "
+            "one base model"
+        )
+    if base_model is None:
+        recorded = {r.base_model for r in loaded if r.base_model}
+        if len(recorded) > 1:
+            raise ValueError(
+                f"the checkpoints name different base models {sorted(recorded)}; pass base_model= to choose one, "
+                "or compare checkpoints of one base model"
+            )
+        if not recorded:
+            notes.append(
+                "The adapters name no base model and none was given: no vocabulary rows, so the heatmap has "
+                "no text tokens and nearest tokens are skipped."
+            )
+            return None
+        base_model = recorded.pop()
+    vocabulary = load_vocabulary(base_model, sizes.pop(), matrix=matrix, tokenizer=tokenizer)
+    width = int(loaded[0].rows.shape[1])
+    if vocabulary.rows.shape[1] != width:
+        raise ValueError(
+            f"the base model {vocabulary.source} has width {vocabulary.rows.shape[1]} but the adapters' rows "
+            f"have width {width}: not the adapters' base model; pass the right one as base_model"
+        )
+    if matrix == "input":
+        _check_signature(vocabulary, loaded)
+    notes.append(f"Vocabulary: {vocabulary.size} rows from {vocabulary.source}.")
+    notes.extend(vocabulary.notes)
+    return vocabulary
+
+
+def _check_signature(vocabulary: Any, loaded: list[AdapterRows]) -> None:
+    """The adapter recorded the norms of a few base rows; a different base model gives other norms."""
+    from peft_grounded.adapter.model import SIGNATURE_RTOL, embedding_signature
+
+    signature = embedding_signature(vocabulary.rows, vocabulary.size)
+    for rows in loaded:
+        recorded = rows.embedding_signature
+        if recorded and (
+            len(recorded) != len(signature)
+            or not all(
+                math.isclose(a, b, rel_tol=SIGNATURE_RTOL, abs_tol=1e-6)
+                for a, b in zip(recorded, signature, strict=True)
+            )
+        ):
+            raise ValueError(
+                f"the vocabulary rows of {vocabulary.source} are not those the adapters were made on (the adapter "
+                "records other norms for a few base rows); pass the adapters' base model as base_model"
+            )
+
+
+def _reference(index: Any, variant: str | None, notes: list[str]) -> np.ndarray | None:
+    if variant in (None, "none"):
+        notes.append("No reference vectors asked for: RSA and the semantic R^2 are skipped.")
+        return None
+    if variant not in index.centroids:
+        raise ValueError(f"unknown centroid variant {variant!r}; this index has {sorted(index.centroids)}")
+    notes.append(f"Reference vectors: the index's {variant!r} centroids ({index.dim}-d).")
+    return np.asarray(index.centroids[variant], dtype=np.float32)
+
+
+def _frequencies(index: Any, source: str, catalogue: Any, split: Any, notes: list[str]) -> np.ndarray | None:
+    if source not in FREQUENCY_SOURCES:
+        raise ValueError(f"frequencies must be one of {FREQUENCY_SOURCES}, got {source!r}")
+    if source == "auto":
+        if split is not None or catalogue is not None:
+            source = "targets"
+        elif index.item_interactions is not None:
+            source = "interactions"
+        else:
+            notes.append("No catalogue and no interaction counts in the index: popularity R^2 skipped.")
+            return None
+    if source == "none":
+        notes.append("No code frequencies asked for: popularity R^2 skipped.")
+        return None
+    if source == "targets":
+        if split is None:
+            if catalogue is None:
+                raise ValueError("frequencies='targets' needs a catalogue or its split")
+            split = catalogue.leave_one_out()
+        counts = split.training_target_counts()
+        notes.append("Code frequency: how often each code is a training target (leave-one-out split).")
+        return index.token_frequencies("interactions", counts).astype(np.float64)
+    if source == "interactions":
+        notes.append("Code frequency: interactions with the items carrying each code (the index's counts).")
+        return index.token_frequencies("interactions").astype(np.float64)
+    notes.append("Code frequency: items carrying each code.")
+    return index.token_frequencies("items").astype(np.float64)
+
+
+def _categories(index: Any, catalogue: Any, depth: int, notes: list[str]) -> list[str | None] | None:
+    if catalogue is not None:
+        labels = index.majority_labels(0, item_labels=catalogue.category_labels(depth))
+        origin = "the catalogue"
+    elif index.item_categories is not None:
+        labels = index.majority_labels(0, depth=depth)
+        origin = "the categories stored in the index"
+    else:
+        notes.append("No catalogue and no categories in the index: neighbourhood purity is skipped.")
+        return None
+    level0 = [None if label in (None, MISSING_CATEGORY) else label for label, _ in labels]
+    if sum(label is not None for label in level0) < 2:
+        notes.append(
+            f"{origin.capitalize()} gives no categories for the level-0 codes: neighbourhood purity is skipped."
+        )
+        return None
+    notes.append(
+        f"Categories: the majority level-0 label of each code's items (depth {depth}), from {origin}."
+    )
+    return level0 + [None] * (index.n_tokens - len(level0))
