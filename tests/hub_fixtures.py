@@ -70,6 +70,10 @@ def point_client_at(url: str, hf_home: str | Path, monkeypatch: pytest.MonkeyPat
     for name, value in patches.items():
         monkeypatch.setattr(constants, name, value)
     monkeypatch.setattr(hf_api.api, "endpoint", url)  # the HfApi behind huggingface_hub.create_repo & co
+    # transformers caches its own HfApi (and so its endpoint) on first use: make it build a new one.
+    transformers_hub = sys.modules.get("transformers.utils.hub")
+    if transformers_hub is not None and hasattr(transformers_hub, "_hf_api"):
+        monkeypatch.setattr(transformers_hub, "_hf_api", None)
 
 
 def run_python(code: str, env: dict[str, str], timeout: float = 120) -> str:

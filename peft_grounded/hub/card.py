@@ -7,8 +7,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import re
+import sysconfig
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +21,30 @@ from huggingface_hub import ModelCard, ModelCardData
 
 from ..sids.tokens import DEFAULT_TEMPLATE, sid_string, sid_token
 
-TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "model_cards" / "grounded_adapter.md"
+TEMPLATE_NAME = "grounded_adapter.md"
+# Where an installed wheel puts the template: pyproject's [tool.setuptools.data-files] entry.
+DATA_SUBDIR = ("share", "peft_grounded", "model_cards")
+
+
+def template_candidates() -> list[Path]:
+    """Where the template may be: the source tree (checkout, editable install), then the data directory
+    of an installed wheel (its environment's scheme, then the user scheme)."""
+    source = Path(__file__).resolve().parents[2] / "model_cards" / TEMPLATE_NAME
+    candidates = [source]
+    for scheme in (None, f"{os.name}_user"):
+        with contextlib.suppress(KeyError, ValueError):
+            data = sysconfig.get_path("data", scheme) if scheme else sysconfig.get_path("data")
+            candidates.append(Path(data, *DATA_SUBDIR, TEMPLATE_NAME))
+    return list(dict.fromkeys(candidates))
+
+
+def find_template() -> Path:
+    """The first existing template candidate, else the source-tree path (so that errors name it)."""
+    candidates = template_candidates()
+    return next((path for path in candidates if path.is_file()), candidates[0])
+
+
+TEMPLATE_PATH = find_template()
 LOAD_HELPER = "peft_grounded.hub.load_grounded"
 BASE_TAGS = ("peft", "peft_grounded", "semantic-ids", "generative-recommendation")
 
@@ -142,9 +168,18 @@ def render_model_card(
 
     if not isinstance(facts, GroundedCardFacts):
         facts = GroundedCardFacts.from_dict(facts)
-    template = Path(template_path) if template_path is not None else TEMPLATE_PATH
-    if not template.is_file():
-        raise FileNotFoundError(f"model card template not found: {template}")
+    if template_path is not None:
+        template = Path(template_path)
+        if not template.is_file():
+            raise FileNotFoundError(f"model card template not found: {template}")
+    else:
+        template = find_template()
+        if not template.is_file():
+            looked = ", ".join(str(p) for p in template_candidates())
+            raise FileNotFoundError(
+                f"model card template {TEMPLATE_NAME} not found (looked in: {looked}). Reinstall peft-grounded "
+                "from a wheel or a checkout (the template ships as a data file), or pass template_path=."
+            )
     card_data = ModelCardData(
         base_model=facts.base_model,
         library_name="peft",

@@ -1,0 +1,176 @@
+"""Load a grounded adapter from the Hub (or a folder) in one call: check the base, add the tokens, load."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .repo import SID_INDEX_DIR, GroundedHubError, fetch_adapter, open_source
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from torch import nn
+
+    from ..adapter import GroundedTokenConfig
+    from ..sids.index import SIDIndex
+
+
+def load_grounded(
+    base_model: nn.Module,
+    tokenizer,
+    repo_id_or_path: str | Path,
+    *,
+    revision: str | None = None,
+    adapter_name: str = "default",
+    is_trainable: bool = False,
+    token: str | bool | None = None,
+) -> PeftModel:
+    """Load the grounded adapter at ``repo_id_or_path`` (Hub repo id or local folder) onto ``base_model``.
+
+    Fetches ``adapter_config.json`` and ``adapter_model.safetensors`` only (a repo with pickled weights
+    only is refused before any download), checks that ``base_model`` and ``tokenizer`` are the ones the
+    adapter was made for, adds the adapter's tokens to both, in order (``peft_grounded.add_tokens``;
+    skipped for a tokenizer that already carries them at the adapter's rows), then returns
+    ``PeftModel.from_pretrained``. Nothing is modified when a check fails.
+    """
+    from peft import PeftModel
+
+    source, folder, config = fetch_adapter(repo_id_or_path, revision=revision, token=token)
+    prepare_base(config, base_model, tokenizer, where=source.where)
+    return PeftModel.from_pretrained(
+        base_model, str(folder), adapter_name=adapter_name, is_trainable=is_trainable
+    )
+
+
+def load_sid_index(
+    repo_id_or_path: str | Path, *, revision: str | None = None, token: str | bool | None = None
+) -> SIDIndex:
+    """The SID index (item -> SID) stored next to an adapter, in its ``sid_index/`` folder."""
+    from ..sids.index import JSON_NAME, SIDIndex
+
+    source = open_source(repo_id_or_path, revision=revision, token=token)
+    if f"{SID_INDEX_DIR}/{JSON_NAME}" not in source.files:
+        raise GroundedHubError(
+            f"The {source.where} has no SID index ({SID_INDEX_DIR}/{JSON_NAME}); its model card may say where "
+            "the index is."
+        )
+    folder = source.fetch((f"{SID_INDEX_DIR}/*",))
+    return SIDIndex.load(folder / SID_INDEX_DIR)
+
+
+def _name(model: nn.Module) -> str:
+    return getattr(getattr(model, "config", None), "_name_or_path", None) or type(model).__name__
+
+
+def check_base(config: GroundedTokenConfig, model: nn.Module, where: str = "adapter") -> None:
+    """Raise unless ``model`` has the base vocabulary rows (embedding signature) the adapter was made on."""
+    from ..adapter.model import SIGNATURE_RTOL, GroundedTokenModel, embedding_signature
+
+    wanted = config.base_model_name_or_path or "its base model"
+    weight = model.get_input_embeddings().weight
+    rows, original = weight.shape[0], GroundedTokenModel._original_vocab_size(config)
+    fix = f"Load {wanted!r} and pass it as the base model."
+    if rows < original:
+        raise GroundedHubError(
+            f"The {where} was made for {wanted!r}, with a {original}-token base vocabulary; the given base "
+            f"({_name(model)!r}) has only {rows} embedding rows. {fix}"
+        )
+    if config.num_embeddings is not None and rows > config.num_embeddings:
+        raise GroundedHubError(
+            f"The {where} was made for {wanted!r} with {config.num_embeddings} embedding rows once its tokens are "
+            f"added; the given base ({_name(model)!r}) already has {rows}. Pass the base model as loaded, without "
+            f"added tokens or resizing. {fix}"
+        )
+    if config.embedding_signature is not None:
+        signature = embedding_signature(weight, original)
+        expected = config.embedding_signature
+        if len(signature) != len(expected) or not all(
+            math.isclose(a, b, rel_tol=SIGNATURE_RTOL, abs_tol=1e-6)
+            for a, b in zip(signature, expected, strict=True)
+        ):
+            raise GroundedHubError(
+                f"The {where} was made for base model {wanted!r}, but the given base ({_name(model)!r}) has other "
+                f"vocabulary rows (embedding signature {signature} vs {expected}). {fix}"
+            )
+
+
+def check_base_tokenizer(config: GroundedTokenConfig, tokenizer, where: str = "adapter") -> bool:
+    """Check ``tokenizer``'s base vocabulary; return True if it still lacks the adapter's tokens (they can be
+    added at the adapter's rows), False if it already carries them there."""
+    from ..adapter import check_tokenizer, vocab_fingerprint
+
+    wanted = config.base_model_name_or_path or "its base model"
+    tokens, original = config.token_strings, config.original_vocab_size
+    fix = f"Pass {wanted!r}'s own tokenizer, as loaded."
+    known = config.vocab_fingerprint is not None and original is not None
+    if known and (
+        len(tokenizer) < original or vocab_fingerprint(tokenizer, original) != config.vocab_fingerprint
+    ):
+        raise GroundedHubError(
+            f"The tokenizer's base vocabulary differs from the one the {where} was made with ({original} "
+            f"tokens of {wanted!r}, fingerprint {config.vocab_fingerprint[:19]}...). {fix}"
+        )
+    vocab = tokenizer.get_vocab()
+    present = [t for t in tokens if t in vocab]
+    if len(present) == len(tokens):
+        try:
+            check_tokenizer(config, tokenizer)
+        except ValueError as err:
+            raise GroundedHubError(f"{err} {fix}") from None
+        return False
+    if present:
+        raise GroundedHubError(
+            f"The tokenizer already has {len(present)} of the {where}'s {len(tokens)} tokens (e.g. {present[0]!r}). "
+            f"{fix}"
+        )
+    start = len(tokenizer)
+    if list(config.token_indices) != list(range(start, start + len(tokens))):
+        raise GroundedHubError(
+            f"Added to this tokenizer ({start} tokens), the {where}'s tokens would land on rows {start}..., but the "
+            f"adapter owns rows {min(config.token_indices)}...: the tokenizer has other added tokens. {fix}"
+        )
+    return True
+
+
+def prepare_base(config: GroundedTokenConfig, model: nn.Module, tokenizer, where: str = "adapter") -> None:
+    """Make ``model`` and ``tokenizer`` ready for the adapter: all checks first, then add the tokens (in order)
+    to both and size the embedding to the adapter's ``num_embeddings``."""
+    from ..adapter import add_tokens
+
+    if hasattr(model, "peft_config"):
+        raise GroundedHubError(
+            "The base model already carries a PEFT adapter; pass the plain base model (e.g. from "
+            "AutoModelForCausalLM.from_pretrained) or merge_and_unload() it first."
+        )
+    if not config.token_strings:
+        raise GroundedHubError(
+            f"The {where} does not list its token strings (token_strings in {where}'s config), so its tokens "
+            "cannot be added; add them yourself and use peft.PeftModel.from_pretrained."
+        )
+    check_base(config, model, where)
+    tokens_missing = check_base_tokenizer(config, tokenizer, where)
+    rows_before = model.get_input_embeddings().weight.shape[0]
+    if tokens_missing:
+        added = add_tokens(tokenizer, model, config.token_strings)
+        if list(added) != list(config.token_indices):  # guarded by check_base_tokenizer; never silently wrong
+            raise GroundedHubError(f"The tokens landed on rows {added[:3]}..., not on the {where}'s rows.")
+    _size_embedding(config, model, rows_before)
+
+
+def _size_embedding(config: GroundedTokenConfig, model: nn.Module, rows_before: int) -> None:
+    """Grow the embedding (and head) to the adapter's ``num_embeddings`` and set the new tokens' base rows to
+    the vocabulary mean, as ``add_tokens`` does (the rows an untied head without trained rows keeps)."""
+    from ..adapter.vocab import _fill_with_mean
+
+    target = config.num_embeddings or max(config.token_indices) + 1
+    if model.get_input_embeddings().weight.shape[0] < target:
+        model.resize_token_embeddings(target, mean_resizing=False)
+    if not config.tokens_are_new:
+        return
+    reference = min(config.original_vocab_size or min(config.token_indices), rows_before)
+    embedding = model.get_input_embeddings().weight
+    _fill_with_mean(embedding, list(config.token_indices), reference)
+    head = model.get_output_embeddings()
+    if head is not None and head.weight is not embedding:
+        _fill_with_mean(head.weight, list(config.token_indices), reference)

@@ -1,0 +1,49 @@
+"""Download a grounded-adapter repo's safe files (no pickles, no code) into a local folder, atomically."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .repo import SAFE_PATTERNS, GroundedHubError, check_adapter_files, open_source, read_adapter_config
+
+
+def pull_grounded(
+    repo_id: str,
+    local_dir: str | Path,
+    *,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Download the adapter, card, SID index and tokenizer files of ``repo_id`` (``*.json``,
+    ``*.safetensors``, ``*.md``, ``*.txt``, ``*.jinja``) into ``local_dir``; returns it.
+
+    The folder appears complete or not at all (download beside it, then rename). An existing non-empty
+    ``local_dir`` is replaced only with ``overwrite=True``.
+    """
+    target = Path(local_dir).expanduser()
+    if target.exists() and (not target.is_dir() or (any(target.iterdir()) and not overwrite)):
+        raise GroundedHubError(f"{str(target)!r} exists and is not empty; pass overwrite=True to replace it.")
+    source = open_source(repo_id, revision=revision, token=token)
+    if source.folder is not None:
+        raise GroundedHubError(f"{repo_id!r} is a local folder already; pull takes a Hub repo id.")
+    check_adapter_files(list(source.files), source.where)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        source.fetch(SAFE_PATTERNS, local_dir=tmp)
+        shutil.rmtree(tmp / ".cache", ignore_errors=True)  # huggingface_hub's download bookkeeping
+        read_adapter_config(tmp, source.where)
+        if target.exists():
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
