@@ -105,6 +105,23 @@ def test_movielens_1m_raw(tmp_path):
     assert cat.report.malformed_rows == 1
 
 
+def test_movielens_csv_releases(tmp_path):
+    (tmp_path / "movies.csv").write_text(
+        'movieId,title,genres\n1,Toy Story (1995),Adventure|Animation\n2,"Heat, The (1995)",Action\n'
+    )
+    (tmp_path / "ratings.csv").write_text("userId,movieId,rating,timestamp\n1,2,4.0,20\n1,1,3.5,10\n")
+    cat = load_catalogue(tmp_path)
+    assert cat.items["2"].title == "Heat, The (1995)"
+    assert cat.items["1"].categories == ("Adventure", "Animation")
+    assert cat.sequences == {"1": ("1", "2")}
+
+
+def test_csv_with_byte_order_mark(tmp_path):
+    items = tmp_path / "items.csv"
+    items.write_bytes("\ufeffitem_id,title\n1,Pen\n".encode())
+    assert load_table(items).items["1"].title == "Pen"
+
+
 def test_recbole(tmp_path):
     write_recbole(tmp_path)
     cat = load_recbole(tmp_path, "toy")

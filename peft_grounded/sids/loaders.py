@@ -60,7 +60,7 @@ def _categories(value: Any, separator: str | None = ", ") -> tuple[str, ...]:
     return tuple(c for c in (clean_text(p) for p in parts) if c)
 
 
-def _open_text(path: Path, encoding: str = "utf-8") -> io.TextIOBase:
+def _open_text(path: Path, encoding: str = "utf-8-sig") -> io.TextIOBase:
     if path.suffix == ".gz":
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding=encoding)
     return open(path, encoding=encoding, newline="")
@@ -142,7 +142,7 @@ def load_lcrec(path: str | Path) -> Catalogue:
     joined with ", " (split back into a path; a category name that itself holds ", " splits too) or a list.
     """
     item_file, inter_file, stem = _lcrec_files(Path(path))
-    with open(item_file, encoding="utf-8") as f:
+    with open(item_file, encoding="utf-8-sig") as f:
         raw = json.load(f)
     if not isinstance(raw, dict):
         raise CatalogueError(f"{item_file} should map item ids to records, got a {type(raw).__name__}")
@@ -166,7 +166,7 @@ def load_lcrec(path: str | Path) -> Catalogue:
     def interactions() -> Iterator[Interaction]:
         if inter_file is None:
             return
-        with open(inter_file, encoding="utf-8") as f:
+        with open(inter_file, encoding="utf-8-sig") as f:
             seqs = json.load(f)
         for user, seq in seqs.items():
             for t, item_id in enumerate(seq):
@@ -278,8 +278,9 @@ ML100K_GENRES = (
 
 
 def load_movielens(path: str | Path) -> Catalogue:
-    """MovieLens raw files: ml-100k (``u.data`` + ``u.item``, ``|``-separated, latin-1) or ml-1m
-    (``ratings.dat`` + ``movies.dat``, ``::``-separated). Genres become ``categories``."""
+    """MovieLens raw files: ml-100k (``u.data`` + ``u.item``, ``|``-separated, latin-1), ml-1m
+    (``ratings.dat`` + ``movies.dat``, ``::``-separated) or ml-20m and later (``movies.csv`` +
+    ``ratings.csv``). Genres become ``categories``."""
     path = Path(path)
     report = LoadReport(source=str(path))
     if (path / "u.item").is_file():
@@ -318,9 +319,19 @@ def load_movielens(path: str | Path) -> Catalogue:
                     yield Item(parts[0], title=clean_text(parts[1]), categories=_categories(parts[2], "|"))
 
         inter_file, sep = path / "ratings.dat", "::"
+    elif (path / "movies.csv").is_file():  # ml-20m / ml-25m / ml-latest
+        return load_table(
+            path / "movies.csv",
+            path / "ratings.csv" if (path / "ratings.csv").is_file() else None,
+            item_columns={"item_id": "movieId", "title": "title", "categories": "genres"},
+            interaction_columns={"user_id": "userId", "item_id": "movieId", "timestamp": "timestamp"},
+            category_separator="|",
+            name=path.name,
+        )
     else:
         raise CatalogueError(
-            f"{path} holds neither ml-100k (u.item, u.data) nor ml-1m (movies.dat, ratings.dat)"
+            f"{path} holds no MovieLens files: ml-100k (u.item, u.data), ml-1m (movies.dat, ratings.dat) "
+            "or ml-20m and later (movies.csv, ratings.csv)"
         )
 
     def interactions() -> Iterator[Interaction]:
@@ -525,7 +536,7 @@ def detect_format(path: Path) -> str:
     elif path.is_dir():
         if any(path.glob("*.item.json")):
             return "lcrec"
-        if (path / "u.item").is_file() or (path / "movies.dat").is_file():
+        if any((path / name).is_file() for name in ("u.item", "movies.dat", "movies.csv")):
             return "movielens"
         if any(path.glob("*.item")):
             return "recbole"
