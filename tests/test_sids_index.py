@@ -222,6 +222,9 @@ def test_newer_version_and_foreign_json(index, tmp_path):
     (directory / JSON_NAME).write_text(json.dumps(meta | {"version": 99}))
     with pytest.raises(IndexFileError, match=r"newer.*upgrade"):
         SIDIndex.load(directory)
+    (directory / JSON_NAME).write_text(json.dumps({k: v for k, v in meta.items() if k != "tensors"}))
+    with pytest.raises(IndexFileError, match="lacks its tensor-file record"):
+        SIDIndex.load(directory)
     (directory / JSON_NAME).write_text(json.dumps({"hello": 1}))
     with pytest.raises(IndexFileError, match="not a peft_grounded SID index"):
         SIDIndex.load(directory)

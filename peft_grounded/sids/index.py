@@ -384,16 +384,19 @@ class SIDIndex:
                 f"{json_path} has format version {meta['version']}, newer than this peft_grounded reads "
                 f"({FORMAT_VERSION}); upgrade peft_grounded"
             )
-        tensor_path = directory / meta["tensors"]["file"]
+        record = meta.get("tensors")
+        if not isinstance(record, dict) or not {"file", "bytes", "sha256"} <= set(record):
+            raise IndexFileError(f"{json_path} lacks its tensor-file record (an incomplete index); {fix}")
+        tensor_path = directory / record["file"]
         if not tensor_path.is_file():
             raise IndexFileError(f"{tensor_path} is missing; {fix}")
         payload = tensor_path.read_bytes()
-        if len(payload) != meta["tensors"]["bytes"]:
+        if len(payload) != record["bytes"]:
             raise IndexFileError(
-                f"{tensor_path} has {len(payload)} bytes, {meta['tensors']['bytes']} expected: truncated or from "
+                f"{tensor_path} has {len(payload)} bytes, {record['bytes']} expected: truncated or from "
                 f"another save; {fix}"
             )
-        if verify and hashlib.sha256(payload).hexdigest() != meta["tensors"]["sha256"]:
+        if verify and hashlib.sha256(payload).hexdigest() != record["sha256"]:
             raise IndexFileError(
                 f"{tensor_path} fails its SHA-256 check: corrupted or from another save; {fix}"
             )
