@@ -1,6 +1,6 @@
 """Time the diagnostics at full size: SmolLM2-135M's 49,152 x 576 vocabulary and 4 x 256 SID tokens.
 
-    python -m peft_grounded.diagnostics.benchmark [--out DIR] [--snapshots 3]
+    python benchmarks/bench_diagnostics.py [--out DIR] [--snapshots 3]
 
 Builds a synthetic SID index (4 x 256 codes over random 768-d item vectors, so the centroid init
 truncates), saves ``mean``, ``gaussian`` and ``centroid`` adapters on the real SmolLM2 (from

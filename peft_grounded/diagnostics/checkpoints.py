@@ -223,7 +223,9 @@ def _stage_dirs(strategy: _Strategy) -> list[tuple[str, Path]]:
     out = []
     for stage in names:
         local = strategy.directory / stage / ADAPTER_DIR  # the folder may have moved since the run
-        elsewhere = Path(recorded[stage]) if stage in recorded else None
+        elsewhere = (
+            strategy.directory / recorded[stage] if stage in recorded else None
+        )  # relative or absolute
         out.append((stage, local if local.exists() or elsewhere is None else elsewhere))
     return out
 

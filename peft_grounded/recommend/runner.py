@@ -277,7 +277,7 @@ def run_strategy(
         "validation_curve": curve,
         "eval_users": len(users),
         "timings": timings,
-        "stages": _stage_dirs(out, spec),
+        "stages": _stage_dirs(spec),
     }
     runs.write_json_atomic(out / "metrics.json", record)
     return record
@@ -307,12 +307,10 @@ def _claim(out: Path, manifest: dict, resume: bool) -> None:
     runs.check_and_write(out, manifest, None)
 
 
-def _stage_dirs(out: Path, spec: Strategy) -> dict[str, str]:
-    stages = {"init": str(out / "init" / ADAPTER_DIR)}
-    if spec.ground:
-        stages["grounding"] = str(out / "grounding" / ADAPTER_DIR)
-    stages["sft"] = str(out / "sft" / ADAPTER_DIR)
-    return stages
+def _stage_dirs(spec: Strategy) -> dict[str, str]:
+    """Adapter directory of each stage, relative to the strategy's folder (which can then be moved)."""
+    stages = ["init", *(["grounding"] if spec.ground else []), "sft"]
+    return {stage: f"{stage}/{ADAPTER_DIR}" for stage in stages}
 
 
 def item_token_ids(tokenizer, index) -> dict[str, list[int]]:
