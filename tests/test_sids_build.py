@@ -58,6 +58,8 @@ def test_build_sids_end_to_end(minilm, tmp_path):
     ds = cat.items_dataset(loaded)
     assert ds.num_rows == 32 and ds[0]["sid"] == index.sid_text(ds[0]["item_id"])
     assert ds[0]["categories"] == ["Topic0"]
+    texts = index.token_descriptions(cat)  # for the adapter's init="description"
+    assert len(texts) == index.n_tokens and all(" model " in t for t in texts[:4])
     # rebuilding reads the vectors from the cache and gives the same SIDs
     again = build_sids(
         cat, encoder=minilm, levels=2, codes=4, cache_dir=tmp_path / "cache", show_progress=False

@@ -238,3 +238,14 @@ def test_vectors_from_another_encoder_are_refused(index):
         index.quantize(x[:5], encoder=other)
     with pytest.raises(EncoderMismatchError, match="do not match the index's 32-d encoder"):
         index.quantize(np.zeros((2, 16), np.float32))
+
+
+def test_token_descriptions_list_the_most_popular_titles(index):
+    titles = {i: f"Title {i}" for i in index.item_ids}
+    texts = index.token_descriptions(titles, per_token=2)
+    assert len(texts) == index.n_tokens
+    code = index.sid_of("item79")[0]
+    members = [i for i in index.item_ids if index.sid_of(i)[0] == code]
+    # item_interactions are arange(n): the most popular members are the highest-numbered
+    top = sorted(members, key=lambda i: -int(i[4:]))[:2]
+    assert texts[code] == "; ".join(f"Title {i}" for i in top)

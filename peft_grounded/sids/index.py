@@ -263,6 +263,25 @@ class SIDIndex:
         """Majority category label of each level-0 token (for neighbourhood-purity diagnostics)."""
         return [label for label, _ in self.majority_labels(0, depth=depth)]
 
+    def token_descriptions(self, titles: Any, per_token: int = 3, separator: str = "; ") -> list[str]:
+        """One text per SID token (row order): the titles of its ``per_token`` most popular items, for the
+        adapter's ``init="description"`` (``init_texts``). ``titles``: a ``Catalogue`` or ``{item_id:
+        title}``. Popularity is the build catalogue's interaction count (ties: index order); a token no
+        item carries gets ``""``."""
+        if hasattr(titles, "items") and not isinstance(titles, Mapping):
+            titles = {i: item.title for i, item in titles.items.items()}
+        popularity = self.item_interactions if self.item_interactions is not None else np.zeros(self.n_items)
+        out: list[str] = []
+        for level, k in enumerate(self.codes_per_level):
+            order = np.lexsort((np.arange(self.n_items), -popularity, self.codes[:, level]))
+            column = self.codes[order, level]
+            starts = np.searchsorted(column, np.arange(k), "left")
+            ends = np.searchsorted(column, np.arange(k), "right")
+            for lo, hi in zip(starts, ends, strict=True):
+                names = [titles.get(self.item_ids[i], "") for i in order[lo : min(hi, lo + per_token)]]
+                out.append(separator.join(n for n in names if n))
+        return out
+
     # ------------------------------------------------------------------------------------------ new items
 
     def check_encoder(self, encoder: Any) -> None:
