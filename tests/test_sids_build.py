@@ -103,6 +103,24 @@ def test_precomputed_vectors():
         build_sids(Catalogue("c", items), vectors=x[:3], levels=1, codes=2)
 
 
+def test_memory_mapped_vectors(tmp_path):
+    x, _, _ = clustered_vectors(n_clusters=4, sub=2, per_sub=6, dim=16)
+    np.save(tmp_path / "v.npy", x)
+    mapped = np.load(tmp_path / "v.npy", mmap_mode="r")
+    import warnings
+
+    from peft_grounded.sids.build import index_from_vectors
+    from peft_grounded.sids.rqkmeans import RQKMeansConfig
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        index = index_from_vectors(
+            mapped, [str(i) for i in range(len(x))], RQKMeansConfig(codes_per_level=(4, 4))
+        )
+    assert index.n_items == len(x)
+    assert np.array_equal(np.load(tmp_path / "v.npy"), x)  # the input is untouched
+
+
 def test_empty_template_text_is_an_error_or_a_counted_drop(minilm):
     cat = _catalogue()
     cat.items["0-0"] = Item("0-0", brand="Acme")  # no title, no categories

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -86,7 +87,12 @@ class RQKMeansResult:
 
 def check_vectors(x: np.ndarray | torch.Tensor, min_rows: int = 1, what: str = "vectors") -> torch.Tensor:
     """A float32 2-D tensor view of ``x``; raises on a wrong shape, too few rows, NaN or inf (naming rows)."""
-    t = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
+    if isinstance(x, torch.Tensor):
+        t = x
+    else:
+        with warnings.catch_warnings():  # a read-only memory map is fine: the input is never written
+            warnings.filterwarnings("ignore", message=".*not writable.*")
+            t = torch.as_tensor(np.asarray(x))
     if t.ndim != 2:
         raise QuantizationError(f"{what} must be a 2-D array [items, dim], got shape {tuple(t.shape)}")
     if t.shape[0] < min_rows:
