@@ -55,13 +55,17 @@ def add_cli(subparsers: Any) -> None:
         help="minilm (packaged all-MiniLM-L6-v2, default), st:PATH, lm:PATH (mean hidden states), "
         "lm-emb:PATH (mean input embeddings), smollm2, smollm2-emb",
     )
-    g.add_argument("--text-fields", default="title,brand,categories,description", help="fields, in order")
+    g.add_argument(
+        "--text-fields",
+        default="title,brand,categories,description",
+        help="item fields to encode, in order (any standard field or extra column; default: %(default)s)",
+    )
     g.add_argument("--unlabelled", action="store_true", help="bare field values, no 'Title:' labels")
     g.add_argument("--drop-empty-text", action="store_true", help="leave out items whose text is empty")
-    g.add_argument("--batch-size", type=int, default=64)
+    g.add_argument("--batch-size", type=int, default=64, help="encoder batch size (default: %(default)s)")
     g.add_argument("--cache-dir", help="embedding cache (default: ~/.cache/peft_grounded/embeddings)")
-    g.add_argument("--no-cache", action="store_true")
-    g.add_argument("--device", default="cpu")
+    g.add_argument("--no-cache", action="store_true", help="neither read nor write the embedding cache")
+    g.add_argument("--device", default="cpu", help="torch device of the encoder and RQ-KMeans (default: cpu)")
     g = p.add_argument_group("quantisation")
     g.add_argument(
         "--levels", type=int, help="number of k-means levels (default 3, or the length of --codes)"
@@ -69,14 +73,28 @@ def add_cli(subparsers: Any) -> None:
     g.add_argument(
         "--codes", type=_codes, default=256, help="codes per level: one number or a list (256,256,256)"
     )
-    g.add_argument("--dedup", default="level", choices=["level", "reassign", "none"])
-    g.add_argument("--balanced", default="none", choices=["none", "last", "all"])
-    g.add_argument("--normalize-residuals", action="store_true")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--max-iter", type=int, default=30)
+    g.add_argument(
+        "--dedup",
+        default="level",
+        choices=["level", "reassign", "none"],
+        help="unique SIDs: an extra disambiguation level (default), re-assignment at the last level, or none",
+    )
+    g.add_argument(
+        "--balanced",
+        default="none",
+        choices=["none", "last", "all"],
+        help="cap each code at ceil(items / codes) items on no level (default), the last level, or all levels",
+    )
+    g.add_argument(
+        "--normalize-residuals", action="store_true", help="L2-normalise the residual before each level"
+    )
+    g.add_argument("--seed", type=int, default=0, help="seed of the k-means (default: %(default)s)")
+    g.add_argument(
+        "--max-iter", type=int, default=30, help="Lloyd iterations per level at most (default: %(default)s)"
+    )
     g.add_argument("--sample-size", type=int, help="fit the codebooks on this many items, then code all")
     p.add_argument("--output", "-o", required=True, help="directory of the SID index")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
 
