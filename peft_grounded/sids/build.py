@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -116,14 +117,8 @@ def index_from_vectors(
     }
     if dedup == "reassign":
         quality["relative_error_per_level"][-1] = quality["relative_error"]
-    settings = {
+    settings = asdict(config) | {
         "codes_per_level": list(config.codes_per_level),
-        "normalize_residuals": config.normalize_residuals,
-        "balanced": config.balanced,
-        "max_iter": config.max_iter,
-        "tol": config.tol,
-        "seed": config.seed,
-        "sample_size": config.sample_size,
         "dedup": dedup,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
