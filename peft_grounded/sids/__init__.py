@@ -45,6 +45,8 @@ _LAZY = {
     "QuantizationError": "rqkmeans",
     "fit_rqkmeans": "rqkmeans",
     "kmeans": "rqkmeans",
+    "RQVAEConfig": "rqvae",
+    "fit_rqvae": "rqvae",
     "SIDIndex": "index",
     "IndexFileError": "index",
     "EncoderMismatchError": "index",

@@ -20,10 +20,13 @@ from .encoders import TextEncoder, encode_texts, load_encoder
 from .index import SIDIndex
 from .quality import level_usage
 from .rqkmeans import QuantizationError, RQKMeansConfig, check_vectors, cluster_sums, fit_rqkmeans
+from .rqvae import RQVAEConfig
 from .text import TextTemplate
 from .tokens import DEFAULT_TEMPLATE
 
 logger = logging.getLogger(__name__)
+
+QUANTIZERS = ("rqkmeans", "rqvae")
 
 
 def token_centroids(
@@ -63,21 +66,41 @@ def index_from_vectors(
     item_categories: Sequence[tuple[str, ...]] | None = None,
     token_template: str = DEFAULT_TEMPLATE,
     build_config: Mapping[str, Any] | None = None,
+    quantizer: str = "rqkmeans",
+    rqvae_config: RQVAEConfig | None = None,
 ) -> SIDIndex:
-    """Quantise ``vectors`` (one row per item id) into a SID index with unique SIDs (``dedup``)."""
+    """Quantise ``vectors`` (one row per item id) into a SID index with unique SIDs (``dedup``).
+
+    ``quantizer="rqvae"`` trains an RQ-VAE (``rqvae_config``, by default with ``config``'s codes, seed
+    and device) instead of RQ-KMeans; its codebooks, residuals and ``codebook`` centroids are then in the
+    RQ-VAE's latent space, and ``mse`` is its reconstruction error in the item space."""
     if dedup not in DEDUP_MODES:
         raise ValueError(f"dedup must be one of {DEDUP_MODES}, got {dedup!r}")
+    if quantizer not in QUANTIZERS:
+        raise ValueError(f"quantizer must be one of {QUANTIZERS}, got {quantizer!r}")
     config = config or RQKMeansConfig()
     x = check_vectors(vectors, what="item vectors")
     if x.shape[0] != len(item_ids):
         raise ValueError(f"{x.shape[0]} vectors for {len(item_ids)} item ids")
     start = time.perf_counter()
-    fit = fit_rqkmeans(x, config)
+    if quantizer == "rqvae":
+        from .rqvae import fit_rqvae
+
+        vae_config = rqvae_config or RQVAEConfig(
+            codes_per_level=config.codes_per_level, seed=config.seed, device=config.device
+        )
+        fit = fit_rqvae(x, vae_config)
+        input_mse, level_errors, fit_stats = fit.input_mse, fit.level_mse, fit.stats
+        codes_per_level = list(vae_config.codes_per_level)
+    else:
+        fit = fit_rqkmeans(x, config)
+        input_mse, fit_stats = fit.input_mse, fit.stats
+        level_errors = [e / input_mse if input_mse else 0.0 for e in fit.level_mse]
+        codes_per_level = list(config.codes_per_level)
     codes = fit.codes.cpu().numpy()
     books = [b.cpu().numpy() for b in fit.codebooks]
     residual = fit.residual.cpu().numpy()
     before = collision_stats(codes)
-    codes_per_level = list(config.codes_per_level)
     unresolved = 0
     if dedup == "reassign":
         entering = residual + books[-1][codes[:, -1]]
@@ -95,7 +118,7 @@ def index_from_vectors(
             )
     after = collision_stats(codes)
     centroids = token_centroids(x.numpy(), codes, codes_per_level, books, residual)
-    mse = float((residual**2).sum(1).mean())
+    mse = fit.reconstruction_mse if quantizer == "rqvae" else float((residual**2).sum(1).mean())
     levels = [
         level_usage(codes[:, lv], k) | {"level": lv, "disambiguation": dedup == "level" and lv == len(books)}
         for lv, k in enumerate(codes_per_level)
@@ -108,17 +131,19 @@ def index_from_vectors(
         "collisions_before": before.as_dict(),
         "collisions_after": after.as_dict(),
         "unresolved_collisions": unresolved,
-        "input_mse": fit.input_mse,
+        "quantizer": quantizer,
+        "input_mse": input_mse,
         "mse": mse,
-        "relative_error": mse / fit.input_mse if fit.input_mse else 0.0,
-        "relative_error_per_level": [e / fit.input_mse if fit.input_mse else 0.0 for e in fit.level_mse],
-        "fit": fit.stats,
+        "relative_error": mse / input_mse if input_mse else 0.0,
+        "relative_error_per_level": level_errors,
+        "fit": fit_stats,
         "quantize_seconds": round(time.perf_counter() - start, 3),
     }
-    if dedup == "reassign":
+    if dedup == "reassign" and quantizer == "rqkmeans":
         quality["relative_error_per_level"][-1] = quality["relative_error"]
-    settings = asdict(config) | {
-        "codes_per_level": list(config.codes_per_level),
+    settings = (asdict(vae_config) if quantizer == "rqvae" else asdict(config)) | {
+        "codes_per_level": codes_per_level[: len(books)],
+        "quantizer": quantizer,
         "dedup": dedup,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
@@ -139,6 +164,7 @@ def index_from_vectors(
         if item_interactions is None
         else np.asarray(item_interactions, dtype=np.int64),
         item_categories=None if item_categories is None else [tuple(c) for c in item_categories],
+        quantizer=quantizer,
     )
 
 
@@ -170,6 +196,8 @@ def build_sids(
     seed: int = 0,
     max_iter: int = 30,
     sample_size: int | None = None,
+    quantizer: str = "rqkmeans",
+    rqvae_epochs: int = 100,
     k_core: int = 0,
     empty_text: str = "error",
     catalogue_format: str = "auto",
@@ -183,12 +211,14 @@ def build_sids(
 ) -> SIDIndex:
     """Build (and, with ``output``, save) the SID index of a catalogue.
 
-    ``catalogue``: a :class:`Catalogue`, a path, or ``"movielens-100k"``. ``encoder``: a
-    :class:`TextEncoder` or a spec for :func:`~peft_grounded.sids.encoders.load_encoder` (default: the
-    packaged all-MiniLM-L6-v2). ``vectors`` (one row per catalogue item, with ``encoder_fingerprint``)
-    skips encoding. ``levels`` defaults to 3, or to the length of ``codes`` when it is a list. ``catalogue_format`` / ``catalogue_options`` go to
-    :func:`~peft_grounded.sids.loaders.load_catalogue` when ``catalogue`` is a path. ``codes`` is per level (an int for all ``levels``, or a list). ``empty_text``:
-    ``"error"`` or ``"drop"`` for items whose rendered text is empty. See ``docs/sids.md``.
+        ``catalogue``: a :class:`Catalogue`, a path, or ``"movielens-100k"``. ``encoder``: a
+        :class:`TextEncoder` or a spec for :func:`~peft_grounded.sids.encoders.load_encoder` (default: the
+        packaged all-MiniLM-L6-v2). ``vectors`` (one row per catalogue item, with ``encoder_fingerprint``)
+        skips encoding. ``levels`` defaults to 3, or to the length of ``codes`` when it is a list. ``catalogue_format`` / ``catalogue_options`` go to
+        :func:`~peft_grounded.sids.loaders.load_catalogue` when ``catalogue`` is a path. ``codes`` is per level (an int for all ``levels``, or a list). ``empty_text``:
+        ``"error"`` or ``"drop"`` for items whose rendered text is empty. ``quantizer="rqvae"`` trains an RQ-VAE
+    for ``rqvae_epochs`` instead of RQ-KMeans (then ``balanced``, ``normalize_residuals``, ``max_iter`` and
+    ``sample_size`` do not apply). See ``docs/sids.md``.
     """
     if dedup not in DEDUP_MODES:
         raise ValueError(f"dedup must be one of {DEDUP_MODES}, got {dedup!r}")
@@ -278,6 +308,12 @@ def build_sids(
             "n_interactions": catalogue.n_interactions,
             "dropped_empty_text": dropped,
         },
+        quantizer=quantizer,
+        rqvae_config=RQVAEConfig(
+            codes_per_level=config.codes_per_level, epochs=rqvae_epochs, seed=seed, device=device
+        )
+        if quantizer == "rqvae"
+        else None,
     )
     index.quality["encode_seconds"] = round(encode_seconds, 3)
     if output is not None:

@@ -68,8 +68,15 @@ def add_cli(subparsers: Any) -> None:
     g.add_argument("--device", default="cpu", help="torch device of the encoder and RQ-KMeans (default: cpu)")
     g = p.add_argument_group("quantisation")
     g.add_argument(
-        "--levels", type=int, help="number of k-means levels (default 3, or the length of --codes)"
+        "--quantizer",
+        default="rqkmeans",
+        choices=["rqkmeans", "rqvae"],
+        help="residual k-means (default) or a trained RQ-VAE",
     )
+    g.add_argument(
+        "--rqvae-epochs", type=int, default=100, help="RQ-VAE training epochs (default: %(default)s)"
+    )
+    g.add_argument("--levels", type=int, help="number of levels (default 3, or the length of --codes)")
     g.add_argument(
         "--codes", type=_codes, default=256, help="codes per level: one number or a list (256,256,256)"
     )
@@ -137,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             max_iter=args.max_iter,
             sample_size=args.sample_size,
+            quantizer=args.quantizer,
+            rqvae_epochs=args.rqvae_epochs,
             k_core=args.k_core,
             empty_text="drop" if args.drop_empty_text else "error",
             batch_size=args.batch_size,

@@ -11,7 +11,8 @@ Centroid variants (one row per SID token, in the encoder's space, dimension ``di
   level. Every token lives in the same space as the item vectors, so tokens of all levels are comparable
   and a level-2 token is "the region of its items", not a small residual vector near the origin.
 * ``"codebook"``: the level's codebook vector in residual space (level 0 coincides with the item space;
-  deeper levels are residuals, small and centred near 0).
+  deeper levels are residuals, small and centred near 0). For an RQ-VAE index this is its latent space,
+  of another width than the items.
 
 For a disambiguation level both variants use item statistics: ``"items"`` the mean original embedding of
 the items holding that code, ``"codebook"`` the mean of their final residuals (what a codebook vector at
@@ -81,6 +82,7 @@ class SIDIndex:
     build_config: dict[str, Any] = field(default_factory=dict)
     item_interactions: np.ndarray | None = None  # [n_items] interactions per item in the build catalogue
     item_categories: list[tuple[str, ...]] | None = None  # category path per item
+    quantizer: str = "rqkmeans"  # or "rqvae" (codebooks and the "codebook" centroids in its latent space)
     version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -98,9 +100,9 @@ class SIDIndex:
         if len(self.codebooks) != levels - int(self.disambiguation_level):
             raise IndexFileError(f"{len(self.codebooks)} codebooks for {levels} levels")
         for variant, matrix in self.centroids.items():
-            if matrix.shape != (self.n_tokens, self.dim):
+            if matrix.ndim != 2 or matrix.shape[0] != self.n_tokens:
                 raise IndexFileError(
-                    f"centroids[{variant!r}] has shape {matrix.shape}, expected ({self.n_tokens}, {self.dim})"
+                    f"centroids[{variant!r}] has shape {matrix.shape}, expected {self.n_tokens} rows (one per token)"
                 )
         self._row: dict[str, int] | None = None
         self._by_sid: dict[tuple[int, ...], str] | None = None
@@ -122,6 +124,9 @@ class SIDIndex:
 
     @property
     def dim(self) -> int:
+        """Width of the item vectors (and of the ``items`` centroids)."""
+        if "items" in self.centroids:
+            return int(self.centroids["items"].shape[1])
         return int(self.codebooks[0].shape[1])
 
     @property
@@ -306,6 +311,11 @@ class SIDIndex:
 
         if encoder is not None:
             self.check_encoder(encoder)
+        if self.quantizer != "rqkmeans":
+            raise ValueError(
+                f"this index was built by an {self.quantizer}, whose codes come from its encoder network, which "
+                "the index does not store; rebuild the index with the new items included"
+            )
         array = np.asarray(vectors, dtype=np.float32)
         if array.ndim != 2 or array.shape[1] != self.dim:
             raise EncoderMismatchError(
@@ -359,6 +369,7 @@ class SIDIndex:
             "codes_per_level": list(self.codes_per_level),
             "disambiguation_level": self.disambiguation_level,
             "normalize_residuals": self.normalize_residuals,
+            "quantizer": self.quantizer,
             "token_template": self.token_template,
             "tokens": self.token_strings,
             "centroid_variants": sorted(self.centroids),
@@ -433,6 +444,7 @@ class SIDIndex:
                 centroids={v: tensors[f"centroids.{v}"] for v in meta["centroid_variants"]},
                 disambiguation_level=bool(meta["disambiguation_level"]),
                 normalize_residuals=bool(meta["normalize_residuals"]),
+                quantizer=meta.get("quantizer", "rqkmeans"),
                 token_template=meta["token_template"],
                 encoder=meta["encoder"],
                 text_template=meta["text_template"],
