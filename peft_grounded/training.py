@@ -9,17 +9,41 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from peft import PeftModel
 from transformers import TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
-from trl import SFTTrainer
+from trl import SFTConfig, SFTTrainer
 
 from . import runs
 
 ADAPTER_DIR = "adapter"
 LOG_FILE = "log_history.json"
+
+
+@dataclass
+class RunConfig(SFTConfig):
+    """``SFTConfig`` with the defaults every stage of this package shares."""
+
+    lr_scheduler_type: str = field(default="cosine", metadata={"help": "Learning-rate schedule."})
+    warmup_ratio: float = field(default=0.03, metadata={"help": "Share of the steps spent warming up."})
+    completion_only_loss: bool | None = field(default=True, metadata={"help": "Loss on the completion only."})
+    gradient_checkpointing: bool = field(
+        default=False,
+        metadata={"help": "Recompute activations in the backward pass (saves memory, costs time)."},
+    )
+    save_total_limit: int | None = field(default=2, metadata={"help": "Checkpoints kept on disk."})
+    report_to: Any = field(default="none", metadata={"help": "Logging integrations (none by default)."})
+    compact_loss: bool = field(
+        default=True,
+        metadata={
+            "help": "Project only the labelled (completion) positions through the LM head, on every device; "
+            "TRL does so on CUDA only (see peft_grounded.adapter.compact_head)."
+        },
+    )
 
 
 def dataset_fingerprint(dataset) -> str:
@@ -98,6 +122,14 @@ class RunTrainer(SFTTrainer):
             "seed": a.seed,
             "max_length": a.max_length,
         }
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """TRL's loss, with the fused head scoring only the labelled positions on every device."""
+        if self.args.compact_loss:
+            inputs = {**inputs, "compact_fused_lm_head": True}
+        return super().compute_loss(
+            model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+        )
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
         output_dir = Path(self.args.output_dir)

@@ -148,3 +148,23 @@ def test_trains_inside_trl_sft_trainer(tokenizer, tiny_model_factory, tmp_path, 
         assert not torch.equal(layer.grounded_head["default"], head_before["default"])
     after = base.state_dict()
     assert all(torch.equal(frozen[k], after[k]) for k in frozen)
+
+
+@pytest.mark.parametrize(("arch", "tied"), [("llama", False), ("qwen3", True)])
+def test_compact_head_equals_trl_fused_head(tokenizer, tiny_model_factory, arch, tied):
+    """The compact path (labelled positions only) gives TRL's per-token log-probs, loss and gradients."""
+    model, _, new = setup(tokenizer, tiny_model_factory, arch, tied)
+    add_fused_lm_head(model.get_base_model(), outputs=("log_probs", "entropy", "is_top1"))
+    inputs = batch(new)
+    inputs["labels"][:, :4] = -100  # a prompt: only the completion is scored
+    full = model(**inputs, fused_lm_head=True)
+    full.loss.backward()
+    expected = {k: v.clone() for k, v in adapter_grads(model).items()}
+    model.zero_grad()
+    compact = model(**inputs, fused_lm_head=True, compact_fused_lm_head=True)
+    compact.loss.backward()
+    torch.testing.assert_close(compact.log_probs, full.log_probs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(compact.entropy, full.entropy, rtol=1e-4, atol=1e-4)
+    assert torch.equal(compact.is_top1, full.is_top1) and torch.equal(compact.label_mask, full.label_mask)
+    for key, grad in adapter_grads(model).items():
+        torch.testing.assert_close(grad, expected[key], rtol=1e-4, atol=1e-6)

@@ -14,6 +14,7 @@ from torch import nn
 
 from ..init.sources import adapter_rows, resolve_init_data
 from ..init.strategies import InitData, initial_rows
+from .compact_head import compact_fused_forward, supports_compact_head
 from .config import GroundedTokenConfig
 from .layer import GroundedHead, GroundedTokenLayer
 
@@ -310,7 +311,19 @@ class GroundedTokenModel(BaseTuner):
         model.__dict__.pop("resize_token_embeddings", None)
         return model
 
-    def forward(self, *args, **kwargs):
+    def forward(self, *args, compact_fused_lm_head: bool = False, **kwargs):
+        """The model's forward; with TRL's ``fused_lm_head=True`` and ``compact_fused_lm_head=True``, the
+        labelled positions only (see :mod:`peft_grounded.adapter.compact_head`)."""
+        if (
+            compact_fused_lm_head
+            and kwargs.get("fused_lm_head")
+            and kwargs.get("labels") is not None
+            and kwargs.get("shift_labels") is None
+            and supports_compact_head(self.model)
+        ):
+            kwargs.pop("fused_lm_head")
+            kwargs.pop("shift_labels", None)
+            return compact_fused_forward(self.model, *args, **kwargs)
         return self.model(*args, **kwargs)
 
 

@@ -15,30 +15,23 @@ states: ``train(resume_from_checkpoint=True)`` after a crash ends where an unint
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from peft import PeftModel, get_peft_model
-from trl import SFTConfig
 
 from ..adapter import GroundedTokenConfig
-from ..training import RunTrainer
+from ..training import RunConfig, RunTrainer
 
 
 @dataclass
-class GroundingConfig(SFTConfig):
-    """``SFTConfig`` with the grounding stage's defaults.
+class GroundingConfig(RunConfig):
+    """``RunConfig`` with the grounding stage's defaults.
 
     The GTI paper grounds with learning rate 1e-3 (only embedding rows move, so a large rate is safe) and
     computes the loss on the completion only.
     """
 
     learning_rate: float = field(default=1e-3, metadata={"help": "Learning rate of the new rows."})
-    lr_scheduler_type: str = field(default="cosine", metadata={"help": "Learning-rate schedule."})
-    warmup_ratio: float = field(default=0.03, metadata={"help": "Share of the steps spent warming up."})
     weight_decay: float = field(default=0.0, metadata={"help": "No decay: it would pull the rows to zero."})
-    completion_only_loss: bool | None = field(default=True, metadata={"help": "Loss on the completion only."})
-    save_total_limit: int | None = field(default=2, metadata={"help": "Checkpoints kept on disk."})
-    report_to: Any = field(default="none", metadata={"help": "Logging integrations (none by default)."})
 
 
 def _refuse_lora(config: GroundedTokenConfig) -> None:

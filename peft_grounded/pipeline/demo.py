@@ -45,7 +45,7 @@ PRESETS: dict[str, Preset] = {
         ("mean", "centroid", "gti", "centroid_gti"),
         Budget(
             grounding_steps=40,
-            sft_steps=80,
+            sft_steps=60,
             batch_size=8,
             grounding_lr=5e-3,
             sft_lr=1e-3,
@@ -53,18 +53,20 @@ PRESETS: dict[str, Preset] = {
             lora_alpha=16,
             max_length=128,
             bf16=True,
-            eval_users=100,
+            weights_dtype="bfloat16",
+            eval_users=60,
             num_beams=20,
             eval_every=0,
-            max_train_examples=2000,
-            max_grounding_examples=2000,
-            save_steps=40,
+            max_train_examples=1000,
+            max_grounding_examples=1000,
+            save_steps=20,
             logging_steps=10,
         ),
-        max_history=8,
-        note="CPU-sized: 4 strategies, 40 grounding + 80 SFT steps at batch 8 in bf16 autocast, 100 evaluation "
-        "users. Enough to run every stage on real data in minutes, far too little to rank the strategies: "
-        "use the `full` preset on a GPU (or benchmarks/bench_quality.py) for that.",
+        max_history=5,
+        note="CPU-sized to finish in about 15 minutes on 2 cores, setup included: 4 strategies, 40 grounding + 60 "
+        "SFT steps at batch 8 (bf16 base, bf16 autocast), 60 validation and 60 test users. That runs every "
+        "stage on real data, but is far too little training to rank the strategies: use the `full` preset on "
+        "a GPU, or benchmarks/bench_quality.py, for that.",
     ),
     "full": Preset(
         "full",

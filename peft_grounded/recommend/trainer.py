@@ -3,28 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from peft import PeftModel
 from transformers import TrainerCallback
-from trl import SFTConfig
 
 from ..adapter import GroundedTokenConfig
-from ..training import RunTrainer
+from ..training import RunConfig, RunTrainer
 
 
 @dataclass
-class RecommendationConfig(SFTConfig):
-    """``SFTConfig`` with the recommendation stage's defaults (LoRA + new rows, loss on the SID only)."""
+class RecommendationConfig(RunConfig):
+    """``RunConfig`` with the recommendation stage's defaults (LoRA + new rows, loss on the SID only)."""
 
     learning_rate: float = field(
         default=5e-4, metadata={"help": "Learning rate of the LoRA and the new rows."}
     )
-    lr_scheduler_type: str = field(default="cosine", metadata={"help": "Learning-rate schedule."})
-    warmup_ratio: float = field(default=0.03, metadata={"help": "Share of the steps spent warming up."})
-    completion_only_loss: bool | None = field(default=True, metadata={"help": "Loss on the target SID only."})
-    save_total_limit: int | None = field(default=2, metadata={"help": "Checkpoints kept on disk."})
-    report_to: Any = field(default="none", metadata={"help": "Logging integrations (none by default)."})
 
 
 class RecommendationTrainer(RunTrainer):
