@@ -54,16 +54,16 @@ def run(args) -> int:
         cold_max_count=args.cold_max_count,
         ks=tuple(args.ks),
     )
-    users = experiment.eval_users(args.users, args.seed)
     results = evaluate_users(
         model,
         tokenizer,
         experiment,
         item_token_ids(tokenizer, index),
         budget,
-        users,
         tuple(args.splits),
         budget.ks,
+        args.users,
+        args.seed,
     )
     out = Path(args.out)
     write_json(out / "metrics.json", results)

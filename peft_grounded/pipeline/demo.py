@@ -178,10 +178,19 @@ def run_demo(
     summary = _summarise(spec, records, time.perf_counter() - started)
     runs.write_json_atomic(out / "summary.json", summary)
     report = [f"# peft_grounded demo ({spec.name})", "", spec.note, "", index.summary(), ""]
+    by_run = {name: recs[0]["metrics"] for name, recs in records.items()}
     for part in ("test", "valid"):
         for subset in ("all", "cold"):
-            by_run = {name: recs[0]["metrics"] for name, recs in records.items()}
-            report += [comparison_table(by_run, split=part, subset=subset), ""]
+            first = next(iter(by_run.values()))[part].get(subset, {})
+            label = (
+                "all users (a seeded sample)"
+                if subset == "all"
+                else (
+                    f"users whose target is a cold item (at most {spec.budget.cold_max_count}x a training target; "
+                    f"{first.get('cold_users_available', 0)} such users, a seeded sample decoded)"
+                )
+            )
+            report += [f"## {part}: {label}", "", comparison_table(by_run, split=part, subset=subset), ""]
     report += [
         "## Timings (s)",
         "",

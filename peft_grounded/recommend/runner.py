@@ -123,12 +123,6 @@ class Experiment:
         if self.split is None:
             self.split = self.catalogue.leave_one_out()
 
-    def eval_users(self, n: int | None, seed: int) -> list[str]:
-        users = [u.user_id for u in self.split.users]
-        if n is None or n >= len(users):
-            return users
-        return sorted(random.Random(seed).sample(users, n))
-
 
 def load_base(model_path: str, dtype: torch.dtype = torch.float32):
     """A fresh tokenizer and base model from a local checkpoint."""
@@ -238,11 +232,19 @@ def run_strategy(
         target_modules=budget.lora_target_modules,
     )
     catalogue_ids = item_token_ids(tokenizer, experiment.index)
-    curve_users = experiment.eval_users(budget.curve_users, budget.seed + 1)
 
     def validation(live_model) -> dict:
         return evaluate_users(
-            model, tokenizer, experiment, catalogue_ids, budget, curve_users, ("valid",), ks=(5, 10)
+            model,
+            tokenizer,
+            experiment,
+            catalogue_ids,
+            budget,
+            ("valid",),
+            (5, 10),
+            budget.curve_users,
+            budget.seed + 1,
+            cold=False,
         )["valid"]["all"]
 
     stage = out / "sft"
@@ -271,9 +273,16 @@ def run_strategy(
         runs.write_json_atomic(stage / "validation_curve.json", curve)
     timings["sft_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    users = experiment.eval_users(budget.eval_users, budget.seed)
     results = evaluate_users(
-        model, tokenizer, experiment, catalogue_ids, budget, users, ("valid", "test"), budget.ks
+        model,
+        tokenizer,
+        experiment,
+        catalogue_ids,
+        budget,
+        ("valid", "test"),
+        budget.ks,
+        budget.eval_users,
+        budget.seed,
     )
     timings["eval_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - started
@@ -282,7 +291,7 @@ def run_strategy(
         "description": spec.description,
         "metrics": results,
         "validation_curve": curve,
-        "eval_users": len(users),
+        "eval_users": budget.eval_users,
         "timings": timings,
         "stages": _stage_dirs(spec),
     }
@@ -326,31 +335,57 @@ def item_token_ids(tokenizer, index) -> dict[str, list[int]]:
     return sid_token_ids(tokenizer, {item: index.sid_text(item) for item in index.item_ids})
 
 
-def evaluate_users(
-    model, tokenizer, experiment: Experiment, catalogue_ids, budget: Budget, users, parts, ks
-) -> dict:
-    from ..evaluation import evaluate_recommender
+def _seeded_sample(items: list, n: int | None, seed: int) -> list:
+    return list(items) if n is None or n >= len(items) else random.Random(seed).sample(items, n)
 
-    keep = set(users)
-    splits = {}
+
+def evaluate_users(
+    model,
+    tokenizer,
+    experiment: Experiment,
+    catalogue_ids,
+    budget: Budget,
+    parts,
+    ks,
+    n_users: int | None,
+    seed: int,
+    cold: bool = True,
+) -> dict:
+    """Recall/NDCG@K of ``parts`` ("valid", "test"): on a seeded sample of ``n_users`` users ("all"), and on
+    a seeded sample of as many users whose target is a cold item ("cold"; cold targets are rare, so a
+    sample of all users would hold few of them). Both samples are decoded in one pass."""
+    from ..decoding import SIDTrie, recommend
+    from ..evaluation import ranking_metrics
+
+    cold_items = experiment.split.cold_items(budget.cold_max_count)
+    trie = SIDTrie(catalogue_ids)
+    results = {}
     for part in parts:
-        examples = getattr(experiment.split, f"{part}_examples")(experiment.fmt.max_history)
-        _, prompts, targets = inference_prompts(
-            (e for e in examples if e[0] in keep),
-            experiment.index,
-            tokenizer,
-            experiment.catalogue,
-            experiment.fmt,
+        examples = list(getattr(experiment.split, f"{part}_examples")(experiment.fmt.max_history))
+        chosen = _seeded_sample(examples, n_users, seed)
+        cold_pool = [e for e in examples if e[2] in cold_items] if cold else []
+        cold_chosen = _seeded_sample(cold_pool, n_users, seed)
+        todo = list({e[0]: e for e in chosen + cold_chosen}.values())
+        users, prompts, _ = inference_prompts(
+            todo, experiment.index, tokenizer, experiment.catalogue, experiment.fmt
         )
-        splits[part] = (prompts, targets)
-    cold = experiment.split.cold_items(budget.cold_max_count)
-    return evaluate_recommender(
-        model,
-        tokenizer,
-        splits,
-        catalogue_ids,
-        cold_items=cold,
-        ks=ks,
-        num_beams=max(budget.num_beams, max(ks)),
-        batch_size=budget.eval_batch_size,
-    )
+        recs = recommend(
+            model,
+            tokenizer,
+            prompts,
+            trie,
+            k=max(ks),
+            num_beams=max(budget.num_beams, max(ks)),
+            batch_size=budget.eval_batch_size,
+        )
+        ranked = dict(zip(users, recs.items, strict=True))
+        results[part] = {
+            "all": ranking_metrics([ranked[e[0]] for e in chosen], [e[2] for e in chosen], ks),
+            "decoding": recs.stats(),
+        }
+        if cold:
+            results[part]["cold"] = ranking_metrics(
+                [ranked[e[0]] for e in cold_chosen], [e[2] for e in cold_chosen], ks
+            )
+            results[part]["cold"]["cold_users_available"] = len(cold_pool)
+    return results
