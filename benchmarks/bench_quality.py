@@ -126,7 +126,9 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--curve-users", type=int, default=100)
     parser.add_argument("--max-history", type=int, default=8)
-    parser.add_argument("--bf16", action="store_true")
+    parser.add_argument(
+        "--fp32", action="store_true", help="fp32 base and no autocast (default: bf16, as the demo)"
+    )
     args = parser.parse_args()
 
     name = Path(args.dataset).name or args.dataset
