@@ -127,6 +127,12 @@ def main() -> None:
     parser.add_argument("--curve-users", type=int, default=100)
     parser.add_argument("--max-history", type=int, default=8)
     parser.add_argument(
+        "--max-train-examples",
+        type=int,
+        default=5000,
+        help="seeded sample of the SFT sliding windows (tokenising all of them costs minutes)",
+    )
+    parser.add_argument(
         "--fp32", action="store_true", help="fp32 base and no autocast (default: bf16, as the demo)"
     )
     args = parser.parse_args()
@@ -161,7 +167,7 @@ def main() -> None:
         curve_users=args.curve_users,
         save_steps=max(args.sft_steps // 2, 1),
         logging_steps=10,
-        max_train_examples=None,
+        max_train_examples=args.max_train_examples,
         max_grounding_examples=None,
     )
     experiment = Experiment(
