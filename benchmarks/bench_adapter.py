@@ -10,8 +10,8 @@ Compares, on SmolLM2-135M (local GGUF, cached as safetensors), batch 16 x 64 tok
 Each configuration runs in a fresh process (so peak memory is its own); a step is forward + backward
 (+ AdamW step for a-c). Prints a markdown table; ``--json`` writes the rows too.
 
-    python benchmarks/bench_adapter.py                 # fp32 and bf16 autocast, 7 timed steps
-    python benchmarks/bench_adapter.py --steps 3 --precisions fp32
+    python benchmarks/bench_adapter.py                 # fp32 and bf16 autocast, 3 rounds x 4 steps
+    python benchmarks/bench_adapter.py --rounds 1 --steps 3 --precisions fp32
 """
 
 from __future__ import annotations
@@ -160,7 +160,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--steps", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per process")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="processes per configuration, interleaved across methods so drift in the machine's "
+        "load hits all of them alike; the median is over every timed step",
+    )
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=512)
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
@@ -173,27 +180,36 @@ def main() -> None:
         return
     rows = []
     for precision in args.precisions:
+        runs: dict[str, list[dict]] = {m: [] for m in args.methods}
+        for _ in range(args.rounds):
+            for method in args.methods:
+                out = subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--one",
+                        method,
+                        precision,
+                        "--steps",
+                        str(args.steps),
+                        "--warmup",
+                        str(args.warmup),
+                        "--new-tokens",
+                        str(args.new_tokens),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                runs[method].append(json.loads(out.stdout.strip().splitlines()[-1]))
         for method in args.methods:
-            out = subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--one",
-                    method,
-                    precision,
-                    "--steps",
-                    str(args.steps),
-                    "--warmup",
-                    str(args.warmup),
-                    "--new-tokens",
-                    str(args.new_tokens),
-                ],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-            print(f"{precision} {method}: {rows[-1]['step_s']:.2f} s/step", file=sys.stderr)
+            merged = dict(runs[method][-1])
+            merged["step_s_all"] = [t for r in runs[method] for t in r["step_s_all"]]
+            merged["step_s"] = statistics.median(merged["step_s_all"])
+            merged["peak_rss_mib"] = max(r["peak_rss_mib"] for r in runs[method])
+            merged["peak_over_start_mib"] = max(r["peak_over_start_mib"] for r in runs[method])
+            rows.append(merged)
+            print(f"{precision} {method}: {merged['step_s']:.2f} s/step", file=sys.stderr)
     print(f"load average during the run: {os.getloadavg()}")
     print(table(rows))
     if args.json:

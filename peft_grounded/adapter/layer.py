@@ -160,17 +160,25 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
     def head_forward(self, head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of the frozen head with the new tokens' columns computed from the adapter rows."""
         self._check_size()
-        logits = head(hidden)
-        bias = getattr(head, "bias", None)
-        for name in self._adapters_in_effect():
-            rows = self._output_rows(name)
-            if rows is None:
-                continue
-            index = self.grounded_indices[name].to(logits.device)
-            rows = rows.to(hidden.dtype)
-            new = F.linear(hidden, rows, None if bias is None else bias[index].to(rows.dtype))
-            logits.index_copy_(-1, index, new.to(logits.dtype))
-        return logits
+        pairs = [
+            (self.grounded_indices[n], rows)
+            for n in self._adapters_in_effect()
+            if (rows := self._output_rows(n)) is not None
+        ]
+        if not pairs:
+            return head(hidden)
+        index = torch.cat([i for i, _ in pairs]).to(hidden.device)
+        rows = torch.cat([r for _, r in pairs]) if len(pairs) > 1 else pairs[0][1]
+        weight, bias = head.weight, getattr(head, "bias", None)
+        if (
+            isinstance(head, nn.Linear)
+            and not weight.requires_grad
+            and (bias is None or not bias.requires_grad)
+        ):
+            return _OverlayColumns.apply(hidden, weight, bias, rows, index)
+        logits = head(hidden)  # a trainable or unusual head: plain autograd
+        new = F.linear(hidden, rows.to(hidden.dtype), None if bias is None else bias[index].to(hidden.dtype))
+        return logits.index_copy(-1, index, new.to(logits.dtype))
 
     def head_weight(self, head: nn.Module) -> torch.Tensor:
         """The head's weight with the adapter rows written in (differentiable w.r.t. those rows)."""
@@ -217,6 +225,32 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
                 head_weight.data.index_copy_(
                     0, index.to(head_weight.device), self.grounded_head_original[name]
                 )
+
+
+class _OverlayColumns(torch.autograd.Function):
+    """``hidden @ weight.T + bias`` with the columns ``index`` computed from ``rows`` instead of ``weight``.
+
+    The frozen head's weight gets no gradient; the backward pass corrects the hidden-state gradient for the
+    replaced columns (``g[:, index] @ (rows - weight[index])``) instead of zeroing them in a copy of the
+    full logits gradient, and gives ``rows`` their gradient from those columns only.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, rows, index):
+        logits = F.linear(hidden, weight, bias)
+        new = F.linear(hidden, rows.to(logits.dtype), None if bias is None else bias[index].to(logits.dtype))
+        logits.index_copy_(-1, index, new.to(logits.dtype))
+        ctx.save_for_backward(hidden, weight, rows, index)
+        return logits
+
+    @staticmethod
+    def backward(ctx, grad):
+        hidden, weight, rows, index = ctx.saved_tensors
+        columns = grad.index_select(-1, index)
+        frozen = weight.to(grad.dtype)
+        grad_hidden = grad @ frozen + columns @ (rows.to(grad.dtype) - frozen[index])
+        grad_rows = columns.reshape(-1, index.numel()).T @ hidden.reshape(-1, hidden.shape[-1]).to(grad.dtype)
+        return grad_hidden.to(hidden.dtype), None, None, grad_rows.to(rows.dtype), None
 
 
 class GroundedHead(nn.Module):
