@@ -107,3 +107,31 @@ def test_runner_trains_evaluates_and_resumes(toy, model_dir, tmp_path):
     changed = Budget(**{**budget.__dict__, "sft_steps": 3})
     with pytest.raises(RunMismatchError, match="sft_steps"):
         run_strategy("centroid_gti", experiment, changed, out, resume=True)
+
+
+def test_validation_curve_survives_a_resume():
+    """A resumed run restores the curve points logged before its checkpoint (they are in the trainer state)."""
+    from transformers import TrainerControl, TrainerState
+
+    from peft_grounded.recommend import ValidationRecall
+
+    def evaluate(model):
+        return {"recall@5": 0.5, "recall@10": 0.75, "users": 4}
+
+    state = TrainerState()
+    state.log_history = [
+        {"step": 1, "loss": 2.0, "learning_rate": 1e-3},
+        {"step": 2, "eval_recall@5": 0.25, "eval_recall@10": 0.5, "eval_users": 4},
+        {"step": 2, "loss": 1.5, "learning_rate": 1e-3},
+    ]
+    state.global_step = 4
+    callback = ValidationRecall(evaluate, every=2)
+    callback.on_train_begin(None, state, TrainerControl())
+    callback.on_step_end(None, state, TrainerControl())
+    assert callback.curve == [
+        {"step": 2, "recall@5": 0.25, "recall@10": 0.5, "users": 4},
+        {"step": 4, "recall@5": 0.5, "recall@10": 0.75, "users": 4},
+    ]
+    fresh = ValidationRecall(evaluate, every=2)
+    fresh.on_train_begin(None, TrainerState(), TrainerControl())
+    assert fresh.curve == []

@@ -37,11 +37,26 @@ class RecommendationTrainer(RunTrainer):
 
 
 class ValidationRecall(TrainerCallback):
-    """Every ``every`` steps, decode the validation prompts and log Recall@K / NDCG@K (``eval_recall@5``...)."""
+    """Every ``every`` steps, decode the validation prompts and log Recall@K / NDCG@K (``eval_recall@5``...).
+
+    The points are also kept in ``state.log_history``, which checkpoints store: a resumed run starts its
+    ``curve`` from the points logged before the checkpoint, so it ends with the whole curve.
+    """
 
     def __init__(self, evaluate, every: int) -> None:
         self.evaluate, self.every = evaluate, every
         self.curve: list[dict] = []
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.curve = [
+            {
+                "step": entry["step"],
+                **{k[len("eval_") :]: v for k, v in entry.items() if k.startswith("eval_")},
+            }
+            for entry in state.log_history
+            if "step" in entry and any(k.startswith("eval_recall@") for k in entry)
+        ]
+        return control
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if self.every and state.global_step % self.every == 0 and state.is_world_process_zero:
