@@ -199,6 +199,26 @@ def test_warm_start_from_a_saved_adapter_matches_by_string(tokenizer, tiny_model
     assert torch.equal(warm_layer.grounded_head["default"], layer.grounded_head["default"][perm])
 
 
+def test_warm_start_from_another_models_adapter_is_a_clear_error(tokenizer, tiny_model_factory, tmp_path):
+    import json
+
+    from safetensors.torch import save_file
+
+    base = tiny_model_factory("llama", True)
+    new = peft_grounded.add_sid_tokens(tokenizer, base, [4, 4])
+    folder = tmp_path / "other"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"token_strings": new.tokens}))
+    key = "base_model.model.model.embed_tokens.grounded_embedding"
+    save_file({key: torch.randn(len(new), 32)}, str(folder / "adapter_model.safetensors"))  # model is 64-d
+    config = GroundedTokenConfig(token_indices=new, init="adapter", init_vectors=str(folder))
+    with pytest.raises(ValueError, match="32-d but this model's rows are 64-d"):
+        get_peft_model(base, config)
+    save_file({key: torch.full((len(new), 64), float("nan"))}, str(folder / "adapter_model.safetensors"))
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        get_peft_model(base, GroundedTokenConfig(token_indices=new, init="adapter", init_vectors=str(folder)))
+
+
 def test_projection_rejects_truncating_narrow_vectors():
     with pytest.raises(ValueError, match="narrower"):
         project_vectors(torch.randn(4, 8), torch.randn(50, 16), "truncate")

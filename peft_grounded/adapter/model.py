@@ -204,7 +204,7 @@ class GroundedTokenModel(BaseTuner):
             return weight.detach()[index].clone(), head.weight.detach()[index].clone() if train_head else None
         if config.init == "adapter":
             saved_in, saved_out = adapter_rows(
-                config.init_vectors, config.token_indices, config.token_strings
+                config.init_vectors, config.token_indices, config.token_strings, width=weight.shape[1]
             )
             if train_head and saved_out is None:
                 saved_out = saved_in

@@ -99,11 +99,12 @@ def resolve_init_data(config: Any, matrix: str) -> InitData:
 
 
 def adapter_rows(
-    path: str | Path, token_indices: list[int], token_strings: list[str] | None
+    path: str | Path, token_indices: list[int], token_strings: list[str] | None, width: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Input and output rows for ``token_indices`` taken from a saved grounded adapter (warm start).
 
-    Tokens are matched by string when both adapters know their strings, else by index.
+    Tokens are matched by string when both adapters know their strings, else by index. ``width``: the
+    model's row width, checked (with finiteness) so that another model's adapter fails here, clearly.
     """
     directory = Path(path)
     weights, config_file = directory / ADAPTER_WEIGHTS, directory / ADAPTER_CONFIG
@@ -137,4 +138,15 @@ def adapter_rows(
             )
         rows = [position[t] for t in token_indices]
     index = torch.as_tensor(rows, dtype=torch.long)
-    return inputs[0][index], (outputs[0][index] if outputs else None)
+    picked = [inputs[0][index], outputs[0][index] if outputs else None]
+    for name, tensor in zip(("grounded_embedding", "grounded_head"), picked, strict=True):
+        if tensor is None:
+            continue
+        if width is not None and tensor.shape[1] != width:
+            raise ValueError(
+                f"init='adapter': the rows in {weights} are {tensor.shape[1]}-d but this model's rows are "
+                f"{width}-d: the saved adapter belongs to another base model."
+            )
+        if not torch.isfinite(tensor).all():
+            raise ValueError(f"init='adapter': {name} in {weights} holds NaN or Inf rows.")
+    return picked[0], picked[1]
