@@ -43,8 +43,8 @@ def resolve_projection(method: str, d_in: int, d_model: int, has_anchors: bool) 
         )
     if method == "lstsq" and not has_anchors:
         raise ValueError(
-            "centroid_projection='lstsq' needs init_anchors: encoder vectors of vocabulary tokens and their "
-            "token ids (see peft_grounded.init.encode_vocabulary_anchors)."
+            "centroid_projection='lstsq' needs init_anchors={'token_ids': [...], 'vectors': [a, d]}: the ids of "
+            "some vocabulary tokens and the vectors the centroids' encoder gives their strings."
         )
     return method
 
