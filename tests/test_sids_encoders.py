@@ -112,6 +112,24 @@ def test_lm_encoder_mean_hidden_states_ignore_padding(tiny_lm_dir):
         LMEncoder(tiny_lm_dir, pooling="cls")
 
 
+def test_lm_encoder_with_a_left_padding_tokenizer_without_pad_token(tiny_lm_dir, tmp_path):
+    """Many LM tokenizers pad on the left, or not at all: a text's vector must not depend on its batch."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    path = tmp_path / "left"
+    shutil.copytree(tiny_lm_dir, path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    tokenizer.pad_token = None
+    tokenizer.save_pretrained(path)
+    enc = LMEncoder(path, pooling="mean_hidden")
+    batch = enc.encode(["a blue pen for the office desk", "lamp"], batch_size=2)
+    alone = enc.encode(["lamp"], batch_size=1)
+    assert np.allclose(batch[1], alone[0], atol=1e-4)
+
+
 def test_load_encoder_specs(tiny_lm_dir):
     assert load_encoder(f"lm:{tiny_lm_dir}").pooling == "mean_hidden"
     assert load_encoder(f"lm-emb:{tiny_lm_dir}").pooling == "mean_embeddings"

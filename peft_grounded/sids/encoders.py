@@ -149,6 +149,11 @@ class LMEncoder:
 
         self.path = Path(model)
         self.tokenizer = AutoTokenizer.from_pretrained(str(model), local_files_only=True)
+        # Right padding: with left padding a causal LM would see the real tokens at shifted positions, so a
+        # text's vector would depend on the batch it was encoded in (and the cache would keep one of them).
+        self.tokenizer.padding_side = "right"
+        if self.tokenizer.pad_token is None:  # many LM tokenizers have none; padded positions are masked out
+            self.tokenizer.pad_token = self.tokenizer.eos_token or self.tokenizer.unk_token
         self.pooling, self.layer, self.max_length = pooling, layer, max_length
         self.normalize, self.device = normalize, device
         self.model = AutoModel.from_pretrained(str(model), local_files_only=True, dtype=torch.float32).to(
