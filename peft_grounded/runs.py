@@ -69,6 +69,16 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
 
 def check_and_write(output_dir: str | Path, manifest: dict, resume_from: str | Path | None) -> None:
     """Refuse to mix runs, then record ``manifest`` in ``output_dir`` (and nothing else)."""
+    check_run(output_dir, manifest, resume_from)
+    write_json_atomic(Path(output_dir) / MANIFEST, manifest)
+
+
+def check_run(output_dir: str | Path, manifest: dict, resume_from: str | Path | None) -> None:
+    """Raise :class:`RunMismatchError` if ``output_dir`` or ``resume_from`` holds another run; reads only.
+
+    Distributed trainers call it on every rank (only the main one writes), so that a refusal stops every
+    process instead of leaving the others waiting in a collective.
+    """
     output_dir = Path(output_dir)
     sources = []
     if resume_from is not None:
@@ -90,4 +100,3 @@ def check_and_write(output_dir: str | Path, manifest: dict, resume_from: str | P
                 + ". Resume with the same settings, or start the new run in another output directory "
                 "(the existing checkpoints were left untouched)."
             )
-    write_json_atomic(output_dir / MANIFEST, manifest)

@@ -138,8 +138,11 @@ class RunTrainer(SFTTrainer):
             if last is None:
                 raise FileNotFoundError(f"resume_from_checkpoint=True but {output_dir} holds no checkpoint.")
             resume_from_checkpoint = last
+        # every rank checks (a refusal on the main process alone would leave the others hanging in DDP's
+        # first collective); only the main one writes
+        runs.check_run(output_dir, self.manifest, resume_from_checkpoint)
         if self.is_world_process_zero():
-            runs.check_and_write(output_dir, self.manifest, resume_from_checkpoint)
+            runs.write_json_atomic(output_dir / runs.MANIFEST, self.manifest)
         result = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
         if self.is_world_process_zero():
             runs.write_json_atomic(output_dir / LOG_FILE, self.state.log_history)

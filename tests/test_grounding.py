@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -163,3 +164,18 @@ def test_killed_run_resumes_to_the_same_state(tmp_path):
         torch.testing.assert_close(got[key], expected[key], rtol=1e-5, atol=1e-6)
     start = torch.load(tmp_path / "straight" / "final_rows.pt")["input"]
     assert start.abs().sum() > 0
+
+
+def test_check_run_reads_only(tmp_path):
+    """What every rank of a distributed run calls before training: it refuses, and never writes."""
+    from peft_grounded import runs
+
+    runs.write_json_atomic(tmp_path / runs.MANIFEST, {"seed": 1})
+    (tmp_path / "checkpoint-2").mkdir()
+    runs.write_json_atomic(tmp_path / "checkpoint-2" / runs.MANIFEST, {"seed": 1})
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    runs.check_run(tmp_path, {"seed": 1}, tmp_path / "checkpoint-2")
+    with pytest.raises(RunMismatchError, match="seed: 1 -> 2"):
+        runs.check_run(tmp_path, {"seed": 2}, tmp_path / "checkpoint-2")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    assert json.loads((tmp_path / runs.MANIFEST).read_text()) == {"seed": 1}
