@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from peft import PeftModel
+from peft import PeftModel, PeftModelForCausalLM
 from transformers import TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
@@ -97,6 +98,18 @@ class RunTrainer(SFTTrainer):
         super().__init__(model=model, args=args, **kwargs)
         self.manifest = self.build_manifest(data)
         self.add_callback(_CopyManifest(self.manifest))
+        # The flag reaches GroundedTokenModel.forward only through PeftModelForCausalLM: a plain PeftModel
+        # (no task_type) calls the transformers model directly, which would ignore it.
+        self._compact_loss = getattr(self.args, "compact_loss", False) and isinstance(
+            self.model, PeftModelForCausalLM
+        )
+        if getattr(self.args, "compact_loss", False) and not self._compact_loss:
+            warnings.warn(
+                "compact_loss=True needs a model wrapped with task_type='CAUSAL_LM' (a PeftModelForCausalLM); "
+                f"this is a {type(self.model).__name__}, so TRL's full-vocabulary head is used for every position "
+                "(same result, slower). Pass task_type='CAUSAL_LM' to GroundedTokenConfig.",
+                stacklevel=2,
+            )
 
     def build_manifest(self, data_fingerprint: str) -> dict:
         a = self.args
@@ -125,7 +138,7 @@ class RunTrainer(SFTTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """TRL's loss, with the fused head scoring only the labelled positions on every device."""
-        if self.args.compact_loss:
+        if self._compact_loss:
             inputs = {**inputs, "compact_fused_lm_head": True}
         return super().compute_loss(
             model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch

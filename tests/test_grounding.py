@@ -179,3 +179,49 @@ def test_check_run_reads_only(tmp_path):
         runs.check_run(tmp_path, {"seed": 2}, tmp_path / "checkpoint-2")
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
     assert json.loads((tmp_path / runs.MANIFEST).read_text()) == {"seed": 1}
+
+
+def test_compact_loss_reaches_the_model_or_says_why_not(
+    tokenizer, tiny_model_factory, toy, tmp_path, monkeypatch
+):
+    import contextlib
+
+    import peft_grounded.adapter.model as tuner
+
+    calls = []
+    original = tuner.compact_fused_forward
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(tuner, "compact_fused_forward", spy)
+    catalogue, index = toy
+    for task_type in (None, "CAUSAL_LM"):
+        model = tiny_model_factory("llama", False)
+        extended = peft_tokenizer(tokenizer)
+        new = peft_grounded.add_tokens(extended, model, index.token_strings)
+        args = GroundingConfig(
+            output_dir=str(tmp_path / str(task_type)),
+            max_steps=1,
+            per_device_train_batch_size=2,
+            use_cpu=True,
+            max_length=64,
+            disable_tqdm=True,
+            save_strategy="no",
+        )
+        expect = (
+            pytest.warns(UserWarning, match="task_type='CAUSAL_LM'")
+            if task_type is None
+            else contextlib.nullcontext()
+        )
+        with expect:
+            trainer = GroundingTrainer(
+                model,
+                args,
+                peft_config=peft_grounded.GroundedTokenConfig(token_indices=new, task_type=task_type),
+                train_dataset=grounding_dataset(catalogue, index, extended),
+                processing_class=extended,
+            )
+        trainer.train()
+        assert len(calls) == (0 if task_type is None else 1)
