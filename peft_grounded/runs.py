@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from ._io import atomic_write_text
 
 MANIFEST = "run.json"
 
@@ -31,17 +31,7 @@ def fingerprint(value: Any) -> str:
 
 def write_json_atomic(path: str | Path, value: Any) -> None:
     """Write JSON to ``path`` through a temporary file in the same directory (never a half-written file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(value, handle, indent=2, sort_keys=True, default=str)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:

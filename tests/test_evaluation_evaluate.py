@@ -90,3 +90,24 @@ def test_evaluation_through_constrained_decoding(tokenizer, tiny_model_factory):
     json.dumps(results, allow_nan=False)
     with pytest.raises(ValueError, match="not in the catalogue"):
         evaluate_recommender(model, tokenizer, {"test": (prompts, ["nope", *targets[1:]])}, catalogue, ks=ks)
+
+
+def test_every_atomic_writer_gives_ordinary_permissions(tmp_path):
+    """Reports, metrics and manifests are as readable as any file the user writes (not mkstemp's 0600)."""
+    import os
+    from pathlib import Path
+
+    from peft_grounded import runs
+    from peft_grounded.diagnostics._io import atomic_write_bytes, atomic_write_text
+    from peft_grounded.sids._io import atomic_write
+
+    mask = os.umask(0)
+    os.umask(mask)
+    runs.write_json_atomic(tmp_path / "run.json", {"a": 1})
+    write_json(tmp_path / "metrics.json", {"valid": {}})
+    atomic_write_text(tmp_path / "report.md", "x")
+    atomic_write_bytes(tmp_path / "plot.png", b"x")
+    atomic_write(Path(tmp_path / "index.json"), b"x")
+    for name in ("run.json", "metrics.json", "report.md", "plot.png", "index.json"):
+        assert os.stat(tmp_path / name).st_mode & 0o777 == 0o666 & ~mask, name
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left

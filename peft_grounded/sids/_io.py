@@ -1,34 +1,7 @@
-"""Atomic file writes: a temporary file in the target's directory, flushed, then ``os.replace``."""
+"""Atomic file writes (the package-wide implementation, :mod:`peft_grounded._io`)."""
 
 from __future__ import annotations
 
-import os
-import tempfile
-from collections.abc import Callable
-from pathlib import Path
-from typing import BinaryIO
+from .._io import atomic_write
 
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write(path: Path, write: Callable[[BinaryIO], object] | bytes) -> None:
-    """Write ``path`` atomically from bytes or a ``write(file)`` callback (readers never see a partial file)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if isinstance(write, bytes):
-                f.write(write)
-            else:
-                write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+__all__ = ["atomic_write"]

@@ -1,0 +1,49 @@
+"""Atomic file writes, for every module: a temporary file in the target's folder, flushed, then ``os.replace``.
+
+Readers see the old file or the whole new one, never a part. The file gets the permissions an ordinary
+``open(path, "w")`` would give (``0o666`` minus the umask), not the ``0o600`` of ``mkstemp``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# Read once, at import: os.umask can only be read by setting it, which would race with other threads.
+_UMASK = _read_umask()
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object] | bytes) -> Path:
+    """Write ``path`` atomically from bytes or a ``write(file)`` callback; creates the parent folders."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if isinstance(write, bytes):
+                f.write(write)
+            else:
+                write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """UTF-8 ``text`` to ``path``, atomically."""
+    return atomic_write(path, text.encode("utf-8"))
