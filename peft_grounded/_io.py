@@ -1,7 +1,8 @@
 """Atomic file writes, for every module: a temporary file in the target's folder, flushed, then ``os.replace``.
 
 Readers see the old file or the whole new one, never a part. The file gets the permissions an ordinary
-``open(path, "w")`` would give (``0o666`` minus the umask), not the ``0o600`` of ``mkstemp``.
+``open(path, "w")`` would give (``0o666`` minus the umask), not the ``0o600`` of ``mkstemp``; folders
+filled beside their target (:func:`make_temp_dir`) those of ``mkdir``, not the ``0o700`` of ``mkdtemp``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,16 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def make_temp_dir(target: str | os.PathLike[str]) -> Path:
+    """An empty folder beside ``target`` to fill and then rename onto it, with the permissions of an ordinary
+    ``mkdir`` (``0o777`` minus the umask), not the ``0o700`` of ``mkdtemp``."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    os.chmod(tmp, 0o777 & ~_UMASK)
+    return tmp
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:

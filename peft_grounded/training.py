@@ -8,7 +8,6 @@ the final adapter atomically to ``<output_dir>/adapter``.
 from __future__ import annotations
 
 import shutil
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
 
 from . import runs
+from ._io import make_temp_dir
 
 ADAPTER_DIR = "adapter"
 LOG_FILE = "log_history.json"
@@ -59,8 +59,7 @@ def dataset_fingerprint(dataset) -> str:
 def save_adapter_atomic(model: PeftModel, directory: str | Path) -> Path:
     """``model.save_pretrained(directory)`` through a temporary sibling directory, swapped in at the end."""
     directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    tmp = make_temp_dir(directory)
     try:
         model.save_pretrained(tmp)
         old = directory.with_name(f".{directory.name}.old")

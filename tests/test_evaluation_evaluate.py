@@ -110,4 +110,13 @@ def test_every_atomic_writer_gives_ordinary_permissions(tmp_path):
     atomic_write(Path(tmp_path / "index.json"), b"x")
     for name in ("run.json", "metrics.json", "report.md", "plot.png", "index.json"):
         assert os.stat(tmp_path / name).st_mode & 0o777 == 0o666 & ~mask, name
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+    class Saver:  # what save_adapter_atomic needs of a PeftModel
+        def save_pretrained(self, directory):
+            (Path(directory) / "adapter_config.json").write_text("{}")
+
+    from peft_grounded.training import save_adapter_atomic
+
+    save_adapter_atomic(Saver(), tmp_path / "stage" / "adapter")
+    assert os.stat(tmp_path / "stage" / "adapter").st_mode & 0o777 == 0o777 & ~mask
+    assert not [p for p in tmp_path.rglob(".*")]  # no temporary file or folder left

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
+from .._io import make_temp_dir
 from .repo import SAFE_PATTERNS, GroundedHubError, check_adapter_files, open_source, read_adapter_config
 
 
@@ -31,8 +31,7 @@ def pull_grounded(
     if source.folder is not None:
         raise GroundedHubError(f"{repo_id!r} is a local folder already; pull takes a Hub repo id.")
     check_adapter_files(list(source.files), source.where)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp = make_temp_dir(target)
     try:
         source.fetch(SAFE_PATTERNS, local_dir=tmp)
         shutil.rmtree(tmp / ".cache", ignore_errors=True)  # huggingface_hub's download bookkeeping
