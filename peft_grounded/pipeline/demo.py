@@ -178,6 +178,11 @@ def run_demo(
     summary = _summarise(spec, records, time.perf_counter() - started)
     runs.write_json_atomic(out / "summary.json", summary)
     report = [f"# peft_grounded demo ({spec.name})", "", spec.note, "", index.summary(), ""]
+    if len(spec.seeds) > 1:
+        report += [
+            f"The tables below are seed {spec.seeds[0]}'s; `summary.json` holds every seed ({list(spec.seeds)}).",
+            "",
+        ]
     by_run = {name: recs[0]["metrics"] for name, recs in records.items()}
     for part in ("test", "valid"):
         for subset in ("all", "cold"):
