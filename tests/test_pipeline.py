@@ -30,8 +30,12 @@ def test_smoke_demo_runs_every_stage_and_resumes(tmp_path, model_dir):
     report = (out / "report.md").read_text()
     assert "| mean |" in report and "| centroid_gti |" in report and "Timings" in report
     assert (out / "sids" / "sid_index.json").is_file()
+    trained = {p: p.stat().st_mtime_ns for p in out.glob("strategies/*/*/adapter/adapter_model.safetensors")}
+    trained = {p: t for p, t in trained.items() if p.parts[-3] in ("grounding", "sft")}
+    assert len(trained) == 3  # mean: sft; centroid_gti: grounding and sft
     again = run_demo("smoke", out, model=model_dir, catalogue=toy_catalogue(), diagnostics=False)
     assert again["strategies"] == summary["strategies"]  # finished strategies are reused, not retrained
+    assert {p: p.stat().st_mtime_ns for p in trained} == trained  # (equal metrics alone would not show it)
 
 
 def test_stage_commands(tmp_path, model_dir):
