@@ -135,3 +135,18 @@ def test_validation_curve_survives_a_resume():
     fresh = ValidationRecall(evaluate, every=2)
     fresh.on_train_begin(None, TrainerState(), TrainerControl())
     assert fresh.curve == []
+
+
+def test_base_models_load_from_safetensors_only(tmp_path, tiny_model_factory, tokenizer):
+    """As the README promises: a checkpoint with pickled weights only is refused, never unpickled."""
+    import torch
+
+    from peft_grounded.recommend.runner import load_base
+
+    path = tmp_path / "pickled"
+    model = tiny_model_factory("llama", True)
+    model.config.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    torch.save(model.state_dict(), path / "pytorch_model.bin")
+    with pytest.raises(OSError, match="safetensors"):
+        load_base(str(path))

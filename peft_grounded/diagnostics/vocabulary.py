@@ -126,7 +126,7 @@ def _transformers_rows(name: str, matrix: str) -> Any:
     from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(name)
+        model = AutoModelForCausalLM.from_pretrained(name, use_safetensors=True)
     except (OSError, ValueError) as err:
         raise FileNotFoundError(
             f"cannot load the base model {name!r} ({err}); pass base_model= (--base-model) with a local "

