@@ -168,3 +168,30 @@ def test_compact_head_equals_trl_fused_head(tokenizer, tiny_model_factory, arch,
     assert torch.equal(compact.is_top1, full.is_top1) and torch.equal(compact.label_mask, full.label_mask)
     for key, grad in adapter_grads(model).items():
         torch.testing.assert_close(grad, expected[key], rtol=1e-4, atol=1e-6)
+
+
+def test_compact_head_leaves_router_logits_requests_to_trl(tokenizer):
+    """TRL asks MoE models for router logits and adds their load-balancing loss from its own output."""
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
+    base = AutoModelForCausalLM.from_config(config)
+    new = peft_grounded.add_sid_tokens(tokenizer, base, [8, 8])
+    model = get_peft_model(base, GroundedTokenConfig(token_indices=new, task_type="CAUSAL_LM"))
+    add_fused_lm_head(model.get_base_model(), outputs=("log_probs", "entropy", "is_top1"))
+    out = model(**batch(new), fused_lm_head=True, compact_fused_lm_head=True, output_router_logits=True)
+    assert out.aux_loss is not None  # TRL's path: the compact one has no router loss to give

@@ -8,8 +8,9 @@ is >90% wasted work: on a 2-core CPU, 40% of a SmolLM2-135M step.
 
 :func:`compact_fused_forward` returns the same output object, computed from the labelled positions only,
 through the model's own head (so the grounded rows get their gradient as usual). The trainers of this
-package request it with ``compact_fused_lm_head=True``; models with logit soft-capping or scaling, and
-pre-shifted labels, keep TRL's own path.
+package request it with ``compact_fused_lm_head=True``; models with logit soft-capping or scaling,
+pre-shifted labels, and MoE forwards asked for router logits (whose load-balancing loss TRL reads from
+the output) keep TRL's own path.
 """
 
 from __future__ import annotations

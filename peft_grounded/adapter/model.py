@@ -319,6 +319,7 @@ class GroundedTokenModel(BaseTuner):
             and kwargs.get("fused_lm_head")
             and kwargs.get("labels") is not None
             and kwargs.get("shift_labels") is None
+            and not kwargs.get("output_router_logits")  # MoE: TRL adds the router loss from TRL's own output
             and supports_compact_head(self.model)
         ):
             kwargs.pop("fused_lm_head")
