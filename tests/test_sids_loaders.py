@@ -131,6 +131,10 @@ def test_recbole(tmp_path):
     assert cat.sequences == {"5": ("1", "2"), "6": ("1",)}
     assert cat.report.interactions_unknown_item == 1
     assert load_catalogue(tmp_path / "toy.item").sequences == cat.sequences
+    with open(tmp_path / "toy.inter", "a") as f:
+        f.write("6\t2\t5\tyesterday\n")  # a malformed timestamp is counted, not a crash
+    cat = load_recbole(tmp_path, "toy")
+    assert cat.report.malformed_rows == 1 and cat.sequences == {"5": ("1", "2"), "6": ("1",)}
 
 
 @pytest.mark.parametrize("kind", ["csv", "jsonl"])

@@ -412,7 +412,10 @@ def load_recbole(path: str | Path, name: str | None = None) -> Catalogue:
             return
         for row in _atomic_rows(inter_file, report):
             ts = row.get("timestamp")
-            yield row["user_id"], row["item_id"], float(ts) if ts else None
+            try:
+                yield row["user_id"], row["item_id"], float(ts) if ts else None
+            except ValueError:  # a timestamp that is not a number: counted, like every malformed row
+                report.malformed_rows += 1
 
     return assemble(name, items(), interactions(), report)
 
