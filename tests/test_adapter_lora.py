@@ -97,6 +97,8 @@ def test_add_lora_refuses_twice_and_other_adapters(tokenizer, tiny_model_factory
     with pytest.raises(ValueError, match="matched no module"):
         peft_grounded.add_lora(model, target_modules=["no_such_proj"])
     assert model.peft_config["default"].lora_r == 0
+    config = model.peft_config["default"]  # a refused LoRA leaves no trace in the saved config
+    assert (config.lora_alpha, config.lora_dropout, config.lora_target_modules) == (16, 0.0, None)
     peft_grounded.add_lora(model, r=2, target_modules="all-linear")
     assert not isinstance(model.get_base_model().lm_head.base_layer, LoraLayer)
     with pytest.raises(ValueError, match="already has a LoRA"):

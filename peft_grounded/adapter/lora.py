@@ -28,11 +28,14 @@ def add_lora(
         raise TypeError(f"Adapter {name!r} is not a grounded-token adapter; add_lora stacks onto those.")
     if config.has_lora:
         raise ValueError(f"Adapter {name!r} already has a LoRA (r={config.lora_r}).")
+    fields = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
+    before = {f: getattr(config, f) for f in fields}
     config.lora_r, config.lora_alpha, config.lora_dropout = r, lora_alpha, lora_dropout
     config.lora_target_modules = target_modules
     try:
         model.base_model.inject_lora(name)
     except Exception:
-        config.lora_r, config.lora_target_modules = 0, None
+        for f, value in before.items():  # a refused LoRA leaves the config as it was
+            setattr(config, f, value)
         raise
     return model
