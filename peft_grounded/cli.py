@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -42,9 +43,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run a command; bad input (``ValueError``, a missing file) prints ``error: ...`` and returns 2.
+
+    Set ``PEFT_GROUNDED_DEBUG=1`` to see the traceback instead.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, OSError) as err:
+        if os.environ.get("PEFT_GROUNDED_DEBUG"):
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

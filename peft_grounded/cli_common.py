@@ -1,4 +1,4 @@
-"""Arguments and loaders the stage commands share (model, SID index, catalogue, budget)."""
+"""Arguments the stage commands share (model, SID index, catalogue, prompt format, training budget)."""
 
 from __future__ import annotations
 
@@ -11,19 +11,35 @@ def add_data_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model", default=None, help="local base model directory (default: the packaged SmolLM2-135M)"
     )
-    g.add_argument("--sids", required=True, help="SID index directory (from `peft-grounded build-sids`)")
+    g.add_argument(
+        "--sid-index",
+        "--sids",
+        dest="sid_index",
+        required=True,
+        help="SID index directory (from `peft-grounded build-sids`)",
+    )
     g.add_argument(
         "--catalogue",
         default="movielens-100k",
         help="catalogue path or 'movielens-100k' (the one the SID index was built from)",
     )
+
+
+def add_format_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("prompt format")
     g.add_argument("--max-history", type=int, default=10, help="items of history in a prompt")
     g.add_argument("--with-titles", action="store_true", help="show titles next to the history's SIDs")
 
 
 def add_training_args(parser: argparse.ArgumentParser, steps: int, lr: float) -> None:
     g = parser.add_argument_group("training")
-    g.add_argument("--output", required=True, help="output directory (checkpoints, adapter/, run.json, logs)")
+    g.add_argument(
+        "--output",
+        "--out",
+        dest="output",
+        required=True,
+        help="output directory (checkpoints, adapter/, run.json, logs)",
+    )
     g.add_argument("--steps", type=int, default=steps, help="optimisation steps")
     g.add_argument("--batch-size", type=int, default=16)
     g.add_argument("--grad-accum", type=int, default=1)
@@ -32,22 +48,36 @@ def add_training_args(parser: argparse.ArgumentParser, steps: int, lr: float) ->
     g.add_argument("--bf16", action="store_true", help="bf16 mixed precision (CPU with AVX-512 bf16, or GPU)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--save-steps", type=int, default=100)
-    g.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output")
+    g.add_argument("--max-examples", type=int, default=None, help="a seeded sample of the training examples")
+    g.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the last checkpoint in --output (or start if there is none yet)",
+    )
 
 
-def model_path(args: argparse.Namespace) -> str:
-    if args.model:
-        return args.model
-    from . import assets
-
-    return str(assets.smollm2())
+def add_init_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("initialisation of the new rows")
+    g.add_argument("--init", default="mean", choices=["mean", "gaussian", "random", "centroid"])
+    g.add_argument(
+        "--centroid-variant",
+        default="items",
+        choices=["items", "codebook"],
+        help="centroid of the items under a code (items) or the code's codebook vector (codebook)",
+    )
 
 
 def load_data(args: argparse.Namespace) -> tuple[Any, Any]:
     """(catalogue, SID index) named by the arguments."""
     from .sids import SIDIndex, load_catalogue
 
-    return load_catalogue(args.catalogue), SIDIndex.load(args.sids)
+    return load_catalogue(args.catalogue), SIDIndex.load(args.sid_index)
+
+
+def prompt_format(args: argparse.Namespace):
+    from .recommend import PromptFormat
+
+    return PromptFormat(max_history=args.max_history, with_titles=args.with_titles)
 
 
 def trainer_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -65,35 +95,4 @@ def trainer_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         save_steps=args.save_steps,
         logging_steps=10,
         use_cpu=not torch.cuda.is_available(),
-    )
-
-
-def prompt_format(args: argparse.Namespace):
-    from .recommend import PromptFormat
-
-    return PromptFormat(max_history=args.max_history, with_titles=args.with_titles)
-
-
-def grounded_config(args: argparse.Namespace, added, index):
-    """A fresh ``GroundedTokenConfig`` for ``--init`` (centroid vectors from the index)."""
-    from .adapter import GroundedTokenConfig
-
-    vectors = None
-    if args.init == "centroid":
-        tokens, vectors = index.adapter_init(args.centroid_variant)
-        if tokens != added.tokens:
-            raise SystemExit("The SID index's tokens differ from the tokens added to the model.")
-    return GroundedTokenConfig(
-        token_indices=added, init=args.init, init_vectors=vectors, init_seed=args.seed, task_type="CAUSAL_LM"
-    )
-
-
-def add_init_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("initialisation of the new rows")
-    g.add_argument("--init", default="mean", choices=["mean", "gaussian", "random", "centroid"])
-    g.add_argument(
-        "--centroid-variant",
-        default="items",
-        choices=["items", "codebook"],
-        help="centroid of the items under a code (items) or the code's codebook vector (codebook)",
     )

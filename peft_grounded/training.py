@@ -7,12 +7,14 @@ the final adapter atomically to ``<output_dir>/adapter``.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from accelerate.utils import extract_model_from_parallel
 from peft import PeftModel, PeftModelForCausalLM
 from transformers import TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
@@ -20,6 +22,8 @@ from trl import SFTConfig, SFTTrainer
 
 from . import runs
 from ._io import make_temp_dir
+
+logger = logging.getLogger(__name__)
 
 ADAPTER_DIR = "adapter"
 LOG_FILE = "log_history.json"
@@ -47,6 +51,13 @@ class RunConfig(SFTConfig):
     )
 
 
+def sample_rows(dataset, n: int | None, seed: int):
+    """A seeded sample of ``n`` rows (all rows when ``n`` is None or larger than the dataset)."""
+    if n is None or n >= len(dataset):
+        return dataset
+    return dataset.shuffle(seed=seed).select(range(n))
+
+
 def dataset_fingerprint(dataset) -> str:
     """A content hash of a (raw, in-memory) dataset; ``datasets``' own fingerprint of one is random."""
     if dataset is None:
@@ -62,15 +73,20 @@ def save_adapter_atomic(model: PeftModel, directory: str | Path) -> Path:
     tmp = make_temp_dir(directory)
     try:
         model.save_pretrained(tmp)
-        old = directory.with_name(f".{directory.name}.old")
-        if directory.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            directory.rename(old)
-        tmp.rename(directory)
-        shutil.rmtree(old, ignore_errors=True)
+        _swap_into_place(tmp, directory)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return directory
+
+
+def _swap_into_place(new: Path, directory: Path) -> None:
+    """Replace ``directory`` by the finished ``new`` one (the old copy survives as ``.<name>.old`` until then)."""
+    old = directory.with_name(f".{directory.name}.old")
+    if directory.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        directory.rename(old)
+    new.rename(directory)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 class _CopyManifest(TrainerCallback):
@@ -144,11 +160,13 @@ class RunTrainer(SFTTrainer):
         )
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
+        """Train; ``resume_from_checkpoint=True`` continues from the last checkpoint, or starts afresh if the
+        run was interrupted before its first one."""
         output_dir = Path(self.args.output_dir)
         if resume_from_checkpoint is True:
             last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
             if last is None:
-                raise FileNotFoundError(f"resume_from_checkpoint=True but {output_dir} holds no checkpoint.")
+                logger.info("%s holds no checkpoint yet: starting the run from the beginning", output_dir)
             resume_from_checkpoint = last
         # every rank checks (a refusal on the main process alone would leave the others hanging in DDP's
         # first collective); only the main one writes
@@ -156,7 +174,25 @@ class RunTrainer(SFTTrainer):
         if self.is_world_process_zero():
             runs.write_json_atomic(output_dir / runs.MANIFEST, self.manifest)
         result = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        # accelerate leaves the forward wrapped in its mixed-precision autocast: unwrap it, so that what
+        # follows (evaluation, merging) runs at the precision the caller asks for, resumed or not
+        extract_model_from_parallel(self.model, keep_fp32_wrapper=False)
         if self.is_world_process_zero():
             runs.write_json_atomic(output_dir / LOG_FILE, self.state.log_history)
-            save_adapter_atomic(self.model, output_dir / ADAPTER_DIR)
+        self._save_final_adapter(output_dir / ADAPTER_DIR)
         return result
+
+    def _save_final_adapter(self, directory: Path) -> None:
+        """The trained adapter, written atomically; sharded (FSDP, DeepSpeed) states are gathered first."""
+        if not (self.is_fsdp_enabled or self.is_deepspeed_enabled):
+            if self.is_world_process_zero():
+                save_adapter_atomic(self.model, directory)
+            return
+        staging = directory.with_name(f".{directory.name}.gathered")
+        if self.is_world_process_zero():
+            shutil.rmtree(staging, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        self.save_model(str(staging))  # every rank takes part in gathering; the main one writes
+        if self.is_world_process_zero():
+            _swap_into_place(staging, directory)
+        self.accelerator.wait_for_everyone()

@@ -94,3 +94,49 @@ def test_stage_commands(tmp_path, model_dir):
     )
     metrics = json.loads((tmp_path / "e" / "metrics.json").read_text())
     assert metrics["test"]["all"]["users"] == 4 and metrics["test"]["decoding"]["invalid"] == 0
+    # the adapter records its SID index: another index (same catalogue, other seed) is refused, clearly
+    other = toy_index(catalogue, seed=1)
+    assert other.fingerprint() != index.fingerprint()
+    other.save(tmp_path / "other-sids")
+    wrong = [
+        "--model",
+        model_dir,
+        "--sid-index",
+        str(tmp_path / "other-sids"),
+        "--catalogue",
+        str(tmp_path / "toy"),
+    ]
+    assert (
+        main(
+            [
+                "evaluate",
+                *wrong,
+                "--adapter",
+                str(tmp_path / "s" / "adapter"),
+                "--output",
+                str(tmp_path / "e2"),
+            ]
+        )
+        == 2
+    )
+    assert not (tmp_path / "e2").exists()
+
+
+def test_demo_refuses_to_mix_settings_in_one_folder(tmp_path, model_dir):
+    from dataclasses import replace
+
+    from peft_grounded.pipeline import PRESETS
+    from peft_grounded.runs import RunMismatchError
+
+    out = tmp_path / "demo"
+    run_demo(
+        "smoke", out, model=model_dir, catalogue=toy_catalogue(), strategies=("mean",), diagnostics=False
+    )
+    with pytest.raises(RunMismatchError, match="codes: 8 -> 4"):
+        run_demo(
+            replace(PRESETS["smoke"], codes=4),
+            out,
+            model=model_dir,
+            catalogue=toy_catalogue(),
+            diagnostics=False,
+        )

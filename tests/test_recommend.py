@@ -141,7 +141,7 @@ def test_base_models_load_from_safetensors_only(tmp_path, tiny_model_factory, to
     """As the README promises: a checkpoint with pickled weights only is refused, never unpickled."""
     import torch
 
-    from peft_grounded.recommend.runner import load_base
+    from peft_grounded.recommend import load_base
 
     path = tmp_path / "pickled"
     model = tiny_model_factory("llama", True)

@@ -40,10 +40,10 @@ def toy_vectors(catalogue: Catalogue, dim: int = 24, seed: int = 0) -> np.ndarra
     return np.asarray(rows, dtype=np.float32)
 
 
-def toy_index(catalogue: Catalogue, levels: int = 2, codes: int = 4):
+def toy_index(catalogue: Catalogue, levels: int = 2, codes: int = 4, seed: int = 0):
     return build_sids(
         catalogue,
-        vectors=toy_vectors(catalogue),
+        vectors=toy_vectors(catalogue, seed=seed),
         levels=levels,
         codes=codes,
         encoder_fingerprint={"kind": "toy", "model": "clusters"},

@@ -42,6 +42,10 @@ class GroundedTokenConfig(PeftConfig):
     ``token_strings``, ``original_vocab_size`` and ``vocab_fingerprint``.
     """
 
+    task_type: str | None = field(
+        default="CAUSAL_LM",
+        metadata={"help": "PEFT task type; CAUSAL_LM (the default) wraps the model in PeftModelForCausalLM."},
+    )
     token_indices: list[int] = field(
         default_factory=list,
         metadata={"help": "Row indices of the new tokens (as returned by `peft_grounded.add_tokens`)."},
@@ -145,6 +149,19 @@ class GroundedTokenConfig(PeftConfig):
     vocab_fingerprint: str | None = field(
         default=None,
         metadata={"help": "sha256 of the original vocabulary's token strings (filled by `add_tokens`)."},
+    )
+    sid_index_fingerprint: str | None = field(
+        default=None,
+        metadata={
+            "help": "Fingerprint of the SID index whose codes the tokens stand for (SIDIndex.fingerprint()); "
+            "evaluation, further training and diagnostics refuse another index."
+        },
+    )
+    prompt_format: dict | None = field(
+        default=None,
+        metadata={
+            "help": "How recommendation prompts were written (PromptFormat fields), reused by evaluation."
+        },
     )
     lora_r: int = field(
         default=0,

@@ -11,13 +11,18 @@ from .evaluate import (
     write_text_atomic,
 )
 from .metrics import DEFAULT_KS, metric_names, ndcg_at_k, ranking_metrics, recall_at_k, target_rank
+from .users import EvalSettings, evaluate_adapter, evaluate_model, item_token_ids
 
 __all__ = [
     "DEFAULT_KS",
+    "EvalSettings",
     "comparison_table",
+    "evaluate_adapter",
+    "evaluate_model",
     "evaluate_predictions",
     "evaluate_recommender",
     "evaluate_split",
+    "item_token_ids",
     "markdown_table",
     "metric_names",
     "ndcg_at_k",

@@ -1,4 +1,5 @@
-"""``peft-grounded evaluate``: Recall/NDCG@K of a trained adapter by constrained beam search."""
+"""``peft-grounded evaluate``: Recall/NDCG@K of a trained adapter by constrained beam search
+(:func:`~.users.evaluate_adapter`)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ def add_cli(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "evaluate",
         help="decode the top-K items of valid/test users with the SID-constrained beam search and score them",
-        description="Recall@K and NDCG@K (K = 1, 5, 10, 20) on all users and on cold-item targets, for the "
-        "validation and test targets of the leave-one-out split. Writes JSON and a markdown table.",
+        description="Recall@K and NDCG@K on a seeded sample of users and on users whose target is a cold item, "
+        "for the validation and test targets of the leave-one-out split. Uses the prompt format recorded in "
+        "the adapter. Writes metrics.json and metrics.md.",
     )
     add_data_args(p)
     p.add_argument(
         "--adapter", required=True, help="trained adapter directory (e.g. OUTPUT/adapter of `sft`)"
     )
-    p.add_argument("--out", required=True, help="directory for metrics.json and metrics.md")
+    p.add_argument("--output", "--out", dest="output", required=True, help="directory for metrics.json/.md")
     p.add_argument("--splits", nargs="+", default=["valid", "test"], choices=["valid", "test"])
     p.add_argument("--users", type=int, default=None, help="evaluate a seeded sample of this many users")
     p.add_argument(
@@ -29,6 +31,7 @@ def add_cli(subparsers: Any) -> None:
     p.add_argument(
         "--cold-max-count", type=int, default=1, help="cold: target seen at most this often in training"
     )
+    p.add_argument("--bf16", action="store_true", help="bf16 base and decoding")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
 
@@ -36,37 +39,26 @@ def add_cli(subparsers: Any) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from peft import PeftModel
-
-    from ..adapter import add_tokens
-    from ..cli_common import load_data, model_path, prompt_format
-    from ..recommend.runner import Budget, Experiment, evaluate_users, item_token_ids, load_base
+    from ..cli_common import load_data
     from . import markdown_table, write_json, write_markdown
+    from .users import EvalSettings, evaluate_adapter
 
     catalogue, index = load_data(args)
-    tokenizer, base = load_base(model_path(args))
-    add_tokens(tokenizer, base, index.token_strings)
-    model = PeftModel.from_pretrained(base, args.adapter)
-    experiment = Experiment(model_path(args), catalogue, index, fmt=prompt_format(args))
-    budget = Budget(
-        num_beams=args.num_beams,
-        eval_batch_size=args.batch_size,
-        cold_max_count=args.cold_max_count,
+    settings = EvalSettings(
         ks=tuple(args.ks),
+        users=args.users,
+        seed=args.seed,
+        num_beams=args.num_beams,
+        batch_size=args.batch_size,
+        cold_max_count=args.cold_max_count,
+        bf16=args.bf16,
     )
-    results = evaluate_users(
-        model,
-        tokenizer,
-        experiment,
-        item_token_ids(tokenizer, index),
-        budget,
-        tuple(args.splits),
-        budget.ks,
-        args.users,
-        args.seed,
+    results = evaluate_adapter(
+        args.adapter, index, catalogue, settings, model_path=args.model, parts=tuple(args.splits)
     )
-    out = Path(args.out)
+    out = Path(args.output)
+    title = f"Evaluation of {args.adapter}"
     write_json(out / "metrics.json", results)
-    write_markdown(out / "metrics.md", results, title=f"Evaluation of {args.adapter}")
-    print(markdown_table(results, title=f"Evaluation of {args.adapter}"))
+    write_markdown(out / "metrics.md", results, title=title)
+    print(markdown_table(results, title=title))
     return 0

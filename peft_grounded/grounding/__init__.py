@@ -1,7 +1,7 @@
 """The grounding stage (GTI): paired text <-> SID data and a TRL trainer that moves only the new rows."""
 
 from .data import DEFAULT_TEMPLATES, GroundingData, GroundingTemplate, grounding_dataset, grounding_examples
-from .trainer import GroundingConfig, GroundingTrainer
+from .trainer import GroundingConfig, GroundingTrainer, ground
 
 __all__ = [
     "DEFAULT_TEMPLATES",
@@ -9,6 +9,7 @@ __all__ = [
     "GroundingData",
     "GroundingTemplate",
     "GroundingTrainer",
+    "ground",
     "grounding_dataset",
     "grounding_examples",
 ]

@@ -1,4 +1,4 @@
-"""``peft-grounded ground``: the grounding stage from the command line."""
+"""``peft-grounded ground``: the grounding stage from the command line (:func:`~.trainer.ground`)."""
 
 from __future__ import annotations
 
@@ -17,26 +17,23 @@ def add_cli(subparsers: Any) -> None:
     add_data_args(p)
     add_init_args(p)
     add_training_args(p, steps=200, lr=1e-3)
-    p.add_argument("--max-examples", type=int, default=None, help="sample of the grounding pairs")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from peft import get_peft_model
-
-    from ..adapter import add_tokens
-    from ..cli_common import grounded_config, load_data, model_path, trainer_kwargs
-    from ..recommend.runner import load_base, sample_rows
-    from . import GroundingConfig, GroundingTrainer, grounding_dataset
+    from ..cli_common import load_data, trainer_kwargs
+    from .trainer import GroundingConfig, ground
 
     catalogue, index = load_data(args)
-    tokenizer, base = load_base(model_path(args))
-    added = add_tokens(tokenizer, base, index.token_strings)
-    model = get_peft_model(base, grounded_config(args, added, index))
-    data = sample_rows(grounding_dataset(catalogue, index, tokenizer), args.max_examples, args.seed)
-    trainer = GroundingTrainer(
-        model, GroundingConfig(**trainer_kwargs(args)), train_dataset=data, processing_class=tokenizer
+    ground(
+        catalogue,
+        index,
+        GroundingConfig(**trainer_kwargs(args)),
+        model_path=args.model,
+        init=args.init,
+        centroid_variant=args.centroid_variant,
+        max_examples=args.max_examples,
+        resume=args.resume,
     )
-    trainer.train(resume_from_checkpoint=True if args.resume else None)
     print(f"grounded adapter: {args.output}/adapter")
     return 0

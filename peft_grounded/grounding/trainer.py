@@ -81,3 +81,37 @@ class GroundingTrainer(RunTrainer):
         if not _trainable_names(model):
             raise ValueError("No grounded rows are trainable: load the adapter with is_trainable=True.")
         super().__init__(model, args or GroundingConfig(output_dir="grounding"), **kwargs)
+
+
+def ground(
+    catalogue,
+    index,
+    args: GroundingConfig,
+    *,
+    model_path: str | None = None,
+    init: str = "mean",
+    centroid_variant: str = "items",
+    max_examples: int | None = None,
+    resume: bool = False,
+) -> PeftModel:
+    """Ground a fresh adapter for ``index``'s tokens on ``catalogue``'s text (the ``ground`` command).
+
+    The base model (default: the packaged SmolLM2-135M) gets the tokens, ``init`` starts their rows, and
+    only those rows train on the six GTI templates; the adapter lands in ``<args.output_dir>/adapter``.
+    """
+    from .. import assets
+    from ..recommend.model import sid_model
+    from ..training import sample_rows
+    from .data import grounding_dataset
+
+    tokenizer, model = sid_model(
+        model_path or str(assets.smollm2()),
+        index,
+        init=init,
+        centroid_variant=centroid_variant,
+        seed=args.seed,
+    )
+    data = sample_rows(grounding_dataset(catalogue, index, tokenizer), max_examples, args.seed)
+    trainer = GroundingTrainer(model, args, train_dataset=data, processing_class=tokenizer)
+    trainer.train(resume_from_checkpoint=True if resume else None)
+    return model

@@ -153,6 +153,17 @@ def run_demo(
     model_path = _model_path(model)
     data = load_catalogue(catalogue) if isinstance(catalogue, str) else catalogue
     sid_dir = out / "sids"
+    # the SIDs (and so every strategy folder) belong to these settings: refuse to mix them with others
+    manifest = {
+        "stage": "demo",
+        "catalogue": data.name,
+        "items": len(data),
+        "model": model_path,
+        "levels": spec.levels,
+        "codes": spec.codes,
+        "text_fields": list(spec.text_fields),
+    }
+    runs.check_and_write(out, manifest, out if (out / runs.MANIFEST).is_file() else None)
     if (sid_dir / JSON_NAME).is_file():  # built by an earlier (possibly interrupted) run
         index = SIDIndex.load(sid_dir)
     else:

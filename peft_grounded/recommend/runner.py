@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .. import runs
-from ..training import ADAPTER_DIR, save_adapter_atomic
-from .data import PromptFormat, inference_prompts, training_dataset
+from ..evaluation.users import EvalSettings, evaluate_model, item_token_ids
+from ..training import ADAPTER_DIR, sample_rows, save_adapter_atomic
+from .data import PromptFormat, training_dataset
+from .model import sid_model
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +109,19 @@ class Budget:
     save_steps: int = 100
     show_progress: bool = True
 
+    def eval_settings(self, **overrides) -> EvalSettings:
+        """The evaluation settings this budget implies (``overrides`` replace fields)."""
+        base = EvalSettings(
+            ks=tuple(self.ks),
+            users=self.eval_users,
+            seed=self.seed,
+            num_beams=self.num_beams,
+            batch_size=self.eval_batch_size,
+            cold_max_count=self.cold_max_count,
+            bf16=self.bf16,
+        )
+        return replace(base, **overrides)
+
 
 @dataclass
 class Experiment:
@@ -122,15 +136,6 @@ class Experiment:
     def __post_init__(self) -> None:
         if self.split is None:
             self.split = self.catalogue.leave_one_out()
-
-
-def load_base(model_path: str, dtype: torch.dtype = torch.float32):
-    """A fresh tokenizer and base model from a local checkpoint."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, use_safetensors=True)
-    return tokenizer, model
 
 
 def _load_rows(model, directory: Path) -> None:
@@ -159,9 +164,8 @@ def run_strategy(
     name: str, experiment: Experiment, budget: Budget, output_dir: str | Path, resume: bool = False
 ) -> dict:
     """Run one strategy end to end; returns (and writes to ``metrics.json``) its results."""
-    from peft import get_peft_model
-
-    from ..adapter import GroundedTokenConfig, add_lora, add_tokens
+    from ..adapter import add_lora
+    from ..decoding import SIDTrie
     from ..grounding import GroundingConfig, GroundingTrainer, grounding_dataset
     from .trainer import RecommendationConfig, RecommendationTrainer, ValidationRecall
 
@@ -171,23 +175,23 @@ def run_strategy(
         "strategy": asdict(spec),
         "budget": asdict(budget),
         "model": experiment.model_path,
-        "index": runs.fingerprint(experiment.index.sid_texts()),
+        "index": experiment.index.fingerprint(),
         "format": asdict(experiment.fmt),
     }
-    _claim(out, manifest, resume)
+    recorded = _claim(out, manifest, resume)
+    if recorded is not None:  # finished earlier: nothing to train or decode again
+        return recorded
     started = time.perf_counter()
     torch.manual_seed(budget.seed)
-    tokenizer, base = load_base(experiment.model_path, getattr(torch, budget.weights_dtype))
-    new = add_tokens(tokenizer, base, experiment.index.token_strings)
-    vectors = None
-    if spec.init == "centroid":
-        tokens, vectors = experiment.index.adapter_init(budget.centroid_variant)
-        if tokens != new.tokens:
-            raise ValueError("The SID index's token order differs from the tokens added to the model.")
-    config = GroundedTokenConfig(
-        token_indices=new, init=spec.init, init_vectors=vectors, init_seed=budget.seed, task_type="CAUSAL_LM"
+    tokenizer, model = sid_model(
+        experiment.model_path,
+        experiment.index,
+        init=spec.init,
+        centroid_variant=budget.centroid_variant,
+        seed=budget.seed,
+        fmt=experiment.fmt,
+        dtype=getattr(torch, budget.weights_dtype),
     )
-    model = get_peft_model(base, config)
     save_adapter_atomic(model, out / "init" / ADAPTER_DIR)
     common = dict(
         per_device_train_batch_size=budget.batch_size,
@@ -231,20 +235,22 @@ def run_strategy(
         lora_dropout=budget.lora_dropout,
         target_modules=budget.lora_target_modules,
     )
-    catalogue_ids = item_token_ids(tokenizer, experiment.index)
+    trie = SIDTrie(item_token_ids(tokenizer, experiment.index))
+    curve_settings = budget.eval_settings(
+        users=budget.curve_users, seed=budget.seed + 1, ks=(5, 10), cold=False
+    )
 
     def validation(live_model) -> dict:
-        return evaluate_users(
+        return evaluate_model(
             model,
             tokenizer,
-            experiment,
-            catalogue_ids,
-            budget,
+            experiment.split,
+            experiment.index,
+            experiment.catalogue,
+            experiment.fmt,
             ("valid",),
-            (5, 10),
-            budget.curve_users,
-            budget.seed + 1,
-            cold=False,
+            curve_settings,
+            trie,
         )["valid"]["all"]
 
     stage = out / "sft"
@@ -273,16 +279,16 @@ def run_strategy(
         runs.write_json_atomic(stage / "validation_curve.json", curve)
     timings["sft_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    results = evaluate_users(
+    results = evaluate_model(
         model,
         tokenizer,
-        experiment,
-        catalogue_ids,
-        budget,
+        experiment.split,
+        experiment.index,
+        experiment.catalogue,
+        experiment.fmt,
         ("valid", "test"),
-        budget.ks,
-        budget.eval_users,
-        budget.seed,
+        budget.eval_settings(),
+        trie,
     )
     timings["eval_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - started
@@ -299,15 +305,10 @@ def run_strategy(
     return record
 
 
-def sample_rows(dataset, n: int | None, seed: int):
-    """A seeded sample of ``n`` rows (all rows when ``n`` is None or larger than the dataset)."""
-    if n is None or n >= len(dataset):
-        return dataset
-    return dataset.shuffle(seed=seed).select(range(n))
+def _claim(out: Path, manifest: dict, resume: bool) -> dict | None:
+    """Record the run in ``out``; refuse a directory holding something else, or another run's results.
 
-
-def _claim(out: Path, manifest: dict, resume: bool) -> None:
-    """Record the run in ``out``; refuse a directory holding something else, or another run's results."""
+    Returns the recorded results when resuming a run that had finished."""
     if (out / runs.MANIFEST).is_file():
         if not resume:
             raise runs.RunMismatchError(
@@ -315,77 +316,17 @@ def _claim(out: Path, manifest: dict, resume: bool) -> None:
                 "(nothing was changed)."
             )
         runs.check_and_write(out, manifest, out)
-        return
+        metrics = out / "metrics.json"
+        return json.loads(metrics.read_text()) if metrics.is_file() else None
     if out.exists() and any(out.iterdir()):
         raise runs.RunMismatchError(
             f"{out} is not empty and holds no run of this runner; choose another directory."
         )
     runs.check_and_write(out, manifest, None)
+    return None
 
 
 def _stage_dirs(spec: Strategy) -> dict[str, str]:
     """Adapter directory of each stage, relative to the strategy's folder (which can then be moved)."""
     stages = ["init", *(["grounding"] if spec.ground else []), "sft"]
     return {stage: f"{stage}/{ADAPTER_DIR}" for stage in stages}
-
-
-def item_token_ids(tokenizer, index) -> dict[str, list[int]]:
-    from ..decoding import sid_token_ids
-
-    return sid_token_ids(tokenizer, {item: index.sid_text(item) for item in index.item_ids})
-
-
-def _seeded_sample(items: list, n: int | None, seed: int) -> list:
-    return list(items) if n is None or n >= len(items) else random.Random(seed).sample(items, n)
-
-
-def evaluate_users(
-    model,
-    tokenizer,
-    experiment: Experiment,
-    catalogue_ids,
-    budget: Budget,
-    parts,
-    ks,
-    n_users: int | None,
-    seed: int,
-    cold: bool = True,
-) -> dict:
-    """Recall/NDCG@K of ``parts`` ("valid", "test"): on a seeded sample of ``n_users`` users ("all"), and on
-    a seeded sample of as many users whose target is a cold item ("cold"; cold targets are rare, so a
-    sample of all users would hold few of them). Both samples are decoded in one pass."""
-    from ..decoding import SIDTrie, recommend
-    from ..evaluation import ranking_metrics
-
-    cold_items = experiment.split.cold_items(budget.cold_max_count)
-    trie = SIDTrie(catalogue_ids)
-    results = {}
-    for part in parts:
-        examples = list(getattr(experiment.split, f"{part}_examples")(experiment.fmt.max_history))
-        chosen = _seeded_sample(examples, n_users, seed)
-        cold_pool = [e for e in examples if e[2] in cold_items] if cold else []
-        cold_chosen = _seeded_sample(cold_pool, n_users, seed)
-        todo = list({e[0]: e for e in chosen + cold_chosen}.values())
-        users, prompts, _ = inference_prompts(
-            todo, experiment.index, tokenizer, experiment.catalogue, experiment.fmt
-        )
-        recs = recommend(
-            model,
-            tokenizer,
-            prompts,
-            trie,
-            k=max(ks),
-            num_beams=max(budget.num_beams, max(ks)),
-            batch_size=budget.eval_batch_size,
-        )
-        ranked = dict(zip(users, recs.items, strict=True))
-        results[part] = {
-            "all": ranking_metrics([ranked[e[0]] for e in chosen], [e[2] for e in chosen], ks),
-            "decoding": recs.stats(),
-        }
-        if cold:
-            results[part]["cold"] = ranking_metrics(
-                [ranked[e[0]] for e in cold_chosen], [e[2] for e in cold_chosen], ks
-            )
-            results[part]["cold"]["cold_users_available"] = len(cold_pool)
-    return results

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from peft import PeftModel
 from transformers import TrainerCallback
 
 from ..adapter import GroundedTokenConfig
 from ..training import RunConfig, RunTrainer
+from .data import PromptFormat
 
 
 @dataclass
@@ -66,3 +67,49 @@ class ValidationRecall(TrainerCallback):
                 {"step": state.global_step, **{f"eval_{k}": v for k, v in metrics.items()}}
             )
         return control
+
+
+def train_recommender(
+    catalogue,
+    index,
+    args: RecommendationConfig,
+    *,
+    model_path: str | None = None,
+    grounded: str | None = None,
+    init: str = "mean",
+    centroid_variant: str = "items",
+    lora: dict | None = None,
+    fmt: PromptFormat | None = None,
+    max_examples: int | None = None,
+    resume: bool = False,
+) -> PeftModel:
+    """Next-item SFT with a LoRA stacked on the new rows (the ``sft`` command).
+
+    The rows start from the grounded adapter at ``grounded`` (checked against ``index``) or from ``init``;
+    ``lora`` holds :func:`~peft_grounded.add_lora`'s arguments. Writes ``<args.output_dir>/adapter``.
+    """
+    from .. import assets
+    from ..adapter import add_lora
+    from ..training import sample_rows
+    from .data import training_dataset
+    from .model import sid_model
+
+    fmt = fmt or PromptFormat()
+    tokenizer, model = sid_model(
+        model_path or str(assets.smollm2()),
+        index,
+        init=init,
+        centroid_variant=centroid_variant,
+        seed=args.seed,
+        fmt=fmt,
+        adapter=grounded,
+    )
+    if grounded is not None:
+        model.peft_config[model.active_adapter].prompt_format = asdict(fmt)
+    add_lora(model, **(lora or {}))
+    data = sample_rows(
+        training_dataset(catalogue.leave_one_out(), index, catalogue, tokenizer, fmt), max_examples, args.seed
+    )
+    trainer = RecommendationTrainer(model, args, train_dataset=data, processing_class=tokenizer)
+    trainer.train(resume_from_checkpoint=True if resume else None)
+    return model

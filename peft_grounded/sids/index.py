@@ -173,6 +173,32 @@ class SIDIndex:
         """The SID string of an item, e.g. ``"<a_12><b_3><c_200><d_0>"``."""
         return sid_string(self.sid_of(item_id), self.token_template)
 
+    def fingerprint(self) -> str:
+        """Short sha256 of what makes a SID token mean something: item ids, their codes, levels, template.
+
+        Two indices with the same token strings but other item -> SID assignments (another seed, encoder
+        or catalogue) get different fingerprints; adapters record it (``sid_index_fingerprint``).
+        """
+        digest = hashlib.sha256()
+        digest.update(json.dumps([self.item_ids, list(self.codes_per_level), self.token_template]).encode())
+        digest.update(np.ascontiguousarray(self.codes, dtype=np.int64).tobytes())
+        return digest.hexdigest()[:16]
+
+    def check_adapter(self, config: Any) -> None:
+        """Raise unless the adapter ``config`` was made for this index's tokens (and, when recorded, codes)."""
+        strings = getattr(config, "token_strings", None)
+        if strings is not None and list(strings) != self.token_strings:
+            raise ValueError(
+                f"The adapter's {len(strings)} tokens are not this SID index's {self.n_tokens} tokens (in order): "
+                "use the index the adapter was trained with."
+            )
+        recorded = getattr(config, "sid_index_fingerprint", None)
+        if recorded is not None and recorded != self.fingerprint():
+            raise ValueError(
+                f"The adapter was trained with another SID index (fingerprint {recorded}, this one is "
+                f"{self.fingerprint()}): its tokens carry other items' codes. Use the index it was trained with."
+            )
+
     def sid_texts(self) -> list[str]:
         """SID strings of all items, in ``item_ids`` order."""
         return [sid_string(row, self.token_template) for row in self.codes.tolist()]

@@ -1,0 +1,127 @@
+"""Evaluate a SID recommender on the users of a leave-one-out split: the one entry point the runner, the
+CLI and scripts share.
+
+For each part (``valid``, ``test``) a seeded sample of users gives the "all" metrics, and a seeded sample
+of as many users whose target is a cold item gives the "cold" ones (cold targets are rare: a sample of
+all users would hold few of them). Both samples are decoded together with the SID-constrained beam search.
+"""
+
+from __future__ import annotations
+
+import random
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .evaluate import Results
+from .metrics import DEFAULT_KS, ranking_metrics
+
+
+@dataclass
+class EvalSettings:
+    """How many users, which cut-offs, and how to decode."""
+
+    ks: tuple[int, ...] = DEFAULT_KS
+    users: int | None = None  # per part, a seeded sample (None: every user)
+    seed: int = 0
+    num_beams: int = 20
+    batch_size: int = 16
+    cold_max_count: int = 1  # cold item: a target seen at most this often as a training target
+    cold: bool = True
+    bf16: bool = False  # decode under bf16 autocast
+
+
+def _sample(items: list, n: int | None, seed: int) -> list:
+    return list(items) if n is None or n >= len(items) else random.Random(seed).sample(items, n)
+
+
+def item_token_ids(tokenizer: Any, index: Any) -> dict[str, list[int]]:
+    """Item id -> the token ids of its SID, for the constrained decoding."""
+    from ..decoding import sid_token_ids
+
+    return sid_token_ids(tokenizer, {item: index.sid_text(item) for item in index.item_ids})
+
+
+def evaluate_model(
+    model: Any,
+    tokenizer: Any,
+    split: Any,
+    index: Any,
+    catalogue: Any = None,
+    fmt: Any = None,
+    parts: tuple[str, ...] = ("valid", "test"),
+    settings: EvalSettings | None = None,
+    trie: Any = None,
+) -> Results:
+    """``{part: {"all": metrics, "cold": metrics, "decoding": counters}}`` for the split's users."""
+    from ..decoding import SIDTrie, recommend
+    from ..recommend.data import PromptFormat, inference_prompts
+
+    settings = settings or EvalSettings()
+    fmt = fmt or PromptFormat()
+    trie = trie or SIDTrie(item_token_ids(tokenizer, index))
+    cold_items = split.cold_items(settings.cold_max_count)
+    device = next(model.parameters()).device.type
+    autocast = torch.autocast(device, dtype=torch.bfloat16) if settings.bf16 else nullcontext()
+    results: Results = {}
+    for part in parts:
+        examples = list(getattr(split, f"{part}_examples")(fmt.max_history))
+        chosen = _sample(examples, settings.users, settings.seed)
+        cold_pool = [e for e in examples if e[2] in cold_items] if settings.cold else []
+        cold_chosen = _sample(cold_pool, settings.users, settings.seed)
+        todo = list({e[0]: e for e in chosen + cold_chosen}.values())
+        users, prompts, _ = inference_prompts(todo, index, tokenizer, catalogue, fmt)
+        with autocast:
+            recs = recommend(
+                model,
+                tokenizer,
+                prompts,
+                trie,
+                k=max(settings.ks),
+                num_beams=max(settings.num_beams, max(settings.ks)),
+                batch_size=settings.batch_size,
+            )
+        ranked = dict(zip(users, recs.items, strict=True))
+        results[part] = {
+            "all": ranking_metrics([ranked[e[0]] for e in chosen], [e[2] for e in chosen], settings.ks),
+            "decoding": recs.stats(),
+        }
+        if settings.cold:
+            cold = ranking_metrics(
+                [ranked[e[0]] for e in cold_chosen], [e[2] for e in cold_chosen], settings.ks
+            )
+            results[part]["cold"] = cold | {"cold_users_available": len(cold_pool)}
+    return results
+
+
+def evaluate_adapter(
+    adapter: str,
+    index: Any,
+    catalogue: Any,
+    settings: EvalSettings | None = None,
+    *,
+    model_path: str | None = None,
+    fmt: Any = None,
+    parts: tuple[str, ...] = ("valid", "test"),
+) -> Results:
+    """Load a trained adapter onto its base (checked against ``index``) and :func:`evaluate_model` it, with the
+    prompt format recorded in the adapter unless ``fmt`` is given."""
+    from ..recommend.model import base_model_path, prompt_format_of, sid_model
+
+    settings = settings or EvalSettings()
+    dtype = torch.bfloat16 if settings.bf16 else torch.float32
+    tokenizer, model = sid_model(
+        model_path or base_model_path(adapter), index, adapter=adapter, is_trainable=False, dtype=dtype
+    )
+    return evaluate_model(
+        model,
+        tokenizer,
+        catalogue.leave_one_out(),
+        index,
+        catalogue,
+        fmt or prompt_format_of(model),
+        parts,
+        settings,
+    )
