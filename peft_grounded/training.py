@@ -59,7 +59,8 @@ def sample_rows(dataset, n: int | None, seed: int):
 
 
 def dataset_fingerprint(dataset) -> str:
-    """A content hash of a (raw, in-memory) dataset; ``datasets``' own fingerprint of one is random."""
+    """A content hash of the rows, the same in every process and ``datasets`` version (large datasets fall
+    back to ``datasets``' own fingerprint)."""
     if dataset is None:
         return "none"
     if len(dataset) <= 200_000:

@@ -78,8 +78,7 @@ def main() -> None:
     }
     if trainer.is_world_process_zero():
         torch.save(rows, Path(args.output_dir) / "final_rows.pt")
-    if int(os.environ.get("RANK", "0")) >= 0:
-        torch.save(rows, Path(args.output_dir) / f"rows_rank{os.environ.get('RANK', '0')}.pt")
+    torch.save(rows, Path(args.output_dir) / f"rows_rank{os.environ.get('RANK', '0')}.pt")  # every rank
 
 
 if __name__ == "__main__":

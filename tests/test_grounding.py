@@ -55,7 +55,7 @@ def test_plain_prompts_for_a_model_without_chat_template(toy, tokenizer):
     dataset = grounding_dataset(catalogue, index, tokenizer)
     row = dataset[0]
     assert isinstance(row["prompt"], str) and row["prompt"].endswith("Answer:")
-    assert row["completion"] == " " + index.sid_text("0")
+    assert row["completion"] == index.sid_text("0")  # directly after "Answer:", as in the SFT prompts
 
 
 def ground(tokenizer, factory, toy, tmp_path, **config):

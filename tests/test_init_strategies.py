@@ -224,3 +224,25 @@ def test_projection_rejects_truncating_narrow_vectors():
         project_vectors(torch.randn(4, 8), torch.randn(50, 16), "truncate")
     with pytest.raises(ValueError, match="init_anchors"):
         project_vectors(torch.randn(4, 8), torch.randn(50, 16), "lstsq")
+
+
+def test_rows_of_a_half_precision_base_keep_full_precision(tokenizer, tiny_model_factory):
+    """On a bf16 base the rows are float32 master weights: a given matrix is kept exactly."""
+    from transformers import AutoTokenizer
+
+    base = tiny_model_factory("llama", False, dtype=torch.bfloat16)
+    new = peft_grounded.add_sid_tokens(AutoTokenizer.from_pretrained(tokenizer.name_or_path), base, [8])
+    matrix = torch.randn(8, 64)
+    model = get_peft_model(base, GroundedTokenConfig(token_indices=new, init="tensor", init_vectors=matrix))
+    layer = model.get_input_embeddings()
+    assert layer.grounded_embedding["default"].dtype == torch.float32
+    assert torch.equal(layer.grounded_embedding["default"], matrix)
+    assert torch.equal(layer.grounded_head["default"], matrix)
+
+
+def test_description_of_an_unused_code_falls_back_to_the_mean(tokenizer, tiny_model_factory):
+    with pytest.warns(UserWarning, match="empty description"):
+        rows, _, vocab, _, _ = wrap(
+            tokenizer, tiny_model_factory, "description", codes=(2,), init_texts=[[10, 11], []]
+        )
+    assert torch.equal(rows[1], vocab.double().mean(0).float())

@@ -24,6 +24,13 @@ from peft.tuners.tuners_utils import BaseTunerLayer, check_adapters_to_merge
 from torch import nn
 
 
+def _master(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Trainable copy of ``rows`` on ``weight``'s device: float32 for half-precision bases (the rows are the
+    optimiser's master weights; the forward casts them to the base dtype), else ``weight``'s dtype."""
+    dtype = torch.float32 if weight.dtype in (torch.float16, torch.bfloat16) else weight.dtype
+    return rows.detach().to(weight.device, dtype).clone()
+
+
 class GroundedTokenLayer(nn.Module, BaseTunerLayer):
     """Input embedding with trainable rows for the new tokens of each adapter."""
 
@@ -72,15 +79,11 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
         index = torch.as_tensor(token_indices, dtype=torch.long, device=weight.device)
         self.grounded_indices[adapter_name] = index
         self.grounded_original[adapter_name] = weight.detach()[index].clone()
-        self.grounded_embedding[adapter_name] = nn.Parameter(
-            input_rows.to(weight.device, weight.dtype).clone()
-        )
+        self.grounded_embedding[adapter_name] = nn.Parameter(_master(input_rows, weight))
         if output_rows is not None:
             head_weight = self.head.weight
             self.grounded_head_original[adapter_name] = head_weight.detach()[index].clone()
-            self.grounded_head[adapter_name] = nn.Parameter(
-                output_rows.to(head_weight.device, head_weight.dtype)
-            )
+            self.grounded_head[adapter_name] = nn.Parameter(_master(output_rows, head_weight))
         self._lookup.clear()
         self.set_adapter(self.active_adapters)
 

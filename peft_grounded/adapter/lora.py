@@ -11,7 +11,7 @@ def add_lora(
     model: PeftModel,
     r: int = 16,
     lora_alpha: int = 32,
-    lora_dropout: float = 0.05,
+    lora_dropout: float = 0.0,
     target_modules: str | list[str] = "all-linear",
     adapter_name: str | None = None,
 ) -> PeftModel:

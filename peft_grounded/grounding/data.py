@@ -112,7 +112,9 @@ def grounding_examples(catalogue, index, data: GroundingData | None = None, chat
                 row_prompt: Any = [*messages, _message("user", prompt)]
                 row_completion: Any = [_message("assistant", completion)]
             else:
-                row_prompt, row_completion = f"{prompt}\nAnswer:", f" {completion}"
+                # a SID follows "Answer:" directly (as in the recommendation prompts); text after a space
+                sep = "" if template.completion == "{sid}" else " "
+                row_prompt, row_completion = f"{prompt}\nAnswer:", f"{sep}{completion}"
             rows.append(
                 {
                     "item_id": item_id,

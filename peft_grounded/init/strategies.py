@@ -18,6 +18,7 @@ CPU and is deterministic under ``seed``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -62,29 +63,33 @@ def _random(weight, tokens, reference, data, generator, std) -> torch.Tensor:
 def _description(weight, tokens, reference, data, generator, std) -> torch.Tensor:
     lists = data.token_id_lists
     if lists is None:
-        raise ValueError(
-            "init='description' needs init_texts: one text (or list of token ids) per new token."
-        )
+        raise ValueError("init='description' needs init_texts: one text per new token.")
     if len(lists) != len(tokens):
         raise ValueError(
             f"init_texts has {len(lists)} entries for {len(tokens)} new tokens; give exactly one per token, "
             "in the order of token_indices."
         )
-    rows = []
+    mean = reference.mean(dim=0)
+    rows, empty = [], []
     new = set(tokens)
     for position, ids in enumerate(lists):
-        if not ids:
-            raise ValueError(
-                f"init_texts[{position}] (token index {tokens[position]}) is empty after tokenisation; give "
-                "every new token a non-empty description."
-            )
         bad = [i for i in ids if not 0 <= i < weight.shape[0] or i in new]
         if bad:
             raise ValueError(
                 f"init_texts[{position}] uses token ids {bad[:5]} that are new tokens or outside the "
                 "vocabulary; descriptions must be written with existing tokens."
             )
-        rows.append(_gather(weight, ids).mean(dim=0))
+        if ids:
+            rows.append(_gather(weight, ids).mean(dim=0))
+        else:  # e.g. a SID code that no item carries: nothing describes it
+            empty.append(tokens[position])
+            rows.append(mean)
+    if empty:
+        warnings.warn(
+            f"{len(empty)} new tokens have an empty description (e.g. rows {empty[:5]}); they start at the "
+            "vocabulary mean.",
+            stacklevel=3,
+        )
     return torch.stack(rows)
 
 
