@@ -246,3 +246,16 @@ def test_description_of_an_unused_code_falls_back_to_the_mean(tokenizer, tiny_mo
             tokenizer, tiny_model_factory, "description", codes=(2,), init_texts=[[10, 11], []]
         )
     assert torch.equal(rows[1], vocab.double().mean(0).float())
+
+
+def test_vocabulary_statistics_are_exact_in_chunks():
+    from peft_grounded.init.stats import vocabulary_stats
+
+    rows = torch.randn(1000, 12, dtype=torch.float64) * torch.linspace(0.1, 5, 12) + 3.0
+    keep = torch.arange(0, 1000, 3)
+    stats = vocabulary_stats(rows.float(), keep, chunk=64)
+    expected = rows.float()[keep].double()
+    torch.testing.assert_close(stats.mean, expected.mean(0), rtol=0, atol=1e-12)
+    torch.testing.assert_close(stats.cov, torch.cov(expected.T), rtol=1e-10, atol=1e-12)
+    rms = (expected - expected.mean(0)).norm(dim=1).pow(2).mean().sqrt()
+    torch.testing.assert_close(stats.rms_deviation, rms, rtol=1e-10, atol=0)

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import torch
 
+from .stats import VocabularyStats, fix_signs
+
 PROJECTIONS = ("auto", "truncate", "pca", "lstsq")
 
 
@@ -49,23 +51,12 @@ def resolve_projection(method: str, d_in: int, d_model: int, has_anchors: bool) 
     return method
 
 
-def _principal_axes(x: torch.Tensor, k: int) -> torch.Tensor:
-    """Top-``k`` right singular vectors of the centred ``x`` as columns, with a deterministic sign."""
-    centred = x - x.mean(dim=0, keepdim=True)
+def _pca_align(vectors: torch.Tensor, reference: VocabularyStats) -> torch.Tensor:
+    k = min(vectors.shape[0], vectors.shape[1], reference.width)
+    centred = vectors - vectors.mean(dim=0, keepdim=True)
     _, _, vh = torch.linalg.svd(centred, full_matrices=False)
-    axes = vh[:k].T.contiguous()
-    # make the largest-magnitude entry of each axis positive so the result does not depend on LAPACK
-    signs = torch.sign(axes.gather(0, axes.abs().argmax(dim=0, keepdim=True)))
-    signs[signs == 0] = 1
-    return axes * signs
-
-
-def _pca_align(vectors: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    k = min(vectors.shape[0], vectors.shape[1], reference.shape[1])
-    source_axes = _principal_axes(vectors, k)  # d_in x k
-    target_axes = _principal_axes(reference, k)  # d_model x k
-    coords = (vectors - vectors.mean(dim=0, keepdim=True)) @ source_axes
-    return coords @ target_axes.T
+    source_axes = fix_signs(vh[:k].T.contiguous())  # d_in x k
+    return (centred @ source_axes) @ reference.principal_axes(k).T
 
 
 def _lstsq_map(
@@ -82,27 +73,29 @@ def _lstsq_map(
 
 def project_vectors(
     vectors: torch.Tensor,
-    reference_rows: torch.Tensor,
+    reference: VocabularyStats | torch.Tensor,
     method: str = "auto",
     *,
     anchors: tuple[torch.Tensor, torch.Tensor] | None = None,
     norm_match: bool = True,
     ridge: float = 1e-3,
 ) -> torch.Tensor:
-    """Project ``vectors`` [n, d] into the space of ``reference_rows`` [m, d_model] (float64 math, float32 out).
-
-    ``anchors`` is ``(anchor_vectors [a, d], anchor_rows [a, d_model])`` for ``lstsq``.
+    """Project ``vectors`` [n, d] into the space of the vocabulary (its statistics, or its rows [m, d_model]);
+    float64 math, float32 out. ``anchors`` is ``(anchor_vectors [a, d], anchor_rows [a, d_model])`` for lstsq.
     """
-    if vectors.ndim != 2 or reference_rows.ndim != 2:
-        raise ValueError("vectors and reference rows must be 2-d matrices")
+    if not isinstance(reference, VocabularyStats):
+        if reference.ndim != 2:
+            raise ValueError("the reference rows must be a 2-d matrix")
+        reference = VocabularyStats.of_rows(reference)
+    if vectors.ndim != 2:
+        raise ValueError("the vectors must be a 2-d matrix")
     x = vectors.detach().to(torch.float64).cpu()
-    ref = reference_rows.detach().to(torch.float64).cpu()
-    d_model = ref.shape[1]
+    d_model = reference.width
     concrete = resolve_projection(method, x.shape[1], d_model, anchors is not None)
     if concrete == "truncate":
         projected = x[:, :d_model]
     elif concrete == "pca":
-        projected = _pca_align(x, ref)
+        projected = _pca_align(x, reference)
     else:
         anchor_vectors, anchor_rows = (a.detach().to(torch.float64).cpu() for a in anchors)  # type: ignore[union-attr]
         if anchor_vectors.shape[1] != x.shape[1] or anchor_rows.shape[1] != d_model:
@@ -111,11 +104,9 @@ def project_vectors(
                 f"{x.shape[1]}-d) and anchor rows {anchor_rows.shape[1]}-d (model is {d_model}-d)."
             )
         projected = _lstsq_map(x, anchor_vectors, anchor_rows, ridge)
-    ref_mean = ref.mean(dim=0)
     deviations = projected - projected.mean(dim=0, keepdim=True)
     if norm_match:
-        ref_rms = (ref - ref_mean).norm(dim=1).pow(2).mean().sqrt()
         own_rms = deviations.norm(dim=1).pow(2).mean().sqrt()
         if own_rms > 0:
-            deviations = deviations * (ref_rms / own_rms)
-    return (ref_mean + deviations).to(torch.float32)
+            deviations = deviations * (reference.rms_deviation / own_rms)
+    return (reference.mean + deviations).to(torch.float32)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from .projection import project_vectors
+from .stats import vocabulary_stats
 
 STRATEGIES = ("mean", "gaussian", "random", "description", "centroid", "tensor", "adapter")
 DATA_STRATEGIES = ("description", "centroid", "tensor", "adapter")
@@ -43,13 +44,11 @@ class InitData:
 
 
 def _mean(weight, tokens, reference, data, generator, std) -> torch.Tensor:
-    return reference.mean(dim=0, keepdim=True).expand(len(tokens), -1).clone()
+    return reference.mean.unsqueeze(0).expand(len(tokens), -1).clone()
 
 
 def _gaussian(weight, tokens, reference, data, generator, std) -> torch.Tensor:
-    mean = reference.mean(dim=0)
-    centred = reference - mean
-    cov = centred.T @ centred / max(reference.shape[0] - 1, 1)
+    mean, cov = reference.mean, reference.cov
     jitter = 1e-10 * cov.diagonal().mean().clamp(min=1e-30)
     chol = torch.linalg.cholesky(cov + jitter * torch.eye(cov.shape[0], dtype=cov.dtype))
     z = torch.randn(len(tokens), cov.shape[0], generator=generator, dtype=torch.float64)
@@ -57,7 +56,7 @@ def _gaussian(weight, tokens, reference, data, generator, std) -> torch.Tensor:
 
 
 def _random(weight, tokens, reference, data, generator, std) -> torch.Tensor:
-    return torch.randn(len(tokens), reference.shape[1], generator=generator, dtype=torch.float64) * std
+    return torch.randn(len(tokens), reference.width, generator=generator, dtype=torch.float64) * std
 
 
 def _description(weight, tokens, reference, data, generator, std) -> torch.Tensor:
@@ -69,7 +68,7 @@ def _description(weight, tokens, reference, data, generator, std) -> torch.Tenso
             f"init_texts has {len(lists)} entries for {len(tokens)} new tokens; give exactly one per token, "
             "in the order of token_indices."
         )
-    mean = reference.mean(dim=0)
+    mean = reference.mean
     rows, empty = [], []
     new = set(tokens)
     for position, ids in enumerate(lists):
@@ -106,7 +105,7 @@ def _centroid(weight, tokens, reference, data, generator, std) -> torch.Tensor:
 
 
 def _tensor(weight, tokens, reference, data, generator, std) -> torch.Tensor:
-    return _checked_vectors(data, tokens, width=reference.shape[1]).to(torch.float64)
+    return _checked_vectors(data, tokens, width=reference.width).to(torch.float64)
 
 
 def _gather(weight: torch.Tensor, ids: Sequence[int]) -> torch.Tensor:
@@ -161,9 +160,7 @@ def initial_rows(
     if strategy not in _STRATEGY_FNS:
         raise ValueError(f"Unknown init {strategy!r}; choose one of {', '.join(STRATEGIES)}.")
     matrix = weight.detach()
-    reference = matrix[reference_indices].to("cpu", torch.float64)
-    if reference.shape[0] == 0:
-        raise ValueError("No existing vocabulary rows to take statistics from (the reference set is empty).")
+    reference = vocabulary_stats(matrix, reference_indices)
     generator = torch.Generator().manual_seed(int(seed))
     rows = _STRATEGY_FNS[strategy](
         matrix, list(token_indices), reference, data or InitData(), generator, initializer_range
