@@ -228,7 +228,7 @@ def fake_run(root: Path, world, strategy: str, seed: int, stages: dict[str, str]
     manifest = {
         "strategy": {"name": strategy, "init": "mean", "ground": "grounding" in stages},
         "budget": {"seed": seed},
-        "index": runs.fingerprint((index or world["index"]).sid_texts()),
+        "index": (index or world["index"]).fingerprint(),
     }
     runs.write_json_atomic(out / "run.json", manifest)
     for stage, init in stages.items():

@@ -238,6 +238,13 @@ class GroundedTokenConfig(PeftConfig):
         return values
 
     @property
+    def base_vocab_size(self) -> int:
+        """Rows of the vocabulary the new tokens extend: statistics and the signature come from below it."""
+        if self.original_vocab_size is not None:
+            return self.original_vocab_size
+        return min(self.token_indices) if self.tokens_are_new else max(self.token_indices) + 1
+
+    @property
     def has_lora(self) -> bool:
         return self.lora_r > 0
 

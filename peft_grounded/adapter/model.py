@@ -31,6 +31,16 @@ def embedding_signature(weight: torch.Tensor, original_vocab_size: int) -> list[
     return [float(f"{n:.6g}") for n in norms.cpu().tolist()]
 
 
+def signature_matches(recorded: list[float] | None, actual: list[float]) -> bool:
+    """Whether an adapter's recorded embedding signature fits a base's (tolerant of dtype changes)."""
+    if recorded is None:
+        return True
+    return len(recorded) == len(actual) and all(
+        math.isclose(a, b, rel_tol=SIGNATURE_RTOL, abs_tol=1e-6)
+        for a, b in zip(recorded, actual, strict=True)
+    )
+
+
 class GroundedTokenModel(BaseTuner):
     """Wraps the input embedding (and the output head) so that only the new tokens' rows train."""
 
@@ -166,29 +176,20 @@ class GroundedTokenModel(BaseTuner):
                 "the head returned by get_output_embeddings)."
             )
         config.num_embeddings = rows
-        original = self._original_vocab_size(config)
+        original = config.base_vocab_size
         signature = embedding_signature(layer.base_layer.weight, original)
         if config.embedding_signature is None:
             config.embedding_signature = signature
-        elif len(config.embedding_signature) != len(signature) or not all(
-            math.isclose(a, b, rel_tol=SIGNATURE_RTOL, abs_tol=1e-6)
-            for a, b in zip(config.embedding_signature, signature, strict=True)
-        ):
+        elif not signature_matches(config.embedding_signature, signature):
             raise ValueError(
                 "The base model's vocabulary rows differ from those the adapter was made for (embedding signature "
                 f"{signature} vs {config.embedding_signature}): this adapter belongs to another base model "
                 f"({config.base_model_name_or_path!r}). Load it onto that model."
             )
 
-    @staticmethod
-    def _original_vocab_size(config: GroundedTokenConfig) -> int:
-        if config.original_vocab_size is not None:
-            return config.original_vocab_size
-        return min(config.token_indices) if config.tokens_are_new else max(config.token_indices) + 1
-
     def _reference(self, config: GroundedTokenConfig, rows: int) -> slice | torch.Tensor:
         if config.tokens_are_new:
-            return slice(0, self._original_vocab_size(config))
+            return slice(0, config.base_vocab_size)
         keep = torch.ones(rows, dtype=torch.bool)
         keep[torch.as_tensor(config.token_indices)] = False
         return keep.nonzero().flatten()

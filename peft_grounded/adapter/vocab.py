@@ -43,7 +43,8 @@ def _is_wrapped(model: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def _fill_with_mean(weight: torch.Tensor, rows: list[int], reference_rows: int) -> None:
+def fill_with_mean(weight: torch.Tensor, rows: list[int], reference_rows: int) -> None:
+    """Set ``rows`` of ``weight`` to the mean of its first ``reference_rows`` rows (a deterministic placeholder)."""
     mean = weight[:reference_rows].double().mean(dim=0).to(weight.dtype)
     weight[torch.as_tensor(rows, device=weight.device)] = mean
 
@@ -93,10 +94,10 @@ def add_tokens(
     if needed > rows:
         model.resize_token_embeddings(needed, pad_to_multiple_of=pad_to_multiple_of, mean_resizing=False)
     reference = min(original, rows)
-    _fill_with_mean(model.get_input_embeddings().weight, indices, reference)
+    fill_with_mean(model.get_input_embeddings().weight, indices, reference)
     head = model.get_output_embeddings()
     if head is not None and head.weight is not model.get_input_embeddings().weight:
-        _fill_with_mean(head.weight, indices, reference)
+        fill_with_mean(head.weight, indices, reference)
     return AddedTokens(indices, tokens, original, fingerprint)
 
 

@@ -106,41 +106,24 @@ def load_sid_rows(path: str | os.PathLike[str], tokens: list[str], matrix: str =
     tied adapter has one set of rows, which then serves both. Raises ``ValueError`` when the adapter
     holds other tokens than ``tokens`` (another SID index) or more or fewer of them.
     """
-    import torch
-    from safetensors import safe_open
+    from peft_grounded.adapter.saved import read_adapter
 
     if matrix not in MATRICES:
         raise ValueError(f"matrix must be one of {MATRICES}, got {matrix!r}")
     directory = checkpoint(path).path
-    config = json.loads((directory / ADAPTER_CONFIG).read_text())
-    if config.get("peft_type") not in (None, "GROUNDED_TOKENS"):
-        raise ValueError(
-            f"{directory} holds a {config.get('peft_type')} adapter, not a grounded-token adapter "
-            "(GroundedTokenConfig); its new tokens' rows are not there"
-        )
-    saved = config.get("token_strings")
+    adapter = read_adapter(directory)
+    config = adapter.config
+    saved = adapter.token_strings
     if not saved:
         raise ValueError(
             f"{directory}/{ADAPTER_CONFIG} records no token_strings, so its rows cannot be matched to the "
             "SID index's tokens; create adapters with GroundedTokenConfig(token_indices=add_tokens(...))"
         )
     _check_same_tokens(directory, list(saved), tokens)
-    weights = directory / ADAPTER_WEIGHTS
-    with safe_open(str(weights), framework="pt") as handle:
-        keys = list(handle.keys())
-        inputs = [k for k in keys if k.endswith("grounded_embedding")]
-        outputs = [k for k in keys if k.endswith("grounded_head")]
-        if len(inputs) != 1:
-            raise ValueError(f"{weights} holds {len(inputs)} grounded embeddings, expected one")
-        key = outputs[0] if matrix == "output" and outputs else inputs[0]
-        stored = handle.get_tensor(key)
-    if stored.ndim != 2 or stored.shape[0] != len(saved):
-        raise ValueError(
-            f"{weights}: {key} has shape {tuple(stored.shape)} but the config lists {len(saved)} tokens; "
-            "the adapter is corrupted or its files come from two different saves"
-        )
-    position = {token: i for i, token in enumerate(saved)}
-    order = torch.as_tensor([position[t] for t in tokens], dtype=torch.long)
+    stored = (
+        adapter.output_rows if matrix == "output" and adapter.output_rows is not None else adapter.input_rows
+    )
+    order = adapter.positions(tokens)
     indices = [int(i) for i in config.get("token_indices") or []]
     original = config.get("original_vocab_size") or (min(indices) if indices else None)
     if original is None:

@@ -15,7 +15,6 @@ The report lists where each input came from and what was left out.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -180,17 +179,20 @@ def _label(
 
 
 def _check_index_fingerprints(points: list[Checkpoint], index: Any) -> None:
-    recorded = [p for p in points if p.index_fingerprint]
-    if not recorded:
-        return
-    from peft_grounded.runs import fingerprint
+    """The runner's manifest, and the adapter itself, record which SID index the tokens belong to."""
+    import json
 
-    own = fingerprint(index.sid_texts())
-    wrong = [p.name for p in recorded if p.index_fingerprint != own]
+    own = index.fingerprint()
+    wrong = []
+    for point in points:
+        config = json.loads((point.path / "adapter_config.json").read_text())
+        recorded = {point.index_fingerprint, config.get("sid_index_fingerprint")} - {None}
+        if recorded - {own}:
+            wrong.append(point.name)
     if wrong:
         raise ValueError(
-            f"{wrong} were trained with another SID index than the one given (the runner recorded a different "
-            "index fingerprint): the same tokens would mean other items. Pass the run's own SID index."
+            f"{wrong} were trained with another SID index than the one given (their recorded index fingerprint "
+            "differs): the same tokens would mean other items. Pass the run's own SID index."
         )
 
 
@@ -255,18 +257,12 @@ def _vocabulary(
 
 def _check_signature(vocabulary: Any, loaded: list[AdapterRows]) -> None:
     """The adapter recorded the norms of a few base rows; a different base model gives other norms."""
-    from peft_grounded.adapter.model import SIGNATURE_RTOL, embedding_signature
+    from peft_grounded.adapter.model import embedding_signature, signature_matches
 
     signature = embedding_signature(vocabulary.rows, vocabulary.size)
     for rows in loaded:
         recorded = rows.embedding_signature
-        if recorded and (
-            len(recorded) != len(signature)
-            or not all(
-                math.isclose(a, b, rel_tol=SIGNATURE_RTOL, abs_tol=1e-6)
-                for a, b in zip(recorded, signature, strict=True)
-            )
-        ):
+        if recorded and not signature_matches(recorded, signature):
             raise ValueError(
                 f"the vocabulary rows of {vocabulary.source} are not those the adapters were made on (the adapter "
                 "records other norms for a few base rows); pass the adapters' base model as base_model"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,11 +64,11 @@ def _name(model: nn.Module) -> str:
 
 def check_base(config: GroundedTokenConfig, model: nn.Module, where: str = "adapter") -> None:
     """Raise unless ``model`` has the base vocabulary rows (embedding signature) the adapter was made on."""
-    from ..adapter.model import SIGNATURE_RTOL, GroundedTokenModel, embedding_signature
+    from ..adapter.model import embedding_signature, signature_matches
 
     wanted = config.base_model_name_or_path or "its base model"
     weight = model.get_input_embeddings().weight
-    rows, original = weight.shape[0], GroundedTokenModel._original_vocab_size(config)
+    rows, original = weight.shape[0], config.base_vocab_size
     fix = f"Load {wanted!r} and pass it as the base model."
     if rows < original:
         raise GroundedHubError(
@@ -85,10 +84,7 @@ def check_base(config: GroundedTokenConfig, model: nn.Module, where: str = "adap
     if config.embedding_signature is not None:
         signature = embedding_signature(weight, original)
         expected = config.embedding_signature
-        if len(signature) != len(expected) or not all(
-            math.isclose(a, b, rel_tol=SIGNATURE_RTOL, abs_tol=1e-6)
-            for a, b in zip(signature, expected, strict=True)
-        ):
+        if not signature_matches(expected, signature):
             raise GroundedHubError(
                 f"The {where} was made for base model {wanted!r}, but the given base ({_name(model)!r}) has other "
                 f"vocabulary rows (embedding signature {signature} vs {expected}). {fix}"
@@ -161,7 +157,7 @@ def prepare_base(config: GroundedTokenConfig, model: nn.Module, tokenizer, where
 def _size_embedding(config: GroundedTokenConfig, model: nn.Module, rows_before: int) -> None:
     """Grow the embedding (and head) to the adapter's ``num_embeddings`` and set the new tokens' base rows to
     the vocabulary mean, as ``add_tokens`` does (the rows an untied head without trained rows keeps)."""
-    from ..adapter.vocab import _fill_with_mean
+    from ..adapter.vocab import fill_with_mean
 
     target = config.num_embeddings or max(config.token_indices) + 1
     if model.get_input_embeddings().weight.shape[0] < target:
@@ -170,7 +166,7 @@ def _size_embedding(config: GroundedTokenConfig, model: nn.Module, rows_before: 
         return
     reference = min(config.original_vocab_size or min(config.token_indices), rows_before)
     embedding = model.get_input_embeddings().weight
-    _fill_with_mean(embedding, list(config.token_indices), reference)
+    fill_with_mean(embedding, list(config.token_indices), reference)
     head = model.get_output_embeddings()
     if head is not None and head.weight is not embedding:
-        _fill_with_mean(head.weight, list(config.token_indices), reference)
+        fill_with_mean(head.weight, list(config.token_indices), reference)

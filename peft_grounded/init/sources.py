@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file
 
 from .strategies import InitData
 
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-ADAPTER_CONFIG = "adapter_config.json"
 IN_MEMORY_PREFIX = "in-memory "
 
 
@@ -104,49 +100,16 @@ def adapter_rows(
     """Input and output rows for ``token_indices`` taken from a saved grounded adapter (warm start).
 
     Tokens are matched by string when both adapters know their strings, else by index. ``width``: the
-    model's row width, checked (with finiteness) so that another model's adapter fails here, clearly.
+    model's row width, checked so that another model's adapter fails here, clearly.
     """
-    directory = Path(path)
-    weights, config_file = directory / ADAPTER_WEIGHTS, directory / ADAPTER_CONFIG
-    if not weights.is_file() or not config_file.is_file():
-        raise FileNotFoundError(
-            f"init='adapter': {directory} does not hold a saved adapter ({ADAPTER_CONFIG} + {ADAPTER_WEIGHTS})."
+    from ..adapter.saved import read_adapter
+
+    saved = read_adapter(path)
+    order = saved.positions(token_strings, token_indices)
+    if width is not None and saved.input_rows.shape[1] != width:
+        raise ValueError(
+            f"init='adapter': the rows in {saved.path} are {saved.input_rows.shape[1]}-d but this model's rows "
+            f"are {width}-d: the saved adapter belongs to another base model."
         )
-    saved = json.loads(config_file.read_text())
-    state = load_file(str(weights))
-    inputs = [v for k, v in state.items() if k.endswith("grounded_embedding")]
-    outputs = [v for k, v in state.items() if k.endswith("grounded_head")]
-    if len(inputs) != 1:
-        raise ValueError(f"init='adapter': {weights} holds {len(inputs)} grounded embeddings, expected one.")
-    saved_indices = list(saved.get("token_indices", []))
-    saved_strings = saved.get("token_strings")
-    if token_strings is not None and saved_strings is not None:
-        position = {s: i for i, s in enumerate(saved_strings)}
-        missing = [s for s in token_strings if s not in position]
-        if missing:
-            raise ValueError(
-                f"init='adapter': tokens {missing[:5]} are not in the saved adapter at {directory}."
-            )
-        rows = [position[s] for s in token_strings]
-    else:
-        position = {t: i for i, t in enumerate(saved_indices)}
-        missing = [t for t in token_indices if t not in position]
-        if missing:
-            raise ValueError(
-                f"init='adapter': token indices {missing[:5]} are not in the saved adapter at {directory} "
-                "(give token_strings to match tokens by string)."
-            )
-        rows = [position[t] for t in token_indices]
-    index = torch.as_tensor(rows, dtype=torch.long)
-    picked = [inputs[0][index], outputs[0][index] if outputs else None]
-    for name, tensor in zip(("grounded_embedding", "grounded_head"), picked, strict=True):
-        if tensor is None:
-            continue
-        if width is not None and tensor.shape[1] != width:
-            raise ValueError(
-                f"init='adapter': the rows in {weights} are {tensor.shape[1]}-d but this model's rows are "
-                f"{width}-d: the saved adapter belongs to another base model."
-            )
-        if not torch.isfinite(tensor).all():
-            raise ValueError(f"init='adapter': {name} in {weights} holds NaN or Inf rows.")
-    return picked[0], picked[1]
+    output = saved.output_rows[order] if saved.output_rows is not None else None
+    return saved.input_rows[order], output
