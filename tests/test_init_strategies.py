@@ -259,3 +259,30 @@ def test_vocabulary_statistics_are_exact_in_chunks():
     torch.testing.assert_close(stats.cov, torch.cov(expected.T), rtol=1e-10, atol=1e-12)
     rms = (expected - expected.mean(0)).norm(dim=1).pow(2).mean().sqrt()
     torch.testing.assert_close(stats.rms_deviation, rms, rtol=1e-10, atol=0)
+
+
+@pytest.mark.slow
+def test_lstsq_with_anchors_from_the_real_encoder(tokenizer, tiny_model_factory):
+    """MiniLM's vectors of SmolLM2's word tokens anchor the lstsq map: centroids land in the LM's space."""
+    from peft_grounded.init import vocabulary_anchors, word_tokens
+    from peft_grounded.sids import load_encoder
+
+    ids = word_tokens(tokenizer, n=300)
+    assert len(ids) == 300 and all(tokenizer.decode([i]).strip().isalpha() for i in ids)
+    encoder = load_encoder("minilm")
+    anchors = vocabulary_anchors(tokenizer, encoder, n=300)
+    assert anchors["vectors"].shape == (300, encoder.dim)
+    centroids = torch.as_tensor(encoder.encode(["comedy film", "horror film", "office chair", "stapler"]))
+    rows, *_ = wrap(
+        tokenizer,
+        tiny_model_factory,
+        "centroid",
+        codes=(4,),
+        init_vectors=centroids,
+        init_anchors=anchors,
+        centroid_projection="lstsq",
+    )
+    assert rows.shape == (4, 64) and torch.isfinite(rows).all()
+    films = torch.nn.functional.cosine_similarity(rows[0] - rows.mean(0), rows[1] - rows.mean(0), dim=0)
+    mixed = torch.nn.functional.cosine_similarity(rows[0] - rows.mean(0), rows[3] - rows.mean(0), dim=0)
+    assert films > mixed  # the encoder's geometry survives the map

@@ -46,7 +46,8 @@ def resolve_projection(method: str, d_in: int, d_model: int, has_anchors: bool) 
     if method == "lstsq" and not has_anchors:
         raise ValueError(
             "centroid_projection='lstsq' needs init_anchors={'token_ids': [...], 'vectors': [a, d]}: the ids of "
-            "some vocabulary tokens and the vectors the centroids' encoder gives their strings."
+            "some vocabulary tokens and the vectors the centroids' encoder gives their strings "
+            "(peft_grounded.init.anchors.vocabulary_anchors(tokenizer, encoder) makes them)."
         )
     return method
 
