@@ -11,7 +11,7 @@ from sids_fixtures import clustered_vectors
 
 from peft_grounded.sids.build import index_from_vectors
 from peft_grounded.sids.collisions import add_disambiguation_level, collision_stats, reassign_last_level
-from peft_grounded.sids.index import JSON_NAME, TENSORS_NAME, EncoderMismatchError, IndexFileError, SIDIndex
+from peft_grounded.sids.index import JSON_NAME, EncoderMismatchError, IndexFileError, SIDIndex, tensors_path
 from peft_grounded.sids.rqkmeans import RQKMeansConfig
 from peft_grounded.sids.tokens import sid_vocabulary
 
@@ -187,14 +187,14 @@ def test_save_load_round_trip(index, tmp_path):
 
 
 def test_truncated_tensor_file(index, tmp_path):
-    path = index.save(tmp_path / "idx") / TENSORS_NAME
+    path = tensors_path(index.save(tmp_path / "idx"))
     path.write_bytes(path.read_bytes()[:-100])
     with pytest.raises(IndexFileError, match=r"truncated.*rebuild it with `peft-grounded build-sids`"):
         SIDIndex.load(tmp_path / "idx")
 
 
 def test_corrupted_tensor_file(index, tmp_path):
-    path = index.save(tmp_path / "idx") / TENSORS_NAME
+    path = tensors_path(index.save(tmp_path / "idx"))
     data = bytearray(path.read_bytes())
     data[-10] ^= 0xFF
     path.write_bytes(bytes(data))
@@ -211,7 +211,7 @@ def test_truncated_json_and_missing_files(index, tmp_path):
     with pytest.raises(IndexFileError, match=r"missing sid_index\.json"):
         SIDIndex.load(tmp_path / "elsewhere")
     index.save(directory)
-    (directory / TENSORS_NAME).unlink()
+    tensors_path(directory).unlink()
     with pytest.raises(IndexFileError, match="missing"):
         SIDIndex.load(directory)
 
@@ -249,3 +249,17 @@ def test_token_descriptions_list_the_most_popular_titles(index):
     # item_interactions are arange(n): the most popular members are the highest-numbered
     top = sorted(members, key=lambda i: -int(i[4:]))[:2]
     assert texts[code] == "; ".join(f"Title {i}" for i in top)
+
+
+def test_a_new_save_never_overwrites_the_tensor_file_in_use(index, tmp_path):
+    """Saving again writes a new content-named tensor file before switching the JSON to it."""
+    directory = index.save(tmp_path / "idx")
+    first = tensors_path(directory)
+    changed = SIDIndex.load(directory)
+    changed.quality = {**changed.quality, "note": "changed"}
+    changed.codes = changed.codes.copy()
+    changed.codes[0, -1] = (changed.codes[0, -1] + 1) % changed.codes_per_level[-1]
+    changed.save(directory)
+    second = tensors_path(directory)
+    assert second != first and second.is_file() and not first.exists()
+    assert SIDIndex.load(directory).codes[0, -1] == changed.codes[0, -1]

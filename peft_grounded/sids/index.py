@@ -19,10 +19,11 @@ the items holding that code, ``"codebook"`` the mean of their final residuals (w
 that level would be). A code that no item carries (an unused k-means code) gets the mean of all items in
 the ``"items"`` variant.
 
-Files: ``<dir>/sid_index.json`` (metadata, item ids, SHA-256 and size of the tensor file) and
-``<dir>/sid_index.safetensors`` (codes, codebooks, centroids, item interaction counts). Both are written
-to temporary files in ``<dir>`` and moved into place with ``os.replace``; the checksum detects a
-truncated or corrupted tensor file and a JSON / tensor pair from two different saves.
+Files: ``<dir>/sid_index.json`` (metadata, item ids, name, SHA-256 and size of the tensor file) and
+``<dir>/sid_index.<hash>.safetensors`` (codes, codebooks, centroids, item interaction counts), named by
+its content. The tensor file is written first, under its new name, then the JSON replaces the old one
+(both through temporary files and ``os.replace``), then stale tensor files go: a crash at any point
+leaves a loadable index. The checksum detects a truncated or corrupted tensor file.
 """
 
 from __future__ import annotations
@@ -43,7 +44,20 @@ from .tokens import DEFAULT_TEMPLATE, parse_sid, sid_string, sid_vocabulary
 FORMAT = "peft_grounded.sid_index"
 FORMAT_VERSION = 1
 JSON_NAME = "sid_index.json"
-TENSORS_NAME = "sid_index.safetensors"
+TENSORS_NAME = "sid_index.safetensors"  # the name older saves used (still read: the JSON names the file)
+
+
+def tensor_file_name(sha256: str) -> str:
+    """The tensor file's name: content-addressed, so a new save never overwrites the one in use."""
+    return f"sid_index.{sha256[:16]}.safetensors"
+
+
+def tensors_path(directory: str | Path) -> Path:
+    """The tensor file the index saved in ``directory`` uses (named in its ``sid_index.json``)."""
+    directory = Path(directory)
+    return directory / json.loads((directory / JSON_NAME).read_text())["tensors"]["file"]
+
+
 CENTROID_VARIANTS = ("items", "codebook")
 
 
@@ -404,7 +418,7 @@ class SIDIndex:
             "quality": self.quality,
             "build_config": self.build_config,
             "tensors": {
-                "file": TENSORS_NAME,
+                "file": tensor_file_name(hashlib.sha256(payload).hexdigest()),
                 "bytes": len(payload),
                 "sha256": hashlib.sha256(payload).hexdigest(),
             },
@@ -413,8 +427,13 @@ class SIDIndex:
             if self.item_categories is None
             else [list(c) for c in self.item_categories],
         }
-        atomic_write(directory / TENSORS_NAME, payload)
+        # the tensor file is named by its content: writing it never touches the file the current JSON names,
+        # so a crash at any point leaves a loadable index (the old one, or the new one)
+        atomic_write(directory / meta["tensors"]["file"], payload)
         atomic_write(directory / JSON_NAME, json.dumps(meta, ensure_ascii=False).encode("utf-8"))
+        for stale in directory.glob("sid_index*.safetensors"):
+            if stale.name != meta["tensors"]["file"]:
+                stale.unlink(missing_ok=True)
         return directory
 
     @classmethod
