@@ -13,13 +13,13 @@ numpy arrays either way.
 from __future__ import annotations
 
 import re
-from collections.abc import Hashable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from peft_grounded._threads import one_thread
 from peft_grounded.sids.tokens import level_name
 
 # Singular values below RTOL x ||rows||_F (of the rows before any centring) count as zero: rows that
@@ -91,23 +91,11 @@ def upper_triangle(matrix: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------- SVD
 
 
-@contextmanager
-def _one_thread() -> Iterator[None]:
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def singular_values(matrix: np.ndarray) -> np.ndarray:
     """Singular values (descending, float64) of a float64 matrix, without singular vectors."""
     import torch
 
-    with _one_thread():
+    with one_thread():
         return torch.linalg.svdvals(torch.from_numpy(np.ascontiguousarray(matrix))).numpy()
 
 
@@ -115,7 +103,7 @@ def thin_svd(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(u, s)`` of the thin SVD of a float64 matrix (``vh`` is not needed here)."""
     import torch
 
-    with _one_thread():
+    with one_thread():
         u, s, _ = torch.linalg.svd(torch.from_numpy(np.ascontiguousarray(matrix)), full_matrices=False)
     return u.numpy(), s.numpy()
 

@@ -152,18 +152,21 @@ def _save_model(model: PeftModel, stage: Path, adapter_name: str | None) -> None
 
 
 def check_weights(path: Path, config: GroundedTokenConfig) -> None:
-    """Raise if the safetensors file holds a full-vocabulary tensor, or rows of the wrong count."""
+    """Raise if the safetensors file holds base weights (e.g. the full embedding), or rows of the wrong count.
+
+    A grounded adapter's file holds its new-token rows (``grounded_*``) and, when stacked, LoRA matrices
+    (``lora_*``); anything else is a base weight saved by mistake.
+    """
     from safetensors import safe_open
 
-    vocab = config.original_vocab_size or min(config.token_indices)
     n = len(config.token_indices)
     with safe_open(str(path), "pt") as handle:
         shapes = {key: handle.get_slice(key).get_shape() for key in handle.keys()}  # noqa: SIM118
-    full = {k: s for k, s in shapes.items() if any(dim >= vocab for dim in s)}
-    if full:
-        key, shape = next(iter(full.items()))
+    foreign = {k: s for k, s in shapes.items() if ".grounded_" not in k and ".lora_" not in k}
+    if foreign:
+        key, shape = next(iter(foreign.items()))
         raise GroundedHubError(
-            f"{path.name} holds a full-vocabulary tensor ({key}: {shape}): the base embedding was saved with the "
+            f"{path.name} holds a base-model tensor ({key}: {shape}), e.g. the full embedding saved with the "
             "adapter. Save with save_embedding_layers='auto' or False; a grounded adapter needs only its rows."
         )
     rows = {k: s for k, s in shapes.items() if ".grounded_" in k}

@@ -20,13 +20,14 @@ import logging
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
+
+from peft_grounded._threads import one_thread
 
 logger = logging.getLogger(__name__)
 
@@ -228,20 +229,6 @@ def balanced_assign(
     return labels, dist
 
 
-@contextmanager
-def _one_thread(device: torch.device) -> Iterator[None]:
-    """Run small CPU ops on one thread: with several, each op pays a thread wake-up that dominates them."""
-    if device.type != "cpu":
-        yield
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def kmeans_plusplus(
     x: torch.Tensor, k: int, generator: torch.Generator, local_trials: int | None = None
 ) -> torch.Tensor:
@@ -365,7 +352,7 @@ def kmeans(
     seed_rows = min(pool.numel(), max(k, init_sample_per_code * k))
     if seed_rows < pool.numel():
         pool = pool[torch.randperm(pool.numel(), generator=gen)[:seed_rows].to(x.device)]
-    with _one_thread(x.device):
+    with one_thread(x.device):
         centroids = kmeans_plusplus(x[pool], k, gen)
     result = _lloyd(
         x,
