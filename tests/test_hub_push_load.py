@@ -298,7 +298,7 @@ def test_push_refuses_what_is_not_a_clean_grounded_adapter(
     with pytest.raises(GroundedHubError, match="tokens the adapter does not have"):
         push_grounded(model, "user/x", index=other, card_facts={"base_model": BASE})
     model.save_pretrained(tmp_path / "full", save_embedding_layers=True)
-    with pytest.raises(GroundedHubError, match="full-vocabulary tensor"):
+    with pytest.raises(GroundedHubError, match="base-model tensor"):
         push_grounded(tmp_path / "full", "user/x", card_facts={"base_model": BASE})
     lora = get_peft_model(tiny_model_factory(), LoraConfig(r=2, target_modules=["q_proj"]))
     with pytest.raises(GroundedHubError, match="not a grounded-token adapter"):
