@@ -22,11 +22,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from peft_grounded import assets, runs
+from peft_grounded.evaluation import evaluate_popularity
 from peft_grounded.recommend import Budget, Experiment, PromptFormat, run_strategy
 from peft_grounded.recommend.runner import STRATEGIES
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
 
+POPULARITY = "popularity (reference, no model)"
 METRICS = ("recall@5", "recall@10", "recall@20", "ndcg@5", "ndcg@10", "ndcg@20")
 CLAIMS = (  # (strategy, baseline, metric, subset, the papers' figure)
     ("centroid", "gaussian", "recall@5", "all", "+6.5% (centroid paper, average)"),
@@ -52,11 +54,18 @@ def steps_to_reach(curve: list[dict], target: float, metric: str = "recall@5") -
     return None
 
 
-def summarise(records: dict[str, list[dict]]) -> tuple[str, dict]:
+def summarise(records: dict[str, list[dict]], reference: list[dict] | None = None) -> tuple[str, dict]:
+    """Markdown tables of ``records`` (strategy -> one record per seed) and the flat table they hold.
+
+    ``reference``: per seed, :func:`~peft_grounded.evaluation.evaluate_popularity` on the same users.
+    """
     lines, table = [], {}
     header = "| strategy | subset | " + " | ".join(METRICS) + " |"
     lines += [header, "|" + "---|" * (len(METRICS) + 2)]
-    for name, recs in records.items():
+    rows = dict(records)
+    if reference:
+        rows[POPULARITY] = [{"metrics": r} for r in reference]
+    for name, recs in rows.items():
         for subset in ("all", "cold"):
             cells = []
             for metric in METRICS:
@@ -74,15 +83,13 @@ def summarise(records: dict[str, list[dict]]) -> tuple[str, dict]:
         best = statistics.fmean(
             max(p["recall@5"] or 0 for p in r["validation_curve"]) for r in records["mean"]
         )
-        lines += [
-            "",
-            f"SFT steps to reach the mean baseline's best validation Recall@5 ({best:.4f}):",
-            "",
-            "| strategy | steps (per seed) |",
-            "|---|---|",
-        ]
-        for name, recs in records.items():
-            lines.append(f"| {name} | {[steps_to_reach(r['validation_curve'], best) for r in recs]} |")
+        lines += ["", f"SFT steps to reach the mean baseline's best validation Recall@5 ({best:.4f}):", ""]
+        if best > 0:
+            lines += ["| strategy | steps (per seed; None: not reached) |", "|---|---|"]
+            for name, recs in records.items():
+                lines.append(f"| {name} | {[steps_to_reach(r['validation_curve'], best) for r in recs]} |")
+        else:
+            lines.append("not measurable: the mean baseline never scored on the validation curve.")
     return "\n".join(lines), {"|".join(k): v for k, v in table.items()}
 
 
@@ -183,7 +190,11 @@ def main() -> None:
                 print(f"[bench] {name}: {strategy} seed {seed}", flush=True)
                 record = run_strategy(strategy, experiment, replace(budget, seed=seed), run_dir, resume=True)
             records.setdefault(strategy, []).append(record)
-    text, table = summarise(records)
+    reference = [
+        evaluate_popularity(catalogue.leave_one_out(), settings=replace(budget, seed=seed).eval_settings())
+        for seed in args.seeds
+    ]
+    text, table = summarise(records, reference)
     plot_curves(records, out / "validation_recall5.png")
     header = (
         f"## {name}: SmolLM2-135M, {len(args.seeds)} seeds, grounding {args.grounding_steps} + SFT "

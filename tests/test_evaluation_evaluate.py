@@ -120,3 +120,26 @@ def test_every_atomic_writer_gives_ordinary_permissions(tmp_path):
     save_adapter_atomic(Saver(), tmp_path / "stage" / "adapter")
     assert os.stat(tmp_path / "stage" / "adapter").st_mode & 0o777 == 0o777 & ~mask
     assert not [p for p in tmp_path.rglob(".*")]  # no temporary file or folder left
+
+
+def test_popularity_reference_ranks_training_targets_on_the_sampled_users():
+    from peft_grounded.evaluation import EvalSettings, evaluate_popularity
+    from peft_grounded.sids.catalogue import LeaveOneOut
+
+    split = LeaveOneOut.from_sequences(
+        {
+            "u1": ("x", "a", "b", "a", "c"),  # training targets a, b; valid a; test c
+            "u2": ("y", "a", "c", "b", "d"),  # a, c; valid b; test d
+            "u3": ("z", "b", "a", "c", "a"),  # b, a; valid c; test a
+            "u4": ("w", "a", "e", "d", "e"),  # a, e; valid d; test e
+        }
+    )
+    result = evaluate_popularity(split, settings=EvalSettings(ks=KS))  # top-2: a (4 times), b (2)
+    assert result["test"]["all"]["recall@1"] == pytest.approx(1 / 4)  # only u3's target a
+    assert result["valid"]["all"]["recall@2"] == pytest.approx(2 / 4)  # u1's a and u2's b
+    assert result["valid"]["all"]["ndcg@2"] == pytest.approx((1 + 1 / math.log2(3)) / 4)
+    cold = result["test"]["cold"]  # c, d, e were targets at most once: never in the top-2
+    assert cold["users"] == 3 and cold["cold_users_available"] == 3 and cold["recall@2"] == 0.0
+    assert evaluate_popularity(split, settings=EvalSettings(ks=KS, users=2))["test"]["all"]["users"] == 2
+    with pytest.raises(ValueError, match="fewer than K=20"):
+        evaluate_popularity(split, settings=EvalSettings())

@@ -11,7 +11,7 @@ from .evaluate import (
     write_text_atomic,
 )
 from .metrics import DEFAULT_KS, metric_names, ndcg_at_k, ranking_metrics, recall_at_k, target_rank
-from .users import EvalSettings, evaluate_adapter, evaluate_model, item_token_ids
+from .users import EvalSettings, evaluate_adapter, evaluate_model, evaluate_popularity, item_token_ids
 
 __all__ = [
     "DEFAULT_KS",
@@ -19,6 +19,7 @@ __all__ = [
     "comparison_table",
     "evaluate_adapter",
     "evaluate_model",
+    "evaluate_popularity",
     "evaluate_predictions",
     "evaluate_recommender",
     "evaluate_split",

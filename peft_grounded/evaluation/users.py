@@ -37,6 +37,40 @@ def _sample(items: list, n: int | None, seed: int) -> list:
     return list(items) if n is None or n >= len(items) else random.Random(seed).sample(items, n)
 
 
+def _users(split: Any, part: str, settings: EvalSettings, cold_items: set[str], max_history: int | None):
+    """The part's sampled users, its sampled cold-target users, and all its cold-target users."""
+    examples = list(getattr(split, f"{part}_examples")(max_history))
+    chosen = _sample(examples, settings.users, settings.seed)
+    cold_pool = [e for e in examples if e[2] in cold_items] if settings.cold else []
+    return chosen, _sample(cold_pool, settings.users, settings.seed), cold_pool
+
+
+def evaluate_popularity(
+    split: Any, parts: tuple[str, ...] = ("valid", "test"), settings: EvalSettings | None = None
+) -> Results:
+    """The most-popular reference on the users :func:`evaluate_model` samples with the same ``settings``:
+    every user gets the items most often a training target, best first (no model, no history).
+
+    A recommender that does not beat it has learnt popularity at best; cold targets score ~0 by design.
+    """
+    settings = settings or EvalSettings()
+    counts = split.training_target_counts()
+    top = [item for item, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: max(settings.ks)]]
+    if len(top) < max(settings.ks):
+        raise ValueError(
+            f"only {len(top)} distinct training targets, fewer than K={max(settings.ks)}: lower the ks"
+        )
+    cold_items = split.cold_items(settings.cold_max_count)
+    results: Results = {}
+    for part in parts:
+        chosen, cold_chosen, cold_pool = _users(split, part, settings, cold_items, None)
+        results[part] = {"all": ranking_metrics([top] * len(chosen), [e[2] for e in chosen], settings.ks)}
+        if settings.cold:
+            cold = ranking_metrics([top] * len(cold_chosen), [e[2] for e in cold_chosen], settings.ks)
+            results[part]["cold"] = cold | {"cold_users_available": len(cold_pool)}
+    return results
+
+
 def item_token_ids(tokenizer: Any, index: Any) -> dict[str, list[int]]:
     """Item id -> the token ids of its SID, for the constrained decoding."""
     from ..decoding import sid_token_ids
@@ -67,10 +101,7 @@ def evaluate_model(
     autocast = torch.autocast(device, dtype=torch.bfloat16) if settings.bf16 else nullcontext()
     results: Results = {}
     for part in parts:
-        examples = list(getattr(split, f"{part}_examples")(fmt.max_history))
-        chosen = _sample(examples, settings.users, settings.seed)
-        cold_pool = [e for e in examples if e[2] in cold_items] if settings.cold else []
-        cold_chosen = _sample(cold_pool, settings.users, settings.seed)
+        chosen, cold_chosen, cold_pool = _users(split, part, settings, cold_items, fmt.max_history)
         todo = list({e[0]: e for e in chosen + cold_chosen}.values())
         users, prompts, _ = inference_prompts(todo, index, tokenizer, catalogue, fmt)
         with autocast:
