@@ -22,13 +22,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from peft_grounded import assets, runs
-from peft_grounded.evaluation import evaluate_popularity
+from peft_grounded.evaluation import POPULARITY_LABEL, evaluate_popularity
 from peft_grounded.recommend import Budget, Experiment, PromptFormat, run_strategy
 from peft_grounded.recommend.runner import STRATEGIES
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
 
-POPULARITY = "popularity (reference, no model)"
 METRICS = ("recall@5", "recall@10", "recall@20", "ndcg@5", "ndcg@10", "ndcg@20")
 CLAIMS = (  # (strategy, baseline, metric, subset, the papers' figure)
     ("centroid", "gaussian", "recall@5", "all", "+6.5% (centroid paper, average)"),
@@ -64,7 +63,7 @@ def summarise(records: dict[str, list[dict]], reference: list[dict] | None = Non
     lines += [header, "|" + "---|" * (len(METRICS) + 2)]
     rows = dict(records)
     if reference:
-        rows[POPULARITY] = [{"metrics": r} for r in reference]
+        rows[POPULARITY_LABEL] = [{"metrics": r} for r in reference]
     for name, recs in rows.items():
         for subset in ("all", "cold"):
             cells = []

@@ -11,10 +11,18 @@ from .evaluate import (
     write_text_atomic,
 )
 from .metrics import DEFAULT_KS, metric_names, ndcg_at_k, ranking_metrics, recall_at_k, target_rank
-from .users import EvalSettings, evaluate_adapter, evaluate_model, evaluate_popularity, item_token_ids
+from .users import (
+    POPULARITY_LABEL,
+    EvalSettings,
+    evaluate_adapter,
+    evaluate_model,
+    evaluate_popularity,
+    item_token_ids,
+)
 
 __all__ = [
     "DEFAULT_KS",
+    "POPULARITY_LABEL",
     "EvalSettings",
     "comparison_table",
     "evaluate_adapter",

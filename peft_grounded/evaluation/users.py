@@ -45,6 +45,9 @@ def _users(split: Any, part: str, settings: EvalSettings, cold_items: set[str], 
     return chosen, _sample(cold_pool, settings.users, settings.seed), cold_pool
 
 
+POPULARITY_LABEL = "popularity (reference, no model)"  # its row name in comparison tables
+
+
 def evaluate_popularity(
     split: Any, parts: tuple[str, ...] = ("valid", "test"), settings: EvalSettings | None = None
 ) -> Results:

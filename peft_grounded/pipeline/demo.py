@@ -137,7 +137,7 @@ def run_demo(
     diagnostics: bool = True,
 ) -> dict:
     """Run the demo; returns the summary also written to ``<output_dir>/summary.json`` and ``report.md``."""
-    from ..evaluation import comparison_table, write_text_atomic
+    from ..evaluation import POPULARITY_LABEL, comparison_table, evaluate_popularity, write_text_atomic
     from ..sids import SIDIndex, build_sids, load_catalogue
     from ..sids.index import JSON_NAME
 
@@ -187,7 +187,6 @@ def run_demo(
             record = run_strategy(name, experiment, budget, run_dir, resume=resume)
             records.setdefault(name, []).append(record)
     summary = _summarise(spec, records, time.perf_counter() - started)
-    runs.write_json_atomic(out / "summary.json", summary)
     report = [f"# peft_grounded demo ({spec.name})", "", spec.note, "", index.summary(), ""]
     if len(spec.seeds) > 1:
         report += [
@@ -195,6 +194,13 @@ def run_demo(
             "",
         ]
     by_run = {name: recs[0]["metrics"] for name, recs in records.items()}
+    # what a model must beat: the most frequent training targets, on the same sampled users
+    popularity = evaluate_popularity(
+        experiment.split, settings=replace(spec.budget, seed=spec.seeds[0]).eval_settings()
+    )
+    by_run[POPULARITY_LABEL] = popularity
+    summary["popularity_reference"] = popularity
+    runs.write_json_atomic(out / "summary.json", summary)
     for part in ("test", "valid"):
         for subset in ("all", "cold"):
             first = next(iter(by_run.values()))[part].get(subset, {})
