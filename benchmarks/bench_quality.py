@@ -16,13 +16,12 @@ finished ones are read back. The script then prints (and writes to ``results.md`
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from dataclasses import replace
 from pathlib import Path
 
 from peft_grounded import assets, runs
-from peft_grounded.evaluation import POPULARITY_LABEL, evaluate_popularity
+from peft_grounded.evaluation import LIKELIHOOD_METRICS, POPULARITY_LABEL, evaluate_popularity
 from peft_grounded.recommend import Budget, Experiment, PromptFormat, run_strategy
 from peft_grounded.recommend.runner import STRATEGIES
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
@@ -72,12 +71,35 @@ def summarise(records: dict[str, list[dict]], reference: list[dict] | None = Non
                 table[(name, subset, metric)] = mean
                 cells.append(f"{mean:.4f} ± {std:.4f}")
             lines.append(f"| {name} | {subset} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Target log-likelihood on the same test users (nats per item, lower is better; constrained: under the "
+        "SID trie, what the beam search ranks by; uniform: a model spreading its mass evenly over the trie):",
+        "",
+        "| strategy | subset | " + " | ".join(LIKELIHOOD_METRICS) + " |",
+        "|" + "---|" * (len(LIKELIHOOD_METRICS) + 2),
+    ]
+    for name, recs in records.items():
+        for subset in ("all", "cold"):
+            cells = []
+            for metric in LIKELIHOOD_METRICS:
+                mean, std = _stats([r["likelihood"]["test"][subset].get(metric) for r in recs])
+                table[(name, subset, metric)] = mean
+                cells.append(f"{mean:.3f} ± {std:.3f}")
+            lines.append(f"| {name} | {subset} | " + " | ".join(cells) + " |")
     lines += ["", "| comparison | metric | subset | ours | papers |", "|---|---|---|---|---|"]
+    shown = set()
     for strategy, baseline, metric, subset, paper in CLAIMS:
         if strategy in records and baseline in records:
             ours, base = table[(strategy, subset, metric)], table[(baseline, subset, metric)]
             change = f"{100 * (ours - base) / base:+.1f}%" if base else "n/a (baseline 0)"
             lines.append(f"| {strategy} vs {baseline} | {metric} | {subset} | {change} | {paper} |")
+            if (strategy, baseline, subset) not in shown:
+                shown.add((strategy, baseline, subset))
+                ours, base = (table[(name, subset, "constrained_nll")] for name in (strategy, baseline))
+                lines.append(
+                    f"| {strategy} vs {baseline} | constrained NLL | {subset} | {ours - base:+.3f} nats | - |"
+                )
     if "mean" in records and all(r["validation_curve"] for recs in records.values() for r in recs):
         best = statistics.fmean(
             max(p["recall@5"] or 0 for p in r["validation_curve"]) for r in records["mean"]
@@ -183,11 +205,10 @@ def main() -> None:
     for seed in args.seeds:
         for strategy in args.strategies:
             run_dir = out / f"{strategy}-seed{seed}"
-            if (run_dir / "metrics.json").is_file():
-                record = json.loads((run_dir / "metrics.json").read_text())
-            else:
+            if not (run_dir / "metrics.json").is_file():
                 print(f"[bench] {name}: {strategy} seed {seed}", flush=True)
-                record = run_strategy(strategy, experiment, replace(budget, seed=seed), run_dir, resume=True)
+            # finished runs are read back (and given the likelihoods if they predate them)
+            record = run_strategy(strategy, experiment, replace(budget, seed=seed), run_dir, resume=True)
             records.setdefault(strategy, []).append(record)
     reference = [
         evaluate_popularity(catalogue.leave_one_out(), settings=replace(budget, seed=seed).eval_settings())

@@ -32,6 +32,8 @@ def test_smoke_demo_runs_every_stage_and_resumes(tmp_path, model_dir):
     reference = summary["popularity_reference"]["test"]["all"]  # the same sampled users as the strategies
     assert reference["users"] == summary["strategies"]["mean"][0]["test"]["all"]["users"]
     assert "| popularity (reference, no model) |" in report
+    assert "## Target log-likelihood (test)" in report
+    assert set(summary["likelihood"]) == {"mean", "centroid_gti"}
     assert (out / "sids" / "sid_index.json").is_file()
     trained = {p: p.stat().st_mtime_ns for p in out.glob("strategies/*/*/adapter/adapter_model.safetensors")}
     trained = {p: t for p, t in trained.items() if p.parts[-3] in ("grounding", "sft")}

@@ -104,6 +104,16 @@ def test_runner_trains_evaluates_and_resumes(toy, model_dir, tmp_path):
         run_strategy("centroid_gti", experiment, budget, out)
     again = run_strategy("centroid_gti", experiment, budget, out, resume=True)  # finished stages are loaded
     assert again["metrics"]["test"]["all"] == record["metrics"]["test"]["all"]
+    likelihood = record["likelihood"]["test"]["all"]  # on the same users as the metrics
+    assert likelihood["users"] == 6 and 0 < likelihood["constrained_nll"] <= likelihood["nll"]
+    assert record["likelihood"]["test"]["cold"]["users"] == test["cold"]["users"]
+    # a run recorded before likelihoods existed gets them on resume, from its saved SFT adapter
+    older = {k: v for k, v in record.items() if k != "likelihood"}
+    (out / "metrics.json").write_text(json.dumps(older))
+    added = run_strategy("centroid_gti", experiment, budget, out, resume=True)["likelihood"]["test"]["all"]
+    for name in ("nll", "constrained_nll", "uniform_nll"):
+        assert added[name] == pytest.approx(likelihood[name], rel=1e-4)
+    assert "likelihood" in json.loads((out / "metrics.json").read_text())
     changed = Budget(**{**budget.__dict__, "sft_steps": 3})
     with pytest.raises(RunMismatchError, match="sft_steps"):
         run_strategy("centroid_gti", experiment, changed, out, resume=True)

@@ -10,6 +10,7 @@ from .evaluate import (
     write_markdown,
     write_text_atomic,
 )
+from .likelihood import LIKELIHOOD_METRICS, evaluate_likelihood, target_log_likelihood
 from .metrics import DEFAULT_KS, metric_names, ndcg_at_k, ranking_metrics, recall_at_k, target_rank
 from .users import (
     POPULARITY_LABEL,
@@ -22,10 +23,12 @@ from .users import (
 
 __all__ = [
     "DEFAULT_KS",
+    "LIKELIHOOD_METRICS",
     "POPULARITY_LABEL",
     "EvalSettings",
     "comparison_table",
     "evaluate_adapter",
+    "evaluate_likelihood",
     "evaluate_model",
     "evaluate_popularity",
     "evaluate_predictions",
@@ -37,6 +40,7 @@ __all__ = [
     "ndcg_at_k",
     "ranking_metrics",
     "recall_at_k",
+    "target_log_likelihood",
     "target_rank",
     "write_json",
     "write_markdown",

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from .. import runs
+from ..evaluation.likelihood import evaluate_likelihood
 from ..evaluation.users import EvalSettings, evaluate_model, item_token_ids
 from ..training import ADAPTER_DIR, sample_rows, save_adapter_atomic
 from .data import PromptFormat, training_dataset
@@ -180,7 +181,7 @@ def run_strategy(
     }
     recorded = _claim(out, manifest, resume)
     if recorded is not None:  # finished earlier: nothing to train or decode again
-        return recorded
+        return recorded if "likelihood" in recorded else _add_likelihood(recorded, experiment, budget, out)
     started = time.perf_counter()
     torch.manual_seed(budget.seed)
     tokenizer, model = sid_model(
@@ -290,17 +291,48 @@ def run_strategy(
         budget.eval_settings(),
         trie,
     )
+    likelihood = _likelihood(model, tokenizer, experiment, budget, trie)
     timings["eval_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - started
     record = {
         "strategy": name,
         "description": spec.description,
         "metrics": results,
+        "likelihood": likelihood,
         "validation_curve": curve,
         "eval_users": budget.eval_users,
         "timings": timings,
         "stages": _stage_dirs(spec),
     }
+    runs.write_json_atomic(out / "metrics.json", record)
+    return record
+
+
+def _likelihood(model, tokenizer, experiment: Experiment, budget: Budget, trie=None) -> dict:
+    """The target SIDs' log-likelihoods on the users the metrics were measured on."""
+    return evaluate_likelihood(
+        model,
+        tokenizer,
+        experiment.split,
+        experiment.index,
+        experiment.catalogue,
+        experiment.fmt,
+        ("valid", "test"),
+        budget.eval_settings(),
+        trie,
+    )
+
+
+def _add_likelihood(record: dict, experiment: Experiment, budget: Budget, out: Path) -> dict:
+    """Measure the likelihoods of a run finished before they were recorded (loads its SFT adapter)."""
+    tokenizer, model = sid_model(
+        experiment.model_path,
+        experiment.index,
+        adapter=str(out / "sft" / ADAPTER_DIR),
+        is_trainable=False,
+        dtype=getattr(torch, budget.weights_dtype),
+    )
+    record = record | {"likelihood": _likelihood(model, tokenizer, experiment, budget)}
     runs.write_json_atomic(out / "metrics.json", record)
     return record
 
