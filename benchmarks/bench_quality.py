@@ -87,6 +87,10 @@ def summarise(records: dict[str, list[dict]], reference: list[dict] | None = Non
                 table[(name, subset, metric)] = mean
                 cells.append(f"{mean:.3f} ± {std:.3f}")
             lines.append(f"| {name} | {subset} | " + " | ".join(cells) + " |")
+    for subset in ("all", "cold") if reference else ():
+        mean, std = _stats([r["test"][subset].get("constrained_nll") for r in reference])
+        table[(POPULARITY_LABEL, subset, "constrained_nll")] = mean
+        lines.append(f"| {POPULARITY_LABEL} | {subset} | - | {mean:.3f} ± {std:.3f} | - |")
     lines += ["", "| comparison | metric | subset | ours | papers |", "|---|---|---|---|---|"]
     shown = set()
     for strategy, baseline, metric, subset, paper in CLAIMS:
@@ -211,7 +215,9 @@ def main() -> None:
             record = run_strategy(strategy, experiment, replace(budget, seed=seed), run_dir, resume=True)
             records.setdefault(strategy, []).append(record)
     reference = [
-        evaluate_popularity(catalogue.leave_one_out(), settings=replace(budget, seed=seed).eval_settings())
+        evaluate_popularity(
+            experiment.split, settings=replace(budget, seed=seed).eval_settings(), items=index.item_ids
+        )
         for seed in args.seeds
     ]
     text, table = summarise(records, reference)

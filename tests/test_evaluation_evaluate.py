@@ -143,3 +143,10 @@ def test_popularity_reference_ranks_training_targets_on_the_sampled_users():
     assert evaluate_popularity(split, settings=EvalSettings(ks=KS, users=2))["test"]["all"]["users"] == 2
     with pytest.raises(ValueError, match="fewer than K=20"):
         evaluate_popularity(split, settings=EvalSettings())
+    # the likelihood reference: add-one-smoothed target frequencies over the 9 catalogue items (8 targets)
+    scored = evaluate_popularity(split, settings=EvalSettings(ks=KS), items=list("abcdewxyz"))["test"]
+    expected = -(math.log(2 / 17) + math.log(1 / 17) + math.log(5 / 17) + math.log(2 / 17)) / 4  # c, d, a, e
+    assert scored["all"]["constrained_nll"] == pytest.approx(expected)
+    assert "constrained_nll" not in result["test"]["all"]  # only with the items
+    with pytest.raises(ValueError, match="not among the given items"):
+        evaluate_popularity(split, settings=EvalSettings(ks=KS), items=["a", "b"])

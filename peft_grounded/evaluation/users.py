@@ -8,7 +8,9 @@ all users would hold few of them). Both samples are decoded together with the SI
 
 from __future__ import annotations
 
+import math
 import random
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -49,12 +51,18 @@ POPULARITY_LABEL = "popularity (reference, no model)"  # its row name in compari
 
 
 def evaluate_popularity(
-    split: Any, parts: tuple[str, ...] = ("valid", "test"), settings: EvalSettings | None = None
+    split: Any,
+    parts: tuple[str, ...] = ("valid", "test"),
+    settings: EvalSettings | None = None,
+    items: Sequence[str] | None = None,
 ) -> Results:
     """The most-popular reference on the users :func:`evaluate_model` samples with the same ``settings``:
     every user gets the items most often a training target, best first (no model, no history).
 
-    A recommender that does not beat it has learnt popularity at best; cold targets score ~0 by design.
+    With the catalogue's ``items`` it also gives ``constrained_nll``: ``-log p(target)`` under the
+    add-one-smoothed target frequencies, the likelihood reference of
+    :func:`~peft_grounded.evaluation.likelihood.evaluate_likelihood`. A recommender that does not beat
+    these has learnt popularity at best; cold targets score ~0 on the ranking metrics by design.
     """
     settings = settings or EvalSettings()
     counts = split.training_target_counts()
@@ -63,14 +71,29 @@ def evaluate_popularity(
         raise ValueError(
             f"only {len(top)} distinct training targets, fewer than K={max(settings.ks)}: lower the ks"
         )
+    if items is not None:
+        unknown = set(counts) - set(items)
+        if unknown:
+            raise ValueError(
+                f"{len(unknown)} training targets (e.g. {sorted(unknown)[:3]}) are not among the given items: "
+                "pass every catalogue item"
+            )
+        denominator = sum(counts.values()) + len(set(items))
     cold_items = split.cold_items(settings.cold_max_count)
+
+    def scored(examples: list) -> dict[str, float | int | None]:
+        metrics = ranking_metrics([top] * len(examples), [e[2] for e in examples], settings.ks)
+        if items is not None:
+            nll = [-math.log((counts[e[2]] + 1) / denominator) for e in examples]
+            metrics["constrained_nll"] = math.fsum(nll) / len(nll) if nll else None
+        return metrics
+
     results: Results = {}
     for part in parts:
         chosen, cold_chosen, cold_pool = _users(split, part, settings, cold_items, None)
-        results[part] = {"all": ranking_metrics([top] * len(chosen), [e[2] for e in chosen], settings.ks)}
+        results[part] = {"all": scored(chosen)}
         if settings.cold:
-            cold = ranking_metrics([top] * len(cold_chosen), [e[2] for e in cold_chosen], settings.ks)
-            results[part]["cold"] = cold | {"cold_users_available": len(cold_pool)}
+            results[part]["cold"] = scored(cold_chosen) | {"cold_users_available": len(cold_pool)}
     return results
 
 
