@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from contextlib import nullcontext
 from typing import Any
 
 import torch
 
-from .users import EvalSettings, _users, item_token_ids
+from .users import EvalSettings, _autocast, _part_prompts, item_token_ids
 
 LIKELIHOOD_METRICS = ("nll", "constrained_nll", "uniform_nll")
 
@@ -101,24 +100,19 @@ def evaluate_likelihood(
 ) -> dict[str, dict[str, dict[str, float | int | None]]]:
     """``{part: {"all": means, "cold": means}}`` of :func:`target_log_likelihood` on the sampled users."""
     from ..decoding import SIDTrie
-    from ..recommend.data import PromptFormat, inference_prompts
+    from ..recommend.data import PromptFormat
 
     settings = settings or EvalSettings()
     fmt = fmt or PromptFormat()
     sids = item_token_ids(tokenizer, index)
     trie = trie or SIDTrie(sids)
     cold_items = split.cold_items(settings.cold_max_count)
-    autocast = (
-        torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16)
-        if settings.bf16
-        else nullcontext()
-    )
     results: dict[str, dict[str, dict[str, float | int | None]]] = {}
     for part in parts:
-        chosen, cold_chosen, cold_pool = _users(split, part, settings, cold_items, fmt.max_history)
-        todo = list({e[0]: e for e in chosen + cold_chosen}.values())
-        users, prompts, targets = inference_prompts(todo, index, tokenizer, catalogue, fmt)
-        with autocast:
+        (chosen, cold_chosen, cold_pool), (users, prompts, targets) = _part_prompts(
+            split, part, settings, cold_items, index, tokenizer, catalogue, fmt
+        )
+        with _autocast(model, settings):
             scores = target_log_likelihood(
                 model, tokenizer, prompts, [sids[t] for t in targets], trie, settings.batch_size
             )

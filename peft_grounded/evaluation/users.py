@@ -47,6 +47,20 @@ def _users(split: Any, part: str, settings: EvalSettings, cold_items: set[str], 
     return chosen, _sample(cold_pool, settings.users, settings.seed), cold_pool
 
 
+def _part_prompts(split, part, settings, cold_items, index, tokenizer, catalogue, fmt):
+    """:func:`_users` of a part, plus the prompts of every user either sample holds (each once)."""
+    from ..recommend.data import inference_prompts
+
+    chosen, cold_chosen, cold_pool = _users(split, part, settings, cold_items, fmt.max_history)
+    todo = list({e[0]: e for e in chosen + cold_chosen}.values())
+    return (chosen, cold_chosen, cold_pool), inference_prompts(todo, index, tokenizer, catalogue, fmt)
+
+
+def _autocast(model: Any, settings: EvalSettings):
+    device = next(model.parameters()).device.type
+    return torch.autocast(device, dtype=torch.bfloat16) if settings.bf16 else nullcontext()
+
+
 POPULARITY_LABEL = "popularity (reference, no model)"  # its row name in comparison tables
 
 
@@ -117,20 +131,18 @@ def evaluate_model(
 ) -> Results:
     """``{part: {"all": metrics, "cold": metrics, "decoding": counters}}`` for the split's users."""
     from ..decoding import SIDTrie, recommend
-    from ..recommend.data import PromptFormat, inference_prompts
+    from ..recommend.data import PromptFormat
 
     settings = settings or EvalSettings()
     fmt = fmt or PromptFormat()
     trie = trie or SIDTrie(item_token_ids(tokenizer, index))
     cold_items = split.cold_items(settings.cold_max_count)
-    device = next(model.parameters()).device.type
-    autocast = torch.autocast(device, dtype=torch.bfloat16) if settings.bf16 else nullcontext()
     results: Results = {}
     for part in parts:
-        chosen, cold_chosen, cold_pool = _users(split, part, settings, cold_items, fmt.max_history)
-        todo = list({e[0]: e for e in chosen + cold_chosen}.values())
-        users, prompts, _ = inference_prompts(todo, index, tokenizer, catalogue, fmt)
-        with autocast:
+        (chosen, cold_chosen, cold_pool), (users, prompts, _) = _part_prompts(
+            split, part, settings, cold_items, index, tokenizer, catalogue, fmt
+        )
+        with _autocast(model, settings):
             recs = recommend(
                 model,
                 tokenizer,
