@@ -22,7 +22,8 @@ from pathlib import Path
 
 from peft_grounded import assets, runs
 from peft_grounded.evaluation import LIKELIHOOD_METRICS, POPULARITY_LABEL, evaluate_popularity
-from peft_grounded.recommend import Budget, Experiment, PromptFormat, run_strategy
+from peft_grounded.prompts import PromptFormat
+from peft_grounded.recommend import Budget, Experiment, run_strategy
 from peft_grounded.recommend.runner import STRATEGIES
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME

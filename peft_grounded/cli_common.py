@@ -75,7 +75,7 @@ def load_data(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def prompt_format(args: argparse.Namespace):
-    from .recommend import PromptFormat
+    from .prompts import PromptFormat
 
     return PromptFormat(max_history=args.max_history, with_titles=args.with_titles)
 

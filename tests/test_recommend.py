@@ -7,12 +7,10 @@ import json
 import pytest
 from toy_catalogue import toy_catalogue, toy_index
 
+from peft_grounded.prompts import HistoryError, PromptFormat, inference_prompts
 from peft_grounded.recommend import (
     Budget,
     Experiment,
-    HistoryError,
-    PromptFormat,
-    inference_prompts,
     recommendation_examples,
     run_strategy,
     training_dataset,
@@ -151,7 +149,7 @@ def test_base_models_load_from_safetensors_only(tmp_path, tiny_model_factory, to
     """As the README promises: a checkpoint with pickled weights only is refused, never unpickled."""
     import torch
 
-    from peft_grounded.recommend import load_base
+    from peft_grounded.models import load_base
 
     path = tmp_path / "pickled"
     model = tiny_model_factory("llama", True)

@@ -12,7 +12,7 @@ from peft.config import PeftConfig
 
 from ..init.projection import PROJECTIONS
 from ..init.sources import IN_MEMORY_PREFIX
-from ..init.strategies import DATA_STRATEGIES, STRATEGIES
+from ..init.strategies import DATA_INITS, INITS
 from .registration import GROUNDED_TOKENS
 
 RUNTIME_TENSOR_FIELDS = ("init_vectors", "init_anchors")
@@ -88,7 +88,7 @@ class GroundedTokenConfig(PeftConfig):
     )
     init: str = field(
         default="mean",
-        metadata={"help": f"How the new rows start: one of {', '.join(STRATEGIES)}."},
+        metadata={"help": f"How the new rows start: one of {', '.join(INITS)}."},
     )
     init_vectors: Any = field(
         default=None,
@@ -197,8 +197,8 @@ class GroundedTokenConfig(PeftConfig):
                 raise ValueError(
                     f"token_strings has {len(self.token_strings)} entries for {len(self.token_indices)} token indices."
                 )
-        if self.init not in STRATEGIES:
-            raise ValueError(f"Unknown init {self.init!r}; choose one of {', '.join(STRATEGIES)}.")
+        if self.init not in INITS:
+            raise ValueError(f"Unknown init {self.init!r}; choose one of {', '.join(INITS)}.")
         if self.centroid_projection not in PROJECTIONS:
             raise ValueError(
                 f"Unknown centroid_projection {self.centroid_projection!r}; choose one of {', '.join(PROJECTIONS)}."
@@ -217,7 +217,7 @@ class GroundedTokenConfig(PeftConfig):
             raise ValueError(
                 "lora_r > 0 needs lora_target_modules (e.g. 'all-linear' or ['q_proj', 'v_proj'])."
             )
-        if self.init in DATA_STRATEGIES and self.init != "description" and self.init_vectors is None:
+        if self.init in DATA_INITS and self.init != "description" and self.init_vectors is None:
             raise ValueError(f"init={self.init!r} needs init_vectors.")
         if self.init == "description" and self.init_texts is None:
             raise ValueError("init='description' needs init_texts (one text per new token).")

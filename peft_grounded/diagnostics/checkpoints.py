@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
+from ..saved_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+
 ADAPTER_DIR = "adapter"  # the runner's stage/adapter sub-directory
 RUN_MANIFEST = "run.json"  # the runner's manifest (strategy, budget, model, SID index fingerprint)
 RUN_METRICS = "metrics.json"
@@ -106,7 +106,7 @@ def load_sid_rows(path: str | os.PathLike[str], tokens: list[str], matrix: str =
     tied adapter has one set of rows, which then serves both. Raises ``ValueError`` when the adapter
     holds other tokens than ``tokens`` (another SID index) or more or fewer of them.
     """
-    from peft_grounded.adapter.saved import read_adapter
+    from ..saved_adapter import read_adapter
 
     if matrix not in MATRICES:
         raise ValueError(f"matrix must be one of {MATRICES}, got {matrix!r}")

@@ -32,6 +32,7 @@ from peft_grounded.diagnostics.checkpoints import (
 from peft_grounded.diagnostics.measure import ReportConfig
 from peft_grounded.diagnostics.report import ReportFiles, write_report
 from peft_grounded.diagnostics.snapshot import GeometrySnapshot
+from peft_grounded.saved_adapter import ADAPTER_CONFIG
 
 FREQUENCY_SOURCES = ("auto", "targets", "interactions", "items", "none")
 MISSING_CATEGORY = "<none>"  # Catalogue.category_labels' placeholder for an item without categories
@@ -185,7 +186,7 @@ def _check_index_fingerprints(points: list[Checkpoint], index: Any) -> None:
     own = index.fingerprint()
     wrong = []
     for point in points:
-        config = json.loads((point.path / "adapter_config.json").read_text())
+        config = json.loads((point.path / ADAPTER_CONFIG).read_text())
         recorded = {point.index_fingerprint, config.get("sid_index_fingerprint")} - {None}
         if recorded - {own}:
             wrong.append(point.name)

@@ -36,7 +36,7 @@ def target_log_likelihood(
 ) -> list[dict[str, float]]:
     """Per prompt, ``{"nll", "constrained_nll", "uniform_nll"}`` of its target token ids (in nats).
 
-    Each prompt must end exactly where the SID starts (as :func:`~peft_grounded.recommend.data.inference_prompts`
+    Each prompt must end exactly where the SID starts (as :func:`~peft_grounded.prompts.inference_prompts`
     builds them), and each target must be a complete SID of ``trie``.
     """
     if len(prompts) != len(targets):
@@ -100,7 +100,7 @@ def evaluate_likelihood(
 ) -> dict[str, dict[str, dict[str, float | int | None]]]:
     """``{part: {"all": means, "cold": means}}`` of :func:`target_log_likelihood` on the sampled users."""
     from ..decoding import SIDTrie
-    from ..recommend.data import PromptFormat
+    from ..prompts import PromptFormat
 
     settings = settings or EvalSettings()
     fmt = fmt or PromptFormat()

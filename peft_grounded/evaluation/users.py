@@ -49,7 +49,7 @@ def _users(split: Any, part: str, settings: EvalSettings, cold_items: set[str], 
 
 def _part_prompts(split, part, settings, cold_items, index, tokenizer, catalogue, fmt):
     """:func:`_users` of a part, plus the prompts of every user either sample holds (each once)."""
-    from ..recommend.data import inference_prompts
+    from ..prompts import inference_prompts
 
     chosen, cold_chosen, cold_pool = _users(split, part, settings, cold_items, fmt.max_history)
     todo = list({e[0]: e for e in chosen + cold_chosen}.values())
@@ -131,7 +131,7 @@ def evaluate_model(
 ) -> Results:
     """``{part: {"all": metrics, "cold": metrics, "decoding": counters}}`` for the split's users."""
     from ..decoding import SIDTrie, recommend
-    from ..recommend.data import PromptFormat
+    from ..prompts import PromptFormat
 
     settings = settings or EvalSettings()
     fmt = fmt or PromptFormat()
@@ -177,7 +177,7 @@ def evaluate_adapter(
 ) -> Results:
     """Load a trained adapter onto its base (checked against ``index``) and :func:`evaluate_model` it, with the
     prompt format recorded in the adapter unless ``fmt`` is given."""
-    from ..recommend.model import base_model_path, prompt_format_of, sid_model
+    from ..models import base_model_path, prompt_format_of, sid_model
 
     settings = settings or EvalSettings()
     dtype = torch.bfloat16 if settings.bf16 else torch.float32

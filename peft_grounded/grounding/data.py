@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+from ..prompts import DEFAULT_SYSTEM_PROMPT
 
 
 @dataclass(frozen=True)

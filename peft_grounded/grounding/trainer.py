@@ -100,7 +100,7 @@ def ground(
     only those rows train on the six GTI templates; the adapter lands in ``<args.output_dir>/adapter``.
     """
     from .. import assets
-    from ..recommend.model import sid_model
+    from ..models import sid_model
     from ..training import sample_rows
     from .data import grounding_dataset
 

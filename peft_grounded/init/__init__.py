@@ -3,11 +3,11 @@
 from .anchors import vocabulary_anchors, word_tokens
 from .projection import PROJECTIONS, project_vectors
 from .stats import VocabularyStats, vocabulary_stats
-from .strategies import STRATEGIES, InitData, initial_rows
+from .strategies import INITS, InitData, initial_rows
 
 __all__ = [
+    "INITS",
     "PROJECTIONS",
-    "STRATEGIES",
     "InitData",
     "VocabularyStats",
     "initial_rows",

@@ -102,7 +102,7 @@ def adapter_rows(
     Tokens are matched by string when both adapters know their strings, else by index. ``width``: the
     model's row width, checked so that another model's adapter fails here, clearly.
     """
-    from ..adapter.saved import read_adapter
+    from ..saved_adapter import read_adapter
 
     saved = read_adapter(path)
     order = saved.positions(token_strings, token_indices)

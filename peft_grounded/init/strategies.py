@@ -27,8 +27,8 @@ import torch
 from .projection import project_vectors
 from .stats import vocabulary_stats
 
-STRATEGIES = ("mean", "gaussian", "random", "description", "centroid", "tensor", "adapter")
-DATA_STRATEGIES = ("description", "centroid", "tensor", "adapter")
+INITS = ("mean", "gaussian", "random", "description", "centroid", "tensor", "adapter")
+DATA_INITS = ("description", "centroid", "tensor", "adapter")
 
 
 @dataclass
@@ -158,7 +158,7 @@ def initial_rows(
 ) -> torch.Tensor:
     """Starting rows [n, d] (float32) for ``token_indices`` of ``weight`` under ``strategy``."""
     if strategy not in _STRATEGY_FNS:
-        raise ValueError(f"Unknown init {strategy!r}; choose one of {', '.join(STRATEGIES)}.")
+        raise ValueError(f"Unknown init {strategy!r}; choose one of {', '.join(INITS)}.")
     matrix = weight.detach()
     reference = vocabulary_stats(matrix, reference_indices)
     generator = torch.Generator().manual_seed(int(seed))

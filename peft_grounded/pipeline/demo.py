@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import runs
-from ..recommend.data import PromptFormat
+from ..prompts import PromptFormat
 from ..recommend.runner import STRATEGIES, Budget, Experiment, run_strategy
 
 logger = logging.getLogger(__name__)

@@ -26,9 +26,11 @@ import torch
 from .. import runs
 from ..evaluation.likelihood import evaluate_likelihood
 from ..evaluation.users import EvalSettings, evaluate_model, item_token_ids
+from ..models import sid_model
+from ..prompts import PromptFormat
+from ..saved_adapter import ADAPTER_WEIGHTS
 from ..training import ADAPTER_DIR, sample_rows, save_adapter_atomic
-from .data import PromptFormat, training_dataset
-from .model import sid_model
+from .data import training_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +146,7 @@ def _load_rows(model, directory: Path) -> None:
     from peft.utils import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    state = load_file(str(directory / "adapter_model.safetensors"))
+    state = load_file(str(directory / ADAPTER_WEIGHTS))
     result = set_peft_model_state_dict(model, state)
     unexpected = getattr(result, "unexpected_keys", [])
     if unexpected:
@@ -152,7 +154,7 @@ def _load_rows(model, directory: Path) -> None:
 
 
 def _stage_done(directory: Path) -> bool:
-    return (directory / ADAPTER_DIR / "adapter_model.safetensors").is_file() and (
+    return (directory / ADAPTER_DIR / ADAPTER_WEIGHTS).is_file() and (
         directory / runs.MANIFEST
     ).is_file()
 

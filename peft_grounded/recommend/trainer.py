@@ -8,8 +8,8 @@ from peft import PeftModel
 from transformers import TrainerCallback
 
 from ..adapter import GroundedTokenConfig
+from ..prompts import PromptFormat
 from ..training import RunConfig, RunTrainer
-from .data import PromptFormat
 
 
 @dataclass
@@ -90,9 +90,9 @@ def train_recommender(
     """
     from .. import assets
     from ..adapter import add_lora
+    from ..models import sid_model
     from ..training import sample_rows
     from .data import training_dataset
-    from .model import sid_model
 
     fmt = fmt or PromptFormat()
     tokenizer, model = sid_model(

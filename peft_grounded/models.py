@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .data import PromptFormat
+from .prompts import PromptFormat
 
 
 def load_base(model_path: str, dtype: torch.dtype = torch.float32):
@@ -39,7 +39,7 @@ def sid_model(
     """
     from peft import PeftModel, get_peft_model
 
-    from ..adapter import GroundedTokenConfig, add_tokens
+    from .adapter import GroundedTokenConfig, add_tokens
 
     tokenizer, base = load_base(model_path, dtype)
     added = add_tokens(tokenizer, base, index.token_strings)
@@ -71,7 +71,7 @@ def base_model_path(adapter: str) -> str:
 
     from peft import PeftConfig
 
-    from .. import assets
+    from . import assets
 
     recorded = PeftConfig.from_pretrained(adapter).base_model_name_or_path or ""
     if recorded and Path(recorded).is_dir():

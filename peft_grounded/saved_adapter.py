@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
+from peft.utils.constants import CONFIG_NAME as ADAPTER_CONFIG
+from peft.utils.constants import SAFETENSORS_WEIGHTS_NAME as ADAPTER_WEIGHTS
 
 
 @dataclass
