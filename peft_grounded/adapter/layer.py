@@ -268,7 +268,12 @@ def _embed_scale(base: nn.Module) -> torch.Tensor | None:
         return torch.tensor(scale, device=base.weight.device, dtype=base.weight.dtype)
     if isinstance(scale, torch.Tensor) and scale.numel() == 1:
         return scale
-    return None
+    if scale is None:
+        return None
+    raise TypeError(
+        f"{type(base).__name__}.embed_scale is not a scalar ({scale!r}): the adapter rows cannot be scaled like "
+        "the frozen rows, so this embedding is not supported."
+    )
 
 
 class _OwnedView(nn.Module):

@@ -86,10 +86,11 @@ class GroundedTokenModel(BaseTuner):
         which is not an ``nn.Embedding``, or an embedding of the same shape on a separate weight, cannot be given
         the rows, so the model is refused.
         """
-        embedding = self.model.get_input_embeddings()
-        weight = (
-            embedding.base_layer.weight if isinstance(embedding, GroundedTokenLayer) else embedding.weight
-        )
+        getter = getattr(self.model, "get_input_embeddings", None)
+        embedding = getter() if getter is not None else None
+        weight = getattr(embedding, "weight", None)  # a GroundedTokenLayer's is its base layer's
+        if not isinstance(weight, torch.Tensor):
+            return []
         wrappers = (GroundedTokenLayer, GroundedHead, GroundedTiedEmbedding)
         head = self._output_layer(config)
         names, inside = [], []
