@@ -116,3 +116,18 @@ def test_lora_in_a_fresh_config(tokenizer, tiny_model_factory):
     )
     names = [n for n, m in model.named_modules() if isinstance(m, LoraLayer)]
     assert names and not any("lm_head" in n or "embed_tokens" in n for n in names)
+
+
+def test_set_adapter_switches_the_stacked_lora_too(tokenizer, tiny_model_factory, tmp_path):
+    base = tiny_model_factory("llama", True)
+    new = peft_grounded.add_sid_tokens(tokenizer, base, [4])
+    config = GroundedTokenConfig(token_indices=new, lora_r=2, lora_target_modules=["q_proj"])
+    model = get_peft_model(base, config)
+    model.save_pretrained(tmp_path)
+    model.load_adapter(tmp_path, adapter_name="second", is_trainable=True)
+    model.set_adapter("second")
+    lora_layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
+    assert lora_layers and all(m.active_adapters == ["second"] for m in lora_layers)
+    assert model.get_input_embeddings().active_adapters == ["second"]
+    assert all(m.lora_A["second"].weight.requires_grad for m in lora_layers)
+    assert not any(m.lora_A["default"].weight.requires_grad for m in lora_layers)

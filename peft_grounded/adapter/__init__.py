@@ -1,7 +1,7 @@
 """The grounded-token adapter as a PEFT method (``PeftType.GROUNDED_TOKENS``)."""
 
 from .config import GroundedTokenConfig
-from .layer import GroundedHead, GroundedTokenLayer
+from .layer import GroundedHead, GroundedTiedEmbedding, GroundedTokenLayer
 from .lora import add_lora
 from .model import GroundedTokenModel
 from .registration import GROUNDED_TOKENS, register
@@ -13,6 +13,7 @@ __all__ = [
     "GROUNDED_TOKENS",
     "AddedTokens",
     "GroundedHead",
+    "GroundedTiedEmbedding",
     "GroundedTokenConfig",
     "GroundedTokenLayer",
     "GroundedTokenModel",

@@ -21,7 +21,8 @@ RUNTIME_TENSOR_FIELDS = ("init_vectors", "init_anchors")
 def describe_tensor(value: torch.Tensor | np.ndarray) -> str:
     """The JSON record of an in-memory tensor: dtype, shape and a content hash."""
     tensor = torch.as_tensor(value).detach().cpu().contiguous()
-    digest = hashlib.sha256(tensor.numpy().tobytes()).hexdigest()[:16]
+    raw = tensor.reshape(-1).view(torch.uint8)  # the bytes of any dtype (numpy has no bfloat16)
+    digest = hashlib.sha256(raw.numpy().tobytes()).hexdigest()[:16]
     return f"{IN_MEMORY_PREFIX}{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)} sha256={digest}"
 
 
@@ -224,7 +225,7 @@ class GroundedTokenConfig(PeftConfig):
 
     @staticmethod
     def _checked_indices(indices: Any) -> list[int]:
-        values = [int(i) for i in indices]
+        values = [_index(i) for i in indices]
         if not values:
             raise ValueError("token_indices is empty: pass the indices of the new tokens (see add_tokens).")
         if any(i < 0 for i in values):
@@ -271,6 +272,18 @@ class GroundedTokenConfig(PeftConfig):
     # Set by from_pretrained. Deliberately unannotated: a class attribute, not a dataclass field, so it is
     # never serialised.
     rows_from_checkpoint = False
+
+
+def _index(value: Any) -> int:
+    """A token index as an int; floats (even 10.0), bools and strings are refused rather than truncated."""
+    if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_floating_point():
+        value = value.item()
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    raise ValueError(
+        f"token_indices must be integer row indices, got {value!r} ({type(value).__name__}). Pass ints, e.g. the "
+        "list returned by peft_grounded.add_tokens (or integer_tensor.tolist())."
+    )
 
 
 def _record(value: Any) -> Any:

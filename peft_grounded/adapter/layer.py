@@ -11,6 +11,10 @@ with the adapter rows written in, differentiable with respect to those rows. Tha
 TRL's ``SFTTrainer`` uses: its fused loss reads ``lm_head.weight`` directly, and it refuses PEFT tuner
 layers on the head, which is why ``GroundedHead`` is a plain module driven by the embedding layer
 (tied models share one set of rows between input and output, exactly like the base model).
+
+``GroundedTiedEmbedding`` stands in for every other embedding module on the same weight (T5's and BART's
+``encoder.embed_tokens`` and ``decoder.embed_tokens`` next to ``shared``): it looks its inputs up through
+the embedding layer's rows, so one set of parameters serves every input, as one weight did in the base.
 """
 
 from __future__ import annotations
@@ -144,14 +148,18 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
     # --- forward -----------------------------------------------------------------------------------------
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        return self.embed(self.base_layer, x, *args, **kwargs)
+
+    def embed(self, base: nn.Module, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        """``base(x)`` (an embedding on this layer's weight) with the new tokens' positions taken from the rows."""
         self._check_size()
         if self.disable_adapters and self.merged:
             self.unmerge()
-        result = self.base_layer(x, *args, **kwargs)
+        result = base(x, *args, **kwargs)
         names = self._adapters_in_effect()
         if not names:
             return result
-        scale = self._get_embed_scale()
+        scale = _embed_scale(base)
         for name in names:
             local = self._local_index(name, x.device)[x]
             rows = F.embedding(local.clamp(min=0), self.grounded_embedding[name].to(result.dtype))
@@ -220,14 +228,11 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
         while self.merged_adapters:
             name = self.merged_adapters.pop()
             index = self.grounded_indices[name]
-            self.base_layer.weight.data.index_copy_(
-                0, index.to(self.base_layer.weight.device), self.grounded_original[name]
-            )
+            pairs = [(self.base_layer.weight, self.grounded_original[name])]
             if not self.tied and name in self.grounded_head_original:
-                head_weight = self.head.weight
-                head_weight.data.index_copy_(
-                    0, index.to(head_weight.device), self.grounded_head_original[name]
-                )
+                pairs.append((self.head.weight, self.grounded_head_original[name]))
+            for weight, original in pairs:  # PEFT upcasts these buffers to float32 on half-precision bases
+                weight.data.index_copy_(0, index.to(weight.device), original.to(weight.device, weight.dtype))
 
 
 class _OverlayColumns(torch.autograd.Function):
@@ -256,8 +261,27 @@ class _OverlayColumns(torch.autograd.Function):
         return grad_hidden.to(hidden.dtype), None, None, grad_rows.to(rows.dtype), None
 
 
-class GroundedHead(nn.Module):
-    """Stand-in for the output layer; the embedding's :class:`GroundedTokenLayer` supplies the new rows."""
+def _embed_scale(base: nn.Module) -> torch.Tensor | None:
+    """The scalar an embedding module multiplies its lookups by (``embed_scale``: BART, Gemma), if any."""
+    scale = getattr(base, "embed_scale", None)
+    if isinstance(scale, (int, float)):
+        return torch.tensor(scale, device=base.weight.device, dtype=base.weight.dtype)
+    if isinstance(scale, torch.Tensor) and scale.numel() == 1:
+        return scale
+    if scale is None:
+        return None
+    raise TypeError(
+        f"{type(base).__name__}.embed_scale is not a scalar ({scale!r}): the adapter rows cannot be scaled like "
+        "the frozen rows, so this embedding is not supported."
+    )
+
+
+class _OwnedView(nn.Module):
+    """A stand-in for a module on the embedding's weight, driven by the owning :class:`GroundedTokenLayer`.
+
+    A plain module, not a tuner layer: it holds no parameters (the owner's rows are its rows), PEFT
+    neither counts nor saves it, and unloading puts ``base_layer`` back.
+    """
 
     def __init__(self, base_layer: nn.Module, owner: GroundedTokenLayer) -> None:
         super().__init__()
@@ -267,14 +291,6 @@ class GroundedHead(nn.Module):
     @property
     def owner(self) -> GroundedTokenLayer:
         return self._owner[0]
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.owner.head_weight(self.base_layer)
-
-    @property
-    def bias(self) -> torch.Tensor | None:
-        return getattr(self.base_layer, "bias", None)
 
     def __setattr__(self, name: str, value) -> None:
         if name == "weight":  # transformers' tie_weights assigns the head weight
@@ -290,11 +306,34 @@ class GroundedHead(nn.Module):
                 raise
             return getattr(self.base_layer, name)  # in_features, out_features, ...
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.owner.head_forward(self.base_layer, hidden)
-
     def get_base_layer(self) -> nn.Module:
         return self.base_layer
 
     def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
-        """No-op: the owning embedding layer merges the head rows together with the input rows."""
+        """No-op: the owning embedding layer merges its rows into the shared matrices."""
+
+
+class GroundedHead(_OwnedView):
+    """Stand-in for the output layer; the embedding's :class:`GroundedTokenLayer` supplies the new rows."""
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.owner.head_weight(self.base_layer)
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return getattr(self.base_layer, "bias", None)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.owner.head_forward(self.base_layer, hidden)
+
+
+class GroundedTiedEmbedding(_OwnedView):
+    """Stand-in for another embedding module on the owner's weight (T5/BART ``encoder.embed_tokens``, ...)."""
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.base_layer.weight
+
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        return self.owner.embed(self.base_layer, x, *args, **kwargs)

@@ -8,7 +8,12 @@ import math
 import torch
 from peft import LoraConfig
 from peft.tuners.lora import LoraLayer, LoraModel
-from peft.tuners.tuners_utils import BaseTuner, _maybe_include_all_linear_layers, check_target_module_exists
+from peft.tuners.tuners_utils import (
+    BaseTuner,
+    _maybe_include_all_linear_layers,
+    check_target_module_exists,
+    set_adapter,
+)
 from peft.utils import _get_input_embeddings_name
 from torch import nn
 
@@ -16,7 +21,7 @@ from ..init.sources import adapter_rows, resolve_init_data
 from ..init.strategies import InitData, initial_rows
 from .compact_head import compact_fused_forward, supports_compact_head
 from .config import GroundedTokenConfig
-from .layer import GroundedHead, GroundedTokenLayer
+from .layer import GroundedHead, GroundedTiedEmbedding, GroundedTokenLayer
 
 SIGNATURE_ROWS = 8
 SIGNATURE_RTOL = 2e-2
@@ -67,8 +72,54 @@ class GroundedTokenModel(BaseTuner):
                     "Could not find the model's input embedding; set target_modules to its module name."
                 )
             peft_config.target_modules = name
+        self._tied_embedding_names(
+            peft_config
+        )  # refuse an unsupported architecture before touching the model
         self._no_lora = self._embedding_module_names()
         return peft_config
+
+    def _tied_embedding_names(self, config: GroundedTokenConfig) -> list[str]:
+        """Embedding modules other than the input embedding and the head that share the input embedding's weight.
+
+        T5 and BART keep ``shared``, ``encoder.embed_tokens`` and ``decoder.embed_tokens`` as separate modules on
+        one weight: each of them gets a :class:`GroundedTiedEmbedding` on the same rows. A module on that weight
+        which is not an ``nn.Embedding``, or an embedding of the same shape on a separate weight, cannot be given
+        the rows, so the model is refused.
+        """
+        getter = getattr(self.model, "get_input_embeddings", None)
+        embedding = getter() if getter is not None else None
+        weight = getattr(embedding, "weight", None)  # a GroundedTokenLayer's is its base layer's
+        if not isinstance(weight, torch.Tensor):
+            return []
+        wrappers = (GroundedTokenLayer, GroundedHead, GroundedTiedEmbedding)
+        head = self._output_layer(config)
+        names, inside = [], []
+        for name, module in self.model.named_modules(remove_duplicate=False):
+            if any(name.startswith(f"{w}.") for w in inside):
+                continue
+            if isinstance(module, wrappers):
+                inside.append(name)
+                continue
+            if module is embedding or module is head:
+                continue
+            other = getattr(module, "weight", None)
+            if isinstance(module, nn.Embedding) and other is not weight and other.shape == weight.shape:
+                raise ValueError(
+                    f"Module {name!r} embeds the same vocabulary as the input embedding but holds a separate weight "
+                    "(e.g. an untied BART loaded from a checkpoint), so its new-token rows would stay frozen. Tie it "
+                    "to the input embedding first (model.tie_weights() or set it to model.get_input_embeddings())."
+                )
+            if other is not weight:
+                continue
+            if not isinstance(module, nn.Embedding):
+                raise ValueError(
+                    f"Module {name!r} ({type(module).__name__}) shares the input embedding's weight but is not an "
+                    "nn.Embedding or the output head, so the grounded-token adapter cannot give it the new rows: it "
+                    "would keep the frozen rows and merge() would change its output. This architecture is not "
+                    "supported."
+                )
+            names.append(name)
+        return names
 
     def _lora_config(self, config: GroundedTokenConfig) -> LoraConfig | None:
         if not config.has_lora:
@@ -103,6 +154,15 @@ class GroundedTokenModel(BaseTuner):
         for module_getter in ("get_input_embeddings", "get_output_embeddings"):
             module = getattr(self.model, module_getter, lambda: None)()
             excluded.update(name for name, m in self.model.named_modules() if m is module)
+        embedding = self.model.get_input_embeddings()
+        weight = getattr(embedding, "weight", None)
+        excluded.update(
+            name
+            for name, m in self.model.named_modules()
+            if weight is not None
+            and isinstance(m, (nn.Embedding, GroundedTiedEmbedding))
+            and m.weight is weight
+        )
         return excluded
 
     def _create_and_replace(self, config, adapter_name, target, target_name, parent, current_key, **kwargs):
@@ -268,7 +328,7 @@ class GroundedTokenModel(BaseTuner):
         names = [
             key
             for key, module in self.model.named_modules()
-            if not isinstance(module, (LoraLayer, GroundedTokenLayer, GroundedHead))
+            if not isinstance(module, (LoraLayer, GroundedTokenLayer, GroundedHead, GroundedTiedEmbedding))
             and not any(key == n or key.startswith(n + ".") for n in self._no_lora)
             and check_target_module_exists(lora, key)
             and not any(key.startswith(f"{m}.") for m in self.targeted_module_names)
@@ -282,9 +342,17 @@ class GroundedTokenModel(BaseTuner):
             parent = self.model.get_submodule(parent_name) if parent_name else self.model
             self._add_lora(config, adapter_name, self.model.get_submodule(key), child, parent, key)
         self.targeted_module_names.extend(n for n in names if n not in self.targeted_module_names)
+        self._cast_adapter_dtype(adapter_name)  # float32 LoRA on half-precision bases, as get_peft_model does
         self.set_adapter(self.active_adapters, inference_mode=config.inference_mode)
         self._mark_only_adapters_as_trainable(self.model)
         return names
+
+    def set_adapter(self, adapter_name: str | list[str], inference_mode: bool = False) -> None:
+        """Activate adapters on the rows and on the stacked LoRA layers alike (PEFT's own switches only the
+        ``tuner_layer_cls`` layers, which would leave a LoRA on the previous adapter)."""
+        layers = (GroundedTokenLayer, LoraLayer)
+        set_adapter(self.model, adapter_name, inference_mode=inference_mode, layer_cls=layers)  # type: ignore[arg-type]
+        self.active_adapter = adapter_name
 
     # --- after injection -----------------------------------------------------------------------------------
 
@@ -301,6 +369,10 @@ class GroundedTokenModel(BaseTuner):
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
             setattr(parent, child, GroundedHead(head, embedding))
+        for name in self._tied_embedding_names(self.peft_config[adapter_name]):
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, GroundedTiedEmbedding(model.get_submodule(name), embedding))
         _guard_resize(model)
 
     def _unload_and_optionally_merge(
