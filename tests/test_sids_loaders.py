@@ -224,7 +224,7 @@ def test_missing_column_error_lists_at_most_ten_columns(tmp_path):
 
 
 def test_amazon_folder_with_several_or_no_review_files(tmp_path, caplog):
-    meta, reviews = write_amazon(tmp_path, 2018)
+    _, reviews = write_amazon(tmp_path, 2018)
     (tmp_path / f"{reviews.name}.copy").write_bytes(reviews.read_bytes())
     with pytest.raises(CatalogueError, match=r"2 review files.*reviews=\.\.\. \(--reviews FILE\)"):
         load_catalogue(tmp_path)
