@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from peft_grounded.diagnostics._io import atomic_write_text
+from peft_grounded._io import atomic_write_text
 from peft_grounded.diagnostics.document import Block, Code, to_html, to_markdown
 from peft_grounded.diagnostics.heatmaps import HeatmapSelection, select_heatmap_tokens
 from peft_grounded.diagnostics.measure import (

@@ -18,10 +18,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from huggingface_hub.constants import REPOCARD_NAME
+
 from .repo import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
-    README,
     SID_INDEX_DIR,
     GroundedHubError,
     check_adapter_files,
@@ -98,7 +99,7 @@ def push_grounded(
                 index_pointer=pointer.format(repo=resolved_id) if sid_index is not None else None,
                 overrides=overrides,
             )
-            render_model_card(facts).save(str(stage / README))
+            render_model_card(facts).save(str(stage / REPOCARD_NAME))
 
         card(repo_id)  # every local check and the card render before the repo is created
         api = HfApi()
