@@ -310,3 +310,14 @@ def test_anchor_ids_outside_the_vocabulary_or_new_are_errors(bad_id, message):
     data.anchor_token_ids = ids[:-1]
     data.anchor_vectors = data.anchor_vectors[:-1]
     assert initial_rows("centroid", weight, list(range(40, 50)), slice(0, 40), data).shape == (10, 16)
+
+
+def test_a_tensor_file_without_the_key_lists_at_most_ten_names(tmp_path):
+    """E.g. a whole model's safetensors passed as init_vectors: the error stays one readable line."""
+    from peft_grounded.init.sources import load_tensor
+
+    path = tmp_path / "model.safetensors"
+    save_file({f"layer.{i}.weight": torch.zeros(1) for i in range(300)}, str(path))
+    with pytest.raises(KeyError, match=r"no tensor named 'vectors' .*and 290 more") as err:
+        load_tensor(str(path), what="init_vectors", key="vectors")
+    assert len(str(err.value)) < 500

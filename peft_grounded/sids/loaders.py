@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._messages import listed
 from .catalogue import Catalogue, CatalogueError, Item, LoadReport
 
 logger = logging.getLogger(__name__)
@@ -113,12 +114,6 @@ def assemble(
 
 
 # ----------------------------------------------------------------------------------------- LC-Rec JSON
-
-
-def listed(names: Sequence[Any], most: int = 10) -> str:
-    """``names`` for an error message: the first ``most``, then how many more (a file can have thousands)."""
-    shown = ", ".join(repr(n) for n in list(names)[:most])
-    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 LCREC_ITEMS, LCREC_INTERACTIONS = ".item.json", ".inter.json"
