@@ -284,3 +284,13 @@ def test_one_pca_serves_the_centred_spectrum_and_every_target():
     assert pc_regression_r2(pcs, frequency, q=2).r2 == pytest.approx(
         pc_regression_r2(rows, frequency, q=2).r2
     )
+
+
+def test_a_bf16_target_tensor_is_read_in_float64():
+    """Per-token targets (e.g. frequencies) may come as bf16 tensors, which numpy cannot hold."""
+    from peft_grounded.diagnostics.matrices import as_vector
+
+    target = torch.tensor([1.0, 2.0, 3.5], dtype=torch.bfloat16)
+    assert as_vector(target, 3, "target").tolist() == [1.0, 2.0, 3.5]
+    rows = np.random.default_rng(0).normal(size=(12, 6))
+    assert pc_regression_r2(rows, torch.arange(12, dtype=torch.bfloat16), q=2).q == 2

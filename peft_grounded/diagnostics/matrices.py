@@ -43,7 +43,7 @@ def as_matrix(x: Any, name: str = "rows", dtype: type = np.float64) -> np.ndarra
 def as_vector(x: Any, n: int, name: str) -> np.ndarray:
     """``x`` as a finite float64 vector of length ``n``."""
     if hasattr(x, "detach"):
-        x = x.detach().cpu().numpy()
+        x = x.detach().cpu().double().numpy()  # numpy has no bf16
     vector = np.asarray(x, dtype=np.float64).reshape(-1)
     if vector.shape[0] != n:
         raise ValueError(f"{name} has {vector.shape[0]} values but there are {n} tokens; give one per token")
