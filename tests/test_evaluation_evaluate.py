@@ -98,15 +98,14 @@ def test_every_atomic_writer_gives_ordinary_permissions(tmp_path):
     from pathlib import Path
 
     from peft_grounded import runs
-    from peft_grounded.diagnostics._io import atomic_write_bytes, atomic_write_text
-    from peft_grounded.sids._io import atomic_write
+    from peft_grounded._io import atomic_write, atomic_write_text
 
     mask = os.umask(0)
     os.umask(mask)
     runs.write_json_atomic(tmp_path / "run.json", {"a": 1})
     write_json(tmp_path / "metrics.json", {"valid": {}})
     atomic_write_text(tmp_path / "report.md", "x")
-    atomic_write_bytes(tmp_path / "plot.png", b"x")
+    atomic_write(tmp_path / "plot.png", b"x")
     atomic_write(Path(tmp_path / "index.json"), b"x")
     for name in ("run.json", "metrics.json", "report.md", "plot.png", "index.json"):
         assert os.stat(tmp_path / name).st_mode & 0o777 == 0o666 & ~mask, name

@@ -6,6 +6,7 @@ import json
 import os
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 from hub_fixtures import run_python
@@ -190,11 +191,38 @@ def test_pushed_repo_holds_rows_card_tokenizer_and_index_in_one_commit(
 
     assert AutoTokenizer.from_pretrained("user/full").convert_tokens_to_ids(index.token_strings) == list(new)
 
-    # A push to a new branch replaces the files a push owns there (no index now), and leaves main alone.
+    # A push to a new branch without an index keeps the index the branch started with, and leaves main alone.
     push_grounded(model, "user/full", card_facts={"base_model": BASE}, revision="v2")
     assert "v2" in {b.name for b in api.list_repo_refs("user/full").branches}
-    assert not any(f.startswith("sid_index/") for f in api.list_repo_files("user/full", revision="v2"))
+    on_main = {f for f in files if f.startswith("sid_index/")}
+    assert on_main <= set(api.list_repo_files("user/full", revision="v2"))
     assert set(api.list_repo_files("user/full")) == files
+
+
+def test_a_push_deletes_only_what_it_replaces(tokenizer, tiny_model_factory, index, hub_endpoint):
+    """Without index= the repo's SID index stays; with one, the old index's files go (no stale tensor file)."""
+    import copy
+
+    model, _ = grounded(tokenizer, tiny_model_factory, index)
+    facts = {"base_model": BASE}
+    push_grounded(model, "user/keep", index=index, card_facts=facts)
+    api = HfApi()
+
+    def index_files() -> set[str]:
+        return {f for f in api.list_repo_files("user/keep") if f.startswith("sid_index/")}
+
+    first = index_files()
+    assert "sid_index/sid_index.json" in first
+    push_grounded(model, "user/keep", card_facts=facts)  # e.g. a retrained adapter, same SIDs
+    assert index_files() == first
+    assert load_sid_index("user/keep").item_ids == index.item_ids
+
+    other = copy.deepcopy(index)  # same SID tokens, other tensors: a new content-named tensor file
+    other.item_interactions = np.asarray(index.item_interactions) + 1
+    push_grounded(model, "user/keep", index=other, card_facts=facts)
+    second = index_files()
+    assert len(second) == 2 and second != first  # the JSON and the new tensor file only
+    assert (load_sid_index("user/keep").item_interactions == other.item_interactions).all()
 
 
 def test_missing_template_is_a_clear_error(monkeypatch, tmp_path):

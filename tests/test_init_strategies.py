@@ -286,3 +286,38 @@ def test_lstsq_with_anchors_from_the_real_encoder(tokenizer, tiny_model_factory)
     films = torch.nn.functional.cosine_similarity(rows[0] - rows.mean(0), rows[1] - rows.mean(0), dim=0)
     mixed = torch.nn.functional.cosine_similarity(rows[0] - rows.mean(0), rows[3] - rows.mean(0), dim=0)
     assert films > mixed  # the encoder's geometry survives the map
+
+
+@pytest.mark.parametrize(
+    ("bad_id", "message"),
+    [(-1, r"outside the vocabulary \[0, 50\)"), (50, "outside the vocabulary"), (45, "of the new tokens")],
+)
+def test_anchor_ids_outside_the_vocabulary_or_new_are_errors(bad_id, message):
+    """A negative id would wrap to the last rows (the new tokens'), silently; a new token is no anchor."""
+    from peft_grounded.init.strategies import InitData, initial_rows
+
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(50, 16, generator=generator)  # rows 40..49 are the new tokens
+    ids = [*range(0, 30), bad_id]
+    data = InitData(
+        vectors=torch.randn(10, 8, generator=generator),
+        anchor_token_ids=ids,
+        anchor_vectors=torch.randn(len(ids), 8, generator=generator),
+        projection="lstsq",
+    )
+    with pytest.raises(ValueError, match=message):
+        initial_rows("centroid", weight, list(range(40, 50)), slice(0, 40), data)
+    data.anchor_token_ids = ids[:-1]
+    data.anchor_vectors = data.anchor_vectors[:-1]
+    assert initial_rows("centroid", weight, list(range(40, 50)), slice(0, 40), data).shape == (10, 16)
+
+
+def test_a_tensor_file_without_the_key_lists_at_most_ten_names(tmp_path):
+    """E.g. a whole model's safetensors passed as init_vectors: the error stays one readable line."""
+    from peft_grounded.init.sources import load_tensor
+
+    path = tmp_path / "model.safetensors"
+    save_file({f"layer.{i}.weight": torch.zeros(1) for i in range(300)}, str(path))
+    with pytest.raises(KeyError, match=r"no tensor named 'vectors' .*and 290 more") as err:
+        load_tensor(str(path), what="init_vectors", key="vectors")
+    assert len(str(err.value)) < 500

@@ -275,3 +275,58 @@ def test_movielens_100k_with_minilm(minilm, tmp_path):
     # level-0 codes are semantically coherent: most codes have a clear majority genre
     shares = [share for label, share in index.majority_labels(0) if label is not None]
     assert np.mean(shares) > 0.5
+
+
+def test_build_refuses_to_replace_an_index_unless_asked(tmp_path):
+    """Adapters are trained on an index's SIDs: a rebuild over it needs overwrite=True, and never deletes a
+    tensor file that another index JSON in the folder still names."""
+    import shutil
+
+    from toy_catalogue import toy_catalogue, toy_vectors
+
+    from peft_grounded.sids.index import tensors_path
+
+    cat, out = toy_catalogue(), tmp_path / "sids"
+    kw = {"levels": 2, "codes": 4, "encoder_fingerprint": {"kind": "toy"}, "show_progress": False}
+    first = build_sids(cat, out, vectors=toy_vectors(cat), **kw)
+    old_tensors = tensors_path(out)
+    with pytest.raises(FileExistsError, match=r"overwrite=True \(--overwrite\)"):
+        build_sids(cat, out, vectors=toy_vectors(cat, seed=1), **kw)
+    assert old_tensors.is_file() and SIDIndex.load(out).sid_texts() == first.sid_texts()
+
+    shutil.copy(out / "sid_index.json", out / "sid_index.v1.json")  # a copy kept for the old adapters
+    build_sids(cat, out, vectors=toy_vectors(cat, seed=1), overwrite=True, **kw)
+    assert tensors_path(out) != old_tensors and old_tensors.is_file()  # still named by the copy
+
+    (out / "sid_index.v1.json").unlink()
+    build_sids(cat, out, vectors=toy_vectors(cat, seed=2), overwrite=True, **kw)
+    assert sorted(out.glob("*.safetensors")) == [tensors_path(out)]  # files no JSON names go
+
+
+def test_cli_build_sids_refuses_an_existing_index_without_overwrite(tmp_path, capsys):
+    write_lcrec(tmp_path / "data")
+    argv = ["build-sids", "--catalogue", str(tmp_path / "data"), "--levels", "1", "--codes", "2"]
+    argv += ["--output", str(tmp_path / "sids"), "--cache-dir", str(tmp_path / "cache"), "--no-progress"]
+    assert main(argv) == 0
+    saved = (tmp_path / "sids" / "sid_index.json").read_bytes()
+    capsys.readouterr()
+    assert main([*argv, "--seed", "1"]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert (tmp_path / "sids" / "sid_index.json").read_bytes() == saved
+    assert main([*argv, "--overwrite"]) == 0
+
+
+def test_vectors_that_require_grad_in_bf16_build_an_index():
+    """An encoder's output as it comes (bf16, still attached to the graph; on a GPU the same path copies it
+    to the CPU): the index is built from a detached float32 CPU copy, and the caller's tensor is untouched."""
+    import torch
+
+    from peft_grounded.sids import RQKMeansConfig, index_from_vectors
+
+    x = torch.as_tensor(clustered_vectors(4, 2, 4, dim=16)[0]).to(torch.bfloat16).requires_grad_()
+    index = index_from_vectors(x, [str(i) for i in range(x.shape[0])], RQKMeansConfig(codes_per_level=(4,)))
+    reference = index_from_vectors(
+        x.detach().float().numpy(), [str(i) for i in range(x.shape[0])], RQKMeansConfig(codes_per_level=(4,))
+    )
+    assert np.array_equal(index.codes, reference.codes)
+    assert index.centroids["items"].dtype == np.float32 and x.dtype == torch.bfloat16 and x.requires_grad

@@ -194,3 +194,43 @@ def test_movielens_100k_from_recbole_wheel():
         stamps = {(u, i): float(t) for u, i, _, t in reader}
     seq = cat.sequences["196"]
     assert [stamps[("196", i)] for i in seq] == sorted(stamps[("196", i)] for i in seq)
+
+
+def test_lcrec_interaction_file_names_its_pair(tmp_path):
+    """``--catalogue X.inter.json`` is a natural mistake: it loads the pair, like ``X.item.json``."""
+    write_lcrec(tmp_path)
+    assert detect_format(tmp_path / "Toy.inter.json") == "lcrec"
+    _check_toy(load_catalogue(tmp_path / "Toy.inter.json"))
+
+
+def test_lcrec_interactions_that_are_not_a_mapping_are_an_error(tmp_path):
+    write_lcrec(tmp_path)
+    (tmp_path / "Toy.inter.json").write_text(json.dumps([["i1", "i2"], ["i3"]]))
+    with pytest.raises(CatalogueError, match=r"Toy.inter.json should map user ids to lists.*got a list"):
+        load_lcrec(tmp_path)
+    (tmp_path / "Toy.inter.json").write_text(json.dumps({"u1": "i1", "u2": ["i2"]}))
+    with pytest.raises(CatalogueError, match=r"1 users are not lists of item ids \(users 'u1'\)"):
+        load_lcrec(tmp_path)
+
+
+def test_missing_column_error_lists_at_most_ten_columns(tmp_path):
+    """A JSON object with thousands of keys read as a table: the message stays readable."""
+    path = tmp_path / "wide.jsonl"
+    path.write_text(json.dumps({f"user{i}": [f"i{i}"] for i in range(8317)}) + "\n")
+    with pytest.raises(CatalogueError) as err:
+        load_table(path)
+    message = str(err.value)
+    assert "and 8307 more" in message and len(message) < 400
+
+
+def test_amazon_folder_with_several_or_no_review_files(tmp_path, caplog):
+    _, reviews = write_amazon(tmp_path, 2018)
+    (tmp_path / f"{reviews.name}.copy").write_bytes(reviews.read_bytes())
+    with pytest.raises(CatalogueError, match=r"2 review files.*reviews=\.\.\. \(--reviews FILE\)"):
+        load_catalogue(tmp_path)
+    assert load_catalogue(tmp_path, reviews=reviews).sequences == EXPECTED_SEQUENCES  # the one named
+    for path in (reviews, tmp_path / f"{reviews.name}.copy"):
+        path.unlink()
+    with caplog.at_level("WARNING", logger="peft_grounded.sids.loaders"):
+        cat = load_catalogue(tmp_path)
+    assert cat.sequences == {} and "no review file" in caplog.text and "no interactions" in caplog.text

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..runs import MANIFEST as RUN_MANIFEST  # the runner's manifest (strategy, budget, model, SID index)
 from ..saved_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 ADAPTER_DIR = "adapter"  # the runner's stage/adapter sub-directory
-RUN_MANIFEST = "run.json"  # the runner's manifest (strategy, budget, model, SID index fingerprint)
 RUN_METRICS = "metrics.json"
 RUN_STAGES = ("init", "grounding", "sft")
 # Report order: the baselines first, then the initialisations they are compared with.

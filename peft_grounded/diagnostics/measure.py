@@ -8,8 +8,19 @@ from typing import Any
 
 import numpy as np
 
-from peft_grounded.diagnostics import geometry as geo
+from peft_grounded.diagnostics.heatmaps import HeatmapSelection, heatmap_matrix, select_heatmap_tokens
+from peft_grounded.diagnostics.matrices import as_matrix, as_vector
+from peft_grounded.diagnostics.neighbours import NearestTokens, nearest_vocabulary, unit_rows
+from peft_grounded.diagnostics.popularity import (
+    PCRegression,
+    PrincipalComponents,
+    pc_regression_curve,
+    principal_components,
+)
+from peft_grounded.diagnostics.purity import PurityResult, neighbourhood_purity
+from peft_grounded.diagnostics.similarity import RSAResult, SimilarityPairs, rsa, similarity_pairs
 from peft_grounded.diagnostics.snapshot import GeometrySnapshot, check_compatible
+from peft_grounded.diagnostics.spectra import Spectrum, spectrum
 from peft_grounded.sids.tokens import level_name
 
 
@@ -41,17 +52,17 @@ class SnapshotMetrics:
     stage: str
     n_tokens: int
     width: int
-    spectrum: geo.Spectrum
-    spectrum_centred: geo.Spectrum
+    spectrum: Spectrum
+    spectrum_centred: Spectrum
     heatmap: np.ndarray
-    rsa: geo.RSAResult | None = None
-    rsa_centred: geo.RSAResult | None = None  # both sides mean-centred: blind to a shared offset
-    rsa_by_level: dict[str, geo.RSAResult] = field(default_factory=dict)
-    purity: geo.PurityResult | None = None
-    purity_reference: geo.PurityResult | None = None
-    popularity_r2: list[geo.PCRegression] | None = None  # q = 1..r2_max_q
-    semantic_r2: list[geo.PCRegression] | None = None
-    nearest: geo.NearestTokens | None = None
+    rsa: RSAResult | None = None
+    rsa_centred: RSAResult | None = None  # both sides mean-centred: blind to a shared offset
+    rsa_by_level: dict[str, RSAResult] = field(default_factory=dict)
+    purity: PurityResult | None = None
+    purity_reference: PurityResult | None = None
+    popularity_r2: list[PCRegression] | None = None  # q = 1..r2_max_q
+    semantic_r2: list[PCRegression] | None = None
+    nearest: NearestTokens | None = None
     notes: list[str] = field(default_factory=list)
 
     def r2_at(self, q: int, which: str = "popularity") -> float | None:
@@ -75,7 +86,7 @@ class SharedInputs:
 
 def measure_snapshots(
     snapshots: Sequence[GeometrySnapshot], config: ReportConfig | None = None
-) -> tuple[geo.HeatmapSelection, list[SnapshotMetrics]]:
+) -> tuple[HeatmapSelection, list[SnapshotMetrics]]:
     """Check the snapshots agree, pick one heatmap selection for all of them and measure each."""
     config = config or ReportConfig()
     if config.popularity_transform not in ("none", "log1p"):
@@ -85,7 +96,7 @@ def measure_snapshots(
     check_compatible(snapshots)
     first = snapshots[0]
     with_vocab = next((s for s in snapshots if s.vocab_rows is not None), None)
-    selection = geo.select_heatmap_tokens(
+    selection = select_heatmap_tokens(
         first.sid_tokens,
         n_sid=config.n_sid,
         vocab_size=None if with_vocab is None else with_vocab.vocab_size,
@@ -102,33 +113,33 @@ def measure_snapshots(
 
 def measure_snapshot(
     snapshot: GeometrySnapshot,
-    selection: geo.HeatmapSelection,
+    selection: HeatmapSelection,
     config: ReportConfig | None = None,
     shared: SharedInputs | None = None,
 ) -> SnapshotMetrics:
     """All diagnostics of one snapshot that its fields allow (``shared``: reuse work across snapshots)."""
     config = config or ReportConfig()
     shared = shared or SharedInputs()
-    rows = geo.as_matrix(snapshot.sid_rows, f"SID rows of snapshot {snapshot.name!r}")
+    rows = as_matrix(snapshot.sid_rows, f"SID rows of snapshot {snapshot.name!r}")
     heatmap_selection = selection
     if selection.text_ids.size and snapshot.vocab_rows is None:
-        heatmap_selection = geo.HeatmapSelection(
+        heatmap_selection = HeatmapSelection(
             selection.text_ids[:0], selection.sid_indices, selection.sid_groups, selection.notes
         )
-    pcs = geo.principal_components(rows)  # one SVD for the centred spectrum and every R^2 target
+    pcs = principal_components(rows)  # one SVD for the centred spectrum and every R^2 target
     metrics = SnapshotMetrics(
         name=snapshot.name,
         stage=snapshot.stage,
         n_tokens=snapshot.n_tokens,
         width=snapshot.width,
-        spectrum=geo.spectrum(rows, center=False),
-        spectrum_centred=geo.Spectrum.from_singular_values(pcs.singular_values, centred=True),
-        heatmap=geo.heatmap_matrix(rows, heatmap_selection, snapshot.vocab_rows),
+        spectrum=spectrum(rows, center=False),
+        spectrum_centred=Spectrum.from_singular_values(pcs.singular_values, centred=True),
+        heatmap=heatmap_matrix(rows, heatmap_selection, snapshot.vocab_rows),
     )
     if heatmap_selection is not selection:
         metrics.notes.append("no vocabulary rows: its heatmap shows SID tokens only")
     levels = snapshot.levels()
-    reference = None if snapshot.reference is None else geo.as_matrix(snapshot.reference, "reference vectors")
+    reference = None if snapshot.reference is None else as_matrix(snapshot.reference, "reference vectors")
     _measure_rsa(metrics, rows, snapshot.reference, reference, levels, shared)
     _measure_purity(metrics, rows, reference, levels, snapshot.categories, config)
     _measure_r2(metrics, pcs, reference, snapshot, config, shared)
@@ -136,8 +147,8 @@ def measure_snapshot(
         metrics.notes.append("no vocabulary rows: nearest vocabulary tokens skipped")
     else:
         eligible = snapshot.vocab_size - len(set(snapshot.exclude_vocab_ids or ()))
-        vocab = shared.get("unit vocabulary", snapshot.vocab_rows, lambda: geo.unit_rows(snapshot.vocab_rows))
-        metrics.nearest = geo.nearest_vocabulary(
+        vocab = shared.get("unit vocabulary", snapshot.vocab_rows, lambda: unit_rows(snapshot.vocab_rows))
+        metrics.nearest = nearest_vocabulary(
             rows,
             vocab,
             k=min(config.nearest_k, eligible),
@@ -161,18 +172,18 @@ def _measure_rsa(
         metrics.notes.append("fewer than 3 SID tokens: RSA skipped")
         return
 
-    def pairs(center: bool, members: np.ndarray | None = None) -> geo.SimilarityPairs:
+    def pairs(center: bool, members: np.ndarray | None = None) -> SimilarityPairs:
         key = None if members is None else members.tobytes()
         vectors = reference if members is None else reference[members]
-        return shared.get("rsa", source, lambda: geo.similarity_pairs(vectors, center), center, key)
+        return shared.get("rsa", source, lambda: similarity_pairs(vectors, center), center, key)
 
-    metrics.rsa = geo.rsa(pairs(False), rows)
-    metrics.rsa_centred = geo.rsa(pairs(True), rows, center=True)
+    metrics.rsa = rsa(pairs(False), rows)
+    metrics.rsa_centred = rsa(pairs(True), rows, center=True)
     if levels is not None and len(set(levels)) > 1:
         for level in sorted(set(levels)):
             members = np.flatnonzero(np.asarray(levels) == level)
             if members.size >= 3:
-                metrics.rsa_by_level[level_name(level)] = geo.rsa(pairs(False, members), rows[members])
+                metrics.rsa_by_level[level_name(level)] = rsa(pairs(False, members), rows[members])
 
 
 def _measure_purity(
@@ -201,14 +212,14 @@ def _measure_purity(
         metrics.notes.append(
             f"only {n} labelled level-0 tokens: purity uses m={m} instead of {config.purity_m}"
         )
-    metrics.purity = geo.neighbourhood_purity(rows, labels, m)
+    metrics.purity = neighbourhood_purity(rows, labels, m)
     if reference is not None:
-        metrics.purity_reference = geo.neighbourhood_purity(reference, labels, m)
+        metrics.purity_reference = neighbourhood_purity(reference, labels, m)
 
 
 def _measure_r2(
     metrics: SnapshotMetrics,
-    pcs: geo.PrincipalComponents,
+    pcs: PrincipalComponents,
     reference: np.ndarray | None,
     snapshot: GeometrySnapshot,
     config: ReportConfig,
@@ -223,38 +234,38 @@ def _measure_r2(
     if snapshot.frequencies is None:
         metrics.notes.append("no code frequencies: popularity R^2 skipped")
     else:
-        target = geo.as_vector(snapshot.frequencies, n, "frequencies")
+        target = as_vector(snapshot.frequencies, n, "frequencies")
         if config.popularity_transform == "log1p":
             target = np.log1p(target)
-        metrics.popularity_r2 = geo.pc_regression_curve(pcs, target, max_q, folds, config.seed)
+        metrics.popularity_r2 = pc_regression_curve(pcs, target, max_q, folds, config.seed)
     semantic = snapshot.semantic_target
     if semantic is None and reference is not None:
-        scores = shared.get("pca", snapshot.reference, lambda: geo.principal_components(reference)).scores
+        scores = shared.get("pca", snapshot.reference, lambda: principal_components(reference)).scores
         semantic = scores[:, 0] if scores.shape[1] else None
     if semantic is None:
         metrics.notes.append("no semantic target (no reference vectors): semantic R^2 skipped")
     else:
-        target = geo.as_vector(semantic, n, "semantic target")
-        metrics.semantic_r2 = geo.pc_regression_curve(pcs, target, max_q, folds, config.seed)
+        target = as_vector(semantic, n, "semantic target")
+        metrics.semantic_r2 = pc_regression_curve(pcs, target, max_q, folds, config.seed)
 
 
 def metrics_to_dict(
     metrics: list[SnapshotMetrics],
-    selection: geo.HeatmapSelection,
+    selection: HeatmapSelection,
     snapshots: Sequence[GeometrySnapshot],
     config: ReportConfig,
 ) -> dict[str, Any]:
     """Every number of the measurements as JSON-ready values (NaN stays NaN; the writer maps it to null)."""
 
-    def rsa(r: geo.RSAResult | None) -> dict[str, Any] | None:
+    def rsa_dict(r: RSAResult | None) -> dict[str, Any] | None:
         return None if r is None else {"pearson": r.pearson, "spearman": r.spearman, "n_pairs": r.n_pairs}
 
-    def purity(p: geo.PurityResult | None) -> dict[str, Any] | None:
+    def purity_dict(p: PurityResult | None) -> dict[str, Any] | None:
         return (
             None if p is None else {"value": p.purity, "chance": p.chance, "m": p.m, "n_tokens": p.n_tokens}
         )
 
-    def curve(c: list[geo.PCRegression] | None) -> list[dict[str, Any]] | None:
+    def curve(c: list[PCRegression] | None) -> list[dict[str, Any]] | None:
         return None if c is None else [{"q_requested": i + 1, "q": r.q, "r2": r.r2} for i, r in enumerate(c)]
 
     return {
@@ -279,11 +290,11 @@ def metrics_to_dict(
                 "stable_rank_centred": m.spectrum_centred.stable_rank,
                 "singular_values": m.spectrum.singular_values.tolist(),
                 "singular_values_centred": m.spectrum_centred.singular_values.tolist(),
-                "rsa": rsa(m.rsa),
-                "rsa_centred": rsa(m.rsa_centred),
-                "rsa_by_level": {k: rsa(v) for k, v in m.rsa_by_level.items()},
-                "purity": purity(m.purity),
-                "purity_reference": purity(m.purity_reference),
+                "rsa": rsa_dict(m.rsa),
+                "rsa_centred": rsa_dict(m.rsa_centred),
+                "rsa_by_level": {k: rsa_dict(v) for k, v in m.rsa_by_level.items()},
+                "purity": purity_dict(m.purity),
+                "purity_reference": purity_dict(m.purity_reference),
                 "popularity_r2": curve(m.popularity_r2),
                 "semantic_r2": curve(m.semantic_r2),
                 "notes": m.notes,

@@ -17,7 +17,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from peft_grounded.diagnostics._io import atomic_write_bytes
+from peft_grounded._io import atomic_write
 
 DPI = 110
 
@@ -26,7 +26,7 @@ def _save(fig: Figure, path: str | os.PathLike[str]) -> Path:
     FigureCanvasAgg(fig)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
-    return atomic_write_bytes(path, buffer.getvalue())
+    return atomic_write(path, buffer.getvalue())
 
 
 def _blocks(groups: Sequence[str]) -> list[tuple[str, int, int]]:

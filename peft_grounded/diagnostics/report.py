@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from peft_grounded.diagnostics import geometry as geo
-from peft_grounded.diagnostics._io import atomic_write_text
+from peft_grounded._io import atomic_write_text
 from peft_grounded.diagnostics.document import Block, Code, to_html, to_markdown
+from peft_grounded.diagnostics.heatmaps import HeatmapSelection, select_heatmap_tokens
 from peft_grounded.diagnostics.measure import (
     ReportConfig,
     SnapshotMetrics,
@@ -38,7 +38,7 @@ class ReportFiles:
     html: Path | None
     figures: dict[str, Path]
     skipped: list[str]  # one sentence per figure left out, also in the report
-    selection: geo.HeatmapSelection
+    selection: HeatmapSelection
     metrics: list[SnapshotMetrics]
 
 
@@ -121,7 +121,7 @@ class _Report:
     out: Path
     snapshots: list[GeometrySnapshot]
     metrics: list[SnapshotMetrics]
-    selection: geo.HeatmapSelection
+    selection: HeatmapSelection
     config: ReportConfig
     blocks: list[Block] = field(default_factory=list)
     figures: dict[str, Path] = field(default_factory=dict)
@@ -361,7 +361,7 @@ class _Report:
     def nearest(self) -> None:
         self.blocks.append(("h", "Nearest vocabulary tokens"))
         first = self.snapshots[0]
-        shown = geo.select_heatmap_tokens(
+        shown = select_heatmap_tokens(
             first.sid_tokens,
             min(self.config.nearest_shown, first.n_tokens),
             n_text=0,

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from peft_grounded.diagnostics.geometry import infer_levels
+from peft_grounded.diagnostics.heatmaps import infer_levels
 
 
 def _shape(x: Any) -> tuple[int, ...]:

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub.constants import SAFETENSORS_INDEX_FILE as SAFETENSORS_INDEX
+from huggingface_hub.constants import SAFETENSORS_SINGLE_FILE as SAFETENSORS
+
 # Tensor names of the input embedding and the output head in common architectures (suffixes).
 INPUT_KEYS = (
     "embed_tokens.weight",
@@ -23,8 +26,6 @@ INPUT_KEYS = (
     "tok_embeddings.weight",
 )
 OUTPUT_KEYS = ("lm_head.weight", "embed_out.weight", "output.weight")
-SAFETENSORS = "model.safetensors"
-SAFETENSORS_INDEX = "model.safetensors.index.json"
 
 
 @dataclass

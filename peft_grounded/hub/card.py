@@ -131,6 +131,13 @@ def _table(values: Mapping[str, Any]) -> dict[str, str]:
     return {str(k): _fmt(v) for k, v in values.items() if v is not None}
 
 
+def _stage_vars(stage: InitFacts | GroundingFacts | None) -> dict[str, Any] | None:
+    """A stage's fields for the template, its ``params`` as a table."""
+    if stage is None:
+        return None
+    return {**dataclasses.asdict(stage), "params": _table(stage.params)}
+
+
 def _sid_vars(sid: SIDFacts) -> dict[str, Any]:
     codes = [int(c) for c in sid.codes_per_level]
     if not codes or min(codes) < 1:
@@ -205,24 +212,8 @@ def render_model_card(
         summary=summary,
         lora=_table(facts.lora) if facts.lora else None,
         sid=_sid_vars(facts.sid) if facts.sid else None,
-        init=(
-            {
-                "name": facts.init.name,
-                "description": facts.init.description,
-                "params": _table(facts.init.params),
-            }
-            if facts.init
-            else None
-        ),
-        grounding=(
-            {
-                "data": facts.grounding.data,
-                "steps": facts.grounding.steps,
-                "params": _table(facts.grounding.params),
-            }
-            if facts.grounding
-            else None
-        ),
+        init=_stage_vars(facts.init),
+        grounding=_stage_vars(facts.grounding),
         metrics=_table(facts.metrics),
         eval_setup=facts.eval_setup,
         diagnostics=_table(facts.diagnostics),

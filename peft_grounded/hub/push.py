@@ -18,10 +18,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from huggingface_hub.constants import REPOCARD_NAME
+
 from .repo import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
-    README,
     SID_INDEX_DIR,
     GroundedHubError,
     check_adapter_files,
@@ -38,8 +39,15 @@ if TYPE_CHECKING:
     from .card import GroundedCardFacts
 
 DEFAULT_COMMIT_MESSAGE = "Upload grounded adapter (peft_grounded)"
-# Files a push owns: stale copies on the Hub (e.g. a pickled adapter_model.bin, an old index) are deleted.
-OWNED_PATTERNS = ("adapter_model.*", f"{SID_INDEX_DIR}/*")
+# What a push replaces on the Hub, and only for what it was given: the adapter's weights in any format (e.g.
+# a stale pickled adapter_model.bin) always, the SID index folder only when an index is pushed.
+ADAPTER_WEIGHT_FILES = f"{Path(ADAPTER_WEIGHTS).stem}.*"
+INDEX_FILES = f"{SID_INDEX_DIR}/*"
+
+
+def replaced_patterns(with_index: bool) -> list[str]:
+    """The Hub files a push deletes before it uploads: never any it is not given a replacement for."""
+    return [ADAPTER_WEIGHT_FILES, INDEX_FILES] if with_index else [ADAPTER_WEIGHT_FILES]
 
 
 def push_grounded(
@@ -91,7 +99,7 @@ def push_grounded(
                 index_pointer=pointer.format(repo=resolved_id) if sid_index is not None else None,
                 overrides=overrides,
             )
-            render_model_card(facts).save(str(stage / README))
+            render_model_card(facts).save(str(stage / REPOCARD_NAME))
 
         card(repo_id)  # every local check and the card render before the repo is created
         api = HfApi()
@@ -106,7 +114,7 @@ def push_grounded(
             commit_message=commit_message,
             revision=revision,
             token=token,
-            delete_patterns=list(OWNED_PATTERNS),
+            delete_patterns=replaced_patterns(index is not None),
         )
 
 

@@ -14,14 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..adapter.registration import GROUNDED_TOKENS
 from ..saved_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
-README = "README.md"
 SID_INDEX_DIR = "sid_index"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 # What `pull` fetches: configs, tokenizer files, safetensors, the card. Never pickles or code.
 SAFE_PATTERNS = ("*.json", "*.safetensors", "*.md", "*.txt", "*.jinja")
-GROUNDED_PEFT_TYPE = "GROUNDED_TOKENS"
 
 
 class GroundedHubError(ValueError):
@@ -111,10 +110,10 @@ def read_adapter_config(folder: Path, where: str):
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
         raise GroundedHubError(f"The {where} has an unreadable {ADAPTER_CONFIG}: {err}") from None
     peft_type = raw.get("peft_type") if isinstance(raw, dict) else None
-    if peft_type != GROUNDED_PEFT_TYPE:
+    if peft_type != GROUNDED_TOKENS:
         raise GroundedHubError(
             f"The {where} holds a {peft_type or 'non-PEFT'} adapter, not a grounded-token adapter "
-            f"(peft_type {GROUNDED_PEFT_TYPE}); load it with peft.PeftModel.from_pretrained instead."
+            f"(peft_type {GROUNDED_TOKENS.value}); load it with peft.PeftModel.from_pretrained instead."
         )
     return GroundedTokenConfig.from_pretrained(str(folder))
 

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
+from .._messages import listed
 from .strategies import InitData
 
 IN_MEMORY_PREFIX = "in-memory "
@@ -42,7 +43,9 @@ def load_tensor(value: Any, *, what: str, key: str = "vectors") -> torch.Tensor:
         with safe_open(str(path), framework="pt") as handle:
             names = list(handle.keys())
             if key not in names:
-                raise KeyError(f"{what}: {path} has no tensor named {key!r} (it has {sorted(names)}).")
+                raise KeyError(
+                    f"{what}: {path} has no tensor named {key!r} (it has {listed(sorted(names))})."
+                )
             return handle.get_tensor(key)
     raise TypeError(f"{what} must be a tensor, an array or a .safetensors path, got {type(value).__name__}.")
 

@@ -96,12 +96,32 @@ def _centroid(weight, tokens, reference, data, generator, std) -> torch.Tensor:
     vectors = _checked_vectors(data, tokens, width=None)
     anchors = None
     if data.anchor_vectors is not None and data.anchor_token_ids is not None:
+        _check_anchor_ids(data.anchor_token_ids, tokens, weight.shape[0])
         anchor_rows = _gather(weight, data.anchor_token_ids)
         anchors = (data.anchor_vectors, anchor_rows)
     projected = project_vectors(
         vectors, reference, data.projection, anchors=anchors, norm_match=data.norm_match
     )
     return projected.to(torch.float64)
+
+
+def _check_anchor_ids(ids: Sequence[int], tokens: Sequence[int], n_rows: int) -> None:
+    """Anchors are rows of the existing vocabulary: an id out of range (a negative one would wrap) or one of
+    the new tokens (its row is not the vocabulary's yet) is an error."""
+    outside = [i for i in ids if not 0 <= i < n_rows]
+    if outside:
+        raise ValueError(
+            f"init_anchors token_ids holds {len(outside)} ids outside the vocabulary [0, {n_rows}) (e.g. "
+            f"{outside[:5]}); use the ids of existing vocabulary tokens, e.g. from "
+            "peft_grounded.init.vocabulary_anchors(tokenizer, encoder) with this model's tokenizer."
+        )
+    new = set(tokens)
+    anchored_new = [i for i in ids if i in new]
+    if anchored_new:
+        raise ValueError(
+            f"init_anchors token_ids holds {len(anchored_new)} of the new tokens (e.g. {anchored_new[:5]}); anchors "
+            "must be existing vocabulary tokens, whose rows the projection is fitted on."
+        )
 
 
 def _tensor(weight, tokens, reference, data, generator, std) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch
 from .catalogue import Catalogue, CatalogueError
 from .collisions import DEDUP_MODES, add_disambiguation_level, collision_stats, reassign_last_level
 from .encoders import TextEncoder, encode_texts, load_encoder
-from .index import SIDIndex
+from .index import JSON_NAME, SIDIndex
 from .quality import level_usage
 from .rqkmeans import QuantizationError, RQKMeansConfig, check_vectors, cluster_sums, fit_rqkmeans
 from .rqvae import RQVAEConfig
@@ -79,7 +79,8 @@ def index_from_vectors(
     if quantizer not in QUANTIZERS:
         raise ValueError(f"quantizer must be one of {QUANTIZERS}, got {quantizer!r}")
     config = config or RQKMeansConfig()
-    x = check_vectors(vectors, what="item vectors")
+    # the caller's tensor may live on a GPU or be bf16: the index is built from a float32 copy on the CPU
+    x = check_vectors(vectors, what="item vectors").cpu()
     if x.shape[0] != len(item_ids):
         raise ValueError(f"{x.shape[0]} vectors for {len(item_ids)} item ids")
     start = time.perf_counter()
@@ -168,6 +169,20 @@ def index_from_vectors(
     )
 
 
+class IndexExistsError(FileExistsError):
+    """The output folder of a build holds a SID index already."""
+
+
+def check_no_index(output: str | Path) -> None:
+    """Raise :class:`IndexExistsError` if ``output`` holds a SID index (a build would replace it)."""
+    if (Path(output) / JSON_NAME).is_file():
+        raise IndexExistsError(
+            f"{output} holds a SID index already; a new build would replace it, and the adapters trained on "
+            "its SIDs would no longer match. Choose another output folder, or pass overwrite=True "
+            "(--overwrite) to replace it."
+        )
+
+
 def _codes_per_level(levels: int | None, codes: int | Sequence[int]) -> tuple[int, ...]:
     if isinstance(codes, int):
         levels = 3 if levels is None else levels
@@ -208,6 +223,7 @@ def build_sids(
     device: str = "cpu",
     token_template: str = DEFAULT_TEMPLATE,
     show_progress: bool = True,
+    overwrite: bool = False,
 ) -> SIDIndex:
     """Build (and, with ``output``, save) the SID index of a catalogue.
 
@@ -218,10 +234,13 @@ def build_sids(
         :func:`~peft_grounded.sids.loaders.load_catalogue` when ``catalogue`` is a path. ``codes`` is per level (an int for all ``levels``, or a list). ``empty_text``:
         ``"error"`` or ``"drop"`` for items whose rendered text is empty. ``quantizer="rqvae"`` trains an RQ-VAE
     for ``rqvae_epochs`` instead of RQ-KMeans (then ``balanced``, ``normalize_residuals``, ``max_iter`` and
-    ``sample_size`` do not apply). See ``docs/sids.md``.
+    ``sample_size`` do not apply). ``output`` holding an index already is an error (adapters trained on it
+    need it) unless ``overwrite=True``. See ``docs/sids.md``.
     """
     if dedup not in DEDUP_MODES:
         raise ValueError(f"dedup must be one of {DEDUP_MODES}, got {dedup!r}")
+    if output is not None and not overwrite:
+        check_no_index(output)
     config = RQKMeansConfig(
         codes_per_level=_codes_per_level(levels, codes),
         normalize_residuals=normalize_residuals,

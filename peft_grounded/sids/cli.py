@@ -101,6 +101,7 @@ def add_cli(subparsers: Any) -> None:
     )
     g.add_argument("--sample-size", type=int, help="fit the codebooks on this many items, then code all")
     p.add_argument("--output", "-o", required=True, help="directory of the SID index")
+    p.add_argument("--overwrite", action="store_true", help="replace an index already in --output")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -153,8 +154,9 @@ def run(args: argparse.Namespace) -> int:
             use_cache=not args.no_cache,
             device=args.device,
             show_progress=not args.no_progress,
+            overwrite=args.overwrite,
         )
-    except (CatalogueError, QuantizationError, FileNotFoundError, ValueError) as err:
+    except (CatalogueError, QuantizationError, FileNotFoundError, FileExistsError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(index.summary())

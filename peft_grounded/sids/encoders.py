@@ -26,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ._io import atomic_write
+from .._io import atomic_write
 
 logger = logging.getLogger(__name__)
 

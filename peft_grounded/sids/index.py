@@ -38,10 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from ._io import atomic_write
+from .._io import atomic_write
+from .tensor_files import FORMAT, remove_unnamed_tensor_files
 from .tokens import DEFAULT_TEMPLATE, parse_sid, sid_string, sid_vocabulary
 
-FORMAT = "peft_grounded.sid_index"
 FORMAT_VERSION = 1
 JSON_NAME = "sid_index.json"
 TENSORS_NAME = "sid_index.safetensors"  # the name older saves used (still read: the JSON names the file)
@@ -431,9 +431,7 @@ class SIDIndex:
         # so a crash at any point leaves a loadable index (the old one, or the new one)
         atomic_write(directory / meta["tensors"]["file"], payload)
         atomic_write(directory / JSON_NAME, json.dumps(meta, ensure_ascii=False).encode("utf-8"))
-        for stale in directory.glob("sid_index*.safetensors"):
-            if stale.name != meta["tensors"]["file"]:
-                stale.unlink(missing_ok=True)
+        remove_unnamed_tensor_files(directory)  # a file another index JSON there names stays
         return directory
 
     @classmethod

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._messages import listed
 from .catalogue import Catalogue, CatalogueError, Item, LoadReport
 
 logger = logging.getLogger(__name__)
@@ -115,31 +116,37 @@ def assemble(
 # ----------------------------------------------------------------------------------------- LC-Rec JSON
 
 
+LCREC_ITEMS, LCREC_INTERACTIONS = ".item.json", ".inter.json"
+
+
 def _lcrec_files(path: Path) -> tuple[Path, Path | None, str]:
     if path.is_dir():
-        found = sorted(path.glob("*.item.json"))
+        found = sorted(path.glob(f"*{LCREC_ITEMS}"))
         if len(found) != 1:
             raise CatalogueError(
                 f"{path} should hold exactly one '*.item.json' file (found {len(found)}); "
                 "pass the file itself or the prefix (e.g. data/Office/Office)"
             )
         item_file = found[0]
-    elif path.name.endswith(".item.json"):
+    elif path.name.endswith(LCREC_ITEMS):
         item_file = path
+    elif path.name.endswith(LCREC_INTERACTIONS):  # the pair's other file: a natural mistake, same data set
+        item_file = path.with_name(path.name[: -len(LCREC_INTERACTIONS)] + LCREC_ITEMS)
     else:
-        item_file = path.with_name(path.name + ".item.json")
+        item_file = path.with_name(path.name + LCREC_ITEMS)
     if not item_file.is_file():
         raise CatalogueError(f"no LC-Rec item file at {item_file}")
-    stem = item_file.name[: -len(".item.json")]
-    inter_file = item_file.with_name(stem + ".inter.json")
+    stem = item_file.name[: -len(LCREC_ITEMS)]
+    inter_file = item_file.with_name(stem + LCREC_INTERACTIONS)
     return item_file, inter_file if inter_file.is_file() else None, stem
 
 
 def load_lcrec(path: str | Path) -> Catalogue:
     """LC-Rec / MiniOneRec JSON: ``{"id": {title, description, brand, categories}}`` and ``{"user": [ids]}``.
 
-    ``path`` is the directory, the ``X.item.json`` file or the ``X`` prefix. ``categories`` is a string
-    joined with ", " (split back into a path; a category name that itself holds ", " splits too) or a list.
+    ``path`` is the directory, the ``X.item.json`` or ``X.inter.json`` file, or the ``X`` prefix.
+    ``categories`` is a string joined with ", " (split back into a path; a category name that itself holds
+    ", " splits too) or a list.
     """
     item_file, inter_file, stem = _lcrec_files(Path(path))
     with open(item_file, encoding="utf-8-sig") as f:
@@ -168,6 +175,17 @@ def load_lcrec(path: str | Path) -> Catalogue:
             return
         with open(inter_file, encoding="utf-8-sig") as f:
             seqs = json.load(f)
+        if not isinstance(seqs, dict):
+            raise CatalogueError(
+                f'{inter_file} should map user ids to lists of item ids ({{"user": ["item", ...]}}), got a '
+                f"{type(seqs).__name__}; fix the file, or remove it to load the items alone"
+            )
+        bad = [user for user, seq in seqs.items() if not isinstance(seq, list)]
+        if bad:
+            raise CatalogueError(
+                f"{inter_file}: the sequences of {len(bad)} users are not lists of item ids (users {listed(bad)}); "
+                'each value should be a list such as ["item1", "item2"]'
+            )
         for user, seq in seqs.items():
             for t, item_id in enumerate(seq):
                 yield str(user), str(item_id), float(t)
@@ -469,7 +487,7 @@ def load_table(
         missing = [c for c in columns if c not in row]
         if missing:
             raise CatalogueError(
-                f"{file}: no column {missing} for the {what}; columns are {sorted(row)}; "
+                f"{file}: no column {missing} for the {what}; columns are {listed(sorted(row))}; "
                 f"map them with --{what.split()[0]}-columns / {what.split()[0]}_columns"
             )
 
@@ -521,6 +539,27 @@ def load_table(
 
 # ----------------------------------------------------------------------------------------- dispatch
 
+
+def _amazon_reviews(folder: Path, meta: Path, stem: str) -> Path | None:
+    """The one reviews file beside ``meta`` (its name holds ``stem``); several are an error, none a warning."""
+    found = sorted(p for p in folder.iterdir() if p != meta and stem in p.name and not p.name.startswith("."))
+    if len(found) > 1:
+        raise CatalogueError(
+            f"{folder}: {len(found)} review files for {meta.name} ({listed([p.name for p in found])}); pass the "
+            "one to use: reviews=... (--reviews FILE)"
+        )
+    if not found:
+        logger.warning(
+            "%s: no review file for %s (a name holding %r), so the catalogue has items but no interactions; "
+            "pass reviews=... (--reviews FILE) to load them",
+            folder,
+            meta.name,
+            stem,
+        )
+        return None
+    return found[0]
+
+
 BUILTIN = ("movielens-100k",)
 
 
@@ -528,7 +567,7 @@ def detect_format(path: Path) -> str:
     """The format of a catalogue path: lcrec, movielens, recbole, amazon or table."""
     if path.is_file():
         name = path.name.removesuffix(".gz")
-        if name.endswith(".item.json"):
+        if name.endswith((LCREC_ITEMS, LCREC_INTERACTIONS)):
             return "lcrec"
         if name.endswith((".item", ".inter")):
             return "recbole"
@@ -537,7 +576,7 @@ def detect_format(path: Path) -> str:
         if name.endswith((".csv", ".tsv", ".jsonl", ".ndjson", ".json")):
             return "table"
     elif path.is_dir():
-        if any(path.glob("*.item.json")):
+        if any(path.glob(f"*{LCREC_ITEMS}")):
             return "lcrec"
         if any((path / name).is_file() for name in ("u.item", "movies.dat", "movies.csv")):
             return "movielens"
@@ -546,7 +585,7 @@ def detect_format(path: Path) -> str:
         if any(path.glob("meta_*")):
             return "amazon"
     elif not path.exists():
-        if Path(str(path) + ".item.json").is_file():
+        if Path(str(path) + LCREC_ITEMS).is_file():
             return "lcrec"
         raise CatalogueError(f"catalogue path {path} does not exist")
     raise CatalogueError(
@@ -580,9 +619,7 @@ def load_catalogue(source: str | Path = "movielens-100k", format: str = "auto", 
         if len(metas) != 1:
             raise CatalogueError(f"{path}: expected one meta_* file, found {len(metas)}; pass it directly")
         stem = re.sub(r"^meta_|\.jsonl?(\.gz)?$|\.gz$", "", metas[0].name)
-        reviews = [
-            p for p in path.iterdir() if p != metas[0] and stem in p.name and not p.name.startswith(".")
-        ]
-        kwargs.setdefault("reviews", reviews[0] if len(reviews) == 1 else None)
+        if "reviews" not in kwargs:
+            kwargs["reviews"] = _amazon_reviews(path, metas[0], stem)
         path = metas[0]
     return loaders[fmt](path, **kwargs)

@@ -89,7 +89,7 @@ class RQKMeansResult:
 def check_vectors(x: np.ndarray | torch.Tensor, min_rows: int = 1, what: str = "vectors") -> torch.Tensor:
     """A float32 2-D tensor view of ``x``; raises on a wrong shape, too few rows, NaN or inf (naming rows)."""
     if isinstance(x, torch.Tensor):
-        t = x
+        t = x.detach()  # e.g. an encoder's output that still requires grad
     else:
         with warnings.catch_warnings():  # a read-only memory map is fine: the input is never written
             warnings.filterwarnings("ignore", message=".*not writable.*")

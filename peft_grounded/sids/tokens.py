@@ -22,6 +22,16 @@ def level_name(level: int) -> str:
     return name
 
 
+def level_index(name: str) -> int:
+    """Inverse of :func:`level_name`: 'a' -> 0, 'z' -> 25, 'aa' -> 26."""
+    if not name or not all("a" <= c <= "z" for c in name):
+        raise ValueError(f"a level name is lowercase letters, got {name!r}")
+    level = 0
+    for letter in name:
+        level = level * 26 + (ord(letter) - ord("a") + 1)
+    return level - 1
+
+
 def sid_token(level: int, code: int, template: str = DEFAULT_TEMPLATE) -> str:
     """The token string of ``code`` at ``level`` (``template`` may use ``{level}``, ``{level_index}``, ``{code}``)."""
     return template.format(level=level_name(level), level_index=level, code=code)
