@@ -174,3 +174,43 @@ def test_legacy_tensor_file_name_still_loads(tmp_path):
     meta["tensors"]["file"] = "sid_index.safetensors"
     (tmp_path / JSON_NAME).write_text(json.dumps(meta))
     assert SIDIndex.load(tmp_path).n_items == 60
+
+
+def _topics(ids, n_topics=4):
+    topics = ["fountain pen ink", "office desk lamp", "printer toner cartridge", "paper stapler"]
+    return {
+        i: Item(i, title=f"{topics[k % n_topics]} model {k}", categories=(f"T{k % n_topics}",))
+        for k, i in enumerate(ids)
+    }
+
+
+def test_cli_add_items_with_the_index_encoder(tmp_path, capsys):
+    from peft_grounded.cli import main
+    from peft_grounded.sids import Catalogue, build_sids
+
+    old = _topics([f"o{k}" for k in range(16)])
+    build_sids(
+        Catalogue("t", old, {"u": ("o1", "o2")}),
+        tmp_path / "v1",
+        levels=2,
+        codes=2,
+        text_template="title",
+        cache_dir=tmp_path / "cache",
+        show_progress=False,
+    )
+    rows = [{"item_id": f"n{k}", "title": f"printer toner cartridge model {k}"} for k in range(3)]
+    rows.append({"item_id": "o3", "title": "already there"})
+    new = tmp_path / "new.jsonl"
+    new.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    argv = ["add-items", "--sid-index", str(tmp_path / "v1"), "--catalogue", str(new), "--format", "table"]
+    common = ["--cache-dir", str(tmp_path / "cache"), "--no-progress"]
+    assert main([*argv, "--output", str(tmp_path / "v1"), *common]) == 2
+    assert "parent index's directory" in capsys.readouterr().err
+    assert main([*argv, "--output", str(tmp_path / "v2"), *common]) == 2
+    assert "already in the index" in capsys.readouterr().err and not (tmp_path / "v2").exists()
+    assert main([*argv, "--output", str(tmp_path / "v2"), "--skip-problems", *common]) == 0
+    assert "added 3 items" in capsys.readouterr().out
+    parent, child = SIDIndex.load(tmp_path / "v1"), SIDIndex.load(tmp_path / "v2")
+    assert child.parent == parent.fingerprint() and child.item_ids[-3:] == ["n0", "n1", "n2"]
+    assert np.array_equal(child.codes[:16], parent.codes)
+    assert child.quality["growth"][-1]["already_indexed"] == ["o3"]
