@@ -15,8 +15,8 @@ from peft_grounded.decoding import recommend, sid_token_ids
 from peft_grounded.sids import Item
 
 
-@pytest.fixture(scope="module")
-def indices():
+def grown_indices():
+    """A toy parent index and a child with 3 new items (the last level grows)."""
     catalogue = toy_catalogue()
     parent = toy_index(catalogue)
     x = toy_vectors(catalogue)
@@ -25,6 +25,11 @@ def indices():
     child = parent.add_items([Item(f"new{i}", title=f"New {i}") for i in range(3)], vectors=new)
     assert child.n_tokens > parent.n_tokens
     return parent, child
+
+
+@pytest.fixture(scope="module")
+def indices():
+    return grown_indices()
 
 
 def trained(tokenizer, factory, parent, arch, tied, lora):
