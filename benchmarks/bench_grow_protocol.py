@@ -2,7 +2,7 @@
 
     python benchmarks/bench_grow_protocol.py --out runs/grow-ml100k                       # tiny CPU budget
     python benchmarks/bench_grow_protocol.py --out runs/grow-ml100k --grounding-steps 200 \\
-        --sft-steps 400 --batch-size 16 --users 500                                      # GPU-sized
+        --sft-steps 400 --batch-size 16 --users 500 --max-examples 0                     # GPU-sized
 
 1. Hold out the catalogue's newest ``--share`` of items (by first interaction: RecBole timestamps when
    the catalogue has them, else the earliest relative position in a user's sequence).
@@ -115,6 +115,9 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=6)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--incremental-steps", type=int, default=20)
+    parser.add_argument(
+        "--max-examples", type=int, default=256, help="sample of SFT and grounding examples (0: all)"
+    )
     parser.add_argument("--users", type=int, default=16, help="new-item-target test users scored")
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
@@ -158,6 +161,8 @@ def main() -> None:
         eval_users=4,
         show_progress=False,
         save_steps=max(args.grounding_steps, args.sft_steps, 1),
+        max_train_examples=args.max_examples or None,
+        max_grounding_examples=args.max_examples or None,
     )
     run_strategy(
         args.strategy,
