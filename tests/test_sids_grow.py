@@ -100,6 +100,15 @@ def test_reassign_index_takes_a_free_last_level_code():
     assert not taken & {tuple(r) for r in child.codes[parent.n_items :].tolist()}
 
 
+def test_an_index_without_dedup_counts_the_new_collisions():
+    parent = _parent("none")
+    old, _ = _data()
+    report = GrowthReport()
+    child = add_vectors(parent, ["twin"], old[:1], report=report)  # lands on old0's SID
+    assert child.sid_of("twin") == parent.sid_of("old0") and report.unresolved_collisions == 1
+    assert child.token_strings == parent.token_strings
+
+
 def test_bad_batches_are_clear_errors_or_a_report():
     parent = _parent()
     _, new = _data()

@@ -165,7 +165,7 @@ def grow_adapter(
                 init_range,
             )
             trained = rows_in if matrix == "input" else rows_out
-            grown[matrix] = torch.cat([trained.to(torch.float32), fresh.to(torch.float32)])
+            grown[matrix] = torch.cat([trained.to(torch.float32), fresh.to(trained.device, torch.float32)])
     else:
         grown = {"input": rows_in.to(torch.float32)}
         if rows_out is not None:

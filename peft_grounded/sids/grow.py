@@ -314,7 +314,8 @@ def add_vectors(
         lineage=[*index.lineage, index.fingerprint()],
     )
     report.new_tokens = child.token_strings[len(parent_tokens) :]
-    growth = report.as_dict() | {
+    record = {k: v[:100] if isinstance(v, list) else v for k, v in report.as_dict().items()}  # bounded JSON
+    growth = record | {
         "parent": child.parent,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
