@@ -59,7 +59,12 @@ def tensor_file_name(sha256: str) -> str:
 def tensors_path(directory: str | Path) -> Path:
     """The tensor file the index saved in ``directory`` uses (named in its ``sid_index.json``)."""
     directory = Path(directory)
-    return directory / json.loads((directory / JSON_NAME).read_text())["tensors"]["file"]
+    name = json.loads((directory / JSON_NAME).read_text())["tensors"]["file"]
+    if not isinstance(name, str) or not TENSOR_FILE_PATTERN.fullmatch(name):
+        raise IndexFileError(
+            f"{directory / JSON_NAME} names the tensor file {name!r}, not a content-named file"
+        )
+    return directory / name
 
 
 CENTROID_VARIANTS = ("items", "codebook")
