@@ -37,9 +37,9 @@ from peft_grounded.decoding import SIDTrie, recommend
 from peft_grounded.evaluation.metrics import ranking_metrics
 from peft_grounded.evaluation.users import item_token_ids
 from peft_grounded.grounding.incremental import ground_new_items
-from peft_grounded.recommend import Budget, Experiment, PromptFormat, run_strategy
-from peft_grounded.recommend.data import inference_prompts
-from peft_grounded.recommend.model import sid_model
+from peft_grounded.models import sid_model
+from peft_grounded.prompts import PromptFormat, inference_prompts
+from peft_grounded.recommend import Budget, Experiment, run_strategy
 from peft_grounded.sids import build_sids, load_catalogue
 from peft_grounded.sids.encoders import encode_texts, load_encoder
 from peft_grounded.sids.text import TextTemplate
