@@ -153,3 +153,29 @@ def test_a_new_item_is_served_by_constrained_beam_search(tokenizer, tiny_model_f
         ks=(n,),
     )
     assert results["test"]["cold"][f"recall@{n}"] == 1.0
+
+
+def test_a_child_without_new_tokens_only_changes_the_recorded_index(tokenizer, tiny_model_factory):
+    catalogue = toy_catalogue()
+    parent = toy_index(catalogue)
+    x = toy_vectors(catalogue)
+    sizes = {}
+    for row in parent.codes[:, :-1].tolist():
+        sizes[tuple(row)] = sizes.get(tuple(row), 0) + 1
+    fits = [
+        i
+        for i, row in enumerate(parent.quantize(x).tolist())
+        if sizes[tuple(row)] < parent.codes_per_level[-1]
+    ]
+    assert fits, "the toy index has a SID group with a free disambiguation code"
+    child = parent.add_items([Item("fresh", title="Fresh")], vectors=x[fits[:1]] + 1e-3)
+    assert child.token_strings == parent.token_strings
+    model = trained(tokenizer, tiny_model_factory, parent, "llama", True, True)
+    rows = model.get_input_embeddings().grounded_embedding["default"].detach().clone()
+    n_vocab = len(tokenizer)
+    grown = grow_adapter(model, tokenizer, parent, child)
+    assert len(tokenizer) == n_vocab and torch.equal(
+        grown.get_input_embeddings().grounded_embedding["default"], rows
+    )
+    assert grown.peft_config["default"].sid_index_fingerprint == child.fingerprint()
+    child.check_adapter(grown.peft_config["default"])
