@@ -223,3 +223,6 @@ def test_cli_add_items_with_the_index_encoder(tmp_path, capsys):
     assert child.parent == parent.fingerprint() and child.item_ids[-3:] == ["n0", "n1", "n2"]
     assert np.array_equal(child.codes[:16], parent.codes)
     assert child.quality["growth"][-1]["already_indexed"] == ["o3"]
+    assert main([*argv, "--output", str(tmp_path / "v2"), "--skip-problems", *common]) == 2  # v2 is there now
+    assert "already holds a SID index" in capsys.readouterr().err
+    assert main([*argv, "--output", str(tmp_path / "v2"), "--skip-problems", "--overwrite", *common]) == 0

@@ -196,6 +196,7 @@ def add_items_cli(subparsers: Any) -> None:
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the embedding cache")
     p.add_argument("--device", default="cpu", help="torch device of the encoder (default: cpu)")
     p.add_argument("--output", "-o", required=True, help="directory of the new index version")
+    p.add_argument("--overwrite", action="store_true", help="replace an index already in --output")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_add_items)
 
@@ -208,7 +209,7 @@ def run_add_items(args: argparse.Namespace) -> int:
 
     from .catalogue import CatalogueError
     from .grow import GrowthError, GrowthReport, add_items, encoder_spec
-    from .index import SIDIndex
+    from .index import JSON_NAME, SIDIndex
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     parent_dir, output = Path(args.sid_index).resolve(), Path(args.output).resolve()
@@ -216,6 +217,13 @@ def run_add_items(args: argparse.Namespace) -> int:
         print(
             "error: --output is the parent index's directory; write the new version elsewhere (the parent "
             "stays loadable for the adapters trained on it)",
+            file=sys.stderr,
+        )
+        return 2
+    if (output / JSON_NAME).is_file() and not args.overwrite:
+        print(
+            f"error: {output} already holds a SID index; adapters trained on it would no longer match. "
+            "Choose another --output, or pass --overwrite to replace it",
             file=sys.stderr,
         )
         return 2
