@@ -5,7 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .repo import SID_INDEX_DIR, GroundedHubError, fetch_adapter, open_source
+from .repo import (
+    ADAPTER_CONFIG,
+    SID_INDEX_DIR,
+    GroundedHubError,
+    fetch_adapter,
+    open_source,
+    read_adapter_config,
+)
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -55,7 +62,13 @@ def load_sid_index(
             "the index is."
         )
     folder = source.fetch((f"{SID_INDEX_DIR}/*",))
-    return SIDIndex.load(folder / SID_INDEX_DIR)
+    index = SIDIndex.load(folder / SID_INDEX_DIR)
+    if ADAPTER_CONFIG in source.files:  # the index must be the version the adapter was trained or grown on
+        from .versions import check_index_version
+
+        config = read_adapter_config(source.fetch((ADAPTER_CONFIG,)), source.where)
+        check_index_version(config, index, source.where)
+    return index
 
 
 def _name(model: nn.Module) -> str:

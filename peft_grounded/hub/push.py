@@ -225,6 +225,7 @@ def stage_tokenizer(config: GroundedTokenConfig, tokenizer, stage: Path) -> None
 def stage_index(config: GroundedTokenConfig, index: SIDIndex | str | Path, stage: Path) -> SIDIndex:
     """Check that the index's SID tokens are the adapter's, and save it into ``stage/sid_index``."""
     from ..sids.index import SIDIndex
+    from .versions import check_index_version
 
     if not isinstance(index, SIDIndex):
         index = SIDIndex.load(index)
@@ -235,5 +236,6 @@ def stage_index(config: GroundedTokenConfig, index: SIDIndex | str | Path, stage
             f"The SID index uses {len(missing)} tokens the adapter does not have (e.g. {missing[0]!r}): it belongs "
             "to another SID vocabulary."
         )
+    check_index_version(config, index, "push")
     index.save(stage / SID_INDEX_DIR)
     return index

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +48,9 @@ JSON_NAME = "sid_index.json"
 TENSORS_NAME = "sid_index.safetensors"  # the name older saves used (still read: the JSON names the file)
 
 
+TENSOR_FILE_PATTERN = re.compile(r"sid_index(\.[0-9a-f]{16})?\.safetensors")
+
+
 def tensor_file_name(sha256: str) -> str:
     """The tensor file's name: content-addressed, so a new save never overwrites the one in use."""
     return f"sid_index.{sha256[:16]}.safetensors"
@@ -55,7 +59,12 @@ def tensor_file_name(sha256: str) -> str:
 def tensors_path(directory: str | Path) -> Path:
     """The tensor file the index saved in ``directory`` uses (named in its ``sid_index.json``)."""
     directory = Path(directory)
-    return directory / json.loads((directory / JSON_NAME).read_text())["tensors"]["file"]
+    name = json.loads((directory / JSON_NAME).read_text())["tensors"]["file"]
+    if not isinstance(name, str) or not TENSOR_FILE_PATTERN.fullmatch(name):
+        raise IndexFileError(
+            f"{directory / JSON_NAME} names the tensor file {name!r}, not a content-named file"
+        )
+    return directory / name
 
 
 CENTROID_VARIANTS = ("items", "codebook")
@@ -98,6 +107,8 @@ class SIDIndex:
     item_categories: list[tuple[str, ...]] | None = None  # category path per item
     quantizer: str = "rqkmeans"  # or "rqvae" (codebooks and the "codebook" centroids in its latent space)
     version: int = FORMAT_VERSION
+    parent: str | None = None  # fingerprint of the index this one grew from (add_items), None for a build
+    lineage: list[str] = field(default_factory=list)  # fingerprints of every ancestor, oldest first
 
     def __post_init__(self) -> None:
         self.codes = np.asarray(self.codes, dtype=np.int64)
@@ -207,6 +218,12 @@ class SIDIndex:
                 "use the index the adapter was trained with."
             )
         recorded = getattr(config, "sid_index_fingerprint", None)
+        if recorded is not None and recorded in self.lineage:
+            raise ValueError(
+                f"The adapter was trained with an earlier version of this SID index (fingerprint {recorded}); "
+                "this version added items. Grow the adapter first: "
+                "peft_grounded.adapter.grow_adapter(model, tokenizer, parent_index, this_index)."
+            )
         if recorded is not None and recorded != self.fingerprint():
             raise ValueError(
                 f"The adapter was trained with another SID index (fingerprint {recorded}, this one is "
@@ -365,6 +382,15 @@ class SIDIndex:
         codes, _ = quantize(array, self.codebooks, self.normalize_residuals)
         return codes.numpy()
 
+    def add_items(self, catalogue: Any, **kwargs: Any) -> SIDIndex:
+        """A new version of this index with the items of ``catalogue`` added (this one is unchanged).
+
+        Existing SIDs stay bit for bit; new tokens (disambiguation codes) are appended, and the child's
+        ``parent`` is this index's fingerprint. See :func:`peft_grounded.sids.grow.add_items`."""
+        from .grow import add_items
+
+        return add_items(self, catalogue, **kwargs)
+
     # ------------------------------------------------------------------------------------------ export
 
     def to_lcrec_json(self) -> dict[str, list[str]]:
@@ -426,6 +452,8 @@ class SIDIndex:
             "item_categories": None
             if self.item_categories is None
             else [list(c) for c in self.item_categories],
+            "parent": self.parent,
+            "lineage": list(self.lineage),
         }
         # the tensor file is named by its content: writing it never touches the file the current JSON names,
         # so a crash at any point leaves a loadable index (the old one, or the new one)
@@ -460,7 +488,13 @@ class SIDIndex:
         record = meta.get("tensors")
         if not isinstance(record, dict) or not {"file", "bytes", "sha256"} <= set(record):
             raise IndexFileError(f"{json_path} lacks its tensor-file record (an incomplete index); {fix}")
-        tensor_path = directory / record["file"]
+        name = record["file"]
+        if not isinstance(name, str) or not TENSOR_FILE_PATTERN.fullmatch(name):
+            raise IndexFileError(
+                f"{json_path} names the tensor file {name!r}, not a file of the index's own folder "
+                "(sid_index.<16 hex digits>.safetensors): a foreign or tampered index; " + fix
+            )
+        tensor_path = directory / name
         if not tensor_path.is_file():
             raise IndexFileError(f"{tensor_path} is missing; {fix}")
         payload = tensor_path.read_bytes()
@@ -498,6 +532,8 @@ class SIDIndex:
                 if meta.get("item_categories") is None
                 else [tuple(c) for c in meta["item_categories"]],
                 version=int(meta["version"]),
+                parent=meta.get("parent"),
+                lineage=list(meta.get("lineage") or []),
             )
         except KeyError as err:
             raise IndexFileError(f"{directory} lacks {err} (an incomplete or foreign index); {fix}") from None

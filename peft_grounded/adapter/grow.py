@@ -1,0 +1,193 @@
+"""Grow a trained grounded adapter onto a grown SID index (new items without retraining).
+
+:func:`grow_adapter` takes a model carrying an adapter trained on ``parent_index`` and returns one for
+``child_index`` (made by :meth:`SIDIndex.add_items`): the child's new tokens are added to the tokenizer
+and the model, the adapter gets rows for them (centroid init by default, from the child's centroids,
+through the same projection machinery as ``GroundedTokenConfig``), and every trained row and every
+LoRA weight is carried over bit for bit. The result saves, reloads and merges like any grounded adapter;
+its config records the child's fingerprint (``sid_index_fingerprint``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..init.strategies import InitData, initial_rows
+from .config import GroundedTokenConfig
+from .layer import GroundedTokenLayer
+from .vocab import add_tokens, check_tokenizer
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+
+    from ..sids.index import SIDIndex
+
+GROW_INITS = ("centroid", "mean", "gaussian", "random", "tensor", "description")
+
+
+def check_lineage(parent_index: SIDIndex, child_index: SIDIndex) -> list[str]:
+    """The child's new token strings; raises unless the child grew from the parent (tokens extend it)."""
+    parent_fp = parent_index.fingerprint()
+    if parent_fp not in child_index.lineage:
+        raise ValueError(
+            f"The SID index {child_index.fingerprint()} did not grow from {parent_fp} (its lineage is "
+            f"{child_index.lineage or 'empty: a fresh build'}); pass the index it was made from with add_items."
+        )
+    parent_tokens = parent_index.token_strings
+    if child_index.token_strings[: len(parent_tokens)] != parent_tokens:
+        raise ValueError(
+            "The child index's tokens do not extend the parent's in order; it cannot carry the adapter."
+        )
+    if child_index.codes[: parent_index.n_items].tolist() != parent_index.codes.tolist():
+        raise ValueError(
+            "The child index changed SIDs of the parent's items; its tokens would mean other items."
+        )
+    return child_index.token_strings[len(parent_tokens) :]
+
+
+def _new_rows(
+    init: str,
+    weight: torch.Tensor,
+    config: GroundedTokenConfig,
+    old_ids: Sequence[int],
+    new_ids: Sequence[int],
+    child_index: SIDIndex,
+    centroid_variant: str,
+    init_vectors: Any,
+    token_id_lists: list[list[int]] | None,
+    seed: int,
+    initializer_range: float,
+) -> torch.Tensor:
+    reference = slice(0, config.base_vocab_size)
+    if init == "centroid":  # projected together with the parent's tokens, so the new rows share their frame
+        _, vectors = child_index.adapter_init(centroid_variant)
+        data = InitData(vectors=vectors, projection=config.centroid_projection, norm_match=config.norm_match)
+        rows = initial_rows("centroid", weight, [*old_ids, *new_ids], reference, data, seed=seed)
+        return rows[len(old_ids) :]
+    data = InitData(
+        vectors=None if init_vectors is None else torch.as_tensor(init_vectors, dtype=torch.float32),
+        token_id_lists=token_id_lists,
+    )
+    return initial_rows(
+        init, weight, list(new_ids), reference, data, seed=seed, initializer_range=initializer_range
+    )
+
+
+def grow_adapter(
+    model: PeftModel,
+    tokenizer: Any,
+    parent_index: SIDIndex,
+    child_index: SIDIndex,
+    *,
+    init: str = "centroid",
+    centroid_variant: str = "items",
+    init_vectors: Any = None,
+    init_texts: Sequence[str] | None = None,
+    adapter_name: str | None = None,
+) -> PeftModel:
+    """The adapter of ``model`` (trained on ``parent_index``) grown onto ``child_index``; returns a new
+    ``PeftModel`` over the same base, with the child's new tokens added to ``tokenizer`` and the model.
+
+    ``init``: how the new tokens' rows start: ``"centroid"`` (default; the child's ``centroid_variant``
+    centroids, projected with the parent's tokens), ``"mean"``, ``"gaussian"``, ``"random"``, ``"tensor"``
+    (``init_vectors``: ``[n_new, d_model]``) or ``"description"`` (``init_texts``: one text per new token).
+    Trained rows and LoRA weights are copied exactly. ``model`` is unwrapped in the process (like
+    ``merge_and_unload``): use the returned model. Nothing is changed when a check fails.
+    """
+    from peft import get_peft_model
+
+    if init not in GROW_INITS:
+        raise ValueError(f"init must be one of {', '.join(GROW_INITS)}, got {init!r}")
+    name = adapter_name or model.active_adapter
+    config = model.peft_config.get(name)
+    if not isinstance(config, GroundedTokenConfig):
+        raise TypeError(f"Adapter {name!r} is not a grounded-token adapter.")
+    if len(model.peft_config) > 1:
+        raise ValueError(
+            "grow_adapter grows a model carrying one adapter; delete the others (delete_adapter) first."
+        )
+    layer = model.get_input_embeddings()
+    if not isinstance(layer, GroundedTokenLayer) or name not in layer.grounded_embedding:
+        raise ValueError(f"Adapter {name!r} has no grounded rows on the input embedding.")
+    if layer.merged:
+        raise ValueError("The adapter is merged; unmerge it (model.unmerge_adapter()) before growing it.")
+    if config.token_strings is None:
+        raise ValueError("The adapter does not record its token strings; it cannot be matched to an index.")
+    parent_index.check_adapter(config)
+    new_tokens = check_lineage(parent_index, child_index)
+    check_tokenizer(config, tokenizer)
+    if init == "tensor" and (init_vectors is None or len(init_vectors) != len(new_tokens)):
+        raise ValueError(f"init='tensor' needs init_vectors with one row per new token ({len(new_tokens)}).")
+    if init == "description" and (init_texts is None or len(init_texts) != len(new_tokens)):
+        raise ValueError(
+            f"init='description' needs init_texts with one text per new token ({len(new_tokens)})."
+        )
+    present = [t for t in new_tokens if t in tokenizer.get_vocab()]
+    if present:
+        raise ValueError(f"The tokenizer already has {len(present)} of the new tokens (e.g. {present[0]!r}).")
+
+    rows_in = layer.grounded_embedding[name].detach().clone()
+    head_rows = layer.grounded_head.get(name)
+    rows_out = None if head_rows is None else head_rows.detach().clone()
+    lora = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+    old_ids = list(config.token_indices)
+
+    base = model.unload()
+    for attribute in ("peft_config", "_hf_peft_config_loaded"):
+        base.__dict__.pop(attribute, None)
+    new_ids: list[int] = []
+    if new_tokens:
+        new_ids = list(add_tokens(tokenizer, base, new_tokens))
+        token_lists = None
+        if init == "description":
+            token_lists = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in init_texts or []]
+        init_range = getattr(getattr(base, "config", None), "initializer_range", 0.02) or 0.02
+        weights = {"input": base.get_input_embeddings().weight}
+        if rows_out is not None:
+            weights["output"] = base.get_output_embeddings().weight
+        grown: dict[str, torch.Tensor] = {}
+        for matrix, weight in weights.items():
+            fresh = _new_rows(
+                init,
+                weight,
+                config,
+                old_ids,
+                new_ids,
+                child_index,
+                centroid_variant,
+                init_vectors,
+                token_lists,
+                config.init_seed + (0 if matrix == "input" else 1),
+                init_range,
+            )
+            trained = rows_in if matrix == "input" else rows_out
+            grown[matrix] = torch.cat([trained.to(torch.float32), fresh.to(trained.device, torch.float32)])
+    else:
+        grown = {"input": rows_in.to(torch.float32)}
+        if rows_out is not None:
+            grown["output"] = rows_out.to(torch.float32)
+
+    child_config = copy.deepcopy(config)
+    child_config.__dict__.pop("rows_from_checkpoint", None)
+    child_config.token_indices = [*old_ids, *new_ids]
+    child_config.token_strings = list(child_index.token_strings)
+    child_config.init = "tensor"
+    child_config.init_vectors = grown if "output" in grown else grown["input"]
+    child_config.init_texts = None
+    child_config.init_anchors = None
+    child_config.num_embeddings = None
+    child_config.inference_mode = False
+    child_config.sid_index_fingerprint = child_index.fingerprint()
+    grown_model = get_peft_model(base, child_config, adapter_name=name)
+    params = dict(grown_model.named_parameters())
+    missing = sorted(set(lora) - set(params))
+    if missing:
+        raise RuntimeError(f"The grown model lacks LoRA weights of the adapter (e.g. {missing[0]}).")
+    with torch.no_grad():
+        for key, value in lora.items():
+            params[key].copy_(value)
+    return grown_model

@@ -1,0 +1,181 @@
+"""Growing a trained grounded adapter onto a grown SID index: exact carry-over, save/reload/merge, serving."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from peft import PeftModel, get_peft_model
+from toy_catalogue import toy_catalogue, toy_index, toy_vectors
+
+import peft_grounded
+from peft_grounded import GroundedTokenConfig
+from peft_grounded.adapter import grow_adapter
+from peft_grounded.decoding import recommend, sid_token_ids
+from peft_grounded.sids import Item
+
+
+def grown_indices():
+    """A toy parent index and a child with 3 new items (the last level grows)."""
+    catalogue = toy_catalogue()
+    parent = toy_index(catalogue)
+    x = toy_vectors(catalogue)
+    # 3 new items: two copies of item 0's vector (they join its SID group, so the last level grows) + one more
+    new = np.stack([x[0], x[0] + 1e-3, x[5] + 0.5])
+    child = parent.add_items([Item(f"new{i}", title=f"New {i}") for i in range(3)], vectors=new)
+    assert child.n_tokens > parent.n_tokens
+    return parent, child
+
+
+@pytest.fixture(scope="module")
+def indices():
+    return grown_indices()
+
+
+def trained(tokenizer, factory, parent, arch, tied, lora, dtype=torch.float32):
+    base = factory(arch, tied, dtype=dtype)
+    tokens, centroids = parent.adapter_init()
+    ids = peft_grounded.add_tokens(tokenizer, base, tokens)
+    config = GroundedTokenConfig(
+        token_indices=ids, init="centroid", init_vectors=centroids, sid_index_fingerprint=parent.fingerprint()
+    )
+    model = get_peft_model(base, config)
+    if lora:
+        peft_grounded.add_lora(model, r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # "training": move every trainable weight off its init
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.1 * torch.randn(p.shape, generator=generator))
+    return model.eval()
+
+
+VARIANTS = [
+    ("llama", True, False, torch.float32),
+    ("llama", False, True, torch.float32),
+    ("qwen3", False, False, torch.float32),
+    ("qwen3", True, True, torch.float32),
+    ("llama", False, True, torch.bfloat16),  # float32 master rows over a bf16 base
+]
+
+
+@pytest.mark.parametrize(("arch", "tied", "lora", "dtype"), VARIANTS)
+def test_grown_adapter_keeps_trained_rows_and_lora_and_reloads(
+    tokenizer, tiny_model_factory, smollm2_dir, indices, tmp_path, arch, tied, lora, dtype
+):
+    parent, child = indices
+    model = trained(tokenizer, tiny_model_factory, parent, arch, tied, lora, dtype)
+    layer = model.get_input_embeddings()
+    rows = layer.grounded_embedding["default"].detach().clone()
+    head = None if tied else layer.grounded_head["default"].detach().clone()
+    loras = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+    assert bool(loras) == lora
+    ids = torch.tensor([[1, 17, *model.peft_config["default"].token_indices[:5], 400]])
+    with torch.no_grad():
+        before = model(ids).logits
+
+    grown = grow_adapter(model, tokenizer, parent, child).eval()
+    config = grown.peft_config["default"]
+    n_old, n_new = parent.n_tokens, child.n_tokens - parent.n_tokens
+    glayer = grown.get_input_embeddings()
+    assert torch.equal(glayer.grounded_embedding["default"][:n_old], rows)
+    assert glayer.grounded_embedding["default"].shape[0] == n_old + n_new
+    if not tied:
+        assert torch.equal(glayer.grounded_head["default"][:n_old], head)
+    for name, value in loras.items():
+        assert torch.equal(dict(grown.named_parameters())[name], value)
+    assert config.sid_index_fingerprint == child.fingerprint() and config.token_strings == child.token_strings
+    assert tokenizer.convert_ids_to_tokens(config.token_indices) == child.token_strings
+    child.check_adapter(config)
+    with torch.no_grad():
+        after = grown(ids).logits
+    if dtype == torch.float32:
+        assert torch.equal(after[..., : before.shape[-1]], before)  # old tokens, old logits, exactly
+    else:  # bf16 GEMMs accumulate differently for a head with more rows: the weights above are exact
+        torch.testing.assert_close(after[..., : before.shape[-1]], before, rtol=2e-2, atol=2e-2)
+    # new rows: centroid init lands them among the parent's rows, not at the vocabulary mean
+    new_rows = glayer.grounded_embedding["default"][n_old:]
+    vocab_mean = (
+        glayer.base_layer.weight[: config.base_vocab_size].double().mean(0).float().to(new_rows.dtype)
+    )
+    assert torch.isfinite(new_rows).all() and not torch.allclose(new_rows, vocab_mean.expand_as(new_rows))
+
+    grown.save_pretrained(tmp_path / "grown")
+    from transformers import AutoTokenizer
+
+    tok2 = AutoTokenizer.from_pretrained(smollm2_dir)
+    base2 = tiny_model_factory(arch, tied, dtype=dtype)
+    peft_grounded.add_tokens(tok2, base2, child.token_strings)
+    reloaded = PeftModel.from_pretrained(base2, str(tmp_path / "grown")).eval()
+    with torch.no_grad():
+        assert torch.equal(reloaded(ids).logits, after)
+        merged = reloaded.merge_and_unload()
+        tol = 1e-5 if dtype == torch.float32 else 5e-2  # merging writes the float32 rows into bf16 weights
+        torch.testing.assert_close(merged(ids).logits, after, rtol=tol, atol=tol)
+
+
+def test_other_inits_and_refusals(tokenizer, tiny_model_factory, indices):
+    parent, child = indices
+    model = trained(tokenizer, tiny_model_factory, parent, "llama", True, False)
+    with pytest.raises(ValueError, match="not this SID index's"):
+        grow_adapter(model, tokenizer, child, parent)  # swapped: the adapter is the parent's
+    with pytest.raises(ValueError, match="did not grow from"):
+        grow_adapter(model, tokenizer, parent, toy_index(toy_catalogue(), seed=1))
+    with pytest.raises(ValueError, match="needs init_vectors"):
+        grow_adapter(model, tokenizer, parent, child, init="tensor")
+    assert not any(t in tokenizer.get_vocab() for t in child.token_strings[parent.n_tokens :])  # untouched
+    grown = grow_adapter(model, tokenizer, parent, child, init="mean")
+    layer = grown.get_input_embeddings()
+    new_rows = layer.grounded_embedding["default"][parent.n_tokens :]
+    mean = layer.base_layer.weight[: grown.peft_config["default"].base_vocab_size].double().mean(0).float()
+    torch.testing.assert_close(new_rows, mean.expand_as(new_rows))  # mean init
+
+
+def test_a_new_item_is_served_by_constrained_beam_search(tokenizer, tiny_model_factory, indices):
+    parent, child = indices
+    model = trained(tokenizer, tiny_model_factory, parent, "llama", True, False)
+    grown = grow_adapter(model, tokenizer, parent, child).eval()
+    catalogue = sid_token_ids(tokenizer, child.sid_map())
+    assert child.item_interactions[child.row_of("new0")] == 0  # never interacted with
+    result = recommend(grown, tokenizer, ["Recommend an item:"], catalogue, k=child.n_items)
+    produced = set(result.items[0])
+    assert {"new0", "new1", "new2"} <= produced and result.num_invalid == 0
+    # evaluation takes the grown index: a new-item target is scored (a cold target, reachable)
+    from peft_grounded.evaluation.evaluate import evaluate_recommender
+
+    n = child.n_items
+    results = evaluate_recommender(
+        grown,
+        tokenizer,
+        {"test": (["Recommend an item:"], ["new1"])},
+        catalogue,
+        cold_items={"new0", "new1", "new2"},
+        ks=(n,),
+    )
+    assert results["test"]["cold"][f"recall@{n}"] == 1.0
+
+
+def test_a_child_without_new_tokens_only_changes_the_recorded_index(tokenizer, tiny_model_factory):
+    catalogue = toy_catalogue()
+    parent = toy_index(catalogue)
+    x = toy_vectors(catalogue)
+    sizes = {}
+    for row in parent.codes[:, :-1].tolist():
+        sizes[tuple(row)] = sizes.get(tuple(row), 0) + 1
+    fits = [
+        i
+        for i, row in enumerate(parent.quantize(x).tolist())
+        if sizes[tuple(row)] < parent.codes_per_level[-1]
+    ]
+    assert fits, "the toy index has a SID group with a free disambiguation code"
+    child = parent.add_items([Item("fresh", title="Fresh")], vectors=x[fits[:1]] + 1e-3)
+    assert child.token_strings == parent.token_strings
+    model = trained(tokenizer, tiny_model_factory, parent, "llama", True, True)
+    rows = model.get_input_embeddings().grounded_embedding["default"].detach().clone()
+    n_vocab = len(tokenizer)
+    grown = grow_adapter(model, tokenizer, parent, child)
+    assert len(tokenizer) == n_vocab and torch.equal(
+        grown.get_input_embeddings().grounded_embedding["default"], rows
+    )
+    assert grown.peft_config["default"].sid_index_fingerprint == child.fingerprint()
+    child.check_adapter(grown.peft_config["default"])
