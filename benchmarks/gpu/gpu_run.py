@@ -15,6 +15,7 @@ so far into ``--out`` (at most 8 files: the device returns no more).
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import math
@@ -100,7 +101,7 @@ def dry_plan() -> Plan:
         batch_size=2,
         eval_users=2,
         curve_users=2,
-        eval_every=1,
+        eval_every=2,  # one point of the validation curve
         max_train_examples=8,
         parallel=1,
         threads_per_unit=1,
@@ -130,7 +131,12 @@ def dry_plan() -> Plan:
 # prepare (here)
 
 
-def prepare(payload: Path, first_bytes: int = GGUF_FIRST_PART_BYTES, office: Path | None = None) -> dict:
+def prepare(
+    payload: Path,
+    first_bytes: int = GGUF_FIRST_PART_BYTES,
+    office: Path | None = None,
+    datasets: tuple[str, ...] = DATASETS,
+) -> dict:
     """Fill ``payload``: ``part1/`` (the GGUF's first part, for the preparatory command) and ``payload/``
     (its second part + manifest, both catalogues, their SID indexes), for the run's command."""
     from peft_grounded import assets
@@ -142,10 +148,11 @@ def prepare(payload: Path, first_bytes: int = GGUF_FIRST_PART_BYTES, office: Pat
     manifest = split_file(assets.smollm2_gguf(), [part1, main / "model"], [first_bytes])
     write_manifest(manifest, main / "model")
     sources = {
-        "ml-100k": (assets.movielens_100k(), ("ml-100k.inter", "ml-100k.item")),
-        "amazon-office": (office or _office_dir(), ("Office.inter.json", "Office.item.json")),
+        "ml-100k": lambda: (assets.movielens_100k(), ("ml-100k.inter", "ml-100k.item")),
+        "amazon-office": lambda: (office or _office_dir(), ("Office.inter.json", "Office.item.json")),
     }
-    for name, (source, files) in sources.items():
+    for name in datasets:
+        source, files = sources[name]()
         target = main / "data" / name
         target.mkdir(parents=True, exist_ok=True)
         for f in files:
@@ -224,17 +231,23 @@ def env_report() -> dict:
     return report
 
 
-def objective_supported(objective: str | None) -> tuple[list[str], str]:
-    """The ``--objective`` arguments for bench_quality.py, only if it accepts them (detected from --help)."""
-    if not objective:
-        return [], "default (the benchmark's own)"
-    help_text = subprocess.run(
+@functools.cache
+def bench_quality_help() -> str:
+    """``bench_quality.py --help``: what the comparison's script accepts, read rather than assumed."""
+    return subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_quality.py"), "--help"],
         capture_output=True,
         text=True,
         cwd=ROOT,
+        check=True,
     ).stdout
-    if "--objective" in help_text:
+
+
+def objective_supported(objective: str | None) -> tuple[list[str], str]:
+    """The ``--objective`` arguments for bench_quality.py, only if it accepts them (detected from --help)."""
+    if not objective:
+        return [], "default (the benchmark's own)"
+    if "--objective" in bench_quality_help():
         return ["--objective", objective], objective
     return [], f"default: bench_quality.py does not accept --objective (asked for {objective!r})"
 
@@ -599,7 +612,7 @@ def write_summary(
 
 def run(args: argparse.Namespace) -> int:
     plan = dry_plan() if args.dry_run else gpu_plan()
-    for name in ("seeds", "grounding_steps", "sft_steps", "parallel", "budget_s"):
+    for name in ("seeds", "datasets", "strategies", "grounding_steps", "sft_steps", "parallel", "budget_s"):
         if getattr(args, name, None) is not None:
             setattr(plan, name, getattr(args, name))
     started = time.time()
@@ -645,6 +658,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--payload", type=Path, default=ROOT / ".gpu_transfer")
     p.add_argument("--first-part-mib", type=float, default=GGUF_FIRST_PART_BYTES / 2**20)
     p.add_argument("--office", type=Path, default=None, help="the Amazon Office catalogue (LC-Rec JSON)")
+    p.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS))
     p = sub.add_parser("install-model", help="reassemble the GGUF as a package under --site (verified)")
     p.add_argument("--payload", type=Path, default=ROOT / ".gpu_transfer" / "payload")
     p.add_argument("--site", type=Path, required=True)
@@ -658,13 +672,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny budget: checks every stage")
     p.add_argument("--objective", default=None, help="passed to bench_quality.py if it accepts --objective")
     p.add_argument("--seeds", type=int, nargs="+", default=None)
+    p.add_argument("--datasets", nargs="+", choices=DATASETS, default=None)
+    p.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=None)
     p.add_argument("--grounding-steps", type=int, default=None)
     p.add_argument("--sft-steps", type=int, default=None)
     p.add_argument("--parallel", type=int, default=None)
     p.add_argument("--budget-s", type=float, default=None)
     args = parser.parse_args(argv)
     if args.command == "prepare":
-        manifest = prepare(args.payload.resolve(), int(args.first_part_mib * 2**20), args.office)
+        manifest = prepare(
+            args.payload.resolve(), int(args.first_part_mib * 2**20), args.office, tuple(args.datasets)
+        )
         print(json.dumps(manifest, indent=2))
         return 0
     if args.command == "install-model":
