@@ -84,8 +84,8 @@ def gpu_plan() -> Plan:
         max_train_examples=5000,
         parallel=6,
         threads_per_unit=2,
-        budget_s=500.0,
-        adapter_reserve_s=110.0,
+        budget_s=540.0,
+        adapter_reserve_s=120.0,
         tests_timeout_s=150.0,
         adapter_args=["--rounds", "1", "--steps", "20", "--warmup", "3", "--precisions", "fp32", "bf16"],
     )
@@ -635,8 +635,11 @@ def run(args: argparse.Namespace) -> int:
             path = assets.smollm2()
             state.set("model", status="done", wall_s=round(time.time() - t, 1), line=str(path))
         run_tests(work, out, plan, state)
+        # a summary after every phase: a command killed at its limit still returns what was finished
+        write_summary(plan, payload, work, out, state, args.dry_run, objective)
         deadline = started + plan.budget_s - plan.adapter_reserve_s
         run_quality(plan, payload, work, state, deadline, objective_args)
+        write_summary(plan, payload, work, out, state, args.dry_run, objective)
         run_adapter_bench(plan, work, state, started + plan.budget_s)
     finally:
         write_summary(plan, payload, work, out, state, args.dry_run, objective)
