@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import os
 
 import numpy as np
 import pytest
@@ -16,9 +17,13 @@ import torch
 import peft_grounded
 from peft_grounded import GroundedTokenConfig
 
+# PEFT_GROUNDED_TEST_DEVICE=cpu runs the same tests CPU against CPU: a check of the tests themselves
+DEVICE = os.environ.get("PEFT_GROUNDED_TEST_DEVICE", "cuda")
 pytestmark = [
     pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(
+        DEVICE.startswith("cuda") and not torch.cuda.is_available(), reason="needs a CUDA device"
+    ),
 ]
 
 CASES = [("llama", True), ("llama", False), ("qwen3", True), ("qwen3", False)]
@@ -63,13 +68,14 @@ def assert_close_scaled(actual: torch.Tensor, expected: torch.Tensor, tol: float
 @pytest.mark.parametrize(("arch", "tied"), CASES)
 def test_forward_backward_on_cuda_matches_cpu(tokenizer, tiny_model_factory, arch, tied, dtype):
     model, new = wrapped(tokenizer, tiny_model_factory, arch, tied)
-    gpu = copy.deepcopy(model).to("cuda", dtype)
+    gpu = copy.deepcopy(model).to(DEVICE, dtype)
     cpu_loss = model(**batch(new)).loss
     cpu_loss.backward()
-    gpu_loss = gpu(**batch(new, "cuda")).loss
+    gpu_loss = gpu(**batch(new, DEVICE)).loss
     gpu_loss.backward()
     tol = TOLERANCE[dtype]
-    assert abs(float(gpu_loss) - float(cpu_loss)) <= tol * abs(float(cpu_loss))
+    cpu_value, gpu_value = float(cpu_loss.detach()), float(gpu_loss.detach())
+    assert abs(gpu_value - cpu_value) <= tol * abs(cpu_value)
     expected, actual = row_grads(model), row_grads(gpu)
     assert expected.keys() == actual.keys() == ({"input"} | (set() if tied else {"output"}))
     for key in expected:
@@ -90,9 +96,9 @@ def test_compact_head_equals_trl_fused_head_on_cuda(tokenizer, tiny_model_factor
     from trl.trainer.utils import add_fused_lm_head
 
     model, new = wrapped(tokenizer, tiny_model_factory, arch, tied, task_type="CAUSAL_LM")
-    model.to("cuda")
+    model.to(DEVICE)
     add_fused_lm_head(model.get_base_model(), outputs=("log_probs", "entropy", "is_top1"))
-    inputs = batch(new, "cuda")
+    inputs = batch(new, DEVICE)
     inputs["labels"][:, :4] = -100
     full = model(**inputs, fused_lm_head=True)
     full.loss.backward()
@@ -100,7 +106,7 @@ def test_compact_head_equals_trl_fused_head_on_cuda(tokenizer, tiny_model_factor
     model.zero_grad()
     compact = model(**inputs, fused_lm_head=True, compact_fused_lm_head=True)
     compact.loss.backward()
-    assert compact.log_probs.device.type == "cuda"
+    assert compact.log_probs.device.type == torch.device(DEVICE).type
     torch.testing.assert_close(compact.log_probs, full.log_probs, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(compact.loss, full.loss, rtol=1e-4, atol=1e-5)
     assert torch.equal(compact.label_mask, full.label_mask)
@@ -114,6 +120,9 @@ def test_trains_inside_trl_sft_trainer_on_cuda(tokenizer, tiny_model_factory, tm
     pytest.importorskip("trl")
     datasets = pytest.importorskip("datasets")
     from trl import SFTConfig, SFTTrainer
+
+    if precision == "fp16" and DEVICE == "cpu":
+        pytest.skip("Trainer's fp16 needs a GPU")
 
     model, _ = wrapped(tokenizer, tiny_model_factory, "llama", tied, task_type="CAUSAL_LM")
     base = model.get_base_model()
@@ -141,10 +150,11 @@ def test_trains_inside_trl_sft_trainer_on_cuda(tokenizer, tiny_model_factory, tm
         disable_tqdm=True,
         bf16=precision == "bf16",
         fp16=precision == "fp16",
+        use_cpu=DEVICE == "cpu",
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
     trainer.train()
-    assert layer.grounded_embedding["default"].device.type == "cuda"
+    assert layer.grounded_embedding["default"].device.type == torch.device(DEVICE).type
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert losses and all(np.isfinite(losses))
     for name, param in model.named_parameters():
@@ -159,7 +169,7 @@ def test_save_on_cuda_load_on_cpu_bit_identical(tokenizer, tiny_model_factory, t
     from peft import PeftModel
 
     model, new = wrapped(tokenizer, tiny_model_factory, "qwen3", False)
-    model.to("cuda")
+    model.to(DEVICE)
     with torch.no_grad():  # rows that exist only on the GPU
         for rows in (
             model.get_input_embeddings().grounded_embedding,
@@ -193,7 +203,7 @@ def test_constrained_beam_search_on_cuda_gives_the_cpu_ranking(tokenizer, tiny_m
     prompts = chat_prompts(tokenizer)
     cpu = recommend(model, tokenizer, prompts, catalogue, k=10, num_beams=N_ITEMS + 4, batch_size=3)
     gpu = recommend(
-        model.to("cuda"), tokenizer, prompts, catalogue, k=10, num_beams=N_ITEMS + 4, batch_size=3
+        model.to(DEVICE), tokenizer, prompts, catalogue, k=10, num_beams=N_ITEMS + 4, batch_size=3
     )
     assert gpu.items == cpu.items
     torch.testing.assert_close(gpu.scores, cpu.scores, atol=1e-3, rtol=1e-4)
@@ -208,15 +218,15 @@ def test_rqkmeans_on_cuda_codes_as_good_as_cpu():
     x, cluster, offset = clustered_vectors(n_clusters=16, sub=4, per_sub=24, dim=64)
     fits = {
         device: fit_rqkmeans(x, RQKMeansConfig(codes_per_level=(16, 4, 8), seed=0, device=device))
-        for device in ("cpu", "cuda")
+        for device in ("cpu", DEVICE)
     }
     for fit in fits.values():
         codes = fit.codes.cpu().numpy()
         assert purity(codes[:, 0], cluster) >= 0.99 and purity(codes[:, 1], offset) >= 0.95
-    cpu, gpu = fits["cpu"], fits["cuda"]
+    cpu, gpu = fits["cpu"], fits[DEVICE]
     assert gpu.level_mse[-1] <= 1.05 * cpu.level_mse[-1] + 1e-6
     collisions = {d: len(x) - len({tuple(c) for c in f.codes.cpu().tolist()}) for d, f in fits.items()}
-    assert collisions["cuda"] <= collisions["cpu"] + len(x) // 100
+    assert collisions[DEVICE] <= collisions["cpu"] + len(x) // 100
 
 
 def _recommendation_step(tokenizer, tiny_model_factory, tmp_path, objective: str) -> None:
