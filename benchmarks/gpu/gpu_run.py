@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import importlib.util
 import json
 import math
@@ -228,6 +229,11 @@ def env_report() -> dict:
             report[name] = version(name)
         except Exception as error:  # a missing package is a finding, not a crash
             report[name] = f"missing ({type(error).__name__})"
+    for name in ("trl", "datasets", "gguf"):  # the sent wheels: do they import against the image's packages?
+        try:
+            importlib.import_module(name)
+        except Exception as error:
+            report[f"{name}_import"] = f"FAILED: {type(error).__name__}: {error}"
     return report
 
 
