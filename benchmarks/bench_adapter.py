@@ -12,6 +12,10 @@ Each configuration runs in a fresh process (so peak memory is its own); a step i
 
     python benchmarks/bench_adapter.py                 # fp32 and bf16 autocast, 3 rounds x 4 steps
     python benchmarks/bench_adapter.py --rounds 1 --steps 3 --precisions fp32
+    python benchmarks/bench_adapter.py --device cuda --rounds 1 --steps 20 --warmup 3   # a GPU
+
+On CUDA the step is timed between ``torch.cuda.synchronize()`` calls and the memory columns are the
+CUDA allocator's peak (``max_memory_allocated``) instead of the process's RSS.
 """
 
 from __future__ import annotations
@@ -57,7 +61,16 @@ class PeakRSS:
         self._thread.join()
 
 
-def run_one(method: str, precision: str, steps: int, warmup: int, new_tokens: int) -> dict:
+def run_one(
+    method: str,
+    precision: str,
+    steps: int,
+    warmup: int,
+    new_tokens: int,
+    device: str = "cpu",
+    batch_size: int = 16,
+    seq_len: int = 64,
+) -> dict:
     import torch
     from peft import TrainableTokensConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -69,6 +82,8 @@ def run_one(method: str, precision: str, steps: int, warmup: int, new_tokens: in
     path = assets.smollm2()
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
     new = peft_grounded.add_sid_tokens(tokenizer, model, [new_tokens // 2, new_tokens // 2])
     vocab = model.get_input_embeddings().weight.shape[0]
     if method == "grounded":
@@ -80,14 +95,20 @@ def run_one(method: str, precision: str, steps: int, warmup: int, new_tokens: in
             p.requires_grad_(False)
         if method == "full":
             model.get_input_embeddings().weight.requires_grad_(True)
+    model.to(dev)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-4) if params else None
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, 49152, (16, 64), generator=generator)
-    mask = torch.rand(16, 64, generator=generator) < 0.25
+    ids = torch.randint(0, 49152, (batch_size, seq_len), generator=generator)
+    mask = torch.rand(batch_size, seq_len, generator=generator) < 0.25
     ids[mask] = torch.as_tensor(new)[torch.randint(0, len(new), (int(mask.sum()),), generator=generator)]
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+    ids = ids.to(dev)
+    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(dev)
 
     def step() -> None:
         with autocast:
@@ -103,13 +124,19 @@ def run_one(method: str, precision: str, steps: int, warmup: int, new_tokens: in
 
     for _ in range(warmup):
         step()
+    sync()
     times = []
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dev)
+        gpu_start = torch.cuda.memory_allocated(dev)
     with PeakRSS() as memory:
         baseline = memory.peak
         for _ in range(steps):
             start = time.perf_counter()
             step()
+            sync()
             times.append(time.perf_counter() - start)
+    gpu_peak = torch.cuda.max_memory_allocated(dev) if cuda else None
     state_bytes = sum(
         t.numel() * t.element_size()
         for s in (optimizer.state.values() if optimizer else [])
@@ -126,6 +153,10 @@ def run_one(method: str, precision: str, steps: int, warmup: int, new_tokens: in
     return {
         "method": method,
         "precision": precision,
+        "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
+        "batch": [batch_size, seq_len],
+        "peak_gpu_mib": None if gpu_peak is None else gpu_peak / 2**20,
+        "gpu_over_start_mib": None if gpu_peak is None else (gpu_peak - gpu_start) / 2**20,
         "step_s": statistics.median(times),
         "step_s_all": times,
         "peak_rss_mib": memory.peak / 2**20,
@@ -140,17 +171,23 @@ def run_one(method: str, precision: str, steps: int, warmup: int, new_tokens: in
 def table(rows: list[dict]) -> str:
     floor = {r["precision"]: r["step_s"] for r in rows if r["method"] == "floor"}
     tt = {r["precision"]: r["step_s"] for r in rows if r["method"] == "trainable"}
+    gpu = bool(rows) and rows[0].get("peak_gpu_mib") is not None
+    peak, over = ("peak_gpu_mib", "gpu_over_start_mib") if gpu else ("peak_rss_mib", "peak_over_start_mib")
+    memory = "peak GPU allocated" if gpu else "peak RSS"
     lines = [
-        "| precision | method | step (s, median) | vs TrainableTokens | vs floor | peak RSS (MiB) | peak over start (MiB) "
-        "| trainable params | optimiser state (MiB) | adapter file (MiB) |",
+        f"| precision | method | step ({'ms' if gpu else 's'}, median) | vs TrainableTokens | vs floor | {memory} (MiB) "
+        "| peak over start (MiB) | trainable params | optimiser state (MiB) | adapter file (MiB) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         p = r["precision"]
         file = "-" if r["file_mib"] is None else f"{r['file_mib']:.3f}"
+        step = f"{1000 * r['step_s']:.1f}" if gpu else f"{r['step_s']:.2f}"
+        ratio_tt = f"{r['step_s'] / tt[p]:.2f}x" if p in tt else "-"
+        ratio_floor = f"{r['step_s'] / floor[p]:.2f}x" if p in floor else "-"
         lines.append(
-            f"| {p} | {r['method']} | {r['step_s']:.2f} | {r['step_s'] / tt[p]:.2f}x | {r['step_s'] / floor[p]:.2f}x "
-            f"| {r['peak_rss_mib']:.0f} | {r['peak_over_start_mib']:.0f} | {r['trainable_params']:,} "
+            f"| {p} | {r['method']} | {step} | {ratio_tt} | {ratio_floor} "
+            f"| {r[peak]:.0f} | {r[over]:.0f} | {r['trainable_params']:,} "
             f"| {r['optimizer_state_mib']:.2f} | {file} |"
         )
     return "\n".join(lines)
@@ -172,11 +209,30 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=512)
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument(
+        "--device", default=None, help="cpu or cuda[:N] (default: cuda when available, else cpu)"
+    )
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--one", nargs=2, metavar=("METHOD", "PRECISION"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.one:
-        print(json.dumps(run_one(args.one[0], args.one[1], args.steps, args.warmup, args.new_tokens)))
+        row = run_one(
+            args.one[0],
+            args.one[1],
+            args.steps,
+            args.warmup,
+            args.new_tokens,
+            args.device,
+            args.batch_size,
+            args.seq_len,
+        )
+        print(json.dumps(row))
         return
     rows = []
     for precision in args.precisions:
@@ -196,6 +252,12 @@ def main() -> None:
                         str(args.warmup),
                         "--new-tokens",
                         str(args.new_tokens),
+                        "--device",
+                        args.device,
+                        "--batch-size",
+                        str(args.batch_size),
+                        "--seq-len",
+                        str(args.seq_len),
                     ],
                     capture_output=True,
                     text=True,
