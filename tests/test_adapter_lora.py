@@ -250,6 +250,10 @@ def test_lora_field_is_checked():
         )
     with pytest.raises(ValueError, match="bias"):
         GroundedTokenConfig(token_indices=[10], lora={"r": 2, "target_modules": "all-linear", "bias": "all"})
+    with pytest.raises(ValueError, match="init_lora_weights"):
+        GroundedTokenConfig(
+            token_indices=[10], lora={"r": 2, "target_modules": "all-linear", "init_lora_weights": "pissa"}
+        )
     with pytest.raises(TypeError, match="dict"):
         GroundedTokenConfig(token_indices=[10], lora=2)
     with pytest.raises(ValueError, match="once"):

@@ -18,7 +18,8 @@ from ..init.strategies import DATA_INITS, INITS
 from .registration import GROUNDED_TOKENS
 
 RUNTIME_TENSOR_FIELDS = ("init_vectors", "init_anchors")
-# LoraConfig options the grounded adapter sets itself or does not support on its stacked LoRA.
+# LoraConfig options the grounded adapter sets itself, or does not support on its stacked LoRA (extra trainable
+# weights, data-driven initialisations that rewrite the frozen backbone, runtime objects that are not JSON).
 LORA_OPTIONS_REFUSED = (
     "peft_type",
     "task_type",
@@ -29,7 +30,13 @@ LORA_OPTIONS_REFUSED = (
     "trainable_token_indices",
     "target_parameters",
     "layer_replication",
+    "runtime_config",
+    "loftq_config",
+    "eva_config",
+    "corda_config",
+    "megatron_config",
 )
+LORA_INITS = (True, False, "gaussian")
 
 
 def describe_tensor(value: torch.Tensor | np.ndarray) -> str:
@@ -359,10 +366,13 @@ def checked_lora(lora: Any) -> dict[str, Any] | None:
     refused = sorted(k for k in lora if k in LORA_OPTIONS_REFUSED and lora[k] is not None)
     if lora.get("bias", "none") != "none":
         refused.append("bias")
+    if lora.get("init_lora_weights", True) not in LORA_INITS:
+        refused.append("init_lora_weights")
     if refused:
         raise ValueError(
-            f"lora sets {refused}, which the grounded adapter does not support on its stacked LoRA (task type and mode "
-            "come from the adapter; the new rows are its only other trainable weights)."
+            f"lora sets {refused}, which the grounded adapter does not support on its stacked LoRA: task type and mode "
+            "come from the adapter, the new rows are its only other trainable weights, the backbone stays as loaded "
+            f"(init_lora_weights: one of {LORA_INITS}), and the config is saved as JSON."
         )
     if not lora.get("target_modules"):
         raise ValueError("lora needs target_modules (e.g. 'all-linear' or ['q_proj', 'v_proj']).")
