@@ -190,9 +190,8 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
         if not pairs:
             return head(hidden)
         weight, bias = head.weight, getattr(head, "bias", None)
-        offloaded = _offloaded(
-            head
-        )  # accelerate brings its weight in, and the hidden states to it, in forward
+        # An offloaded head: accelerate brings its weight in, and the hidden states to it, inside its forward.
+        offloaded = _offloaded(head)
         if not offloaded:
             # The head computes where its weight lives (a device_map may put it on another device than the
             # embedding, which holds the rows): hidden states, rows and index go there; `.to` is differentiable,
