@@ -82,3 +82,21 @@ def test_split_model_matches_one_device_and_trains_the_head_rows(tokenizer, tiny
     logits[..., new].sum().backward()
     rows = model.get_input_embeddings().grounded_head["default"]
     assert rows.device.type == "cuda" and rows.grad is not None and rows.grad.abs().sum() > 0
+
+
+def test_offloaded_head_takes_the_plain_path_with_the_same_logits(tokenizer, tiny_model_factory, monkeypatch):
+    from types import SimpleNamespace
+
+    from peft_grounded.adapter.layer import _OverlayColumns
+
+    model, _ = untied(tokenizer, tiny_model_factory)
+    head = model.get_base_model().lm_head
+    hidden = torch.randn(2, 3, head.base_layer.in_features)
+    fused = head(hidden)
+    head.base_layer._hf_hook = SimpleNamespace(offload=True)  # what accelerate's offload hook carries
+    calls = []
+    original = _OverlayColumns.apply
+    monkeypatch.setattr(_OverlayColumns, "apply", lambda *a: calls.append(a) or original(*a))
+    plain = head(hidden)
+    assert not calls  # an offloaded weight is only real inside the head's own forward
+    torch.testing.assert_close(plain, fused)
