@@ -83,7 +83,12 @@ def test_grounded_adapter_to_lora_sft_and_back(tokenizer, tiny_model_factory, tm
         expected = model(input_ids=ids).logits
     base3, _ = fresh_base()
     reloaded = PeftModel.from_pretrained(base3, tmp_path / "stacked")
-    assert reloaded.peft_config["default"].lora_r == 4
+    assert reloaded.peft_config["default"].lora == {
+        "r": 4,
+        "lora_alpha": 8,
+        "lora_dropout": 0.0,
+        "target_modules": ["q_proj", "v_proj"],
+    }
     with torch.no_grad():
         assert torch.equal(reloaded(input_ids=ids).logits, expected)
         merged = reloaded.merge_and_unload()
@@ -96,9 +101,10 @@ def test_add_lora_refuses_twice_and_other_adapters(tokenizer, tiny_model_factory
     model = get_peft_model(base, GroundedTokenConfig(token_indices=new))
     with pytest.raises(ValueError, match="matched no module"):
         peft_grounded.add_lora(model, target_modules=["no_such_proj"])
-    assert model.peft_config["default"].lora_r == 0
-    config = model.peft_config["default"]  # a refused LoRA leaves no trace in the saved config
-    assert (config.lora_alpha, config.lora_dropout, config.lora_target_modules) == (16, 0.0, None)
+    assert model.peft_config["default"].lora is None  # a refused LoRA leaves no trace in the saved config
+    with pytest.raises(ValueError, match="does not take"):
+        peft_grounded.add_lora(model, no_such_option=1)
+    assert model.peft_config["default"].lora is None
     peft_grounded.add_lora(model, r=2, target_modules="all-linear")
     assert not isinstance(model.get_base_model().lm_head.base_layer, LoraLayer)
     with pytest.raises(ValueError, match="already has a LoRA"):
@@ -111,7 +117,7 @@ def test_lora_in_a_fresh_config(tokenizer, tiny_model_factory):
     model = get_peft_model(
         base,
         GroundedTokenConfig(
-            token_indices=new, lora_r=2, lora_target_modules="all-linear", task_type="CAUSAL_LM"
+            token_indices=new, lora={"r": 2, "target_modules": "all-linear"}, task_type="CAUSAL_LM"
         ),
     )
     names = [n for n, m in model.named_modules() if isinstance(m, LoraLayer)]
@@ -121,7 +127,7 @@ def test_lora_in_a_fresh_config(tokenizer, tiny_model_factory):
 def test_set_adapter_switches_the_stacked_lora_too(tokenizer, tiny_model_factory, tmp_path):
     base = tiny_model_factory("llama", True)
     new = peft_grounded.add_sid_tokens(tokenizer, base, [4])
-    config = GroundedTokenConfig(token_indices=new, lora_r=2, lora_target_modules=["q_proj"])
+    config = GroundedTokenConfig(token_indices=new, lora={"r": 2, "target_modules": ["q_proj"]})
     model = get_peft_model(base, config)
     model.save_pretrained(tmp_path)
     model.load_adapter(tmp_path, adapter_name="second", is_trainable=True)
@@ -131,3 +137,133 @@ def test_set_adapter_switches_the_stacked_lora_too(tokenizer, tiny_model_factory
     assert model.get_input_embeddings().active_adapters == ["second"]
     assert all(m.lora_A["second"].weight.requires_grad for m in lora_layers)
     assert not any(m.lora_A["default"].weight.requires_grad for m in lora_layers)
+
+
+def test_lora_options_beyond_the_four_reach_the_layers(tokenizer, tiny_model_factory):
+    base = tiny_model_factory("llama", True)
+    new = peft_grounded.add_sid_tokens(tokenizer, base, [4])
+    model = get_peft_model(base, GroundedTokenConfig(token_indices=new))
+    peft_grounded.add_lora(
+        model,
+        r=2,
+        lora_alpha=4,
+        target_modules=["q_proj", "v_proj"],
+        use_rslora=True,
+        rank_pattern={"v_proj": 3},
+    )
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, LoraLayer)}
+    q = next(m for n, m in layers.items() if n.endswith("q_proj"))
+    v = next(m for n, m in layers.items() if n.endswith("v_proj"))
+    assert (q.r["default"], v.r["default"]) == (2, 3)
+    assert q.scaling["default"] == pytest.approx(4 / 2**0.5)  # rsLoRA: alpha / sqrt(r)
+    assert model.peft_config["default"].lora["use_rslora"] is True
+
+
+def old_style_config(new, tokens, lora_r):
+    """adapter_config.json as peft_grounded wrote it before `lora` replaced the four lora_* fields."""
+    return {
+        "peft_type": "GROUNDED_TOKENS",
+        "task_type": "CAUSAL_LM",
+        "auto_mapping": None,
+        "base_model_name_or_path": None,
+        "revision": None,
+        "inference_mode": True,
+        "token_indices": new,
+        "token_strings": tokens,
+        "tokens_are_new": True,
+        "original_vocab_size": min(new),
+        "target_modules": None,
+        "output_module": None,
+        "train_output_rows": True,
+        "init": "random",
+        "init_vectors": None,
+        "init_texts": None,
+        "tokenizer_name_or_path": None,
+        "init_anchors": None,
+        "centroid_projection": "auto",
+        "norm_match": True,
+        "init_seed": 0,
+        "num_embeddings": None,
+        "embedding_signature": None,
+        "vocab_fingerprint": None,
+        "sid_index_fingerprint": None,
+        "prompt_format": None,
+        "lora_r": lora_r,
+        "lora_alpha": 4,
+        "lora_dropout": 0.0,
+        "lora_target_modules": ["q_proj", "v_proj"] if lora_r else None,
+    }
+
+
+@pytest.mark.parametrize("lora_r", [0, 2])
+def test_adapter_saved_with_the_old_lora_fields_still_loads(tokenizer, tiny_model_factory, tmp_path, lora_r):
+    import json
+    import warnings
+
+    from peft import PeftConfig
+    from transformers import AutoTokenizer
+
+    base = tiny_model_factory("llama", True)
+    new = peft_grounded.add_sid_tokens(tokenizer, base, [4])
+    model = get_peft_model(base, GroundedTokenConfig(token_indices=new, init="random"))
+    if lora_r:
+        peft_grounded.add_lora(model, r=lora_r, lora_alpha=4, target_modules=["q_proj", "v_proj"])
+        with torch.no_grad():
+            for m in model.modules():
+                if isinstance(m, LoraLayer):
+                    m.lora_B["default"].weight.normal_()
+    model.save_pretrained(tmp_path)
+    tokens = tokenizer.convert_ids_to_tokens(new)
+    # the weights file is unchanged by the config's new format; only adapter_config.json is written the old way
+    (tmp_path / "adapter_config.json").write_text(json.dumps(old_style_config(new, tokens, lora_r)))
+    model.eval()
+    ids = torch.tensor([[1, 5, new[0], new[3], 9]])
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+
+    expected_lora = {"r": 2, "lora_alpha": 4, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "unexpected keyword arguments ... ignored" from PEFT
+        for config in (PeftConfig.from_pretrained(tmp_path), GroundedTokenConfig.from_pretrained(tmp_path)):
+            assert isinstance(config, GroundedTokenConfig)
+            assert config.lora == (expected_lora if lora_r else None)
+            assert "lora_r" not in config.to_dict()
+    base2 = tiny_model_factory("llama", True)
+    peft_grounded.add_sid_tokens(AutoTokenizer.from_pretrained(tokenizer.name_or_path), base2, [4])
+    reloaded = PeftModel.from_pretrained(base2, tmp_path)
+    assert any(isinstance(m, LoraLayer) for m in reloaded.modules()) == bool(lora_r)
+    with torch.no_grad():
+        assert torch.equal(reloaded(input_ids=ids).logits, expected)
+    reloaded.save_pretrained(tmp_path / "resaved")  # saved again in the new format
+    saved = json.loads((tmp_path / "resaved" / "adapter_config.json").read_text())
+    assert saved["lora"] == (expected_lora if lora_r else None) and "lora_r" not in saved
+
+
+def test_lora_field_is_checked():
+    with pytest.raises(ValueError, match="needs target_modules"):
+        GroundedTokenConfig(token_indices=[10], lora={"r": 2})
+    with pytest.raises(ValueError, match="does not take"):
+        GroundedTokenConfig(token_indices=[10], lora={"r": 2, "target_modules": "all-linear", "rank": 3})
+    with pytest.raises(ValueError, match="task_type"):
+        GroundedTokenConfig(
+            token_indices=[10], lora={"r": 2, "target_modules": "all-linear", "task_type": "X"}
+        )
+    with pytest.raises(ValueError, match="bias"):
+        GroundedTokenConfig(token_indices=[10], lora={"r": 2, "target_modules": "all-linear", "bias": "all"})
+    with pytest.raises(ValueError, match="init_lora_weights"):
+        GroundedTokenConfig(
+            token_indices=[10], lora={"r": 2, "target_modules": "all-linear", "init_lora_weights": "pissa"}
+        )
+    with pytest.raises(TypeError, match="dict"):
+        GroundedTokenConfig(token_indices=[10], lora=2)
+    with pytest.raises(ValueError, match="once"):
+        GroundedTokenConfig(
+            token_indices=[10],
+            lora={"r": 2, "target_modules": "all-linear"},
+            lora_r=2,
+            lora_target_modules="q",
+        )
+    with pytest.raises(ValueError, match="lora_r > 0 needs lora_target_modules"):
+        GroundedTokenConfig(token_indices=[10], lora_r=2)
+    legacy = GroundedTokenConfig(token_indices=[10], lora_r=0, lora_alpha=16, lora_dropout=0.0)
+    assert legacy.lora is None and not legacy.has_lora

@@ -88,7 +88,7 @@ def test_every_adapter_weight_is_float32_on_every_path(tokenizer, tiny_model_fac
         )
 
     base, new = base_and_tokens()  # get_peft_model with a LoRA in the config
-    config = GroundedTokenConfig(token_indices=new, lora_r=2, lora_target_modules=["q_proj", "v_proj"])
+    config = GroundedTokenConfig(token_indices=new, lora={"r": 2, "target_modules": ["q_proj", "v_proj"]})
     assert_float32_and_trains(get_peft_model(base, config), new)
 
     base, new = base_and_tokens()  # add_lora on a grounded adapter

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, fields
+import inspect
+from dataclasses import InitVar, dataclass, field, fields
 from typing import Any
 
 import numpy as np
 import torch
+from peft import LoraConfig
 from peft.config import PeftConfig
 
 from ..init.projection import PROJECTIONS
@@ -16,6 +18,25 @@ from ..init.strategies import DATA_INITS, INITS
 from .registration import GROUNDED_TOKENS
 
 RUNTIME_TENSOR_FIELDS = ("init_vectors", "init_anchors")
+# LoraConfig options the grounded adapter sets itself, or does not support on its stacked LoRA (extra trainable
+# weights, data-driven initialisations that rewrite the frozen backbone, runtime objects that are not JSON).
+LORA_OPTIONS_REFUSED = (
+    "peft_type",
+    "task_type",
+    "inference_mode",
+    "base_model_name_or_path",
+    "revision",
+    "modules_to_save",
+    "trainable_token_indices",
+    "target_parameters",
+    "layer_replication",
+    "runtime_config",
+    "loftq_config",
+    "eva_config",
+    "corda_config",
+    "megatron_config",
+)
+LORA_INITS = (True, False, "gaussian")
 
 
 def describe_tensor(value: torch.Tensor | np.ndarray) -> str:
@@ -41,6 +62,32 @@ class GroundedTokenConfig(PeftConfig):
 
     Passing the list returned by :func:`peft_grounded.add_tokens` as ``token_indices`` also fills
     ``token_strings``, ``original_vocab_size`` and ``vocab_fingerprint``.
+
+    Args:
+        task_type (`str`): PEFT task type, `CAUSAL_LM` (default) or `SEQ_2_SEQ_LM`.
+        token_indices (`list[int]`): row indices of the new tokens, as returned by `add_tokens`.
+        token_strings (`list[str]`, *optional*): the tokens at those indices, checked against a tokenizer.
+        tokens_are_new (`bool`): the indices lie beyond the original vocabulary; False re-learns existing rows.
+        original_vocab_size (`int`, *optional*): vocabulary size before the extension (statistics come from below).
+        target_modules (`str`, *optional*): the input-embedding module; default `get_input_embeddings()`.
+        output_module (`str`, *optional*): the untied output head; default `get_output_embeddings()`.
+        train_output_rows (`bool`): untied heads also get trainable output rows.
+        init (`str`): how the rows start: mean, gaussian, random, description, centroid, tensor or adapter.
+        init_vectors (*optional*): centroid / tensor / adapter data (tensor, array or path); used once, recorded as a hash.
+        init_texts (`list`, *optional*): description: one text (or list of token ids) per new token.
+        tokenizer_name_or_path (`str`, *optional*): description: the tokenizer for string `init_texts`.
+        init_anchors (*optional*): centroid with lstsq: encoder vectors of existing vocabulary tokens.
+        centroid_projection (`str`): centroid: auto, truncate, pca or lstsq.
+        norm_match (`bool`): centroid: scale deviations to the vocabulary's RMS deviation.
+        init_seed (`int`): seed of the gaussian and random initialisations.
+        num_embeddings (`int`, *optional*): input-embedding rows the adapter was made for (filled at creation).
+        embedding_signature (`list[float]`, *optional*): norms of fixed base rows, checked on load (filled at creation).
+        vocab_fingerprint (`str`, *optional*): sha256 of the original vocabulary's tokens (filled by `add_tokens`).
+        sid_index_fingerprint (`str`, *optional*): the SID index the tokens stand for; evaluation refuses another.
+        prompt_format (`dict`, *optional*): the recommendation prompt format, reused by evaluation.
+        lora (`dict`, *optional*): the stacked LoRA as `peft.LoraConfig` keyword arguments (set by `add_lora`);
+            None without LoRA. Configs saved with the former `lora_r`, `lora_alpha`, `lora_dropout` and
+            `lora_target_modules` fields still load: those are mapped onto `lora`.
     """
 
     task_type: str | None = field(
@@ -164,23 +211,28 @@ class GroundedTokenConfig(PeftConfig):
             "help": "How recommendation prompts were written (PromptFormat fields), reused by evaluation."
         },
     )
-    lora_r: int = field(
-        default=0,
-        metadata={"help": "Rank of a LoRA stacked on the backbone for the task's SFT; 0 disables it."},
-    )
-    lora_alpha: int = field(
-        default=16, metadata={"help": "LoRA scaling numerator (scale = lora_alpha / lora_r)."}
-    )
-    lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on the LoRA branch."})
-    lora_target_modules: list[str] | str | None = field(
+    lora: dict[str, Any] | None = field(
         default=None,
         metadata={
-            "help": "Modules that get LoRA (names, regex, or 'all-linear'); the LM head and embeddings are never "
-            "targeted: their new rows are this adapter's own parameters."
+            "help": "The LoRA stacked on the backbone for the task's SFT, as `peft.LoraConfig` keyword arguments "
+            "(e.g. {'r': 16, 'lora_alpha': 32, 'target_modules': 'all-linear'}; what `add_lora` records); None: "
+            "no LoRA. The LM head and embeddings are never targeted: their new rows are this adapter's own."
         },
     )
+    # Adapters saved before `lora` replaced these four fields carry them in adapter_config.json: accepted at
+    # construction (hence by every loader) and mapped onto `lora`, never stored or saved.
+    lora_r: InitVar[int | None] = None
+    lora_alpha: InitVar[int | None] = None
+    lora_dropout: InitVar[float | None] = None
+    lora_target_modules: InitVar[list[str] | str | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(
+        self,
+        lora_r: int | None,
+        lora_alpha: int | None,
+        lora_dropout: float | None,
+        lora_target_modules: list[str] | str | None,
+    ) -> None:
         super().__post_init__()
         self.peft_type = GROUNDED_TOKENS
         added = self.token_indices
@@ -212,12 +264,12 @@ class GroundedTokenConfig(PeftConfig):
                     "but the tokens are declared new. Add the tokens with peft_grounded.add_tokens and pass the "
                     "indices it returns, or set tokens_are_new=False to re-learn existing tokens."
                 )
-        if self.lora_r < 0:
-            raise ValueError(f"lora_r must be >= 0, got {self.lora_r}.")
-        if self.lora_r and not self.lora_target_modules:
+        legacy = _legacy_lora(lora_r, lora_alpha, lora_dropout, lora_target_modules)
+        if legacy is not None and self.lora is not None:
             raise ValueError(
-                "lora_r > 0 needs lora_target_modules (e.g. 'all-linear' or ['q_proj', 'v_proj'])."
+                "Give the LoRA once: `lora` and the old `lora_r`/`lora_target_modules` fields both set."
             )
+        self.lora = checked_lora(legacy if legacy is not None else self.lora)
         if self.init in DATA_INITS and self.init != "description" and self.init_vectors is None:
             raise ValueError(f"init={self.init!r} needs init_vectors.")
         if self.init == "description" and self.init_texts is None:
@@ -247,7 +299,8 @@ class GroundedTokenConfig(PeftConfig):
 
     @property
     def has_lora(self) -> bool:
-        return self.lora_r > 0
+        """Whether the adapter carries a stacked LoRA (``lora`` is set)."""
+        return self.lora is not None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict; in-memory init tensors become a description (dtype, shape, hash)."""
@@ -292,3 +345,58 @@ def _record(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _record(v) for k, v in value.items()}
     return value
+
+
+def checked_lora(lora: Any) -> dict[str, Any] | None:
+    """``lora`` as a JSON-ready dict of ``peft.LoraConfig`` keyword arguments, checked; None stays None."""
+    if lora is None:
+        return None
+    if isinstance(lora, LoraConfig):
+        raise TypeError(
+            "lora takes LoraConfig keyword arguments as a dict (e.g. {'r': 16, 'target_modules': ...})."
+        )
+    if not isinstance(lora, dict):
+        raise TypeError(
+            f"lora must be a dict of peft.LoraConfig keyword arguments or None, got {type(lora).__name__}."
+        )
+    allowed = set(inspect.signature(LoraConfig).parameters)
+    unknown = sorted(set(lora) - allowed)
+    if unknown:
+        raise ValueError(f"lora has keys that peft.LoraConfig does not take: {unknown}.")
+    refused = sorted(k for k in lora if k in LORA_OPTIONS_REFUSED and lora[k] is not None)
+    if lora.get("bias", "none") != "none":
+        refused.append("bias")
+    if lora.get("init_lora_weights", True) not in LORA_INITS:
+        refused.append("init_lora_weights")
+    if refused:
+        raise ValueError(
+            f"lora sets {refused}, which the grounded adapter does not support on its stacked LoRA: task type and mode "
+            "come from the adapter, the new rows are its only other trainable weights, the backbone stays as loaded "
+            f"(init_lora_weights: one of {LORA_INITS}), and the config is saved as JSON."
+        )
+    if not lora.get("target_modules"):
+        raise ValueError("lora needs target_modules (e.g. 'all-linear' or ['q_proj', 'v_proj']).")
+    out = dict(lora)
+    if isinstance(out["target_modules"], (set, frozenset, tuple)):
+        out["target_modules"] = sorted(out["target_modules"])
+    LoraConfig(**out)  # LoraConfig's own checks (r > 0, dropout range, ...) now, not at injection
+    return out
+
+
+def _legacy_lora(
+    r: int | None, alpha: int | None, dropout: float | None, targets: list[str] | str | None
+) -> dict[str, Any] | None:
+    """The ``lora`` dict of a config written with the old ``lora_r``/``lora_alpha``/``lora_dropout``/
+    ``lora_target_modules`` fields (their old defaults: 0 = no LoRA, alpha 16, dropout 0)."""
+    if r is None or r == 0:
+        return None
+    if r < 0:
+        raise ValueError(f"lora_r must be >= 0, got {r}.")
+    if not targets:
+        raise ValueError("lora_r > 0 needs lora_target_modules (e.g. 'all-linear' or ['q_proj', 'v_proj']).")
+    return {
+        "r": r,
+        "lora_alpha": 16 if alpha is None else alpha,
+        "lora_dropout": 0.0 if dropout is None else dropout,
+        "target_modules": targets,
+    }

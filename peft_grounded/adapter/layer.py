@@ -35,6 +35,17 @@ def _master(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return rows.detach().to(weight.device, dtype).clone()
 
 
+def on_device_of(rows: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``rows`` on ``target``'s device and in its dtype, differentiably: the rows of a model split over devices
+    (``device_map``) live with the embedding, while the head or the embedding's output may be elsewhere."""
+    return rows.to(target.device, target.dtype)
+
+
+def _offloaded(module: nn.Module) -> bool:
+    """Whether accelerate loads ``module``'s weights only inside its forward (CPU/disk offload)."""
+    return bool(getattr(getattr(module, "_hf_hook", None), "offload", False))
+
+
 class GroundedTokenLayer(nn.Module, BaseTunerLayer):
     """Input embedding with trainable rows for the new tokens of each adapter."""
 
@@ -161,10 +172,10 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
             return result
         scale = _embed_scale(base)
         for name in names:
-            local = self._local_index(name, x.device)[x]
-            rows = F.embedding(local.clamp(min=0), self.grounded_embedding[name].to(result.dtype))
+            local = self._local_index(name, result.device)[x.to(result.device)]
+            rows = F.embedding(local.clamp(min=0), on_device_of(self.grounded_embedding[name], result))
             if scale is not None:
-                rows = rows * scale.to(rows.dtype)
+                rows = rows * scale.to(rows.device, rows.dtype)
             result = torch.where((local >= 0).unsqueeze(-1), rows, result)
         return result
 
@@ -178,17 +189,31 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
         ]
         if not pairs:
             return head(hidden)
-        index = torch.cat([i for i, _ in pairs]).to(hidden.device)
-        rows = torch.cat([r for _, r in pairs]) if len(pairs) > 1 else pairs[0][1]
         weight, bias = head.weight, getattr(head, "bias", None)
+        # An offloaded head: accelerate brings its weight in, and the hidden states to it, inside its forward.
+        offloaded = _offloaded(head)
+        if not offloaded:
+            # The head computes where its weight lives (a device_map may put it on another device than the
+            # embedding, which holds the rows): hidden states, rows and index go there; `.to` is differentiable,
+            # so the gradients flow back to the rows and the hidden states on their own devices.
+            hidden = hidden.to(weight.device)
         if (
             isinstance(head, nn.Linear)
             and not weight.requires_grad
             and (bias is None or not bias.requires_grad)
+            and not offloaded
         ):
+            index = torch.cat([i.to(weight.device) for i, _ in pairs])
+            rows = torch.cat([r.to(weight.device) for _, r in pairs])
             return _OverlayColumns.apply(hidden, weight, bias, rows, index)
-        logits = head(hidden)  # a trainable or unusual head: plain autograd
-        new = F.linear(hidden, rows.to(hidden.dtype), None if bias is None else bias[index].to(hidden.dtype))
+        logits = head(hidden)  # a trainable, offloaded or unusual head: plain autograd, on the logits' device
+        device = logits.device
+        index = torch.cat([i.to(device) for i, _ in pairs])
+        rows = torch.cat([r.to(device) for _, r in pairs])
+        hidden = hidden.to(device)
+        new = F.linear(
+            hidden, rows.to(hidden.dtype), None if bias is None else bias.to(device)[index].to(hidden.dtype)
+        )
         return logits.index_copy(-1, index, new.to(logits.dtype))
 
     def head_weight(self, head: nn.Module) -> torch.Tensor:
@@ -198,7 +223,7 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
             rows = self._output_rows(name)
             if rows is not None:
                 index = self.grounded_indices[name].to(weight.device)
-                weight = weight.index_copy(0, index, rows.to(weight.dtype))
+                weight = weight.index_copy(0, index, on_device_of(rows, weight))
         return weight
 
     # --- merge ---------------------------------------------------------------------------------------------
@@ -214,7 +239,7 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
             if not self.tied and name in self.grounded_head:
                 pairs.append((self.head.weight, self.grounded_head[name]))
             for weight, rows in pairs:
-                values = rows.detach().to(weight.dtype)
+                values = on_device_of(rows.detach(), weight)
                 if safe_merge and not torch.isfinite(values).all():
                     raise ValueError(f"Adapter {name!r} has NaN or Inf rows; refusing to merge it.")
                 weight.data.index_copy_(0, self.grounded_indices[name].to(weight.device), values)

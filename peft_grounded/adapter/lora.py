@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from peft import PeftModel
 
-from .config import GroundedTokenConfig
+from .config import GroundedTokenConfig, checked_lora
 
 
 def add_lora(
@@ -14,28 +16,34 @@ def add_lora(
     lora_dropout: float = 0.0,
     target_modules: str | list[str] = "all-linear",
     adapter_name: str | None = None,
+    **lora_kwargs: Any,
 ) -> PeftModel:
     """Add a LoRA to the grounded adapter of ``model`` in place and return ``model``.
 
-    The new-token rows keep their grounded values and stay trainable; the LoRA starts as a no-op
-    (``B = 0``). ``model.save_pretrained`` then writes one adapter holding both, which
-    ``PeftModel.from_pretrained(base, path)`` restores after ``import peft_grounded``. Load a grounded
-    adapter with ``is_trainable=True`` before stacking so its rows train.
+    ``r``, ``lora_alpha``, ``lora_dropout``, ``target_modules`` and any other ``lora_kwargs`` are
+    ``peft.LoraConfig`` arguments; they are recorded in the adapter config's ``lora``. The new-token rows
+    keep their grounded values and stay trainable; the LoRA starts as a no-op (``B = 0``).
+    ``model.save_pretrained`` then writes one adapter holding both, which ``PeftModel.from_pretrained(base,
+    path)`` restores after ``import peft_grounded``. Load a grounded adapter with ``is_trainable=True`` before
+    stacking so its rows train.
     """
     name = adapter_name or model.active_adapter
     config = model.peft_config.get(name)
     if not isinstance(config, GroundedTokenConfig):
         raise TypeError(f"Adapter {name!r} is not a grounded-token adapter; add_lora stacks onto those.")
     if config.has_lora:
-        raise ValueError(f"Adapter {name!r} already has a LoRA (r={config.lora_r}).")
-    fields = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
-    before = {f: getattr(config, f) for f in fields}
-    config.lora_r, config.lora_alpha, config.lora_dropout = r, lora_alpha, lora_dropout
-    config.lora_target_modules = target_modules
+        raise ValueError(f"Adapter {name!r} already has a LoRA ({config.lora}).")
+    lora = {
+        "r": r,
+        "lora_alpha": lora_alpha,
+        "lora_dropout": lora_dropout,
+        "target_modules": target_modules,
+        **lora_kwargs,
+    }
+    config.lora = checked_lora(lora)
     try:
         model.base_model.inject_lora(name)
     except Exception:
-        for f, value in before.items():  # a refused LoRA leaves the config as it was
-            setattr(config, f, value)
+        config.lora = None  # a refused LoRA leaves the config as it was
         raise
     return model

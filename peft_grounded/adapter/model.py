@@ -15,6 +15,7 @@ from peft.tuners.tuners_utils import (
     set_adapter,
 )
 from peft.utils import _get_input_embeddings_name
+from peft.utils.other import get_pattern_key
 from torch import nn
 
 from ..init.sources import adapter_rows, resolve_init_data
@@ -126,13 +127,7 @@ class GroundedTokenModel(BaseTuner):
             return None
         key = id(config)
         if key not in self._lora_configs:
-            lora = LoraConfig(
-                r=config.lora_r,
-                lora_alpha=config.lora_alpha,
-                lora_dropout=config.lora_dropout,
-                target_modules=copy.copy(config.lora_target_modules),
-                task_type=config.task_type,
-            )
+            lora = LoraConfig(**copy.deepcopy(config.lora), task_type=config.task_type)
             lora = _maybe_include_all_linear_layers(lora, self.model)
             self._lora_configs[key] = lora
         return self._lora_configs[key]
@@ -294,14 +289,16 @@ class GroundedTokenModel(BaseTuner):
 
     def _add_lora(self, config, adapter_name, target, target_name, parent, current_key) -> None:
         lora = self._lora_config(config)
+        r = lora.rank_pattern.get(get_pattern_key(lora.rank_pattern.keys(), current_key), lora.r)
+        alpha = lora.alpha_pattern.get(
+            get_pattern_key(lora.alpha_pattern.keys(), current_key), lora.lora_alpha
+        )
         if isinstance(target, LoraLayer):
-            target.update_layer(
-                adapter_name, lora.r, lora_alpha=lora.lora_alpha, config=lora, target_name=current_key
-            )
+            target.update_layer(adapter_name, r, lora_alpha=alpha, config=lora, target_name=current_key)
             return
         kwargs = {
-            "r": lora.r,
-            "lora_alpha": lora.lora_alpha,
+            "r": r,
+            "lora_alpha": alpha,
             "target_name": current_key,
             "ephemeral_gpu_offload": False,
             "loaded_in_8bit": getattr(self.model, "is_loaded_in_8bit", False),
@@ -324,7 +321,9 @@ class GroundedTokenModel(BaseTuner):
         self._no_lora = self._embedding_module_names()
         lora = self._lora_config(config)
         if lora is None:
-            raise ValueError(f"Adapter {adapter_name!r} has lora_r=0: set lora_r > 0 to add a LoRA.")
+            raise ValueError(
+                f"Adapter {adapter_name!r} has no LoRA (lora=None): set its config's lora first."
+            )
         names = [
             key
             for key, module in self.model.named_modules()
@@ -335,7 +334,7 @@ class GroundedTokenModel(BaseTuner):
         ]
         if not names:
             raise ValueError(
-                f"lora_target_modules={config.lora_target_modules!r} matched no module of the model."
+                f"lora target_modules={config.lora['target_modules']!r} matched no module of the model."
             )
         for key in names:
             parent_name, _, child = key.rpartition(".")

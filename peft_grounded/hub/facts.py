@@ -35,14 +35,17 @@ def init_facts(config: GroundedTokenConfig) -> dict[str, Any]:
 
 
 def lora_facts(config: GroundedTokenConfig) -> dict[str, Any] | None:
-    if not config.has_lora:
+    """The stacked LoRA's settings for the card (r, alpha, dropout and targets first, other options after)."""
+    if config.lora is None:
         return None
-    return {
-        "r": config.lora_r,
-        "lora_alpha": config.lora_alpha,
-        "lora_dropout": config.lora_dropout,
-        "target_modules": config.lora_target_modules,
+    lora = dict(config.lora)
+    main = {
+        "r": lora.pop("r", 8),  # peft.LoraConfig's default rank
+        "lora_alpha": lora.pop("lora_alpha", 8),
+        "lora_dropout": lora.pop("lora_dropout", 0.0),
+        "target_modules": lora.pop("target_modules"),
     }
+    return main | lora
 
 
 def codes_from_tokens(tokens: list[str]) -> list[int] | None:
