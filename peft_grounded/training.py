@@ -176,7 +176,9 @@ class RunTrainer(SFTTrainer):
         for callback in self.callback_handler.callbacks:
             if getattr(callback, "wants_clock", False):
                 callback.clock = self.clock  # evaluation callbacks pause the training clock
-        self._window = torch.zeros(2, dtype=torch.long)  # labelled tokens, item targets since the last log
+        self._pending = torch.zeros(2, dtype=torch.long)  # [labelled tokens, item targets] not yet counted
+        self._since_log = [0, 0]  # the same, counted since the last loss log
+        self.clock.flush = self._flush_counts
         # The flag reaches GroundedTokenModel.forward only through PeftModelForCausalLM: a plain PeftModel
         # (no task_type) calls the transformers model directly, which would ignore it.
         self._compact_loss = getattr(self.args, "compact_loss", False) and isinstance(
@@ -237,6 +239,17 @@ class RunTrainer(SFTTrainer):
             raise ValueError(message + "; allow_truncation=True trains on them anyway.")
         warnings.warn(message + ".", stacklevel=3)
 
+    def _flush_counts(self) -> None:
+        """Move the targets counted on the device (summed over ranks) into the clock and the log window;
+        every rank calls it at the same points (loss logs, evaluations, saves)."""
+        pending = self._pending.to(self.args.device)
+        if self.args.world_size > 1:
+            pending = self.accelerator.reduce(pending, "sum")
+        tokens, items = (int(v) for v in pending.tolist())
+        self._pending = torch.zeros_like(self._pending)
+        self._since_log = [self._since_log[0] + tokens, self._since_log[1] + items]
+        self.clock.items += items
+
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         """The configured schedule, or with ``max_minutes`` a schedule over the time budget
         (:func:`~peft_grounded.training_clock.time_schedule`)."""
@@ -254,12 +267,9 @@ class RunTrainer(SFTTrainer):
         ``item_nll`` = the window's mean per-token loss x its SID tokens per target: in the first epoch the
         progressive loss (targets not trained on yet), in nats per item."""
         if "loss" in logs:
-            window = self._window.to(self.args.device)
-            if self.args.world_size > 1:
-                window = self.accelerator.reduce(window, "sum")
-            tokens, items = (int(v) for v in window.tolist())
-            self._window = torch.zeros_like(self._window)
-            self.clock.items += int(items)
+            self._flush_counts()
+            tokens, items = self._since_log
+            self._since_log = [0, 0]
             logs = {**logs, "seconds": round(self.clock.elapsed(), 3), "items_seen": self.clock.items}
             if items:
                 logs["item_nll"] = logs["loss"] * tokens / items
@@ -269,7 +279,7 @@ class RunTrainer(SFTTrainer):
         """TRL's loss, with the fused head scoring only the labelled positions on every device."""
         labels = inputs.get("labels")
         if labels is not None and model.training:
-            self._window = self._window.to(labels.device) + count_targets(labels)
+            self._pending = self._pending.to(labels.device) + count_targets(labels)
         if self._compact_loss:
             inputs = {**inputs, "compact_fused_lm_head": True}
         return super().compute_loss(

@@ -15,7 +15,7 @@ ranks use the same learning rate and stop at the same step.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -43,6 +43,14 @@ class TrainingClock(TrainerCallback, ExportableState):
         self.now = 0.0  # rank 0's training seconds at the beginning of the current step
         self._start: float | None = None
         self._paused = 0.0
+        # set by the trainer: adds the item targets counted since the last call to ``items`` (on every rank)
+        self.flush: Callable[[], None] | None = None
+
+    def items_now(self) -> int:
+        """Item targets seen so far, this step's included (call it on every rank: it may reduce)."""
+        if self.flush is not None:
+            self.flush()
+        return self.items
 
     # -- time
     def elapsed(self) -> float:
@@ -81,6 +89,8 @@ class TrainingClock(TrainerCallback, ExportableState):
     def on_step_end(self, args, state, control, **kwargs):
         if self.minutes is not None and self.now >= self.minutes * 60:
             control.should_training_stop = True
+        if control.should_save or control.should_training_stop:
+            self.items_now()  # the checkpoint stores the count up to this step
         return control
 
     def _shared(self, seconds: float) -> float:

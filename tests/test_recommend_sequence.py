@@ -59,7 +59,9 @@ def test_exact_mask_on_the_sids_of_items_two_to_n(toy, sid_tokenizer):
         expected_mask += [int(k > 0)] * len(sid) + [0] * len(sep)
     assert len(sep) == 1  # one separator token, never merged with a SID token
     assert row == {"input_ids": expected_ids, "completion_mask": expected_mask}
-    titled = sequence_row(items, index, sid_tokenizer, catalogue, PromptFormat(objective="sequence", with_titles=True))
+    titled = sequence_row(
+        items, index, sid_tokenizer, catalogue, PromptFormat(objective="sequence", with_titles=True)
+    )
     masked = [t for t, m in zip(titled["input_ids"], titled["completion_mask"], strict=True) if m]
     assert masked == _sid_ids(sid_tokenizer, index, "5") + _sid_ids(sid_tokenizer, index, "10")
 
@@ -182,12 +184,20 @@ def test_rows_cut_by_max_length_are_refused(toy, model_dir, tmp_path):
     catalogue, index = toy
     with pytest.raises(ValueError, match="max_length=8"):
         train_recommender(
-            catalogue, index, _config(tmp_path / "cut", max_steps=1, max_length=8), model_path=model_dir, fmt=SEQ
+            catalogue,
+            index,
+            _config(tmp_path / "cut", max_steps=1, max_length=8),
+            model_path=model_dir,
+            fmt=SEQ,
         )
     prompt = PromptFormat(max_history=3)
     with pytest.raises(ValueError, match="reach max_length=40"):
         train_recommender(
-            catalogue, index, _config(tmp_path / "cut2", max_steps=1, max_length=40), model_path=model_dir, fmt=prompt
+            catalogue,
+            index,
+            _config(tmp_path / "cut2", max_steps=1, max_length=40),
+            model_path=model_dir,
+            fmt=prompt,
         )
 
 

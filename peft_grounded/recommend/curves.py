@@ -51,7 +51,7 @@ class _PeriodicEvaluation(TrainerCallback):
             metrics = self.evaluate(model)
         entry = {"step": state.global_step, **{f"{self.prefix}{k}": v for k, v in metrics.items()}}
         if self.clock is not None:
-            entry |= {"seconds": round(self.clock.elapsed(), 3), "items_seen": self.clock.items}
+            entry |= {"seconds": round(self.clock.elapsed(), 3), "items_seen": self.clock.items_now()}
         state.log_history.append(entry)
         return control
 
