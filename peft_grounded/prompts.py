@@ -16,7 +16,7 @@ Two objectives:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
@@ -101,8 +101,10 @@ class PromptFormat:
         """The text a sequence starts with (see ``start``)."""
         if self.start is not None:
             return self.start
-        if tokenizer is not None and DOCUMENT_SEPARATOR in tokenizer.get_vocab():
-            return DOCUMENT_SEPARATOR
+        if tokenizer is not None:
+            token_id = tokenizer.convert_tokens_to_ids(DOCUMENT_SEPARATOR)  # not get_vocab(): a dict per call
+            if token_id is not None and tokenizer.convert_ids_to_tokens(token_id) == DOCUMENT_SEPARATOR:
+                return DOCUMENT_SEPARATOR
         token = getattr(tokenizer, "bos_token", None) or getattr(tokenizer, "eos_token", None)
         if token is None:
             raise ValueError(
@@ -150,6 +152,8 @@ def inference_prompts(
     """
     fmt = fmt or PromptFormat()
     chat = use_chat(tokenizer, chat)
+    if fmt.objective == "sequence":
+        fmt = replace(fmt, start=fmt.start_token(tokenizer))  # resolved once
     users, prompts, targets = [], [], []
     for user, history, target in examples:
         if fmt.objective == "sequence":

@@ -226,3 +226,41 @@ def test_half_precision_base_trains_fp32_adapter_weights(toy, model_dir, tmp_pat
     assert frozen == {torch.bfloat16}
     saved = load_file(str(out / "adapter" / "adapter_model.safetensors"))
     assert {t.dtype for t in saved.values()} == {torch.float32}
+
+
+def test_cli_objective_minutes_and_dtype():
+    from peft_grounded.cli import build_parser
+    from peft_grounded.cli_common import prompt_format, trainer_kwargs
+
+    parse = build_parser().parse_args
+    args = parse(["sft", "--sid-index", "s", "--output", "o", "--objective", "sequence", "--minutes", "15"])
+    assert prompt_format(args) == PromptFormat(objective="sequence", max_history=19)
+    kwargs = trainer_kwargs(args)
+    assert kwargs["max_minutes"] == 15 and kwargs["max_steps"] == -1  # the time alone ends the run
+    assert RecommendationConfig(**kwargs).max_minutes == 15
+    plain = parse(["sft", "--sid-index", "s", "--output", "o"])
+    assert prompt_format(plain) == PromptFormat() and trainer_kwargs(plain)["max_steps"] == 400
+    both = parse(["ground", "--sid-index", "s", "--output", "o", "--minutes", "2", "--steps", "50"])
+    assert trainer_kwargs(both)["max_steps"] == 50 and both.weights_dtype == "float32"
+
+
+def test_a_timed_run_resumes_with_its_clock_and_counts(toy, model_dir, tmp_path):
+    """Resuming a run with a time budget continues its training seconds and item count from the checkpoint."""
+    import shutil
+
+    catalogue, index = toy
+    out = tmp_path / "resumed"
+    args = dict(max_steps=4, save_steps=2, logging_steps=2, max_minutes=10)
+    train_recommender(catalogue, index, _config(out, **args), model_path=model_dir, fmt=SEQ, lora=dict(r=2))
+    whole = [e for e in json.loads((out / "log_history.json").read_text()) if "loss" in e]
+    shutil.rmtree(out / "checkpoint-4")
+    shutil.rmtree(out / "adapter")  # as if killed after the checkpoint at step 2
+    state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
+    saved = state["stateful_callbacks"]["TrainingClock"]["attributes"]
+    assert saved["items"] == whole[0]["items_seen"] and saved["seconds"] > 0
+    train_recommender(
+        catalogue, index, _config(out, **args), model_path=model_dir, fmt=SEQ, lora=dict(r=2), resume=True
+    )
+    resumed = [e for e in json.loads((out / "log_history.json").read_text()) if "loss" in e]
+    assert [e["items_seen"] for e in resumed] == [e["items_seen"] for e in whole]
+    assert resumed[-1]["seconds"] > saved["seconds"]

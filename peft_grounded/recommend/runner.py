@@ -30,7 +30,7 @@ from ..evaluation.users import EvalSettings, evaluate_model, item_token_ids
 from ..models import sid_model
 from ..prompts import PromptFormat
 from ..saved_adapter import ADAPTER_WEIGHTS
-from ..training import ADAPTER_DIR, LOG_FILE, save_adapter_atomic
+from ..training import ADAPTER_DIR, LOG_FILE, save_adapter_atomic, upcast_trainable
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class Budget:
     bf16: bool = False  # bf16 autocast in the trainers
     # dtype the frozen base is loaded in ("bfloat16" halves its memory traffic); adapter weights stay float32
     weights_dtype: str = "float32"
-    minutes: float | None = None  # SFT training time (evaluation excluded); stops at sft_steps if sooner
+    minutes: float | None = None  # SFT training minutes (evaluation excluded), or sft_steps if sooner (0: time alone)
     grounding_minutes: float | None = None  # the same for the grounding stage
     gradient_checkpointing: bool = False  # TRL turns it on by default; a 135M model does not need it
     seed: int = 0
@@ -319,6 +319,7 @@ def run_strategy(
         from ..adapter import add_lora
 
         add_lora(model, **_lora(budget))
+        upcast_trainable(model)  # the LoRA in float32, as it trained
         _load_rows(model, stage / ADAPTER_DIR)
     else:
         args = RecommendationConfig(

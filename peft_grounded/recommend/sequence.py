@@ -12,6 +12,7 @@ token prefix up to that target's SID, token for token.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from ..prompts import HistoryError, PromptFormat
 
@@ -90,6 +91,7 @@ def sequence_rows(
 ) -> list[dict]:
     """One row per chunk of every user's training history (see the module docstring)."""
     fmt = fmt or PromptFormat(objective="sequence")
+    fmt = replace(fmt, start=fmt.start_token(tokenizer))  # resolved once, not per chunk
     keep = None if users is None else set(users)
     max_items = fmt.max_history + 1 if fmt.max_history else None
     rows = []
