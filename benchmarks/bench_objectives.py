@@ -71,7 +71,9 @@ def main() -> None:
     a = parser.parse_args()
     torch.set_num_threads(torch.get_num_threads())
     catalogue, index = load_catalogue(a.catalogue), SIDIndex.load(a.sid_index)
-    rows = [measure(o, catalogue, index, a.steps, a.batch_size, not a.no_bf16) for o in ("prompt", "sequence")]
+    rows = [
+        measure(o, catalogue, index, a.steps, a.batch_size, not a.no_bf16) for o in ("prompt", "sequence")
+    ]
     print("| objective | steps | item targets | seconds | targets/s |\n|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['objective']} | {r['steps']} | {r['items']} | {r['seconds']} | {r['targets_per_s']} |")

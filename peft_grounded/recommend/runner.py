@@ -101,7 +101,9 @@ class Budget:
     bf16: bool = False  # bf16 autocast in the trainers
     # dtype the frozen base is loaded in ("bfloat16" halves its memory traffic); adapter weights stay float32
     weights_dtype: str = "float32"
-    minutes: float | None = None  # SFT training minutes (evaluation excluded), or sft_steps if sooner (0: time alone)
+    minutes: float | None = (
+        None  # SFT training minutes (evaluation excluded), or sft_steps if sooner (0: time alone)
+    )
     grounding_minutes: float | None = None  # the same for the grounding stage
     gradient_checkpointing: bool = False  # TRL turns it on by default; a 135M model does not need it
     seed: int = 0
