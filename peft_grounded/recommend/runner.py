@@ -109,7 +109,9 @@ class Budget:
     seed: int = 0
     eval_users: int | None = None  # users decoded for valid/test (None: all)
     eval_every: int = 0  # validation Recall during SFT every N steps (0: off)
-    curve_every: int = 0  # validation NLL during SFT every N steps, for the learning curve (0: off)
+    # validation NLL during SFT every N steps, for the learning curve (None/0: off; None keeps older runs'
+    # manifests, which lack the field, resumable)
+    curve_every: int | None = None
     curve_users: int = 100  # the fixed seeded validation users of both
     ks: tuple[int, ...] = (1, 5, 10, 20)
     num_beams: int = 20
@@ -344,7 +346,7 @@ def run_strategy(
             split=experiment.split,
             callbacks=[
                 ValidationRecall(recall, budget.eval_every),
-                ValidationLikelihood(likelihood, budget.curve_every),
+                ValidationLikelihood(likelihood, budget.curve_every or 0),
             ],
         )
     timings["sft_s"] = time.perf_counter() - t
