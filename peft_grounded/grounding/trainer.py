@@ -97,6 +97,7 @@ def ground(
     model: PeftModel | None = None,
     tokenizer=None,
     dtype: torch.dtype = torch.float32,
+    callbacks: list | None = None,
 ) -> PeftModel:
     """Ground the adapter for ``index``'s tokens on ``catalogue``'s text (the ``ground`` command).
 
@@ -124,6 +125,8 @@ def ground(
             "ground(model=...) needs the model's tokenizer (with the SID tokens): pass tokenizer=."
         )
     data = sample_rows(grounding_dataset(catalogue, index, tokenizer), max_examples, args.seed)
-    trainer = GroundingTrainer(model, args, train_dataset=data, processing_class=tokenizer)
+    trainer = GroundingTrainer(
+        model, args, train_dataset=data, processing_class=tokenizer, callbacks=callbacks
+    )
     trainer.train(resume_from_checkpoint=True if resume else None)
     return model

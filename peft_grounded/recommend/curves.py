@@ -84,6 +84,18 @@ class ValidationRecall(_PeriodicEvaluation):
         return control
 
 
+class LogHistory(TrainerCallback):
+    """Keeps the trainer's log history at the end of training, on every rank (the ``log_history.json``
+    file is written by the main process only, so other ranks must not read it back)."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict] = []
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.entries = [dict(e) for e in state.log_history]
+        return control
+
+
 def _has(entry: dict, prefix: str) -> bool:
     return "step" in entry and any(k.startswith(prefix) for k in entry)
 

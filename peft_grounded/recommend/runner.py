@@ -220,7 +220,7 @@ def run_strategy(
     """
     from ..decoding import SIDTrie
     from ..grounding import GroundingConfig, ground
-    from .curves import ValidationLikelihood, ValidationRecall, learning_curve
+    from .curves import LogHistory, ValidationLikelihood, ValidationRecall, learning_curve
     from .trainer import RecommendationConfig, train_recommender
 
     spec = strategy(name)
@@ -262,6 +262,7 @@ def run_strategy(
         dataloader_num_workers=0,
     )
     timings, curves = {}, {}
+    grounding_log, sft_log = LogHistory(), LogHistory()  # every rank's own copy (files: main only)
     if spec.ground:
         stage = out / "grounding"
         t = time.perf_counter()
@@ -283,9 +284,10 @@ def run_strategy(
                 resume=resume,
                 model=model,
                 tokenizer=tokenizer,
+                callbacks=[grounding_log],
             )
         timings["grounding_s"] = time.perf_counter() - t
-        curves["grounding"] = learning_curve(_log_history(stage))
+        curves["grounding"] = learning_curve(grounding_log.entries or _log_history(stage))
     trie = SIDTrie(item_token_ids(tokenizer, experiment.index))
     curve_settings = budget.eval_settings(
         users=budget.curve_users, seed=budget.seed + 1, ks=(5, 10), cold=False
@@ -347,14 +349,15 @@ def run_strategy(
             callbacks=[
                 ValidationRecall(recall, budget.eval_every),
                 ValidationLikelihood(likelihood, budget.curve_every or 0),
+                sft_log,
             ],
         )
     timings["sft_s"] = time.perf_counter() - t
-    sft_log = _log_history(stage)
-    curves["sft"] = learning_curve(sft_log)
+    history = sft_log.entries or _log_history(stage)  # a stage finished earlier: its file
+    curves["sft"] = learning_curve(history)
     recall_curve = [
         {"step": e["step"], **{k[len("eval_") :]: v for k, v in e.items() if k.startswith("eval_")}}
-        for e in sft_log
+        for e in history
         if "step" in e and any(k.startswith("eval_recall@") for k in e)
     ]
     _write_json(out / CURVE_FILE, curves)
