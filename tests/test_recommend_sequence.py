@@ -264,3 +264,29 @@ def test_a_timed_run_resumes_with_its_clock_and_counts(toy, model_dir, tmp_path)
     resumed = [e for e in json.loads((out / "log_history.json").read_text()) if "loss" in e]
     assert [e["items_seen"] for e in resumed] == [e["items_seen"] for e in whole]
     assert resumed[-1]["seconds"] > saved["seconds"]
+
+
+def test_compact_loss_equals_trls_head_on_sequence_rows(toy, model_dir, tmp_path):
+    """The compact head (labelled positions only) gives TRL's loss on the sequence objective's masks."""
+    from peft_grounded.adapter import add_lora
+    from peft_grounded.models import sid_model
+    from peft_grounded.recommend import RecommendationTrainer
+
+    catalogue, index = toy
+    tokenizer, model = sid_model(model_dir, index, init="centroid", fmt=SEQ)
+    add_lora(model, r=2, target_modules="all-linear")
+    data = training_dataset(catalogue.leave_one_out(), index, catalogue, tokenizer, SEQ)
+    trainers = [
+        RecommendationTrainer(
+            model,
+            _config(tmp_path / f"c{compact}", max_steps=1, compact_loss=compact),
+            train_dataset=data,
+            processing_class=tokenizer,
+        )
+        for compact in (True, False)
+    ]
+    batch = next(iter(trainers[0].get_train_dataloader()))
+    assert ((batch["labels"] != -100).sum(-1) > 0).all()
+    model.train()
+    losses = [trainer.compute_loss(model, batch).item() for trainer in trainers]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
