@@ -27,8 +27,23 @@ def add_data_args(parser: argparse.ArgumentParser) -> None:
 
 def add_format_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("prompt format")
-    g.add_argument("--max-history", type=int, default=10, help="items of history in a prompt")
+    g.add_argument(
+        "--objective",
+        choices=["prompt", "sequence"],
+        default="prompt",
+        help="prompt: an instruction prompt -> the next SID (the papers' setting); sequence: the history as "
+        "SIDs only, every item a target (~10x the targets per second)",
+    )
+    g.add_argument(
+        "--max-history",
+        type=int,
+        default=None,
+        help="items of history in a prompt (default: 10 for prompt, 19 for sequence: chunks of 20 items)",
+    )
     g.add_argument("--with-titles", action="store_true", help="show titles next to the history's SIDs")
+    g.add_argument(
+        "--prefix", default="", help="sequence objective: a short instruction after the start token"
+    )
 
 
 def add_training_args(parser: argparse.ArgumentParser, steps: int, lr: float) -> None:
@@ -40,12 +55,30 @@ def add_training_args(parser: argparse.ArgumentParser, steps: int, lr: float) ->
         required=True,
         help="output directory (checkpoints, adapter/, run.json, logs)",
     )
-    g.add_argument("--steps", type=int, default=steps, help="optimisation steps")
+    g.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"optimisation steps (default: {steps}; with --minutes: no step limit)",
+    )
+    g.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="training-time budget: stop after this many minutes, the learning rate warming up and then "
+        "decaying linearly to 0 at the limit (with --steps too: whichever comes first)",
+    )
     g.add_argument("--batch-size", type=int, default=16)
     g.add_argument("--grad-accum", type=int, default=1)
     g.add_argument("--lr", type=float, default=lr)
     g.add_argument("--max-length", type=int, default=256)
     g.add_argument("--bf16", action="store_true", help="bf16 mixed precision (CPU with AVX-512 bf16, or GPU)")
+    g.add_argument(
+        "--weights-dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default="float32",
+        help="dtype of the frozen base's weights (adapter weights always train in float32)",
+    )
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--save-steps", type=int, default=100)
     g.add_argument("--max-examples", type=int, default=None, help="a seeded sample of the training examples")
@@ -54,6 +87,7 @@ def add_training_args(parser: argparse.ArgumentParser, steps: int, lr: float) ->
         action="store_true",
         help="continue from the last checkpoint in --output (or start if there is none yet)",
     )
+    parser.set_defaults(default_steps=steps)
 
 
 def add_init_args(parser: argparse.ArgumentParser) -> None:
@@ -77,15 +111,24 @@ def load_data(args: argparse.Namespace) -> tuple[Any, Any]:
 def prompt_format(args: argparse.Namespace):
     from .prompts import PromptFormat
 
-    return PromptFormat(max_history=args.max_history, with_titles=args.with_titles)
+    objective = getattr(args, "objective", "prompt")
+    history = args.max_history if args.max_history is not None else (19 if objective == "sequence" else 10)
+    return PromptFormat(
+        max_history=history,
+        with_titles=args.with_titles,
+        objective=objective,
+        prefix=getattr(args, "prefix", ""),
+    )
 
 
 def trainer_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    steps = args.steps if args.steps is not None else (-1 if args.minutes else args.default_steps)
     return dict(
         output_dir=args.output,
-        max_steps=args.steps,
+        max_steps=steps,
+        max_minutes=args.minutes,
         per_device_train_batch_size=args.batch_size,
         gradient_accumulation_steps=args.grad_accum,
         learning_rate=args.lr,

@@ -1,8 +1,14 @@
 """The part every stage's trainer shares: an ``SFTTrainer`` that knows its run.
 
 :class:`RunTrainer` records a run manifest (see :mod:`peft_grounded.runs`), copies it into every checkpoint,
-refuses to resume from or write next to another run's checkpoints, keeps the loss log as JSON and writes
-the final adapter atomically to ``<output_dir>/adapter``.
+refuses to resume from or write next to another run's checkpoints (or a finished run's adapter), keeps the
+loss log as JSON and writes the final adapter atomically to ``<output_dir>/adapter``. It also
+
+* trains every adapter weight in float32 (master weights), whatever the base's dtype;
+* refuses rows that ``max_length`` would cut (TRL truncates silently, and a cut SID trains on garbage);
+* keeps a :class:`~peft_grounded.training_clock.TrainingClock`: each loss log gets ``seconds`` (training
+  time) and ``items_seen`` (item targets so far, a target = one labelled SID), and ``max_minutes`` stops
+  the run at a training time with a learning rate that decays linearly to 0 at that time.
 """
 
 from __future__ import annotations
@@ -11,9 +17,11 @@ import logging
 import shutil
 import warnings
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import torch
 from accelerate.utils import extract_model_from_parallel
 from peft import PeftModel, PeftModelForCausalLM
 from transformers import TrainerCallback
@@ -22,6 +30,7 @@ from trl import SFTConfig, SFTTrainer
 
 from . import runs
 from ._io import make_temp_dir
+from .training_clock import TrainingClock, time_schedule
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +57,18 @@ class RunConfig(SFTConfig):
             "help": "Project only the labelled (completion) positions through the LM head, on every device; "
             "TRL does so on CUDA only (see peft_grounded.adapter.compact_head)."
         },
+    )
+    max_minutes: float | None = field(
+        default=None,
+        metadata={
+            "help": "Stop after this many minutes of training (evaluation excluded), or at max_steps if that "
+            "comes first; the learning rate then warms up over warmup_ratio of the time and decays linearly "
+            "to 0 at the time limit (lr_scheduler_type is not used)."
+        },
+    )
+    allow_truncation: bool = field(
+        default=False,
+        metadata={"help": "Train on rows that max_length cuts (with a warning) instead of refusing them."},
     )
 
 
@@ -90,6 +111,37 @@ def _swap_into_place(new: Path, directory: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+UNLIMITED_STEPS = 10**9  # max_steps when only a time budget ends the run
+
+
+def _time_factor(clock: TrainingClock, warmup_ratio: float, _step: int) -> float:
+    return time_schedule(clock.fraction(), warmup_ratio)
+
+
+def count_targets(labels: torch.Tensor) -> torch.Tensor:
+    """``[labelled tokens, item targets]`` of a batch (a target = a run of labelled tokens: one SID)."""
+    labelled = labels != -100
+    starts = labelled.clone()
+    starts[:, 1:] &= ~labelled[:, :-1]
+    return torch.stack([labelled.sum(), starts.sum()])
+
+
+def upcast_trainable(model) -> list[str]:
+    """Cast every trainable half-precision parameter to float32 in place (master weights: bf16/fp16 updates
+    of small adapter weights round away); returns their names. PEFT's layers cast their inputs to the
+    adapter's dtype and the result back, so a half-precision base keeps running in its dtype."""
+    cast = []
+    for name, param in model.named_parameters():
+        if param.requires_grad and param.dtype in (torch.float16, torch.bfloat16):
+            param.data = param.data.float()
+            cast.append(name)
+    if cast:
+        logger.info(
+            "trainable weights cast to float32 (master weights): %d tensors, e.g. %s", len(cast), cast[0]
+        )
+    return cast
+
+
 class _CopyManifest(TrainerCallback):
     """Store the run manifest in every checkpoint so a resume can be checked against it."""
 
@@ -110,10 +162,23 @@ class RunTrainer(SFTTrainer):
     stage = "sft"
 
     def __init__(self, model, args=None, **kwargs) -> None:
-        data = dataset_fingerprint(kwargs.get("train_dataset"))
+        train_dataset = kwargs.get("train_dataset")
+        data = dataset_fingerprint(train_dataset)
+        upcast_trainable(model)
+        if args is not None and getattr(args, "max_minutes", None) is not None and args.max_steps <= 0:
+            args.max_steps = UNLIMITED_STEPS
         super().__init__(model=model, args=args, **kwargs)
+        self._check_truncation(train_dataset)
         self.manifest = self.build_manifest(data)
         self.add_callback(_CopyManifest(self.manifest))
+        self.clock = TrainingClock(getattr(self.args, "max_minutes", None), self.args.device)
+        self.add_callback(self.clock)
+        for callback in self.callback_handler.callbacks:
+            if getattr(callback, "wants_clock", False):
+                callback.clock = self.clock  # evaluation callbacks pause the training clock
+        self._pending = torch.zeros(2, dtype=torch.long)  # [labelled tokens, item targets] not yet counted
+        self._since_log = [0, 0]  # the same, counted since the last loss log
+        self.clock.flush = self._flush_counts
         # The flag reaches GroundedTokenModel.forward only through PeftModelForCausalLM: a plain PeftModel
         # (no task_type) calls the transformers model directly, which would ignore it.
         self._compact_loss = getattr(self.args, "compact_loss", False) and isinstance(
@@ -150,10 +215,71 @@ class RunTrainer(SFTTrainer):
             "world_size": a.world_size,
             "seed": a.seed,
             "max_length": a.max_length,
+            "max_minutes": getattr(a, "max_minutes", None),
         }
+
+    def _check_truncation(self, raw) -> None:
+        """Refuse (or, with ``allow_truncation``, report) rows that TRL cut at ``max_length`` or dropped.
+
+        TRL truncates during preparation and drops rows left without a label; a row that reaches
+        ``max_length`` tokens after preparation may have been cut, so it counts too."""
+        limit, prepared = self.args.max_length, self.train_dataset
+        if limit is None or raw is None or not hasattr(raw, "__len__") or not hasattr(prepared, "__len__"):
+            return
+        dropped = len(raw) - len(prepared)
+        at_limit = sum(1 for ids in prepared["input_ids"] if len(ids) >= limit)
+        if not (dropped or at_limit):
+            return
+        message = (
+            f"{at_limit + dropped} of {len(raw)} training rows reach max_length={limit} tokens ({dropped} dropped "
+            "whole by TRL, the rest cut at the limit): a cut SID trains on garbage. Raise max_length (--max-length), "
+            "or show fewer history items (max_history / --max-history) or no titles"
+        )
+        if not getattr(self.args, "allow_truncation", False):
+            raise ValueError(message + "; allow_truncation=True trains on them anyway.")
+        warnings.warn(message + ".", stacklevel=3)
+
+    def _flush_counts(self) -> None:
+        """Move the targets counted on the device (summed over ranks) into the clock and the log window;
+        every rank calls it at the same points (loss logs, evaluations, saves)."""
+        pending = self._pending.to(self.args.device)
+        if self.args.world_size > 1:
+            pending = self.accelerator.reduce(pending, "sum")
+        tokens, items = (int(v) for v in pending.tolist())
+        self._pending = torch.zeros_like(self._pending)
+        self._since_log = [self._since_log[0] + tokens, self._since_log[1] + items]
+        self.clock.items += items
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        """The configured schedule, or with ``max_minutes`` a schedule over the time budget
+        (:func:`~peft_grounded.training_clock.time_schedule`)."""
+        if getattr(self.args, "max_minutes", None) is None or self.lr_scheduler is not None:
+            return super().create_scheduler(num_training_steps, optimizer)
+        warmup = float(self.args.warmup_ratio or 0.0)
+        self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer or self.optimizer, partial(_time_factor, self.clock, warmup)
+        )
+        return self.lr_scheduler
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Add ``seconds``, ``items_seen`` and the window's ``item_nll`` to each training-loss log.
+
+        ``item_nll`` = the window's mean per-token loss x its SID tokens per target: in the first epoch the
+        progressive loss (targets not trained on yet), in nats per item."""
+        if "loss" in logs:
+            self._flush_counts()
+            tokens, items = self._since_log
+            self._since_log = [0, 0]
+            logs = {**logs, "seconds": round(self.clock.elapsed(), 3), "items_seen": self.clock.items}
+            if items:
+                logs["item_nll"] = logs["loss"] * tokens / items
+        super().log(logs, start_time)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """TRL's loss, with the fused head scoring only the labelled positions on every device."""
+        labels = inputs.get("labels")
+        if labels is not None and model.training:
+            self._pending = self._pending.to(labels.device) + count_targets(labels)
         if self._compact_loss:
             inputs = {**inputs, "compact_fused_lm_head": True}
         return super().compute_loss(
@@ -172,6 +298,12 @@ class RunTrainer(SFTTrainer):
         # every rank checks (a refusal on the main process alone would leave the others hanging in DDP's
         # first collective); only the main one writes
         runs.check_run(output_dir, self.manifest, resume_from_checkpoint)
+        if resume_from_checkpoint is None and (output_dir / ADAPTER_DIR).exists():
+            raise runs.RunMismatchError(
+                f"{output_dir} already holds a finished run's adapter ({output_dir / ADAPTER_DIR}); training "
+                "again would replace it and its run.json. Choose another output directory, or delete that "
+                "adapter first."
+            )
         if self.is_world_process_zero():
             runs.write_json_atomic(output_dir / runs.MANIFEST, self.manifest)
         result = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)

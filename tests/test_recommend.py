@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from toy_catalogue import toy_catalogue, toy_index
 
 from peft_grounded.prompts import HistoryError, PromptFormat, inference_prompts
@@ -115,6 +116,51 @@ def test_runner_trains_evaluates_and_resumes(toy, model_dir, tmp_path):
     changed = Budget(**{**budget.__dict__, "sft_steps": 3})
     with pytest.raises(RunMismatchError, match="sft_steps"):
         run_strategy("centroid_gti", experiment, changed, out, resume=True)
+    # another tool's metrics.json in the run folder is never read back as this run's results
+    (out / "metrics.json").write_text(json.dumps({"recall@10": 0.5}))
+    with pytest.raises(RunMismatchError, match="not this run's results"):
+        run_strategy("centroid_gti", experiment, budget, out, resume=True)
+
+
+def test_runner_sequence_objective_on_a_bf16_base_writes_learning_curves(toy, model_dir, tmp_path):
+    """The sequence objective end to end through the runner, on a bf16 base (adapter weights fp32), with a
+    time budget and the learning curves (progressive loss + validation NLL) in curve.json."""
+    from safetensors.torch import load_file
+
+    catalogue, index = toy
+    fmt = PromptFormat(objective="sequence", max_history=4)
+    experiment = Experiment(model_dir, catalogue, index, fmt=fmt)
+    budget = Budget(
+        grounding_steps=2,
+        sft_steps=4,
+        minutes=5,  # the step limit comes first here; the schedule follows the time
+        batch_size=4,
+        eval_users=4,
+        num_beams=10,
+        ks=(1, 5, 10),
+        lora_r=2,
+        logging_steps=1,
+        curve_every=2,
+        curve_users=3,
+        weights_dtype="bf16",
+        show_progress=False,
+    )
+    out = tmp_path / "gti"
+    record = run_strategy("gti", experiment, budget, out)
+    assert record["metrics"]["test"]["decoding"]["invalid"] == 0
+    curve = json.loads((out / "curve.json").read_text())
+    assert curve == record["curve"] and set(curve) == {"grounding", "sft"}
+    train, valid = curve["sft"]["train"], curve["sft"]["valid"]
+    assert [p["step"] for p in train] == [1, 2, 3, 4]  # 12 chunks: 3 steps make the first epoch
+    assert [p["progressive"] for p in train] == [True, True, True, False]
+    assert [p["step"] for p in valid] == [2, 4] and all(p["users"] == 3 and p["nll"] > 0 for p in valid)
+    assert valid[-1]["items_seen"] == train[-1]["items_seen"] > 0
+    for stage in ("grounding", "sft"):
+        saved = load_file(str(out / stage / "adapter" / "adapter_model.safetensors"))
+        assert {t.dtype for t in saved.values()} == {torch.float32}, stage
+    from peft import PeftConfig
+
+    assert PeftConfig.from_pretrained(str(out / "sft" / "adapter")).prompt_format["objective"] == "sequence"
 
 
 def test_validation_curve_survives_a_resume():

@@ -21,6 +21,8 @@ def add_cli(subparsers: Any) -> None:
 
 
 def run(args) -> int:
+    import torch
+
     from ..cli_common import load_data, trainer_kwargs
     from .trainer import GroundingConfig, ground
 
@@ -34,6 +36,7 @@ def run(args) -> int:
         centroid_variant=args.centroid_variant,
         max_examples=args.max_examples,
         resume=args.resume,
+        dtype=getattr(torch, args.weights_dtype),
     )
     print(f"grounded adapter: {args.output}/adapter")
     return 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from peft import PeftModel, get_peft_model
 
 from ..adapter import GroundedTokenConfig
@@ -93,25 +94,39 @@ def ground(
     centroid_variant: str = "items",
     max_examples: int | None = None,
     resume: bool = False,
+    model: PeftModel | None = None,
+    tokenizer=None,
+    dtype: torch.dtype = torch.float32,
+    callbacks: list | None = None,
 ) -> PeftModel:
-    """Ground a fresh adapter for ``index``'s tokens on ``catalogue``'s text (the ``ground`` command).
+    """Ground the adapter for ``index``'s tokens on ``catalogue``'s text (the ``ground`` command).
 
-    The base model (default: the packaged SmolLM2-135M) gets the tokens, ``init`` starts their rows, and
-    only those rows train on the six GTI templates; the adapter lands in ``<args.output_dir>/adapter``.
+    A fresh base model (``model_path``, default: the packaged SmolLM2-135M, loaded in ``dtype``) gets the tokens and ``init``
+    starts their rows; or ``model`` (with its ``tokenizer``), a model already wrapped for ``index``, is
+    grounded in place (the strategy runner's path). Only the rows train, on the six GTI templates; the
+    adapter lands in ``<args.output_dir>/adapter``.
     """
     from .. import assets
     from ..models import sid_model
     from ..training import sample_rows
     from .data import grounding_dataset
 
-    tokenizer, model = sid_model(
-        model_path or str(assets.smollm2()),
-        index,
-        init=init,
-        centroid_variant=centroid_variant,
-        seed=args.seed,
-    )
+    if model is None:
+        tokenizer, model = sid_model(
+            model_path or str(assets.smollm2()),
+            index,
+            init=init,
+            centroid_variant=centroid_variant,
+            seed=args.seed,
+            dtype=dtype,
+        )
+    elif tokenizer is None:
+        raise ValueError(
+            "ground(model=...) needs the model's tokenizer (with the SID tokens): pass tokenizer=."
+        )
     data = sample_rows(grounding_dataset(catalogue, index, tokenizer), max_examples, args.seed)
-    trainer = GroundingTrainer(model, args, train_dataset=data, processing_class=tokenizer)
+    trainer = GroundingTrainer(
+        model, args, train_dataset=data, processing_class=tokenizer, callbacks=callbacks
+    )
     trainer.train(resume_from_checkpoint=True if resume else None)
     return model

@@ -32,6 +32,8 @@ def add_cli(subparsers: Any) -> None:
 
 
 def run(args) -> int:
+    import torch
+
     from ..cli_common import load_data, prompt_format, trainer_kwargs
     from .trainer import RecommendationConfig, train_recommender
 
@@ -53,6 +55,7 @@ def run(args) -> int:
         fmt=prompt_format(args),
         max_examples=args.max_examples,
         resume=args.resume,
+        dtype=getattr(torch, args.weights_dtype),
     )
     print(f"recommender adapter: {args.output}/adapter")
     return 0

@@ -1,6 +1,7 @@
 """Next-item examples: a user's history as SIDs (optionally with titles) -> the next item's SID.
 
-Training examples are sliding windows over each user's training history (every position predicts the
+:func:`training_dataset` builds the rows of either objective (``PromptFormat.objective``): ``"sequence"``
+rows come from :mod:`.sequence`; ``"prompt"`` rows are described here. Prompt-objective examples are sliding windows over each user's training history (every position predicts the
 next item from at most ``max_history`` previous ones); validation and test prompts use the whole
 history up to the target. The same :class:`PromptFormat` renders training rows (TRL prompt-completion
 format) and the inference prompts that constrained decoding continues, so the two always agree.
@@ -49,10 +50,16 @@ def training_dataset(
     chat: bool | None = None,
     users: Sequence[str] | None = None,
 ):
-    """Sliding-window next-item examples of the training histories as a ``datasets.Dataset``."""
+    """The training rows of ``fmt.objective`` as a ``datasets.Dataset``: sliding-window prompt -> SID
+    examples (``"prompt"``), or pre-tokenised SID chunks with a loss mask (``"sequence"``, see
+    :mod:`.sequence`)."""
     from datasets import Dataset
 
     fmt = fmt or PromptFormat()
+    if fmt.objective == "sequence":
+        from .sequence import sequence_dataset
+
+        return sequence_dataset(split, index, tokenizer, catalogue, fmt, users)
     chat = use_chat(tokenizer, chat)
     keep = None if users is None else set(users)
     triples = [t for t in split.train_examples(fmt.max_history) if keep is None or t[0] in keep]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -29,10 +30,12 @@ from ..evaluation.users import EvalSettings, evaluate_model, item_token_ids
 from ..models import sid_model
 from ..prompts import PromptFormat
 from ..saved_adapter import ADAPTER_WEIGHTS
-from ..training import ADAPTER_DIR, sample_rows, save_adapter_atomic
-from .data import training_dataset
+from ..training import ADAPTER_DIR, LOG_FILE, save_adapter_atomic, upcast_trainable
 
 logger = logging.getLogger(__name__)
+
+RESULTS_FILE = "metrics.json"  # the runner's results; read back only when they carry this run's fingerprint
+CURVE_FILE = "curve.json"  # learning curves per stage (see recommend.curves.learning_curve)
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,9 @@ def strategy(name: str) -> Strategy:
     return STRATEGIES[name]
 
 
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+
+
 @dataclass
 class Budget:
     """The training and evaluation budget shared by all strategies of a comparison."""
@@ -93,14 +99,20 @@ class Budget:
     lora_target_modules: Any = "all-linear"
     max_length: int = 256
     bf16: bool = False  # bf16 autocast in the trainers
-    weights_dtype: str = (
-        "float32"  # dtype the frozen base is loaded in ("bfloat16" halves its memory traffic)
+    # dtype the frozen base is loaded in ("bfloat16" halves its memory traffic); adapter weights stay float32
+    weights_dtype: str = "float32"
+    minutes: float | None = (
+        None  # SFT training minutes (evaluation excluded), or sft_steps if sooner (0: time alone)
     )
+    grounding_minutes: float | None = None  # the same for the grounding stage
     gradient_checkpointing: bool = False  # TRL turns it on by default; a 135M model does not need it
     seed: int = 0
     eval_users: int | None = None  # users decoded for valid/test (None: all)
     eval_every: int = 0  # validation Recall during SFT every N steps (0: off)
-    curve_users: int = 100
+    # validation NLL during SFT every N steps, for the learning curve (None/0: off; None keeps older runs'
+    # manifests, which lack the field, resumable)
+    curve_every: int | None = None
+    curve_users: int = 100  # the fixed seeded validation users of both
     ks: tuple[int, ...] = (1, 5, 10, 20)
     num_beams: int = 20
     eval_batch_size: int = 16
@@ -111,6 +123,24 @@ class Budget:
     logging_steps: int = 10
     save_steps: int = 100
     show_progress: bool = True
+
+    def __post_init__(self) -> None:
+        name = DTYPE_ALIASES.get(self.weights_dtype, self.weights_dtype)
+        if name not in ("float32", "bfloat16", "float16"):
+            raise ValueError(
+                f"weights_dtype={self.weights_dtype!r}: use 'float32', 'bfloat16' or 'float16' "
+                f"(aliases: {', '.join(DTYPE_ALIASES)})."
+            )
+        self.weights_dtype = name
+        for field_name in ("minutes", "grounding_minutes"):
+            value = getattr(self, field_name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{field_name}={value}: a time budget must be positive (or None for none).")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The frozen base's dtype (adapter weights always train in float32)."""
+        return getattr(torch, self.weights_dtype)
 
     def eval_settings(self, **overrides) -> EvalSettings:
         """The evaluation settings this budget implies (``overrides`` replace fields)."""
@@ -154,23 +184,44 @@ def _load_rows(model, directory: Path) -> None:
 
 
 def _stage_done(directory: Path) -> bool:
-    return (directory / ADAPTER_DIR / ADAPTER_WEIGHTS).is_file() and (
-        directory / runs.MANIFEST
-    ).is_file()
+    return (directory / ADAPTER_DIR / ADAPTER_WEIGHTS).is_file() and (directory / runs.MANIFEST).is_file()
 
 
 def _resume_point(directory: Path, resume: bool) -> bool | None:
     return True if resume and runs.checkpoints(directory) else None
 
 
+def _is_main_process() -> bool:
+    """Whether this process writes the runner's files (rank 0 under ``torchrun`` / ``accelerate launch``)."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _wait_for_everyone() -> None:
+    """A barrier between the processes of a distributed launch (none in one process)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from accelerate import PartialState
+
+        PartialState().wait_for_everyone()
+
+
+def _write_json(path: Path, value: Any) -> None:
+    if _is_main_process():
+        runs.write_json_atomic(path, value)
+
+
 def run_strategy(
     name: str, experiment: Experiment, budget: Budget, output_dir: str | Path, resume: bool = False
 ) -> dict:
-    """Run one strategy end to end; returns (and writes to ``metrics.json``) its results."""
-    from ..adapter import add_lora
+    """Run one strategy end to end; returns (and writes to ``metrics.json``) its results.
+
+    Training goes through the same :func:`~peft_grounded.grounding.ground` and
+    :func:`~.trainer.train_recommender` the CLI uses, on one live model. Under a distributed launch every
+    process trains and evaluates; only the main one writes files.
+    """
     from ..decoding import SIDTrie
-    from ..grounding import GroundingConfig, GroundingTrainer, grounding_dataset
-    from .trainer import RecommendationConfig, RecommendationTrainer, ValidationRecall
+    from ..grounding import GroundingConfig, ground
+    from .curves import LogHistory, ValidationLikelihood, ValidationRecall, learning_curve
+    from .trainer import RecommendationConfig, train_recommender
 
     spec = strategy(name)
     out = Path(output_dir)
@@ -181,7 +232,7 @@ def run_strategy(
         "index": experiment.index.fingerprint(),
         "format": asdict(experiment.fmt),
     }
-    recorded = _claim(out, manifest, resume)
+    recorded = _claim(out, manifest, resume, name)
     if recorded is not None:  # finished earlier: nothing to train or decode again
         return recorded if "likelihood" in recorded else _add_likelihood(recorded, experiment, budget, out)
     started = time.perf_counter()
@@ -193,9 +244,10 @@ def run_strategy(
         centroid_variant=budget.centroid_variant,
         seed=budget.seed,
         fmt=experiment.fmt,
-        dtype=getattr(torch, budget.weights_dtype),
+        dtype=budget.dtype,
     )
-    save_adapter_atomic(model, out / "init" / ADAPTER_DIR)
+    if _is_main_process():
+        save_adapter_atomic(model, out / "init" / ADAPTER_DIR)
     common = dict(
         per_device_train_batch_size=budget.batch_size,
         logging_steps=budget.logging_steps,
@@ -209,7 +261,8 @@ def run_strategy(
         disable_tqdm=not budget.show_progress,
         dataloader_num_workers=0,
     )
-    timings = {}
+    timings, curves = {}, {}
+    grounding_log, sft_log = LogHistory(), LogHistory()  # every rank's own copy (files: main only)
     if spec.ground:
         stage = out / "grounding"
         t = time.perf_counter()
@@ -220,32 +273,42 @@ def run_strategy(
                 output_dir=str(stage),
                 max_steps=budget.grounding_steps,
                 learning_rate=budget.grounding_lr,
+                max_minutes=budget.grounding_minutes,
                 **common,
             )
-            data = sample_rows(
-                grounding_dataset(experiment.catalogue, experiment.index, tokenizer),
-                budget.max_grounding_examples,
-                budget.seed,
-            )
-            GroundingTrainer(model, args, train_dataset=data, processing_class=tokenizer).train(
-                resume_from_checkpoint=_resume_point(stage, resume)
+            ground(
+                experiment.catalogue,
+                experiment.index,
+                args,
+                max_examples=budget.max_grounding_examples,
+                resume=resume,
+                model=model,
+                tokenizer=tokenizer,
+                callbacks=[grounding_log],
             )
         timings["grounding_s"] = time.perf_counter() - t
-    add_lora(
-        model,
-        r=budget.lora_r,
-        lora_alpha=budget.lora_alpha,
-        lora_dropout=budget.lora_dropout,
-        target_modules=budget.lora_target_modules,
-    )
+        curves["grounding"] = learning_curve(grounding_log.entries or _log_history(stage))
     trie = SIDTrie(item_token_ids(tokenizer, experiment.index))
     curve_settings = budget.eval_settings(
         users=budget.curve_users, seed=budget.seed + 1, ks=(5, 10), cold=False
     )
 
-    def validation(live_model) -> dict:
+    def recall(live_model) -> dict:
         return evaluate_model(
-            model,
+            live_model,
+            tokenizer,
+            experiment.split,
+            experiment.index,
+            experiment.catalogue,
+            experiment.fmt,
+            ("valid",),
+            curve_settings,
+            trie,
+        )["valid"]["all"]
+
+    def likelihood(live_model) -> dict:
+        return evaluate_likelihood(
+            live_model,
             tokenizer,
             experiment.split,
             experiment.index,
@@ -258,29 +321,46 @@ def run_strategy(
 
     stage = out / "sft"
     t = time.perf_counter()
-    curve = []
     if resume and _stage_done(stage):
+        from ..adapter import add_lora
+
+        add_lora(model, **_lora(budget))
+        upcast_trainable(model)  # the LoRA in float32, as it trained
         _load_rows(model, stage / ADAPTER_DIR)
-        curve = (
-            json.loads((stage / "validation_curve.json").read_text())
-            if (stage / "validation_curve.json").is_file()
-            else []
-        )
     else:
         args = RecommendationConfig(
-            output_dir=str(stage), max_steps=budget.sft_steps, learning_rate=budget.sft_lr, **common
+            output_dir=str(stage),
+            max_steps=budget.sft_steps,
+            learning_rate=budget.sft_lr,
+            max_minutes=budget.minutes,
+            **common,
         )
-        data = training_dataset(
-            experiment.split, experiment.index, experiment.catalogue, tokenizer, experiment.fmt
+        train_recommender(
+            experiment.catalogue,
+            experiment.index,
+            args,
+            lora=_lora(budget),
+            fmt=experiment.fmt,
+            max_examples=budget.max_train_examples,
+            resume=resume,
+            model=model,
+            tokenizer=tokenizer,
+            split=experiment.split,
+            callbacks=[
+                ValidationRecall(recall, budget.eval_every),
+                ValidationLikelihood(likelihood, budget.curve_every or 0),
+                sft_log,
+            ],
         )
-        data = sample_rows(data, budget.max_train_examples, budget.seed)
-        callback = ValidationRecall(validation, budget.eval_every)
-        RecommendationTrainer(
-            model, args, train_dataset=data, processing_class=tokenizer, callbacks=[callback]
-        ).train(resume_from_checkpoint=_resume_point(stage, resume))
-        curve = callback.curve
-        runs.write_json_atomic(stage / "validation_curve.json", curve)
     timings["sft_s"] = time.perf_counter() - t
+    history = sft_log.entries or _log_history(stage)  # a stage finished earlier: its file
+    curves["sft"] = learning_curve(history)
+    recall_curve = [
+        {"step": e["step"], **{k[len("eval_") :]: v for k, v in e.items() if k.startswith("eval_")}}
+        for e in history
+        if "step" in e and any(k.startswith("eval_recall@") for k in e)
+    ]
+    _write_json(out / CURVE_FILE, curves)
     t = time.perf_counter()
     results = evaluate_model(
         model,
@@ -293,21 +373,38 @@ def run_strategy(
         budget.eval_settings(),
         trie,
     )
-    likelihood = _likelihood(model, tokenizer, experiment, budget, trie)
+    likelihoods = _likelihood(model, tokenizer, experiment, budget, trie)
     timings["eval_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - started
     record = {
         "strategy": name,
+        "run": runs.fingerprint(manifest),
         "description": spec.description,
         "metrics": results,
-        "likelihood": likelihood,
-        "validation_curve": curve,
+        "likelihood": likelihoods,
+        "validation_curve": recall_curve,
+        "curve": curves,
         "eval_users": budget.eval_users,
         "timings": timings,
         "stages": _stage_dirs(spec),
     }
-    runs.write_json_atomic(out / "metrics.json", record)
+    _write_json(out / RESULTS_FILE, record)
     return record
+
+
+def _lora(budget: Budget) -> dict:
+    return dict(
+        r=budget.lora_r,
+        lora_alpha=budget.lora_alpha,
+        lora_dropout=budget.lora_dropout,
+        target_modules=budget.lora_target_modules,
+    )
+
+
+def _log_history(stage: Path) -> list[dict]:
+    """The loss log a stage's trainer wrote (empty when there is none)."""
+    path = stage / LOG_FILE
+    return json.loads(path.read_text()) if path.is_file() else []
 
 
 def _likelihood(model, tokenizer, experiment: Experiment, budget: Budget, trie=None) -> dict:
@@ -332,32 +429,50 @@ def _add_likelihood(record: dict, experiment: Experiment, budget: Budget, out: P
         experiment.index,
         adapter=str(out / "sft" / ADAPTER_DIR),
         is_trainable=False,
-        dtype=getattr(torch, budget.weights_dtype),
+        dtype=budget.dtype,
     )
     record = record | {"likelihood": _likelihood(model, tokenizer, experiment, budget)}
-    runs.write_json_atomic(out / "metrics.json", record)
+    _write_json(out / RESULTS_FILE, record)
     return record
 
 
-def _claim(out: Path, manifest: dict, resume: bool) -> dict | None:
+def _claim(out: Path, manifest: dict, resume: bool, name: str) -> dict | None:
     """Record the run in ``out``; refuse a directory holding something else, or another run's results.
 
-    Returns the recorded results when resuming a run that had finished."""
+    Returns the recorded results when resuming a run that had finished. Every process checks; after a
+    barrier only the main one writes (so no process reads what another just wrote)."""
+    finished = None
     if (out / runs.MANIFEST).is_file():
         if not resume:
             raise runs.RunMismatchError(
                 f"{out} already holds a run; pass resume=True to continue it, or choose another directory "
                 "(nothing was changed)."
             )
-        runs.check_and_write(out, manifest, out)
-        metrics = out / "metrics.json"
-        return json.loads(metrics.read_text()) if metrics.is_file() else None
-    if out.exists() and any(out.iterdir()):
+        runs.check_run(out, manifest, out)
+        finished = _recorded_results(out / RESULTS_FILE, manifest, name)
+    elif out.exists() and any(out.iterdir()):
         raise runs.RunMismatchError(
             f"{out} is not empty and holds no run of this runner; choose another directory."
         )
-    runs.check_and_write(out, manifest, None)
-    return None
+    _wait_for_everyone()
+    _write_json(out / runs.MANIFEST, manifest)
+    return finished
+
+
+def _recorded_results(path: Path, manifest: dict, name: str) -> dict | None:
+    """The runner's results in ``path`` (None when there are none); refuses a file another tool wrote
+    there (``peft-grounded evaluate --output`` and ``diagnose --out`` also write a ``metrics.json``)."""
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    fingerprint = runs.fingerprint(manifest)
+    ours = isinstance(record, dict) and record.get("strategy") == name and "metrics" in record
+    if not ours or record.get("run", fingerprint) != fingerprint:
+        raise runs.RunMismatchError(
+            f"{path} is not this run's results (another tool, or another run, wrote it); move it away to "
+            "re-evaluate this run, and point evaluate/diagnose outputs to other folders."
+        )
+    return record
 
 
 def _stage_dirs(spec: Strategy) -> dict[str, str]:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+import torch
 from peft import PeftModel
-from transformers import TrainerCallback
 
 from ..adapter import GroundedTokenConfig
 from ..prompts import PromptFormat
 from ..training import RunConfig, RunTrainer
+from .curves import ValidationRecall
+
+__all__ = ["RecommendationConfig", "RecommendationTrainer", "ValidationRecall", "train_recommender"]
 
 
 @dataclass
@@ -37,38 +40,6 @@ class RecommendationTrainer(RunTrainer):
         super().__init__(model, args or RecommendationConfig(output_dir="recommendation"), **kwargs)
 
 
-class ValidationRecall(TrainerCallback):
-    """Every ``every`` steps, decode the validation prompts and log Recall@K / NDCG@K (``eval_recall@5``...).
-
-    The points are also kept in ``state.log_history``, which checkpoints store: a resumed run starts its
-    ``curve`` from the points logged before the checkpoint, so it ends with the whole curve.
-    """
-
-    def __init__(self, evaluate, every: int) -> None:
-        self.evaluate, self.every = evaluate, every
-        self.curve: list[dict] = []
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.curve = [
-            {
-                "step": entry["step"],
-                **{k[len("eval_") :]: v for k, v in entry.items() if k.startswith("eval_")},
-            }
-            for entry in state.log_history
-            if "step" in entry and any(k.startswith("eval_recall@") for k in entry)
-        ]
-        return control
-
-    def on_step_end(self, args, state, control, model=None, **kwargs):
-        if self.every and state.global_step % self.every == 0 and state.is_world_process_zero:
-            metrics = self.evaluate(model)
-            self.curve.append({"step": state.global_step, **metrics})
-            state.log_history.append(
-                {"step": state.global_step, **{f"eval_{k}": v for k, v in metrics.items()}}
-            )
-        return control
-
-
 def train_recommender(
     catalogue,
     index,
@@ -82,11 +53,20 @@ def train_recommender(
     fmt: PromptFormat | None = None,
     max_examples: int | None = None,
     resume: bool = False,
+    model: PeftModel | None = None,
+    tokenizer=None,
+    split=None,
+    callbacks: list | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> PeftModel:
     """Next-item SFT with a LoRA stacked on the new rows (the ``sft`` command).
 
-    The rows start from the grounded adapter at ``grounded`` (checked against ``index``) or from ``init``;
-    ``lora`` holds :func:`~peft_grounded.add_lora`'s arguments. Writes ``<args.output_dir>/adapter``.
+    The rows start from the grounded adapter at ``grounded`` (checked against ``index``) or from ``init``
+    on a fresh base (``model_path`` loaded in ``dtype``); or ``model`` (with its ``tokenizer``), a model
+    already wrapped for ``index`` (the strategy runner's path), trains in place. ``lora`` holds
+    :func:`~peft_grounded.add_lora`'s arguments; every adapter weight trains in float32. The rows follow
+    ``fmt.objective`` (see :func:`~.data.training_dataset`) on ``split`` (default: the catalogue's
+    leave-one-out split), and ``fmt`` is recorded in the adapter. Writes ``<args.output_dir>/adapter``.
     """
     from .. import assets
     from ..adapter import add_lora
@@ -95,21 +75,25 @@ def train_recommender(
     from .data import training_dataset
 
     fmt = fmt or PromptFormat()
-    tokenizer, model = sid_model(
-        model_path or str(assets.smollm2()),
-        index,
-        init=init,
-        centroid_variant=centroid_variant,
-        seed=args.seed,
-        fmt=fmt,
-        adapter=grounded,
-    )
-    if grounded is not None:
-        model.peft_config[model.active_adapter].prompt_format = asdict(fmt)
+    if model is None:
+        tokenizer, model = sid_model(
+            model_path or str(assets.smollm2()),
+            index,
+            init=init,
+            centroid_variant=centroid_variant,
+            seed=args.seed,
+            fmt=fmt,
+            adapter=grounded,
+            dtype=dtype,
+        )
+    elif tokenizer is None:
+        raise ValueError("train_recommender(model=...) needs the model's tokenizer: pass tokenizer=.")
+    model.peft_config[model.active_adapter].prompt_format = asdict(fmt)
     add_lora(model, **(lora or {}))
-    data = sample_rows(
-        training_dataset(catalogue.leave_one_out(), index, catalogue, tokenizer, fmt), max_examples, args.seed
+    split = split if split is not None else catalogue.leave_one_out()
+    data = sample_rows(training_dataset(split, index, catalogue, tokenizer, fmt), max_examples, args.seed)
+    trainer = RecommendationTrainer(
+        model, args, train_dataset=data, processing_class=tokenizer, callbacks=callbacks
     )
-    trainer = RecommendationTrainer(model, args, train_dataset=data, processing_class=tokenizer)
     trainer.train(resume_from_checkpoint=True if resume else None)
     return model

@@ -1,0 +1,53 @@
+"""One strategy through the runner as a script, for the multi-process test (tests/test_recommend_distributed.py).
+
+python tests/strategy_run.py MODEL_DIR OUT RESULTS_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def main() -> None:
+    model_dir, out, results = sys.argv[1:4]
+    from toy_catalogue import toy_catalogue, toy_index
+
+    from peft_grounded.prompts import PromptFormat
+    from peft_grounded.recommend import Budget, Experiment, run_strategy
+
+    catalogue = toy_catalogue()
+    experiment = Experiment(
+        model_dir, catalogue, toy_index(catalogue), fmt=PromptFormat(objective="sequence")
+    )
+    budget = Budget(
+        grounding_steps=2,
+        sft_steps=3,
+        minutes=10,  # the time schedule: every rank must use rank 0's clock
+        batch_size=2,
+        eval_users=4,
+        num_beams=10,
+        ks=(1, 5, 10),
+        lora_r=2,
+        logging_steps=1,
+        eval_every=1,  # beam search on every rank
+        curve_every=1,  # validation NLL on every rank
+        curve_users=3,
+        show_progress=False,
+    )
+    record = run_strategy("gti", experiment, budget, out)
+    rank = int(os.environ.get("RANK", "0"))
+    Path(results).mkdir(parents=True, exist_ok=True)
+    keep = {k: record[k] for k in ("metrics", "likelihood", "validation_curve")}
+    keep["valid_curve"] = [
+        {k: v for k, v in p.items() if k not in ("seconds",)} for p in record["curve"]["sft"]["valid"]
+    ]
+    (Path(results) / f"rank{rank}.json").write_text(json.dumps(keep, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,292 @@
+"""The sequence objective: exact loss masks, every transition a target once, inference prompts that are the
+training rows' prefixes, a tiny training run, the recorded format; and the trainer's time budget,
+learning curves, fp32 master weights and refusals (truncation, a finished run's folder)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict
+
+import pytest
+import torch
+from toy_catalogue import toy_catalogue, toy_index
+
+from peft_grounded.prompts import PromptFormat, inference_prompts
+from peft_grounded.recommend import Budget, RecommendationConfig, train_recommender, training_dataset
+from peft_grounded.recommend.curves import learning_curve
+from peft_grounded.recommend.sequence import chunk_bounds, sequence_row
+from peft_grounded.runs import RunMismatchError
+from peft_grounded.training_clock import time_schedule
+
+SEQ = PromptFormat(objective="sequence", max_history=3)
+
+
+@pytest.fixture(scope="module")
+def toy():
+    catalogue = toy_catalogue()
+    return catalogue, toy_index(catalogue)
+
+
+@pytest.fixture
+def sid_tokenizer(toy, tokenizer):
+    tokenizer.add_tokens(toy[1].token_strings)
+    return tokenizer
+
+
+def _sid_ids(tokenizer, index, item):
+    return tokenizer(index.sid_text(item), add_special_tokens=False)["input_ids"]
+
+
+def test_chunks_share_one_item_at_each_boundary():
+    assert chunk_bounds(45, 20) == [(0, 20), (19, 39), (38, 45)]
+    assert chunk_bounds(20, 20) == [(0, 20)]
+    assert chunk_bounds(21, 20) == [(0, 20), (19, 21)]
+    assert chunk_bounds(1, 20) == [] and chunk_bounds(5, None) == [(0, 5)]
+    with pytest.raises(ValueError, match="at least 2 items"):
+        chunk_bounds(5, 1)
+
+
+def test_exact_mask_on_the_sids_of_items_two_to_n(toy, sid_tokenizer):
+    catalogue, index = toy
+    items = ("0", "5", "10")
+    row = sequence_row(items, index, sid_tokenizer, catalogue, SEQ)
+    sep = sid_tokenizer(" ", add_special_tokens=False)["input_ids"]
+    expected_ids, expected_mask = [0], [0]  # <|endoftext|>
+    for k, item in enumerate(items):
+        sid = _sid_ids(sid_tokenizer, index, item)
+        expected_ids += sid + sep
+        expected_mask += [int(k > 0)] * len(sid) + [0] * len(sep)
+    assert len(sep) == 1  # one separator token, never merged with a SID token
+    assert row == {"input_ids": expected_ids, "completion_mask": expected_mask}
+    titled = sequence_row(
+        items, index, sid_tokenizer, catalogue, PromptFormat(objective="sequence", with_titles=True)
+    )
+    masked = [t for t, m in zip(titled["input_ids"], titled["completion_mask"], strict=True) if m]
+    assert masked == _sid_ids(sid_tokenizer, index, "5") + _sid_ids(sid_tokenizer, index, "10")
+
+
+def test_every_training_transition_is_a_target_once_per_epoch(toy, sid_tokenizer):
+    catalogue, index = toy
+    split = catalogue.leave_one_out()
+    data = training_dataset(split, index, catalogue, sid_tokenizer, SEQ)
+    assert data.column_names == ["input_ids", "completion_mask"]
+    by_sid = {tuple(_sid_ids(sid_tokenizer, index, i)): i for i in index.item_ids}
+    targets = Counter()
+    for row in data:
+        run: list[int] = []
+        for token, bit in [*zip(row["input_ids"], row["completion_mask"], strict=True), (None, 0)]:
+            if bit:
+                run.append(token)
+            elif run:
+                targets[by_sid[tuple(run)]] += 1
+                run = []
+    expected = Counter(i for u in split.users for i in u.history[1:])
+    assert targets == expected and sum(targets.values()) == sum(len(u.history) - 1 for u in split.users)
+    assert len(data) == sum(len(chunk_bounds(len(u.history), 4)) for u in split.users)
+
+
+@pytest.mark.parametrize("with_titles", [False, True])
+def test_inference_prompt_is_the_training_rows_prefix(toy, sid_tokenizer, with_titles):
+    catalogue, index = toy
+    fmt = PromptFormat(objective="sequence", max_history=None, with_titles=with_titles, prefix="Watched:")
+    split = catalogue.leave_one_out()
+    for user, history, target in list(split.valid_examples())[:4]:
+        row = sequence_row((*history, target), index, sid_tokenizer, catalogue, fmt)
+        prompt = inference_prompts([(user, history, target)], index, sid_tokenizer, catalogue, fmt)[1][0]
+        ids = sid_tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        sid = _sid_ids(sid_tokenizer, index, target)
+        assert row["input_ids"][: len(ids)] == ids and row["input_ids"][len(ids) : len(ids) + len(sid)] == sid
+        assert row["completion_mask"][len(ids) : len(ids) + len(sid)] == [1] * len(sid)
+
+
+def test_format_errors():
+    with pytest.raises(ValueError, match=r"\{history\}"):
+        PromptFormat(instruction="Which item comes next?")
+    with pytest.raises(ValueError, match="objective"):
+        PromptFormat(objective="pairs")
+    with pytest.raises(ValueError, match="separator"):
+        PromptFormat(objective="sequence", separator="")
+    assert Budget(weights_dtype="bf16").weights_dtype == "bfloat16"
+    with pytest.raises(ValueError, match="weights_dtype"):
+        Budget(weights_dtype="int8")
+    with pytest.raises(ValueError, match="positive"):
+        Budget(minutes=0)
+
+
+def test_time_schedule_warms_up_and_ends_at_zero():
+    assert time_schedule(0.0, 0.1) == pytest.approx(1e-3)
+    assert time_schedule(0.05, 0.1) == pytest.approx(0.5)
+    assert time_schedule(0.1, 0.1) == pytest.approx(1.0)
+    assert time_schedule(0.55, 0.1) == pytest.approx(0.5)
+    assert time_schedule(1.0, 0.1) == 0.0 and time_schedule(2.0, 0.0) == 0.0
+
+
+@pytest.fixture
+def model_dir(tmp_path, tiny_model_factory, tokenizer):
+    path = tmp_path / "base"
+    tiny_model_factory("llama", True).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def _config(out, **kw) -> RecommendationConfig:
+    base = dict(
+        output_dir=str(out),
+        per_device_train_batch_size=4,
+        logging_steps=2,
+        save_steps=1000,
+        use_cpu=True,
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+    )
+    return RecommendationConfig(**(base | kw))
+
+
+def test_sequence_training_lowers_the_loss_and_records_its_format(toy, model_dir, tmp_path):
+    from peft import PeftConfig
+
+    from peft_grounded.models import prompt_format_of, sid_model
+
+    catalogue, index = toy
+    out = tmp_path / "seq"
+    lora = dict(r=2, lora_alpha=4, target_modules="all-linear")
+    args = _config(out, max_steps=24, learning_rate=3e-2, warmup_ratio=0.0, lr_scheduler_type="constant")
+    train_recommender(catalogue, index, args, model_path=model_dir, fmt=SEQ, lora=lora)
+    log = json.loads((out / "log_history.json").read_text())
+    losses = [e["loss"] for e in log if "loss" in e]
+    assert losses[-1] < losses[0] * 0.8
+    curve = learning_curve(log)["train"]
+    assert all(p["items_seen"] > 0 and p["seconds"] > 0 and p["item_nll"] > p["loss"] for p in curve)
+    assert [p["items_seen"] for p in curve] == sorted(p["items_seen"] for p in curve)
+    recorded = PeftConfig.from_pretrained(str(out / "adapter")).prompt_format
+    assert recorded == asdict(SEQ)
+    _, model = sid_model(model_dir, index, adapter=str(out / "adapter"), is_trainable=False)
+    assert prompt_format_of(model) == SEQ
+    with pytest.raises(RunMismatchError, match="finished run"):  # never replaced silently
+        train_recommender(catalogue, index, args, model_path=model_dir, fmt=SEQ, lora=lora)
+
+
+def test_time_budget_stops_the_run(toy, model_dir, tmp_path):
+    catalogue, index = toy
+    out = tmp_path / "timed"
+    args = _config(out, max_minutes=0.5 / 60, logging_steps=1)  # half a second, no step limit
+    train_recommender(catalogue, index, args, model_path=model_dir, fmt=SEQ, lora=dict(r=2))
+    log = json.loads((out / "log_history.json").read_text())
+    steps = [e for e in log if "loss" in e]
+    assert 1 <= len(steps) < 1000 and steps[-1]["seconds"] >= 0.5
+    rates = [e["learning_rate"] for e in steps]
+    assert len(steps) == 1 or rates[-1] < max(rates)  # decaying towards 0 at the time limit
+
+
+def test_rows_cut_by_max_length_are_refused(toy, model_dir, tmp_path):
+    catalogue, index = toy
+    with pytest.raises(ValueError, match="max_length=8"):
+        train_recommender(
+            catalogue,
+            index,
+            _config(tmp_path / "cut", max_steps=1, max_length=8),
+            model_path=model_dir,
+            fmt=SEQ,
+        )
+    prompt = PromptFormat(max_history=3)
+    with pytest.raises(ValueError, match="reach max_length=40"):
+        train_recommender(
+            catalogue,
+            index,
+            _config(tmp_path / "cut2", max_steps=1, max_length=40),
+            model_path=model_dir,
+            fmt=prompt,
+        )
+
+
+def test_half_precision_base_trains_fp32_adapter_weights(toy, model_dir, tmp_path):
+    """Every adapter weight (rows and LoRA) trains and is saved in float32 on a bf16 base (master weights).
+
+    RunTrainer upcasts trainable half-precision weights itself; engineer "encdec"'s add_lora fix makes the
+    LoRA fp32 at creation too (the lead checks both after merging)."""
+    from safetensors.torch import load_file
+
+    catalogue, index = toy
+    out = tmp_path / "bf16"
+    model = train_recommender(
+        catalogue,
+        index,
+        _config(out, max_steps=2),
+        model_path=model_dir,
+        fmt=SEQ,
+        lora=dict(r=2, target_modules="all-linear"),
+        dtype=torch.bfloat16,
+    )
+    trainable = {n: p.dtype for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and set(trainable.values()) == {torch.float32}
+    assert any("lora_" in n for n in trainable)
+    frozen = {p.dtype for p in model.parameters() if not p.requires_grad}
+    assert frozen == {torch.bfloat16}
+    saved = load_file(str(out / "adapter" / "adapter_model.safetensors"))
+    assert {t.dtype for t in saved.values()} == {torch.float32}
+
+
+def test_cli_objective_minutes_and_dtype():
+    from peft_grounded.cli import build_parser
+    from peft_grounded.cli_common import prompt_format, trainer_kwargs
+
+    parse = build_parser().parse_args
+    args = parse(["sft", "--sid-index", "s", "--output", "o", "--objective", "sequence", "--minutes", "15"])
+    assert prompt_format(args) == PromptFormat(objective="sequence", max_history=19)
+    kwargs = trainer_kwargs(args)
+    assert kwargs["max_minutes"] == 15 and kwargs["max_steps"] == -1  # the time alone ends the run
+    assert RecommendationConfig(**kwargs).max_minutes == 15
+    plain = parse(["sft", "--sid-index", "s", "--output", "o"])
+    assert prompt_format(plain) == PromptFormat() and trainer_kwargs(plain)["max_steps"] == 400
+    both = parse(["ground", "--sid-index", "s", "--output", "o", "--minutes", "2", "--steps", "50"])
+    assert trainer_kwargs(both)["max_steps"] == 50 and both.weights_dtype == "float32"
+
+
+def test_a_timed_run_resumes_with_its_clock_and_counts(toy, model_dir, tmp_path):
+    """Resuming a run with a time budget continues its training seconds and item count from the checkpoint."""
+    import shutil
+
+    catalogue, index = toy
+    out = tmp_path / "resumed"
+    args = dict(max_steps=4, save_steps=2, logging_steps=2, max_minutes=10)
+    train_recommender(catalogue, index, _config(out, **args), model_path=model_dir, fmt=SEQ, lora=dict(r=2))
+    whole = [e for e in json.loads((out / "log_history.json").read_text()) if "loss" in e]
+    shutil.rmtree(out / "checkpoint-4")
+    shutil.rmtree(out / "adapter")  # as if killed after the checkpoint at step 2
+    state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
+    saved = state["stateful_callbacks"]["TrainingClock"]["attributes"]
+    assert saved["items"] == whole[0]["items_seen"] and saved["seconds"] > 0
+    train_recommender(
+        catalogue, index, _config(out, **args), model_path=model_dir, fmt=SEQ, lora=dict(r=2), resume=True
+    )
+    resumed = [e for e in json.loads((out / "log_history.json").read_text()) if "loss" in e]
+    assert [e["items_seen"] for e in resumed] == [e["items_seen"] for e in whole]
+    assert resumed[-1]["seconds"] > saved["seconds"]
+
+
+def test_compact_loss_equals_trls_head_on_sequence_rows(toy, model_dir, tmp_path):
+    """The compact head (labelled positions only) gives TRL's loss on the sequence objective's masks."""
+    from peft_grounded.adapter import add_lora
+    from peft_grounded.models import sid_model
+    from peft_grounded.recommend import RecommendationTrainer
+
+    catalogue, index = toy
+    tokenizer, model = sid_model(model_dir, index, init="centroid", fmt=SEQ)
+    add_lora(model, r=2, target_modules="all-linear")
+    data = training_dataset(catalogue.leave_one_out(), index, catalogue, tokenizer, SEQ)
+    trainers = [
+        RecommendationTrainer(
+            model,
+            _config(tmp_path / f"c{compact}", max_steps=1, compact_loss=compact),
+            train_dataset=data,
+            processing_class=tokenizer,
+        )
+        for compact in (True, False)
+    ]
+    batch = next(iter(trainers[0].get_train_dataloader()))
+    assert ((batch["labels"] != -100).sum(-1) > 0).all()
+    model.train()
+    losses = [trainer.compute_loss(model, batch).item() for trainer in trainers]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
