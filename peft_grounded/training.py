@@ -25,12 +25,13 @@ import torch
 from accelerate.utils import extract_model_from_parallel
 from peft import PeftModel, PeftModelForCausalLM
 from transformers import TrainerCallback
+from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
 
 from . import runs
 from ._io import make_temp_dir
-from .training_clock import TrainingClock, time_schedule
+from .training_clock import TimeProgressCallback, TrainingClock, time_schedule
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +174,8 @@ class RunTrainer(SFTTrainer):
         self.add_callback(_CopyManifest(self.manifest))
         self.clock = TrainingClock(getattr(self.args, "max_minutes", None), self.args.device)
         self.add_callback(self.clock)
+        if self.clock.minutes is not None and self.pop_callback(ProgressCallback) is not None:
+            self.add_callback(TimeProgressCallback(self.clock))  # a bar over the time budget, not 10**9 steps
         for callback in self.callback_handler.callbacks:
             if getattr(callback, "wants_clock", False):
                 callback.clock = self.clock  # evaluation callbacks pause the training clock

@@ -19,8 +19,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
+from tqdm.auto import tqdm
 from transformers import TrainerCallback
-from transformers.trainer_callback import ExportableState
+from transformers.trainer_callback import ExportableState, ProgressCallback
 
 
 def time_schedule(fraction: float, warmup_ratio: float) -> float:
@@ -108,3 +109,27 @@ class TrainingClock(TrainerCallback, ExportableState):
             "args": {"minutes": self.minutes},
             "attributes": {"seconds": self.elapsed(), "items": self.items},
         }
+
+
+class TimeProgressCallback(ProgressCallback):
+    """The training progress bar of a time-budgeted run: seconds of the budget, not steps (whose count a
+    time budget leaves open), with the step count as postfix."""
+
+    def __init__(self, clock: TrainingClock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            total = max(1, round(self.clock.minutes * 60)) if self.clock.minutes else None
+            self.training_bar = tqdm(total=total, unit="s", dynamic_ncols=True, desc="training time")
+            self.training_bar.update(min(round(self.clock.now), total or 0))
+        self.current_step = state.global_step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and self.training_bar is not None:
+            seconds = round(self.clock.elapsed())
+            bar = self.training_bar
+            bar.update(max(0, min(seconds, bar.total or seconds) - bar.n))
+            bar.set_postfix(step=state.global_step, refresh=False)
+        self.current_step = state.global_step

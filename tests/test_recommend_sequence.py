@@ -180,6 +180,15 @@ def test_time_budget_stops_the_run(toy, model_dir, tmp_path):
     assert len(steps) == 1 or rates[-1] < max(rates)  # decaying towards 0 at the time limit
 
 
+def test_a_time_budget_shows_its_progress_in_seconds(toy, model_dir, tmp_path, capfd):
+    catalogue, index = toy
+    args = _config(tmp_path / "bar", max_minutes=2 / 60, logging_steps=1, disable_tqdm=False)
+    train_recommender(catalogue, index, args, model_path=model_dir, fmt=SEQ, lora=dict(r=2))
+    err = capfd.readouterr().err
+    assert "training time" in err and "/2 " in err  # a bar over the 2-second budget
+    assert "1000000000" not in err  # not over the open step count
+
+
 def test_rows_cut_by_max_length_are_refused(toy, model_dir, tmp_path):
     catalogue, index = toy
     with pytest.raises(ValueError, match="max_length=8"):
