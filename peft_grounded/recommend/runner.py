@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from .. import runs
-from ..evaluation.likelihood import evaluate_likelihood
-from ..evaluation.users import EvalSettings, evaluate_model, item_token_ids
+from ..evaluation.evaluator import evaluate, evaluate_likelihood, evaluate_model
+from ..evaluation.users import EvalSettings, item_token_ids
 from ..models import sid_model
 from ..prompts import PromptFormat
 from ..saved_adapter import ADAPTER_WEIGHTS
@@ -282,7 +282,7 @@ def run_strategy(
         runs.write_json_atomic(stage / "validation_curve.json", curve)
     timings["sft_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    results = evaluate_model(
+    evaluation = evaluate(  # rankings, likelihoods and per-user records in one pass
         model,
         tokenizer,
         experiment.split,
@@ -293,7 +293,7 @@ def run_strategy(
         budget.eval_settings(),
         trie,
     )
-    likelihood = _likelihood(model, tokenizer, experiment, budget, trie)
+    results, likelihood = evaluation.metrics, evaluation.likelihood
     timings["eval_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - started
     record = {
@@ -301,6 +301,7 @@ def run_strategy(
         "description": spec.description,
         "metrics": results,
         "likelihood": likelihood,
+        "users": evaluation.users,
         "validation_curve": curve,
         "eval_users": budget.eval_users,
         "timings": timings,

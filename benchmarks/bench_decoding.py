@@ -1,0 +1,110 @@
+"""Seconds per user of the SID-constrained beam search (and of the target likelihood) on SmolLM2-135M.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_decoding.py --users 40 --engines generate fast
+
+SIDs for MovieLens-100K (all-MiniLM-L6-v2 + RQ-KMeans 3 x 64 + a disambiguation level, cached under
+``--output``), a fresh mean-initialised adapter with a LoRA (r 8, all linear) stacked, the seeded test
+users' inference prompts, 20 beams, top 20. Each engine decodes the same users; the table gives seconds
+per user and whether its rankings equal the first engine's. Weights in ``--dtype`` (bf16 by default, as
+the demo and the quality benchmark), bf16 autocast unless ``--fp32``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from peft_grounded import assets
+from peft_grounded.adapter import add_lora
+from peft_grounded.decoding import SIDTrie, recommend
+from peft_grounded.evaluation import item_token_ids
+from peft_grounded.models import sid_model
+from peft_grounded.prompts import PromptFormat, inference_prompts
+from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
+from peft_grounded.sids.index import JSON_NAME
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--users", type=int, default=40)
+    parser.add_argument("--engines", nargs="+", default=["generate", "fast"])
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--beams", type=int, default=20)
+    parser.add_argument("--max-history", type=int, default=8)
+    parser.add_argument("--fp32", action="store_true", help="fp32 weights, no autocast")
+    parser.add_argument("--likelihood", action="store_true", help="also time target_log_likelihood")
+    parser.add_argument("--output", type=Path, default=Path("runs/bench_decoding"))
+    args = parser.parse_args()
+
+    catalogue = load_catalogue("movielens-100k")
+    sid_dir = args.output / "sids"
+    if (sid_dir / JSON_NAME).is_file():
+        index = SIDIndex.load(sid_dir)
+    else:
+        index = build_sids(
+            catalogue,
+            sid_dir,
+            levels=3,
+            codes=64,
+            text_template=["title", "brand", "categories", "release_year", "description"],
+        )
+    dtype = torch.float32 if args.fp32 else torch.bfloat16
+    tokenizer, model = sid_model(str(assets.smollm2()), index, dtype=dtype)
+    add_lora(model, r=8, lora_alpha=16)
+    model.eval()
+    split = catalogue.leave_one_out()
+    fmt = PromptFormat(max_history=args.max_history)
+    examples = list(split.test_examples(fmt.max_history))
+    examples = random.Random(0).sample(examples, min(args.users, len(examples)))
+    _, prompts, targets = inference_prompts(examples, index, tokenizer, catalogue, fmt)
+    sids = item_token_ids(tokenizer, index)
+    trie = SIDTrie(sids)
+    autocast = nullcontext() if args.fp32 else torch.autocast("cpu", dtype=torch.bfloat16)
+    threads = torch.get_num_threads()
+    load = os.getloadavg()[0]
+    rows, first = [], None
+    for engine in args.engines:
+        with autocast:
+            t = time.perf_counter()
+            recs = recommend(
+                model,
+                tokenizer,
+                prompts,
+                trie,
+                k=20,
+                num_beams=args.beams,
+                batch_size=args.batch_size,
+                engine=engine,
+            )
+            seconds = time.perf_counter() - t
+        first = first or recs
+        same = recs.items == first.items
+        rows.append((engine, seconds / len(prompts), same))
+    if args.likelihood:
+        from peft_grounded.evaluation import target_log_likelihood
+
+        with autocast:
+            t = time.perf_counter()
+            target_log_likelihood(
+                model, tokenizer, prompts, [sids[x] for x in targets], trie, args.batch_size
+            )
+            rows.append(("likelihood", (time.perf_counter() - t) / len(prompts), None))
+    print(
+        f"\n{len(prompts)} ML-100K test users, {args.beams} beams, batch {args.batch_size}, "
+        f"{'fp32' if args.fp32 else 'bf16'}, {threads} thread(s), load average {load:.2f} at start\n"
+    )
+    print("| engine | s / user | rankings equal the first engine's |\n|---|---:|---|")
+    for engine, per_user, same in rows:
+        print(f"| {engine} | {per_user:.3f} | {'-' if same is None else same} |")
+
+
+if __name__ == "__main__":
+    main()
