@@ -55,7 +55,7 @@ def test_known_signs_and_values():
     interval = paired_intervals([a], [b], ["recall@1"])["recall@1"]
     assert interval["difference"] == pytest.approx(0.25)
     assert interval["low"] < 0 < interval["high"] and interval["holds_zero"]
-    assert -1.0 <= interval["low"] and interval["high"] <= 1.0
+    assert interval["low"] >= -1.0 and interval["high"] <= 1.0
     # the cold subset selects users 0 and 2 (differences +1 and 0)
     cold = paired_intervals([a], [b], ["recall@1"], subset="cold")["recall@1"]
     assert cold["users"] == 2 and cold["difference"] == pytest.approx(0.5)
@@ -93,7 +93,10 @@ def test_mismatched_users_and_missing_fields_fail_clearly():
 
 def test_compare_users_rows_and_table():
     runs = {"mean": [_records([None, 2, None])], "centroid": [_records([0, 0, None])]}
-    refs = {"mean": runs["mean"], "popularity": [[r | {"constrained_nll": None} for r in _records([5, 5, 5])]]}
+    refs = {
+        "mean": runs["mean"],
+        "popularity": [[r | {"constrained_nll": None} for r in _records([5, 5, 5])]],
+    }
     rows = compare_users(runs, refs, ["recall@5", "constrained_nll"], resamples=500)
     pairs = {(r["strategy"], r["reference"], r["metric"]) for r in rows}
     assert ("centroid", "mean", "recall@5") in pairs and ("mean", "mean", "recall@5") not in pairs

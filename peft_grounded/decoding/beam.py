@@ -1,0 +1,139 @@
+"""A SID-constrained beam search written for fixed-length SIDs: the same search as transformers'
+``generate`` with :class:`~.processor.SIDConstraintLogitsProcessor` (greedy beam search, no length
+penalty, scores = summed full-vocabulary log-probabilities), with less work per user:
+
+* the prompt is encoded once per user (all tokens but the last, then the last one on one row per user)
+  and its KV cache is repeated to the beams only after the first SID token is chosen, so no beam forward
+  is spent on the first step (``generate`` runs the last prompt token once per beam);
+* each step keeps only the head's last position, and ranks the trie's allowed continuations of every
+  beam (at most the trie's branching factor) instead of a masked copy of the whole vocabulary;
+* the cache is reordered only when another step follows.
+
+Variable-length SIDs (an end token) go through ``generate``; see :func:`~.generation.recommend`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from .trie import SIDTrie
+
+
+def _cache_of(output: Any) -> Any:
+    for name in ("past_key_values", "cache"):  # the attribute was renamed during transformers 5.x
+        cache = getattr(output, name, None)
+        if cache is not None:
+            return cache
+    raise RuntimeError("the model returned no KV cache with use_cache=True; decode with engine='generate'")
+
+
+def _candidates(
+    trie: SIDTrie, nodes: torch.Tensor, log_probs: torch.Tensor, base: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(scores, tokens)``, each ``[rows, max degree]``: every allowed continuation of every row, scored
+    ``base + log p(token)``, in token order; absent slots score ``-inf``."""
+    t = trie.tensors(nodes.device)
+    rows, tokens = trie.allowed_pairs(nodes)
+    live = nodes >= 0
+    degree = torch.where(live, t["degree"][nodes.clamp(min=0)], 0)
+    width = max(int(degree.max()), 1) if degree.numel() else 1
+    offsets = torch.repeat_interleave(torch.cumsum(degree, 0) - degree, degree, output_size=rows.numel())
+    columns = torch.arange(rows.numel(), device=nodes.device) - offsets
+    scores = torch.full((nodes.shape[0], width), float("-inf"), device=nodes.device)
+    scores[rows, columns] = base[rows] + log_probs[rows, tokens]
+    chosen = torch.zeros((nodes.shape[0], width), dtype=torch.long, device=nodes.device)
+    chosen[rows, columns] = tokens
+    return scores, chosen
+
+
+def _cache_argument(model: Any) -> str:
+    """The forward's name for the KV cache (``past_key_values`` became ``cache`` during transformers 5.x)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        parameters = inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def _forward(model: Any, **kwargs: Any) -> Any:
+    if "past_key_values" in kwargs:
+        kwargs[_cache_argument(model)] = kwargs.pop("past_key_values")
+    try:
+        return model(**kwargs, use_cache=True, logits_to_keep=1)
+    except TypeError as err:
+        raise TypeError(
+            f"the model's forward rejected the cached decoding call ({err}); it needs input_ids, "
+            "attention_mask, position_ids, past_key_values, use_cache and logits_to_keep. Decode with "
+            "recommend(..., engine='generate') for such a model"
+        ) from err
+
+
+@torch.no_grad()
+def constrained_beam_search(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, trie: SIDTrie, num_beams: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tokens [prompts, num_beams, L], scores [prompts, num_beams])`` for left-padded prompts and a
+    fixed-length trie. Beams that could not be filled (fewer reachable items than beams) score ``-inf``."""
+    if not trie.fixed_length:
+        raise ValueError("constrained_beam_search needs SIDs of one length; use engine='generate'")
+    prompts = input_ids.shape[0]
+    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    cache = None
+    if input_ids.shape[1] > 1:  # all prompt tokens but the last, once per prompt
+        cache = _cache_of(
+            _forward(
+                model,
+                input_ids=input_ids[:, :-1],
+                attention_mask=attention_mask[:, :-1],
+                position_ids=positions[:, :-1],
+            )
+        )
+    output = _forward(
+        model,
+        input_ids=input_ids[:, -1:],
+        attention_mask=attention_mask,
+        position_ids=positions[:, -1:],
+        past_key_values=cache,
+    )
+    cache = _cache_of(output)
+    log_probs = output.logits[:, -1, :].float().log_softmax(-1)
+    trie.check_vocab_size(log_probs.shape[-1])
+    root = torch.zeros(prompts, dtype=torch.long, device=input_ids.device)
+    scores, tokens = _candidates(trie, root, log_probs, torch.zeros(prompts, device=input_ids.device))
+    if scores.shape[1] < num_beams:  # fewer first tokens than beams: pad with empty beams
+        pad = num_beams - scores.shape[1]
+        scores = torch.nn.functional.pad(scores, (0, pad), value=float("-inf"))
+        tokens = torch.nn.functional.pad(tokens, (0, pad), value=0)
+    beam_scores, index = scores.topk(num_beams, dim=1)
+    generated = tokens.gather(1, index).reshape(-1, 1)
+    beam_scores = beam_scores.reshape(-1)
+    cache.batch_repeat_interleave(num_beams)
+    mask = attention_mask.repeat_interleave(num_beams, 0)
+    position = positions[:, -1:].repeat_interleave(num_beams, 0)
+    offsets = (torch.arange(prompts, device=input_ids.device) * num_beams)[:, None]
+    source = None
+    for _ in range(1, trie.max_length):
+        if source is not None:
+            cache.reorder_cache(source)
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        position = position + 1
+        output = _forward(
+            model,
+            input_ids=generated[:, -1:],
+            attention_mask=mask,
+            position_ids=position,
+            past_key_values=cache,
+        )
+        log_probs = output.logits[:, -1, :].float().log_softmax(-1)
+        scores, tokens = _candidates(trie, trie.walk(generated), log_probs, beam_scores)
+        width = scores.shape[1]
+        best, index = scores.view(prompts, num_beams * width).topk(num_beams, dim=1)
+        source = (offsets + torch.div(index, width, rounding_mode="floor")).reshape(-1)
+        chosen = tokens.view(prompts, num_beams * width).gather(1, index).reshape(-1, 1)
+        generated = torch.cat([generated[source], chosen], dim=1)
+        beam_scores = best.reshape(-1)
+    return generated.view(prompts, num_beams, -1), beam_scores.view(prompts, num_beams)
