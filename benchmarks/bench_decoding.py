@@ -57,7 +57,7 @@ def main() -> None:
             text_template=["title", "brand", "categories", "release_year", "description"],
         )
     dtype = torch.float32 if args.fp32 else torch.bfloat16
-    tokenizer, model = sid_model(str(assets.smollm2()), index, dtype=dtype)
+    tokenizer, model = sid_model(str(assets.smollm2()), index, init="centroid", dtype=dtype)
     add_lora(model, r=8, lora_alpha=16)
     model.eval()
     split = catalogue.leave_one_out()
