@@ -74,6 +74,7 @@ def main() -> None:
     load = os.getloadavg()[0]
     timings: dict[str, list[tuple[float, float]]] = {engine: [] for engine in args.engines}
     lists: dict[str, list] = {}
+    values: dict[str, list] = {}
     for _ in range(args.rounds):  # rounds interleave the engines: drift in the machine's load hits all alike
         for engine in args.engines:
             with autocast:
@@ -90,6 +91,7 @@ def main() -> None:
                 )
                 timings[engine].append((time.perf_counter() - wall, time.process_time() - cpu))
             lists[engine] = recs.items
+            values[engine] = recs.scores
     first = lists[args.engines[0]]
     rows = []
     for engine in args.engines:
@@ -99,7 +101,21 @@ def main() -> None:
         )
         wall = min(t[0] for t in timings[engine]) / len(prompts)
         cpu = min(t[1] for t in timings[engine]) / len(prompts)
-        rows.append((engine, wall, cpu, f"{same:.0%} (top-10 sets: {top10:.0%})"))
+        # equal score lists with different items: the lists differ only in the order of tied items
+        ties = sum(
+            a != b and max(abs(x - y) for x, y in zip(sa, sb, strict=True)) < 1e-3
+            for a, b, sa, sb in zip(
+                lists[engine], first, values[engine], values[args.engines[0]], strict=True
+            )
+        ) / len(first)
+        rows.append(
+            (
+                engine,
+                wall,
+                cpu,
+                f"{same:.0%} (top-10 sets: {top10:.0%}; same scores, tied items reordered: {ties:.0%})",
+            )
+        )
     if args.likelihood:
         from peft_grounded.evaluation import target_log_likelihood
 

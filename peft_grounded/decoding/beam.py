@@ -19,11 +19,12 @@ from typing import Any
 
 import torch
 
+from .scoring import target_nlls
 from .trie import SIDTrie
 
 
 def _cache_of(output: Any) -> Any:
-    for name in ("past_key_values", "cache"):  # the attribute was renamed during transformers 5.x
+    for name in ("cache", "past_key_values"):  # the attribute was renamed during transformers 5.x
         cache = getattr(output, name, None)
         if cache is not None:
             return cache
@@ -74,10 +75,18 @@ def _forward(model: Any, **kwargs: Any) -> Any:
 
 @torch.no_grad()
 def constrained_beam_search(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, trie: SIDTrie, num_beams: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(tokens [prompts, num_beams, L], scores [prompts, num_beams])`` for left-padded prompts and a
-    fixed-length trie. Beams that could not be filled (fewer reachable items than beams) score ``-inf``."""
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    trie: SIDTrie,
+    num_beams: int,
+    targets: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, list[dict[str, float]] | None]:
+    """``(tokens [prompts, num_beams, L], scores [prompts, num_beams], target NLLs)`` for left-padded
+    prompts and a fixed-length trie. Beams that could not be filled (fewer reachable items than beams)
+    score ``-inf``. With ``targets`` (``[prompts, L]`` SID token ids) each prompt's target is also scored
+    (:func:`~.scoring.target_nlls`) from the same prompt cache: ``L - 1`` teacher-forced tokens per prompt,
+    before the cache is repeated to the beams; otherwise the NLLs are ``None``."""
     if not trie.fixed_length:
         raise ValueError("constrained_beam_search needs SIDs of one length; use engine='generate'")
     prompts = input_ids.shape[0]
@@ -100,8 +109,12 @@ def constrained_beam_search(
         past_key_values=cache,
     )
     cache = _cache_of(output)
-    log_probs = output.logits[:, -1, :].float().log_softmax(-1)
+    first_logits = output.logits[:, -1, :].float()
+    log_probs = first_logits.log_softmax(-1)
     trie.check_vocab_size(log_probs.shape[-1])
+    nlls = None
+    if targets is not None:
+        nlls = _score_targets(model, cache, first_logits, targets, attention_mask, positions[:, -1:], trie)
     root = torch.zeros(prompts, dtype=torch.long, device=input_ids.device)
     scores, tokens = _candidates(trie, root, log_probs, torch.zeros(prompts, device=input_ids.device))
     if scores.shape[1] < num_beams:  # fewer first tokens than beams: pad with empty beams
@@ -136,4 +149,46 @@ def constrained_beam_search(
         chosen = tokens.view(prompts, num_beams * width).gather(1, index).reshape(-1, 1)
         generated = torch.cat([generated[source], chosen], dim=1)
         beam_scores = best.reshape(-1)
-    return generated.view(prompts, num_beams, -1), beam_scores.view(prompts, num_beams)
+    return generated.view(prompts, num_beams, -1), beam_scores.view(prompts, num_beams), nlls
+
+
+def _score_targets(
+    model: Any,
+    cache: Any,
+    first_logits: torch.Tensor,
+    targets: torch.Tensor,
+    attention_mask: torch.Tensor,
+    last_position: torch.Tensor,
+    trie: SIDTrie,
+) -> list[dict[str, float]]:
+    """The targets' NLLs from the prompt cache; the cache is cropped back to the prompt afterwards."""
+    length = targets.shape[1]
+    columns = [first_logits[:, None, :]]
+    if length > 1:
+        mask = torch.cat(
+            [attention_mask, attention_mask.new_ones(attention_mask.shape[0], length - 1)], dim=1
+        )
+        steps = torch.arange(1, length, device=targets.device)[None, :]
+        output = _forward_keep(model, targets[:, :-1], mask, last_position + steps, cache, length - 1)
+        columns.append(output.logits.float())
+        cache.crop(-(length - 1))  # drop the teacher-forced target tokens again
+    logits = torch.cat(columns, dim=1)  # column j predicts target token j
+    return target_nlls(logits, targets.tolist(), length + 1, trie)
+
+
+def _forward_keep(
+    model: Any, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any, keep: int
+) -> Any:
+    try:
+        return model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=keep,
+            **{_cache_argument(model): cache},
+        )
+    except TypeError as err:
+        raise TypeError(
+            f"the model's forward rejected the cached scoring call ({err}); use engine='generate'"
+        ) from err

@@ -131,6 +131,7 @@ def recommend(
     strict: bool = True,
     show_progress: bool = False,
     engine: str = "auto",
+    targets: Sequence[Sequence[int]] | None = None,
 ) -> Recommendations:
     """Top-``k`` items for each prompt by constrained beam search.
 
@@ -150,6 +151,9 @@ def recommend(
             once per user and no beam forward for the first SID token; fixed-length SIDs only),
             ``"generate"`` (transformers' ``generate`` with the SID logits processor), or ``"auto"``
             (``fast`` when the SIDs have one length, else ``generate``).
+        targets: optional, one complete SID (token ids) per prompt: the fast engine then also scores it
+            from the same prompt cache, in ``extra["target_nlls"]`` (one dict per prompt, as
+            :func:`~.scoring.target_nlls`). Needs the fast engine.
 
     Returns:
         :class:`Recommendations`, items and scores best first; a score is the model's summed
@@ -177,6 +181,16 @@ def recommend(
             f"engine='fast' needs SIDs of one length, these have lengths {trie.lengths}; use engine='generate'"
         )
     encoded = _encode_prompts(tokenizer, prompts, add_special_tokens)
+    if targets is not None:
+        if engine != "fast":
+            raise ValueError("scoring targets during decoding needs engine='fast' (SIDs of one length)")
+        if len(targets) != len(encoded):
+            raise ValueError(f"{len(targets)} targets for {len(encoded)} prompts: give one target per prompt")
+        for i, target in enumerate(targets):
+            if trie.item_of(target) is None:
+                raise ValueError(
+                    f"target {i} ({list(target)}) is not a SID of the trie: score only catalogue items"
+                )
     pad_id = _pad_token_id(tokenizer, model)
     eos = None if trie.fixed_length else trie.end_token_id
     config = beam_search_config(num_beams, trie.max_length + (eos is not None), pad_id, eos)
@@ -185,6 +199,7 @@ def recommend(
     result = Recommendations(
         items=[[] for _ in encoded], scores=[[] for _ in encoded], k=k, num_beams=num_beams
     )
+    nlls: list[dict[str, float] | None] = [None] * len(encoded)
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     if show_progress:
@@ -195,8 +210,17 @@ def recommend(
         for batch in batches:
             input_ids, attention_mask = _left_pad([encoded[i] for i in batch], pad_id, device)
             if engine == "fast":
-                generated, scores = constrained_beam_search(model, input_ids, attention_mask, trie, num_beams)
+                batch_targets = None
+                if targets is not None:
+                    batch_targets = torch.tensor(
+                        [list(targets[i]) for i in batch], dtype=torch.long, device=device
+                    )
+                generated, scores, scored = constrained_beam_search(
+                    model, input_ids, attention_mask, trie, num_beams, batch_targets
+                )
                 generated, scores = generated.cpu(), scores.cpu()
+                for index, value in zip(batch, scored or (), strict=False):
+                    nlls[index] = value
             else:
                 generated, scores = _generate(
                     model, input_ids, attention_mask, trie, config, num_beams, prefix_cache
@@ -209,6 +233,8 @@ def recommend(
             for row, index in enumerate(batch):
                 _collect(result, index, trie, generated[row], scores[row])
 
+    if targets is not None:
+        result.extra["target_nlls"] = nlls
     bad = result.num_invalid + result.num_duplicate
     if strict and bad:
         raise RuntimeError(

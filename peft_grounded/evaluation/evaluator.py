@@ -69,6 +69,8 @@ def evaluate(
         records = user_records(chosen, cold_chosen)
         if [r["user"] for r in records] != users:
             raise RuntimeError("prompts and user records are out of order; this is a bug, please report it")
+        target_ids = [sids[t] for t in targets]
+        together = ranking and likelihood and trie.fixed_length  # one prompt encoding serves both
         with _autocast(model, settings):
             if ranking:
                 recs = recommend(
@@ -79,12 +81,17 @@ def evaluate(
                     k=max(settings.ks),
                     num_beams=max(settings.num_beams, max(settings.ks)),
                     batch_size=settings.batch_size,
+                    targets=target_ids if together else None,
                 )
                 for record, items in zip(records, recs.items, strict=True):
                     record["rank"] = target_rank(items, record["target"])
             if likelihood:
-                scores = target_log_likelihood(
-                    model, tokenizer, prompts, [sids[t] for t in targets], trie, settings.batch_size
+                scores = (
+                    recs.extra["target_nlls"]
+                    if together
+                    else target_log_likelihood(
+                        model, tokenizer, prompts, target_ids, trie, settings.batch_size
+                    )
                 )
                 for record, score in zip(records, scores, strict=True):
                     record.update(score)

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from ..decoding.scoring import target_nlls
+
 LIKELIHOOD_METRICS = ("nll", "constrained_nll", "uniform_nll")
 
 
@@ -67,42 +69,7 @@ def target_log_likelihood(
                 position_ids=positions.to(device),
                 logits_to_keep=keep,
             ).logits.float()
-            out.extend(_score_batch(logits, [list(map(int, targets[i])) for i in chunk], keep, trie))
+            out.extend(target_nlls(logits, [list(map(int, targets[i])) for i in chunk], keep, trie))
     finally:
         model.train(was_training)
     return out
-
-
-def _score_batch(
-    logits: torch.Tensor, targets: list[list[int]], keep: int, trie: Any
-) -> list[dict[str, float]]:
-    """The three NLLs of each row's target from its kept logits, with one host transfer for the batch."""
-    rows, width = len(targets), max(map(len, targets))
-    device = logits.device
-    padded = torch.full((rows, width), -1, dtype=torch.long)
-    for row, target in enumerate(targets):
-        padded[row, : len(target)] = torch.tensor(target)
-    padded = padded.to(device)
-    lengths = torch.tensor([len(t) for t in targets], device=device)
-    degree = trie.tensors(device)["degree"]
-    pair_rows, pair_cols, pair_tokens, pair_nodes = [], [], [], []
-    for j in range(width):  # the node before each target token: one vectorised trie walk per SID position
-        live = (lengths > j).nonzero().flatten()
-        nodes = trie.walk(padded[live, :j])
-        pair_rows.append(live)
-        pair_cols.append(keep - 1 - lengths[live] + j)
-        pair_tokens.append(padded[live, j])
-        pair_nodes.append(nodes)
-    r, c, tok, nodes = (torch.cat(x) for x in (pair_rows, pair_cols, pair_tokens, pair_nodes))
-    columns = logits[r, c]  # [pairs, vocab]: the logits predicting each target token
-    full = columns.log_softmax(-1).gather(1, tok[:, None]).squeeze(1)
-    allowed = trie.allowed_mask(nodes, columns.shape[-1])
-    constrained = columns.gather(1, tok[:, None]).squeeze(1) - columns.masked_fill(
-        ~allowed, float("-inf")
-    ).logsumexp(-1)
-    uniform = degree[nodes.clamp(min=0)].double().log()
-    sums = torch.zeros(3, rows, dtype=torch.float64, device=device)
-    for k, values in enumerate((full, constrained, uniform)):
-        sums[k].index_add_(0, r, values.double())
-    nll, cnll, unif = (-sums[0]).tolist(), (-sums[1]).tolist(), sums[2].tolist()
-    return [{"nll": nll[i], "constrained_nll": cnll[i], "uniform_nll": unif[i]} for i in range(rows)]
