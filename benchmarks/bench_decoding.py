@@ -1,6 +1,11 @@
 """Seconds per user of the SID-constrained beam search (and of the target likelihood) on SmolLM2-135M.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_decoding.py --users 40 --engines generate fast
+    OMP_NUM_THREADS=1 python benchmarks/bench_decoding.py --users 40 --engines generate fast fast+nll --likelihood
+
+Engines: ``generate`` (transformers' beam search, the path before), ``fast`` (decoding/beam.py), and
+``fast+nll`` (the fast search also scoring each user's target from the same prompt cache, as
+``evaluation.evaluate`` does); ``--likelihood`` adds the separate teacher-forced likelihood pass
+(what an evaluation of rankings + likelihood cost before, on top of ``generate``).
 
 SIDs for MovieLens-100K (all-MiniLM-L6-v2 + RQ-KMeans 3 x 64 + a disambiguation level, cached under
 ``--output``), a fresh centroid-initialised adapter (mean init would tie every SID token) with a LoRA
@@ -87,7 +92,8 @@ def main() -> None:
                     k=20,
                     num_beams=args.beams,
                     batch_size=args.batch_size,
-                    engine=engine,
+                    engine=engine.removesuffix("+nll"),
+                    targets=[sids[x] for x in targets] if engine.endswith("+nll") else None,
                 )
                 timings[engine].append((time.perf_counter() - wall, time.process_time() - cpu))
             lists[engine] = recs.items

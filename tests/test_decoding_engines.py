@@ -91,3 +91,26 @@ def test_a_forward_type_error_is_named_not_silent(tokenizer, tiny_model_factory)
     ids = torch.tensor([[1, 2, 3]])
     with pytest.warns(RuntimeWarning, match=r"prefix cache disabled.*logits_to_keep"):
         assert _prompt_cache(wrapped, ids, torch.ones_like(ids), 2) == {}
+
+
+def test_fast_engine_scores_targets_from_the_prompt_cache(tokenizer, tiny_model_factory):
+    from peft_grounded.evaluation import target_log_likelihood
+
+    model = tiny_model_factory(arch="qwen3", tied=False)
+    add_sid_tokens(tokenizer, model)
+    catalogue = make_catalogue(tokenizer)
+    trie = SIDTrie(catalogue)
+    prompts = chat_prompts(tokenizer) + chat_prompts(tokenizer, MORE[:3])
+    targets = [catalogue[item] for item in list(catalogue)[: len(prompts)]]
+    recs = recommend(model, tokenizer, prompts, trie, k=5, num_beams=8, batch_size=4, targets=targets)
+    plain = recommend(model, tokenizer, prompts, trie, k=5, num_beams=8, batch_size=4)
+    assert recs.items == plain.items  # scoring the targets leaves the cache as it was
+    reference = target_log_likelihood(model, tokenizer, prompts, targets, trie)
+    for got, want in zip(recs.extra["target_nlls"], reference, strict=True):
+        assert got == pytest.approx(want, abs=1e-4)
+    with pytest.raises(ValueError, match="engine='fast'"):
+        recommend(model, tokenizer, prompts, trie, k=5, targets=targets, engine="generate")
+    with pytest.raises(ValueError, match="one target per prompt"):
+        recommend(model, tokenizer, prompts, trie, k=5, targets=targets[:2])
+    with pytest.raises(ValueError, match="not a SID of the trie"):
+        recommend(model, tokenizer, prompts[:1], trie, k=5, targets=[targets[0][:2]])
