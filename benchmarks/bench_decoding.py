@@ -48,6 +48,11 @@ def main() -> None:
     parser.add_argument("--fp32", action="store_true", help="fp32 weights, no autocast")
     parser.add_argument("--likelihood", action="store_true", help="also time target_log_likelihood")
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds per engine, interleaved")
+    parser.add_argument(
+        "--fp32-reference",
+        action="store_true",
+        help="also compare each bf16 engine's lists with fp32 decoding",
+    )
     parser.add_argument("--output", type=Path, default=Path("runs/bench_decoding"))
     args = parser.parse_args()
 
@@ -98,6 +103,14 @@ def main() -> None:
                 timings[engine].append((time.perf_counter() - wall, time.process_time() - cpu))
             lists[engine] = recs.items
             values[engine] = recs.scores
+    reference = None
+    if args.fp32_reference and not args.fp32:  # how far each bf16 engine's lists are from exact arithmetic
+        _, exact = sid_model(str(assets.smollm2()), index, init="centroid", dtype=torch.float32)
+        add_lora(exact, r=8, lora_alpha=16)  # B = 0: the same function as the bf16 model, in fp32
+        exact.eval()
+        reference = recommend(
+            exact, tokenizer, prompts, trie, k=20, num_beams=args.beams, engine="fast"
+        ).items
     first = lists[args.engines[0]]
     rows = []
     for engine in args.engines:
@@ -114,12 +127,16 @@ def main() -> None:
                 lists[engine], first, values[engine], values[args.engines[0]], strict=True
             )
         ) / len(first)
+        note = ""
+        if reference is not None:
+            agree = sum(set(a[:10]) == set(b[:10]) for a, b in zip(lists[engine], reference, strict=True))
+            note = f"; top-10 sets equal to fp32's: {agree / len(reference):.0%}"
         rows.append(
             (
                 engine,
                 wall,
                 cpu,
-                f"{same:.0%} (top-10 sets: {top10:.0%}; same scores, tied items reordered: {ties:.0%})",
+                f"{same:.0%} (top-10 sets: {top10:.0%}; same scores, tied items reordered: {ties:.0%}{note})",
             )
         )
     if args.likelihood:
