@@ -56,12 +56,10 @@ def headline(
         key=lambda n: (-(scores[n][0] or 0.0), scores[n][1] if scores[n][1] is not None else float("inf")),
     )
     best = ranked[0]
-    lines = ["## The answer", ""]
-    r_best, _nll_best = scores[best]
+    r_best = scores[best][0]
+    label = recall.replace("recall", "Recall")
     text = (
-        f"**{best}** has the best test {recall.replace('recall', 'Recall')} ({r_best:.4f})"
-        if r_best is not None
-        else f"**{best}** leads"
+        f"**{best}** has the best test {label} ({r_best:.4f})" if r_best is not None else f"**{best}** leads"
     )
     if reference in scores and best != reference and scores[reference][0] is not None and r_best is not None:
         text += (
@@ -70,7 +68,6 @@ def headline(
     likely = min((n for n in scores if scores[n][1] is not None), key=lambda n: scores[n][1], default=None)
     if likely is not None:
         text += f"; the lowest held-out NLL is **{likely}**'s ({scores[likely][1]:.3f} nats per item under the SID trie)"
-    lines += [text + ".", ""]
 
     users = {
         name: [r["users"][part] for r in recs]
@@ -84,11 +81,12 @@ def headline(
     if popularity_users is not None:
         references[POPULARITY_LABEL] = [p[part] for p in popularity_users]
     rows: list[dict[str, Any]] = []
+    body: list[str] = []
     if users and references:
         named = {(f"{reference} init" if n == reference else n): v for n, v in users.items()}
         rows = compare_users(named, references, [recall, ndcg, NLL], "all", resamples=resamples)
         seeds = len(next(iter(users.values())))
-        lines += [
+        body = [
             f"Paired bootstrap 95% intervals of the difference (strategy - reference) on the same {part} users, "
             f"{resamples:,} resamples{', users resampled within each of the ' + str(seeds) + ' seeds' if seeds > 1 else ''}. "
             "For NLL lower is better (a negative difference is an improvement). A difference whose interval "
@@ -96,6 +94,20 @@ def headline(
             "",
             intervals_table(rows),
         ]
+    winner = "mean init" if best == reference else best
+    for ref in references:
+        for metric, name in ((recall, label), (NLL, "NLL")):
+            row = next(
+                (r for r in rows if (r["strategy"], r["reference"], r["metric"]) == (winner, ref, metric)),
+                None,
+            )
+            if row is not None:
+                verdict = "the interval holds 0" if row["holds_zero"] else "the interval excludes 0"
+                text += (
+                    f". {name} of {best} minus {ref}: {row['difference']:+.4f}, 95% interval "
+                    f"[{row['low']:+.4f}, {row['high']:+.4f}] ({verdict})"
+                )
+    lines = ["## The answer", "", text + ".", "", *body]
     if missing:
         lines += [
             f"No per-user results for {', '.join(missing)} (runs finished before they were recorded): no intervals.",
