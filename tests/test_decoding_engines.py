@@ -40,6 +40,10 @@ def test_fast_engine_pads_when_fewer_first_tokens_than_beams(tokenizer, tiny_mod
     old = recommend(model, tokenizer, prompts, trie, k=6, num_beams=8, engine="generate")
     new = recommend(model, tokenizer, prompts, trie, k=6, num_beams=8, engine="fast")
     assert new.items == old.items and new.num_filler > 0
+    # one-token prompts (no cache before the last token), alone and next to a longer one
+    for ids in ([[5]], [[5], [7, 8, 9]]):
+        fast = recommend(model, tokenizer, ids, trie, k=5, num_beams=6, engine="fast")
+        assert fast.items == recommend(model, tokenizer, ids, trie, k=5, num_beams=6, engine="generate").items
 
 
 def test_engine_choice_errors(tokenizer, tiny_model_factory):
