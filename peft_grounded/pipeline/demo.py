@@ -37,9 +37,8 @@ class Preset:
     seeds: tuple[int, ...] = (0,)
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
-    fmt: PromptFormat | None = (
-        None  # the prompt format (objective included); None: from max_history/with_titles
-    )
+    # the prompt format, objective included (None: built from max_history and with_titles)
+    fmt: PromptFormat | None = None
 
     def prompt_format(self) -> PromptFormat:
         """The format every strategy trains and is evaluated with."""
