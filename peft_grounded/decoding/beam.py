@@ -7,7 +7,10 @@ penalty, scores = summed full-vocabulary log-probabilities), with less work per 
   is spent on the first step (``generate`` runs the last prompt token once per beam);
 * each step keeps only the head's last position, and ranks the trie's allowed continuations of every
   beam (at most the trie's branching factor) instead of a masked copy of the whole vocabulary;
-* the cache is reordered only when another step follows.
+* the prompt's cache is not repeated to the beams: each beam step appends the beams' tokens to their
+  prompt's cache row and a 4D attention mask lets every beam see the prompt and its own ancestors only
+  (sdpa and eager attention; other implementations repeat the cache to the beams and reorder it between
+  steps).
 
 Variable-length SIDs (an end token) go through ``generate``; see :func:`~.generation.recommend`.
 """
@@ -60,11 +63,11 @@ def _cache_argument(model: Any) -> str:
     return "cache" if "cache" in parameters else "past_key_values"
 
 
-def _forward(model: Any, **kwargs: Any) -> Any:
+def _forward(model: Any, keep: int = 1, **kwargs: Any) -> Any:
     if "past_key_values" in kwargs:
         kwargs[_cache_argument(model)] = kwargs.pop("past_key_values")
     try:
-        return model(**kwargs, use_cache=True, logits_to_keep=1)
+        return model(**kwargs, use_cache=True, logits_to_keep=keep)
     except TypeError as err:
         raise TypeError(
             f"the model's forward rejected the cached decoding call ({err}); it needs input_ids, "
@@ -81,12 +84,15 @@ def constrained_beam_search(
     trie: SIDTrie,
     num_beams: int,
     targets: torch.Tensor | None = None,
+    shared_prompt: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[dict[str, float]] | None]:
     """``(tokens [prompts, num_beams, L], scores [prompts, num_beams], target NLLs)`` for left-padded
     prompts and a fixed-length trie. Beams that could not be filled (fewer reachable items than beams)
     score ``-inf``. With ``targets`` (``[prompts, L]`` SID token ids) each prompt's target is also scored
     (:func:`~.scoring.target_nlls`) from the same prompt cache: ``L - 1`` teacher-forced tokens per prompt,
-    before the cache is repeated to the beams; otherwise the NLLs are ``None``."""
+    before the beams start; otherwise the NLLs are ``None``. ``shared_prompt``: keep one cache row per
+    prompt and mask the beams apart (:func:`_tree_steps`; default when the attention is sdpa or eager),
+    or repeat the prompt's cache to every beam (:func:`_repeat_steps`)."""
     if not trie.fixed_length:
         raise ValueError("constrained_beam_search needs SIDs of one length; use engine='generate'")
     prompts = input_ids.shape[0]
@@ -124,10 +130,83 @@ def constrained_beam_search(
     beam_scores, index = scores.topk(num_beams, dim=1)
     generated = tokens.gather(1, index).reshape(-1, 1)
     beam_scores = beam_scores.reshape(-1)
+    if shared_prompt and not _mask_kind(model):
+        raise ValueError("shared_prompt needs sdpa or eager attention (a custom 4D mask)")
+    steps = _tree_steps if (_mask_kind(model) if shared_prompt is None else shared_prompt) else _repeat_steps
+    generated, beam_scores = steps(
+        model, cache, attention_mask, positions[:, -1:], generated, beam_scores, trie, num_beams
+    )
+    return generated.view(prompts, num_beams, -1), beam_scores.view(prompts, num_beams), nlls
+
+
+def _mask_kind(model: Any) -> str | None:
+    """``"bool"`` (sdpa) or ``"float"`` (eager) when the model's attention takes a custom 4D mask as given."""
+    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    return {"sdpa": "bool", "eager": "float"}.get(implementation)
+
+
+def _tree_steps(
+    model: Any,
+    cache: Any,
+    attention_mask: torch.Tensor,
+    last_position: torch.Tensor,
+    generated: torch.Tensor,
+    beam_scores: torch.Tensor,
+    trie: SIDTrie,
+    num_beams: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The beam steps with one cache row per prompt: the beams' tokens are appended to their prompt's row
+    (``num_beams`` columns per step) and a 4D mask lets each beam see the prompt and its own ancestors, so
+    the prompt's cache is never repeated to the beams nor reordered."""
+    prompts, width = attention_mask.shape
+    device = attention_mask.device
+    slots = torch.arange(num_beams, device=device).expand(prompts, num_beams)
+    path = slots[:, :, None]  # path[p, j, g]: the slot of beam j's token fed at forward g
+    offsets = (torch.arange(prompts, device=device) * num_beams)[:, None]
+    prompt_mask = attention_mask.bool()[:, None, None, :].expand(prompts, 1, num_beams, width)
+    kind = _mask_kind(model)
+    for step in range(1, trie.max_length):
+        own = torch.zeros(prompts, num_beams, step, num_beams, dtype=torch.bool, device=device)
+        own.scatter_(3, path[..., None], True)
+        mask = torch.cat([prompt_mask, own.view(prompts, 1, num_beams, step * num_beams)], dim=-1)
+        if kind == "float":
+            mask = torch.zeros(mask.shape, device=device).masked_fill(~mask, torch.finfo(torch.float32).min)
+        output = _forward(
+            model,
+            keep=0,
+            input_ids=generated[:, -1].view(prompts, num_beams),
+            attention_mask=mask,
+            position_ids=(last_position + step).expand(prompts, num_beams),
+            past_key_values=cache,
+        )
+        log_probs = output.logits.float().log_softmax(-1).view(prompts * num_beams, -1)
+        scores, tokens = _candidates(trie, trie.walk(generated), log_probs, beam_scores)
+        columns = scores.shape[1]
+        best, index = scores.view(prompts, num_beams * columns).topk(num_beams, dim=1)
+        parent = torch.div(index, columns, rounding_mode="floor")
+        chosen = tokens.view(prompts, num_beams * columns).gather(1, index).reshape(-1, 1)
+        generated = torch.cat([generated[(offsets + parent).reshape(-1)], chosen], dim=1)
+        beam_scores = best.reshape(-1)
+        path = torch.cat([path.gather(1, parent[:, :, None].expand(-1, -1, step)), slots[:, :, None]], dim=2)
+    return generated, beam_scores
+
+
+def _repeat_steps(
+    model: Any,
+    cache: Any,
+    attention_mask: torch.Tensor,
+    last_position: torch.Tensor,
+    generated: torch.Tensor,
+    beam_scores: torch.Tensor,
+    trie: SIDTrie,
+    num_beams: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The beam steps with the prompt's cache repeated to every beam (any attention implementation)."""
+    prompts = attention_mask.shape[0]
     cache.batch_repeat_interleave(num_beams)
     mask = attention_mask.repeat_interleave(num_beams, 0)
-    position = positions[:, -1:].repeat_interleave(num_beams, 0)
-    offsets = (torch.arange(prompts, device=input_ids.device) * num_beams)[:, None]
+    position = last_position.repeat_interleave(num_beams, 0)
+    offsets = (torch.arange(prompts, device=attention_mask.device) * num_beams)[:, None]
     source = None
     for _ in range(1, trie.max_length):
         if source is not None:
@@ -149,7 +228,7 @@ def constrained_beam_search(
         chosen = tokens.view(prompts, num_beams * width).gather(1, index).reshape(-1, 1)
         generated = torch.cat([generated[source], chosen], dim=1)
         beam_scores = best.reshape(-1)
-    return generated.view(prompts, num_beams, -1), beam_scores.view(prompts, num_beams), nlls
+    return generated, beam_scores
 
 
 def _score_targets(
