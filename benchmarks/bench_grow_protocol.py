@@ -1,22 +1,31 @@
 """New items without retraining, measured: the evaluation protocol of issue 12.
 
-    python benchmarks/bench_grow_protocol.py --out runs/grow-ml100k                       # tiny CPU budget
-    python benchmarks/bench_grow_protocol.py --out runs/grow-ml100k --grounding-steps 200 \\
-        --sft-steps 400 --batch-size 16 --users 500 --max-examples 0                     # GPU-sized
+    OMP_NUM_THREADS=1 python benchmarks/bench_grow_protocol.py --out runs/grow-ml100k          # ~30-35 min
+    OMP_NUM_THREADS=1 python benchmarks/bench_grow_protocol.py --out runs/grow-smoke --smoke   # ~2-3 min
+
+Defaults (one CPU thread, SmolLM2-135M): the ``sequence`` objective (SID-only chunks of 20 items,
+every item a target; ``max_length`` 128), LoRA r 8 / alpha 16 on all linear layers + the new rows, lr
+1e-3, batch 8, a bfloat16 base under bf16 autocast, and a *time* budget: ``--minutes`` of SFT (and
+``--grounding-minutes`` of grounding for a grounding strategy) for each of the two trained models, so the
+old-catalogue model and the full-catalogue reference get the same wall-clock. The plan (what runs, for
+how long) is printed first.
 
 1. Hold out the catalogue's newest ``--share`` of items (by first interaction: RecBole timestamps when
    the catalogue has them, else the earliest relative position in a user's sequence).
-2. Build SIDs on the rest (MiniLM, the demo's 3 x 64 + disambiguation) and train the ``--strategy``
-   (init -> grounding -> LoRA SFT) on the interactions with those items only.
+2. Build SIDs on the rest (MiniLM, 3 x 64 + disambiguation) and train the ``--strategy``
+   (init -> [grounding] -> LoRA SFT) on the interactions with those items only.
 3. Add the held-out items (``SIDIndex.add_items``), grow the trained adapter (``grow_adapter``, centroid
    rows for the new tokens).
-4. Score the test users whose (leave-one-out, full catalogue) target is a new item, Recall/NDCG@K with a
-   95% bootstrap interval, for: the grown model; the grown model after incremental grounding
-   (``ground_new_items``); a model retrained from scratch on the full catalogue at the same budget (the
-   upper reference); popularity over the training targets (which cannot rank a new item). Also the share
-   of the top-K slots that go to new items.
+4. Score ALL test users whose (leave-one-out, full catalogue) target is a new item (``--users N`` caps
+   them to a seeded sample, for smoke runs only), with the same ``PromptFormat`` as training:
+   Recall/NDCG@K with a 95% bootstrap interval of the mean for: the grown model; the grown model after
+   incremental grounding (``ground_new_items``); a model retrained from scratch on the full catalogue at
+   the same budget (the upper reference); popularity over the training targets (which cannot rank a new
+   item). Paired bootstrap intervals (the same resampled users for both rows) of the differences grown -
+   retrained and grown+incremental - grown. Also the share of the top-K slots that go to new items.
 
-Writes ``<out>/protocol.json`` and ``<out>/protocol.md``; training runs resume (``<out>/old``, ``<out>/full``).
+Writes ``<out>/protocol.json`` (with per-user ranks of the target) and ``<out>/protocol.md``; training
+runs resume (``<out>/old``, ``<out>/full``).
 """
 
 from __future__ import annotations

@@ -10,18 +10,29 @@ finished ones are read back. The script then prints (and writes to ``results.md`
 * Recall/NDCG@5/10/20 on all and cold test targets: mean ± std over seeds;
 * relative changes for the papers' comparisons (centroid vs gaussian, GTI vs mean, ...);
 * validation Recall@5 against SFT steps, and the steps each strategy needs to reach the mean baseline's
-  best validation Recall@5 (the centroid paper's "fewer SFT steps").
+  best validation Recall@5 (the centroid paper's "fewer SFT steps");
+* paired bootstrap 95% intervals of every strategy against mean init and against the most-popular ranking
+  (R@K, N@K, constrained NLL; test users, all and cold; users resampled within each seed), from the
+  per-user results each run records.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 from dataclasses import replace
 from pathlib import Path
 
 from peft_grounded import assets, runs
-from peft_grounded.evaluation import LIKELIHOOD_METRICS, POPULARITY_LABEL, evaluate_popularity
+from peft_grounded.evaluation import (
+    LIKELIHOOD_METRICS,
+    POPULARITY_LABEL,
+    compare_users,
+    evaluate_popularity,
+    intervals_table,
+    popularity_users,
+)
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.recommend import Budget, Experiment, run_strategy
 from peft_grounded.recommend.runner import STRATEGIES
@@ -119,6 +130,40 @@ def summarise(records: dict[str, list[dict]], reference: list[dict] | None = Non
     return "\n".join(lines), {"|".join(k): v for k, v in table.items()}
 
 
+INTERVAL_METRICS = ("recall@5", "recall@10", "recall@20", "ndcg@10", "constrained_nll")
+
+
+def intervals(
+    records: dict[str, list[dict]], reference_users: list[dict] | None, resamples: int = 10_000
+) -> tuple[str, list[dict]]:
+    """Markdown and rows of the paired intervals: each strategy vs mean init and vs popularity, test users,
+    all and cold targets, pooled over seeds (users resampled within each seed)."""
+    users = {
+        n: [r["users"]["test"] for r in recs]
+        for n, recs in records.items()
+        if all("users" in r for r in recs)
+    }
+    missing = sorted(set(records) - set(users))
+    references = {}
+    if "mean" in users:
+        references["mean init"] = users["mean"]
+    if reference_users:
+        references[POPULARITY_LABEL] = [p["test"] for p in reference_users]
+    named = {("mean init" if n == "mean" else n): v for n, v in users.items()}
+    rows = []
+    for subset in ("all", "cold"):
+        rows += compare_users(named, references, INTERVAL_METRICS, subset, resamples=resamples)
+    rows = [r for r in rows if r["users"]]
+    lines = [
+        "Paired bootstrap 95% intervals (strategy - reference), same test users, users resampled within seed:",
+        "",
+    ]
+    lines.append(intervals_table(rows) if rows else "no per-user results to compare")
+    if missing:
+        lines.append(f"(no per-user results recorded for {', '.join(missing)}: runs predate them)")
+    return "\n".join(lines), rows
+
+
 def plot_curves(records: dict[str, list[dict]], path: Path) -> None:
     import matplotlib
 
@@ -155,7 +200,26 @@ def main() -> None:
     parser.add_argument("--grounding-steps", type=int, default=60)
     parser.add_argument("--sft-steps", type=int, default=150)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--eval-users", type=int, default=200)
+    parser.add_argument(
+        "--eval-users",
+        "--users",
+        dest="eval_users",
+        type=int,
+        default=200,
+        help="seeded evaluation sample per part",
+    )
+    parser.add_argument(
+        "--objective",
+        default=None,
+        help="training objective (PromptFormat.objective: prompt | sequence), if supported",
+    )
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="training budget in minutes (Budget.minutes), if supported",
+    )
+    parser.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples of the intervals")
     parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--curve-users", type=int, default=100)
     parser.add_argument("--max-history", type=int, default=8)
@@ -203,9 +267,12 @@ def main() -> None:
         max_train_examples=args.max_train_examples,
         max_grounding_examples=None,
     )
-    experiment = Experiment(
-        str(assets.smollm2()), catalogue, index, fmt=PromptFormat(max_history=args.max_history)
-    )
+    if args.minutes is not None:
+        budget = replace(budget, **_supported(Budget, "minutes", args.minutes))
+    fmt_args = {"max_history": args.max_history}
+    if args.objective is not None:
+        fmt_args |= _supported(PromptFormat, "objective", args.objective)
+    experiment = Experiment(str(assets.smollm2()), catalogue, index, fmt=PromptFormat(**fmt_args))
     records: dict[str, list[dict]] = {}
     for seed in args.seeds:
         for strategy in args.strategies:
@@ -215,21 +282,40 @@ def main() -> None:
             # finished runs are read back (and given the likelihoods if they predate them)
             record = run_strategy(strategy, experiment, replace(budget, seed=seed), run_dir, resume=True)
             records.setdefault(strategy, []).append(record)
+    settings = {seed: replace(budget, seed=seed).eval_settings() for seed in args.seeds}
     reference = [
-        evaluate_popularity(
-            experiment.split, settings=replace(budget, seed=seed).eval_settings(), items=index.item_ids
-        )
+        evaluate_popularity(experiment.split, settings=settings[seed], items=index.item_ids)
+        for seed in args.seeds
+    ]
+    reference_users = [
+        popularity_users(experiment.split, settings=settings[seed], items=index.item_ids)
         for seed in args.seeds
     ]
     text, table = summarise(records, reference)
+    interval_text, interval_rows = intervals(records, reference_users, args.resamples)
+    text += "\n\n" + interval_text
     plot_curves(records, out / "validation_recall5.png")
     header = (
         f"## {name}: SmolLM2-135M, {len(args.seeds)} seeds, grounding {args.grounding_steps} + SFT "
-        f"{args.sft_steps} steps at batch {args.batch_size}, {args.eval_users} test users\n\n"
+        f"{args.sft_steps} steps at batch {args.batch_size}"
+        f"{f', {args.minutes} min' if args.minutes else ''}{f', objective {args.objective}' if args.objective else ''}, "
+        f"{args.eval_users} test users\n\n"
     )
     (out / "results.md").write_text(header + text + "\n")
-    runs.write_json_atomic(out / "results.json", {"table": table, "args": vars(args) | {"output": str(out)}})
+    runs.write_json_atomic(
+        out / "results.json",
+        {"table": table, "intervals": interval_rows, "args": vars(args) | {"output": str(out)}},
+    )
     print(header + text)
+
+
+def _supported(cls: type, name: str, value) -> dict:
+    """``{name: value}`` when ``cls`` has that field, else a clear error (the feature is not in this version)."""
+    if name not in {f.name for f in dataclasses.fields(cls)}:
+        raise SystemExit(
+            f"{cls.__name__} has no field {name!r} in this version: --{name} is not supported yet"
+        )
+    return {name: value}
 
 
 if __name__ == "__main__":

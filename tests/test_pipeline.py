@@ -34,6 +34,13 @@ def test_smoke_demo_runs_every_stage_and_resumes(tmp_path, model_dir):
     assert "| popularity (reference, no model) |" in report
     assert "## Target log-likelihood (test)" in report
     assert set(summary["likelihood"]) == {"mean", "centroid_gti"}
+    assert report.startswith("# peft_grounded demo (smoke)\n\n## The answer")  # the report opens with it
+    assert "95% interval" in report and "## Learning curves" in report
+    pairs = {(r["strategy"], r["reference"], r["metric"]) for r in summary["intervals"]}
+    assert ("centroid_gti", "mean init", "recall@10") in pairs
+    assert ("centroid_gti", "popularity (reference, no model)", "constrained_nll") in pairs
+    users = json.loads((out / "strategies" / "mean-seed0" / "metrics.json").read_text())["users"]["test"]
+    assert {"user", "target", "rank", "constrained_nll", "all", "cold"} <= set(users[0])
     assert (out / "sids" / "sid_index.json").is_file()
     trained = {p: p.stat().st_mtime_ns for p in out.glob("strategies/*/*/adapter/adapter_model.safetensors")}
     trained = {p: t for p, t in trained.items() if p.parts[-3] in ("grounding", "sft")}
@@ -145,3 +152,101 @@ def test_demo_refuses_to_mix_settings_in_one_folder(tmp_path, model_dir):
             catalogue=toy_catalogue(),
             diagnostics=False,
         )
+
+
+def test_unknown_preset_names_the_presets(tmp_path):
+    with pytest.raises(ValueError, match="unknown demo preset 'x'; choose one of 'default', 'full', 'smoke'"):
+        run_demo("x", tmp_path / "demo")
+    assert not (tmp_path / "demo").exists()
+
+
+def test_presets_pass_their_prompt_format_through():
+    from dataclasses import replace
+
+    from peft_grounded.pipeline import PRESETS
+    from peft_grounded.prompts import PromptFormat
+
+    smoke = PRESETS["smoke"]
+    assert smoke.prompt_format() == PromptFormat(max_history=smoke.max_history, with_titles=smoke.with_titles)
+    custom = PromptFormat(max_history=3)
+    assert replace(smoke, fmt=custom).prompt_format() is custom
+
+
+def test_learning_curve_section_from_synthetic_curve_files(tmp_path):
+    from peft_grounded.pipeline.curves import curves_section, read_curve
+
+    dirs = {}
+    for name, slope in (("mean", 0.01), ("centroid", 0.03)):
+        dirs[name] = []
+        for seed in (0, 1):
+            run = tmp_path / "strategies" / f"{name}-seed{seed}"
+            run.mkdir(parents=True)
+            rows = [
+                {
+                    "step": s,
+                    "seconds": 2.0 * s,
+                    "items_seen": 8 * s,
+                    "progressive_loss": 9 - slope * s,
+                    **({"valid_nll": 8.5 - slope * s} if s % 20 == 0 else {}),
+                }
+                for s in range(0, 101, 10)
+            ]
+            (run / "curve.json").write_text(json.dumps(rows))
+            dirs[name].append(run)
+    dirs["gti"] = [tmp_path / "strategies" / "gti-seed0"]  # no curve written: skipped, not an error
+    assert read_curve(dirs["gti"][0]) is None
+    lines = curves_section(dirs, tmp_path)
+    assert "![learning curves](learning_curves.png)" in lines and "mean over 2 seeds" in lines[2]
+    assert (tmp_path / "learning_curves.png").stat().st_size > 1000
+    assert "No strategy wrote" in " ".join(curves_section({"gti": dirs["gti"]}, tmp_path / "none"))
+    (dirs["gti"][0]).mkdir(parents=True)
+    (dirs["gti"][0] / "curve.json").write_text(json.dumps([{"loss": 1}]))
+    with pytest.raises(ValueError, match="'step'"):
+        read_curve(dirs["gti"][0])
+
+
+def test_headline_names_the_winner_with_intervals():
+    from peft_grounded.pipeline.headline import headline
+
+    def run(ranks, nlls):
+        users = [
+            {"user": f"u{i}", "target": "t", "all": True, "cold": False, "rank": r, "constrained_nll": n}
+            for i, (r, n) in enumerate(zip(ranks, nlls, strict=True))
+        ]
+        hits = sum(r is not None and r < 10 for r in ranks) / len(ranks)
+        mean_nll = sum(nlls) / len(nlls)
+        return {
+            "metrics": {"test": {"all": {"recall@10": hits, "ndcg@10": hits / 2}}},
+            "likelihood": {"test": {"all": {"constrained_nll": mean_nll}}},
+            "users": {"test": users},
+        }
+
+    records = {
+        "mean": [run([None] * 40, [8.0] * 40)],
+        "centroid": [run([0] * 20 + [None] * 20, [7.0] * 40)],
+    }
+    popularity = [{"test": [u | {"rank": 30} for u in records["mean"][0]["users"]["test"]]}]
+    lines, rows = headline(records, popularity, (5, 10, 20), resamples=2000)
+    assert lines[0] == "## The answer" and "**centroid** has the best test Recall@10 (0.5000)" in lines[2]
+    assert "+0.5000 against mean init" in lines[2] and "lowest held-out NLL is **centroid**'s" in lines[2]
+    nll = next(
+        r
+        for r in rows
+        if r["strategy"] == "centroid" and r["reference"] == "mean init" and r["metric"] == "constrained_nll"
+    )
+    assert nll["difference"] == pytest.approx(-1.0) and not nll["holds_zero"]
+    assert any(r["reference"] == "popularity (reference, no model)" for r in rows)
+    # runs recorded before per-user results: said, not hidden
+    old = {name: [{k: v for k, v in recs[0].items() if k != "users"}] for name, recs in records.items()}
+    lines, rows = headline(old, None, (10,))
+    assert rows == [] and "No per-user results" in lines[-2]
+
+
+def test_demo_diagnostics_import_error_is_explained(tmp_path, monkeypatch):
+    import sys
+
+    from peft_grounded.pipeline.demo import _diagnostics
+
+    monkeypatch.setitem(sys.modules, "peft_grounded.diagnostics", None)  # makes the import fail
+    text = _diagnostics(tmp_path, None, None, None, "model")
+    assert "Skipped: the diagnostics could not be imported" in text and "peft_grounded.diagnostics" in text

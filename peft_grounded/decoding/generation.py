@@ -8,6 +8,7 @@ for a blank one for the duration of the call, and an explicit greedy beam-search
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -16,8 +17,11 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
+from .beam import constrained_beam_search
 from .processor import SIDConstraintLogitsProcessor
 from .trie import SIDTrie
+
+ENGINES = ("auto", "fast", "generate")
 
 FILLER_SCORE = -1e8
 """Beams scoring below this are beam-search padding (transformers starts extra beams at -1e9), not items."""
@@ -126,6 +130,8 @@ def recommend(
     prefix_cache: bool = True,
     strict: bool = True,
     show_progress: bool = False,
+    engine: str = "auto",
+    targets: Sequence[Sequence[int]] | None = None,
 ) -> Recommendations:
     """Top-``k`` items for each prompt by constrained beam search.
 
@@ -141,6 +147,13 @@ def recommend(
         prefix_cache: encode each prompt once and copy its KV cache to the beams, instead of letting
             ``generate`` encode every prompt ``num_beams`` times (same result, far less prefill compute).
         strict: raise if any scored beam is not a valid, new item (the constraint guarantees none is).
+        engine: ``"fast"`` (:func:`~.beam.constrained_beam_search`: the same search with the prompt encoded
+            once per user and no beam forward for the first SID token; fixed-length SIDs only),
+            ``"generate"`` (transformers' ``generate`` with the SID logits processor), or ``"auto"``
+            (``fast`` when the SIDs have one length, else ``generate``).
+        targets: optional, one complete SID (token ids) per prompt: the fast engine then also scores it
+            from the same prompt cache, in ``extra["target_nlls"]`` (one dict per prompt, as
+            :func:`~.scoring.target_nlls`). Needs the fast engine.
 
     Returns:
         :class:`Recommendations`, items and scores best first; a score is the model's summed
@@ -159,7 +172,25 @@ def recommend(
         raise ValueError(f"k={k} exceeds the catalogue's {len(trie)} items; lower k")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine == "auto":
+        engine = "fast" if trie.fixed_length else "generate"
+    if engine == "fast" and not trie.fixed_length:
+        raise ValueError(
+            f"engine='fast' needs SIDs of one length, these have lengths {trie.lengths}; use engine='generate'"
+        )
     encoded = _encode_prompts(tokenizer, prompts, add_special_tokens)
+    if targets is not None:
+        if engine != "fast":
+            raise ValueError("scoring targets during decoding needs engine='fast' (SIDs of one length)")
+        if len(targets) != len(encoded):
+            raise ValueError(f"{len(targets)} targets for {len(encoded)} prompts: give one target per prompt")
+        for i, target in enumerate(targets):
+            if trie.item_of(target) is None:
+                raise ValueError(
+                    f"target {i} ({list(target)}) is not a SID of the trie: score only catalogue items"
+                )
     pad_id = _pad_token_id(tokenizer, model)
     eos = None if trie.fixed_length else trie.end_token_id
     config = beam_search_config(num_beams, trie.max_length + (eos is not None), pad_id, eos)
@@ -168,6 +199,7 @@ def recommend(
     result = Recommendations(
         items=[[] for _ in encoded], scores=[[] for _ in encoded], k=k, num_beams=num_beams
     )
+    nlls: list[dict[str, float] | None] = [None] * len(encoded)
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     if show_progress:
@@ -177,25 +209,32 @@ def recommend(
     with isolated_generation(model), torch.no_grad():
         for batch in batches:
             input_ids, attention_mask = _left_pad([encoded[i] for i in batch], pad_id, device)
-            processor = SIDConstraintLogitsProcessor(trie, prompt_length=input_ids.shape[1])
-            cache = _prompt_cache(model, input_ids, attention_mask, num_beams) if prefix_cache else {}
-            output = model.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                generation_config=config,
-                logits_processor=LogitsProcessorList([processor]),
-                **cache,
-            )
-            generated = output.sequences[:, input_ids.shape[1] :].view(len(batch), num_beams, -1).cpu()
+            if engine == "fast":
+                batch_targets = None
+                if targets is not None:
+                    batch_targets = torch.tensor(
+                        [list(targets[i]) for i in batch], dtype=torch.long, device=device
+                    )
+                generated, scores, scored = constrained_beam_search(
+                    model, input_ids, attention_mask, trie, num_beams, batch_targets
+                )
+                generated, scores = generated.cpu(), scores.cpu()
+                for index, value in zip(batch, scored or (), strict=False):
+                    nlls[index] = value
+            else:
+                generated, scores = _generate(
+                    model, input_ids, attention_mask, trie, config, num_beams, prefix_cache
+                )
             if trie.fixed_length and generated.shape[-1] != trie.max_length:
                 raise RuntimeError(
                     f"generate returned {generated.shape[-1]} new tokens per beam, not the SID length "
                     f"{trie.max_length}; a custom stopping criterion or generate override interfered"
                 )
-            scores = output.sequences_scores.view(len(batch), num_beams).float().cpu()
             for row, index in enumerate(batch):
                 _collect(result, index, trie, generated[row], scores[row])
 
+    if targets is not None:
+        result.extra["target_nlls"] = nlls
     bad = result.num_invalid + result.num_duplicate
     if strict and bad:
         raise RuntimeError(
@@ -211,13 +250,38 @@ def recommend(
     return result
 
 
+def _generate(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    trie: SIDTrie,
+    config: GenerationConfig,
+    num_beams: int,
+    prefix_cache: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tokens [prompts, num_beams, new tokens], scores [prompts, num_beams])`` from ``model.generate``."""
+    processor = SIDConstraintLogitsProcessor(trie, prompt_length=input_ids.shape[1])
+    cache = _prompt_cache(model, input_ids, attention_mask, num_beams) if prefix_cache else {}
+    output = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        generation_config=config,
+        logits_processor=LogitsProcessorList([processor]),
+        **cache,
+    )
+    prompts = input_ids.shape[0]
+    generated = output.sequences[:, input_ids.shape[1] :].view(prompts, num_beams, -1).cpu()
+    return generated, output.sequences_scores.view(prompts, num_beams).float().cpu()
+
+
 def _prompt_cache(
     model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_beams: int
 ) -> dict[str, Any]:
     """KV cache of all prompt tokens but the last, computed once per prompt and repeated for each beam.
 
     ``generate`` then only runs the last prompt token; positions follow the left padding as in
-    ``generate``. Returns ``{}`` (plain ``generate``) when the model's cache cannot be repeated.
+    ``generate``. Returns ``{}`` (plain ``generate``, with a warning naming the cause) when the model's
+    forward rejects these arguments or its cache cannot be repeated.
     """
     if input_ids.shape[1] < 2:
         return {}
@@ -230,13 +294,25 @@ def _prompt_cache(
             use_cache=True,
             logits_to_keep=1,
         )
-    except TypeError:  # a model whose forward lacks one of these arguments: let generate encode
+    except TypeError as err:  # a forward lacking one of these arguments: let generate encode, but say so
+        warnings.warn(
+            f"prefix cache disabled: the model's forward rejected the cached prompt call ({err}); every "
+            "prompt is encoded once per beam, which is much slower. Pass prefix_cache=False to silence this.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return {}
     for name in ("cache", "past_key_values"):  # the attribute was renamed during transformers 5.x
         cache = getattr(output, name, None)
         if cache is not None and hasattr(cache, "batch_repeat_interleave"):
             cache.batch_repeat_interleave(num_beams)
             return {name: cache}
+    warnings.warn(
+        f"prefix cache disabled: the model returned no repeatable KV cache ({type(output).__name__}); every "
+        "prompt is encoded once per beam. Pass prefix_cache=False to silence this.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
     return {}
 
 

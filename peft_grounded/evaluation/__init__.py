@@ -1,4 +1,5 @@
-"""Evaluation: leave-one-out Recall@K / NDCG@K on all users and cold-item targets, JSON and markdown."""
+"""Evaluation: leave-one-out Recall@K / NDCG@K and target likelihood on all users and cold-item targets,
+per-user records, paired bootstrap intervals, JSON and markdown."""
 
 from .evaluate import (
     comparison_table,
@@ -10,15 +11,17 @@ from .evaluate import (
     write_markdown,
     write_text_atomic,
 )
-from .likelihood import LIKELIHOOD_METRICS, evaluate_likelihood, target_log_likelihood
+from .evaluator import Evaluation, evaluate, evaluate_adapter
+from .intervals import bootstrap_interval, compare_users, intervals_table, paired_intervals, user_values
+from .likelihood import LIKELIHOOD_METRICS, target_log_likelihood
 from .metrics import DEFAULT_KS, metric_names, ndcg_at_k, ranking_metrics, recall_at_k, target_rank
 from .users import (
     POPULARITY_LABEL,
     EvalSettings,
-    evaluate_adapter,
-    evaluate_model,
     evaluate_popularity,
     item_token_ids,
+    popularity_users,
+    rank_metrics,
 )
 
 __all__ = [
@@ -26,22 +29,29 @@ __all__ = [
     "LIKELIHOOD_METRICS",
     "POPULARITY_LABEL",
     "EvalSettings",
+    "Evaluation",
+    "bootstrap_interval",
+    "compare_users",
     "comparison_table",
+    "evaluate",
     "evaluate_adapter",
-    "evaluate_likelihood",
-    "evaluate_model",
     "evaluate_popularity",
     "evaluate_predictions",
     "evaluate_recommender",
     "evaluate_split",
+    "intervals_table",
     "item_token_ids",
     "markdown_table",
     "metric_names",
     "ndcg_at_k",
+    "paired_intervals",
+    "popularity_users",
+    "rank_metrics",
     "ranking_metrics",
     "recall_at_k",
     "target_log_likelihood",
     "target_rank",
+    "user_values",
     "write_json",
     "write_markdown",
     "write_text_atomic",

@@ -1,5 +1,5 @@
 """``peft-grounded evaluate``: Recall/NDCG@K of a trained adapter by constrained beam search
-(:func:`~.users.evaluate_adapter`)."""
+(:func:`~.evaluator.evaluate_adapter`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def add_cli(subparsers: Any) -> None:
         help="decode the top-K items of valid/test users with the SID-constrained beam search and score them",
         description="Recall@K and NDCG@K on a seeded sample of users and on users whose target is a cold item, "
         "for the validation and test targets of the leave-one-out split. Uses the prompt format recorded in "
-        "the adapter. Writes metrics.json and metrics.md.",
+        "the adapter. Writes metrics.json and metrics.md, the targets' log-likelihood (likelihood.json) and one record per user (users.json: target, rank, NLLs).",
     )
     add_data_args(p)
     p.add_argument(
@@ -41,7 +41,8 @@ def run(args) -> int:
 
     from ..cli_common import load_data
     from . import markdown_table, write_json, write_markdown
-    from .users import EvalSettings, evaluate_adapter
+    from .evaluator import evaluate_adapter
+    from .users import EvalSettings
 
     catalogue, index = load_data(args)
     settings = EvalSettings(
@@ -53,12 +54,15 @@ def run(args) -> int:
         cold_max_count=args.cold_max_count,
         bf16=args.bf16,
     )
-    results = evaluate_adapter(
+    evaluation = evaluate_adapter(
         args.adapter, index, catalogue, settings, model_path=args.model, parts=tuple(args.splits)
     )
+    results = evaluation.metrics
     out = Path(args.output)
     title = f"Evaluation of {args.adapter}"
     write_json(out / "metrics.json", results)
+    write_json(out / "likelihood.json", evaluation.likelihood)
+    write_json(out / "users.json", evaluation.users)
     write_markdown(out / "metrics.md", results, title=title)
     print(markdown_table(results, title=title))
     return 0

@@ -9,18 +9,17 @@ every step of training. Per user it is measured two ways:
   allows, i.e. ``-log p(item)`` under the distribution the constrained beam search ranks by; its
   reference ``uniform_nll`` is the value of a model that spreads its mass evenly over the trie.
 
-Results are means over a part's sampled users (the same users as :func:`~.users.evaluate_model`).
+Per-user values and their means over a part's sampled users come from :func:`~.evaluator.evaluate`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from .users import EvalSettings, _autocast, _part_prompts, item_token_ids
+from ..decoding.scoring import target_nlls
 
 LIKELIHOOD_METRICS = ("nll", "constrained_nll", "uniform_nll")
 
@@ -70,63 +69,7 @@ def target_log_likelihood(
                 position_ids=positions.to(device),
                 logits_to_keep=keep,
             ).logits.float()
-            log_probs = logits.log_softmax(-1)
-            for row, i in enumerate(chunk):
-                target = [int(t) for t in targets[i]]
-                first = keep - 1 - len(target)  # kept column whose logits predict the target's first token
-                full = constrained = uniform = 0.0
-                for j, token in enumerate(target):
-                    allowed = trie.allowed_tokens(target[:j])
-                    column = logits[row, first + j]
-                    full += float(log_probs[row, first + j, token])
-                    constrained += float(column[token] - column[allowed].logsumexp(-1))
-                    uniform += math.log(len(allowed))
-                out.append({"nll": -full, "constrained_nll": -constrained, "uniform_nll": uniform})
+            out.extend(target_nlls(logits, [list(map(int, targets[i])) for i in chunk], keep, trie))
     finally:
         model.train(was_training)
     return out
-
-
-def evaluate_likelihood(
-    model: Any,
-    tokenizer: Any,
-    split: Any,
-    index: Any,
-    catalogue: Any = None,
-    fmt: Any = None,
-    parts: tuple[str, ...] = ("valid", "test"),
-    settings: EvalSettings | None = None,
-    trie: Any = None,
-) -> dict[str, dict[str, dict[str, float | int | None]]]:
-    """``{part: {"all": means, "cold": means}}`` of :func:`target_log_likelihood` on the sampled users."""
-    from ..decoding import SIDTrie
-    from ..prompts import PromptFormat
-
-    settings = settings or EvalSettings()
-    fmt = fmt or PromptFormat()
-    sids = item_token_ids(tokenizer, index)
-    trie = trie or SIDTrie(sids)
-    cold_items = split.cold_items(settings.cold_max_count)
-    results: dict[str, dict[str, dict[str, float | int | None]]] = {}
-    for part in parts:
-        (chosen, cold_chosen, cold_pool), (users, prompts, targets) = _part_prompts(
-            split, part, settings, cold_items, index, tokenizer, catalogue, fmt
-        )
-        with _autocast(model, settings):
-            scores = target_log_likelihood(
-                model, tokenizer, prompts, [sids[t] for t in targets], trie, settings.batch_size
-            )
-        by_user = dict(zip(users, scores, strict=True))
-        results[part] = {"all": _means([by_user[e[0]] for e in chosen])}
-        if settings.cold:
-            cold = _means([by_user[e[0]] for e in cold_chosen])
-            results[part]["cold"] = cold | {"cold_users_available": len(cold_pool)}
-    return results
-
-
-def _means(scores: list[dict[str, float]]) -> dict[str, float | int | None]:
-    means: dict[str, float | int | None] = {
-        name: (math.fsum(s[name] for s in scores) / len(scores) if scores else None)
-        for name in LIKELIHOOD_METRICS
-    }
-    return means | {"users": len(scores)}

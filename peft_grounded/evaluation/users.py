@@ -1,9 +1,8 @@
-"""Evaluate a SID recommender on the users of a leave-one-out split: the one entry point the runner, the
-CLI and scripts share.
+"""Which users an evaluation scores, its settings, and the most-popular reference on the same users.
 
 For each part (``valid``, ``test``) a seeded sample of users gives the "all" metrics, and a seeded sample
 of as many users whose target is a cold item gives the "cold" ones (cold targets are rare: a sample of
-all users would hold few of them). Both samples are decoded together with the SID-constrained beam search.
+all users would hold few of them). Both samples are scored together (see :func:`~.evaluator.evaluate`).
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from typing import Any
 import torch
 
 from .evaluate import Results
-from .metrics import DEFAULT_KS, ranking_metrics
+from .metrics import DEFAULT_KS
 
 
 @dataclass
@@ -33,6 +32,31 @@ class EvalSettings:
     cold_max_count: int = 1  # cold item: a target seen at most this often as a training target
     cold: bool = True
     bf16: bool = False  # decode under bf16 autocast
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("num_beams", "batch_size"):
+            value = getattr(self, name)
+            if not _positive_int(value):
+                problems.append(f"{name} must be a positive integer, got {value!r}")
+        if self.users is not None and not _positive_int(self.users):
+            problems.append(f"users must be a positive integer or None (every user), got {self.users!r}")
+        if (
+            not isinstance(self.cold_max_count, int)
+            or isinstance(self.cold_max_count, bool)
+            or self.cold_max_count < 0
+        ):
+            problems.append(f"cold_max_count must be an integer >= 0, got {self.cold_max_count!r}")
+        if isinstance(self.ks, (str, bytes)) or not self.ks or not all(_positive_int(k) for k in self.ks):
+            problems.append(f"ks must be positive integers, got {self.ks!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            problems.append(f"seed must be an integer, got {self.seed!r}")
+        if problems:
+            raise ValueError("EvalSettings: " + "; ".join(problems))
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _sample(items: list, n: int | None, seed: int) -> list:
@@ -64,20 +88,16 @@ def _autocast(model: Any, settings: EvalSettings):
 POPULARITY_LABEL = "popularity (reference, no model)"  # its row name in comparison tables
 
 
-def evaluate_popularity(
+def popularity_users(
     split: Any,
     parts: tuple[str, ...] = ("valid", "test"),
     settings: EvalSettings | None = None,
     items: Sequence[str] | None = None,
-) -> Results:
-    """The most-popular reference on the users :func:`evaluate_model` samples with the same ``settings``:
-    every user gets the items most often a training target, best first (no model, no history).
-
-    With the catalogue's ``items`` it also gives ``constrained_nll``: ``-log p(target)`` under the
-    add-one-smoothed target frequencies, the likelihood reference of
-    :func:`~peft_grounded.evaluation.likelihood.evaluate_likelihood`. A recommender that does not beat
-    these has learnt popularity at best; cold targets score ~0 on the ranking metrics by design.
-    """
+) -> dict[str, list[dict[str, Any]]]:
+    """Per-user records of the most-popular reference on the users :func:`~.evaluator.evaluate` samples with
+    the same ``settings`` (same fields as its records): every user gets the items most often a training
+    target, best first; with the catalogue's ``items``, ``constrained_nll`` is ``-log p(target)`` under the
+    add-one-smoothed target frequencies."""
     settings = settings or EvalSettings()
     counts = split.training_target_counts()
     top = [item for item, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: max(settings.ks)]]
@@ -85,6 +105,8 @@ def evaluate_popularity(
         raise ValueError(
             f"only {len(top)} distinct training targets, fewer than K={max(settings.ks)}: lower the ks"
         )
+    rank_of = {item: rank for rank, item in enumerate(top)}
+    denominator = None
     if items is not None:
         unknown = set(counts) - set(items)
         if unknown:
@@ -94,21 +116,72 @@ def evaluate_popularity(
             )
         denominator = sum(counts.values()) + len(set(items))
     cold_items = split.cold_items(settings.cold_max_count)
-
-    def scored(examples: list) -> dict[str, float | int | None]:
-        metrics = ranking_metrics([top] * len(examples), [e[2] for e in examples], settings.ks)
-        if items is not None:
-            nll = [-math.log((counts[e[2]] + 1) / denominator) for e in examples]
-            metrics["constrained_nll"] = math.fsum(nll) / len(nll) if nll else None
-        return metrics
-
-    results: Results = {}
+    out: dict[str, list[dict[str, Any]]] = {}
     for part in parts:
-        chosen, cold_chosen, cold_pool = _users(split, part, settings, cold_items, None)
-        results[part] = {"all": scored(chosen)}
+        chosen, cold_chosen, _ = _users(split, part, settings, cold_items, None)
+        records = user_records(chosen, cold_chosen)
+        for record in records:
+            record["rank"] = rank_of.get(record["target"])
+            if denominator is not None:
+                record["constrained_nll"] = -math.log((counts.get(record["target"], 0) + 1) / denominator)
+        out[part] = records
+    return out
+
+
+def evaluate_popularity(
+    split: Any,
+    parts: tuple[str, ...] = ("valid", "test"),
+    settings: EvalSettings | None = None,
+    items: Sequence[str] | None = None,
+) -> Results:
+    """The most-popular reference (:func:`popularity_users`) as aggregate results, ``{part: {"all", "cold"}}``.
+
+    With the catalogue's ``items`` it also gives ``constrained_nll``, the likelihood reference of the
+    model's. A recommender that does not beat these has learnt popularity at best; cold targets score ~0
+    on the ranking metrics by design.
+    """
+    settings = settings or EvalSettings()
+    users = popularity_users(split, parts, settings, items)
+    results: Results = {}
+    for part, records in users.items():
+        results[part] = {}
+        for subset in ("all", "cold") if settings.cold else ("all",):
+            chosen = [r for r in records if r[subset]]
+            metrics = rank_metrics([r["rank"] for r in chosen], settings.ks)
+            if items is not None:
+                nll = [r["constrained_nll"] for r in chosen]
+                metrics["constrained_nll"] = math.fsum(nll) / len(nll) if nll else None
+            results[part][subset] = metrics
         if settings.cold:
-            results[part]["cold"] = scored(cold_chosen) | {"cold_users_available": len(cold_pool)}
+            cold_pool = _users(split, part, settings, split.cold_items(settings.cold_max_count), None)[2]
+            results[part]["cold"]["cold_users_available"] = len(cold_pool)
     return results
+
+
+def user_records(chosen: list, cold_chosen: list) -> list[dict[str, Any]]:
+    """One record per user of either sample (each once, in sample order): user, target and membership."""
+    in_all = {e[0] for e in chosen}
+    in_cold = {e[0] for e in cold_chosen}
+    unique = {e[0]: e for e in chosen + cold_chosen}
+    return [
+        {"user": user, "target": e[2], "all": user in in_all, "cold": user in in_cold}
+        for user, e in unique.items()
+    ]
+
+
+def rank_metrics(ranks: Sequence[int | None], ks: Sequence[int]) -> dict[str, float | int | None]:
+    """Mean Recall@K and NDCG@K from 0-based target ranks (``None``: absent), as
+    :func:`~.metrics.ranking_metrics` computes them from ranked lists, plus ``users``."""
+    ks = sorted(set(ks))
+    n = len(ranks)
+    result: dict[str, float | int | None] = {}
+    for k in ks:
+        result[f"recall@{k}"] = sum(1 for r in ranks if r is not None and r < k) / n if n else None
+    for k in ks:
+        gains = [1.0 / math.log2(r + 2) for r in ranks if r is not None and r < k]
+        result[f"ndcg@{k}"] = math.fsum(gains) / n if n else None
+    result["users"] = n
+    return result
 
 
 def item_token_ids(tokenizer: Any, index: Any) -> dict[str, list[int]]:
@@ -116,81 +189,3 @@ def item_token_ids(tokenizer: Any, index: Any) -> dict[str, list[int]]:
     from ..decoding import sid_token_ids
 
     return sid_token_ids(tokenizer, {item: index.sid_text(item) for item in index.item_ids})
-
-
-def evaluate_model(
-    model: Any,
-    tokenizer: Any,
-    split: Any,
-    index: Any,
-    catalogue: Any = None,
-    fmt: Any = None,
-    parts: tuple[str, ...] = ("valid", "test"),
-    settings: EvalSettings | None = None,
-    trie: Any = None,
-) -> Results:
-    """``{part: {"all": metrics, "cold": metrics, "decoding": counters}}`` for the split's users."""
-    from ..decoding import SIDTrie, recommend
-    from ..prompts import PromptFormat
-
-    settings = settings or EvalSettings()
-    fmt = fmt or PromptFormat()
-    trie = trie or SIDTrie(item_token_ids(tokenizer, index))
-    cold_items = split.cold_items(settings.cold_max_count)
-    results: Results = {}
-    for part in parts:
-        (chosen, cold_chosen, cold_pool), (users, prompts, _) = _part_prompts(
-            split, part, settings, cold_items, index, tokenizer, catalogue, fmt
-        )
-        with _autocast(model, settings):
-            recs = recommend(
-                model,
-                tokenizer,
-                prompts,
-                trie,
-                k=max(settings.ks),
-                num_beams=max(settings.num_beams, max(settings.ks)),
-                batch_size=settings.batch_size,
-            )
-        ranked = dict(zip(users, recs.items, strict=True))
-        results[part] = {
-            "all": ranking_metrics([ranked[e[0]] for e in chosen], [e[2] for e in chosen], settings.ks),
-            "decoding": recs.stats(),
-        }
-        if settings.cold:
-            cold = ranking_metrics(
-                [ranked[e[0]] for e in cold_chosen], [e[2] for e in cold_chosen], settings.ks
-            )
-            results[part]["cold"] = cold | {"cold_users_available": len(cold_pool)}
-    return results
-
-
-def evaluate_adapter(
-    adapter: str,
-    index: Any,
-    catalogue: Any,
-    settings: EvalSettings | None = None,
-    *,
-    model_path: str | None = None,
-    fmt: Any = None,
-    parts: tuple[str, ...] = ("valid", "test"),
-) -> Results:
-    """Load a trained adapter onto its base (checked against ``index``) and :func:`evaluate_model` it, with the
-    prompt format recorded in the adapter unless ``fmt`` is given."""
-    from ..models import base_model_path, prompt_format_of, sid_model
-
-    settings = settings or EvalSettings()
-    dtype = torch.bfloat16 if settings.bf16 else torch.float32
-    tokenizer, model = sid_model(
-        model_path or base_model_path(adapter), index, adapter=adapter, is_trainable=False, dtype=dtype
-    )
-    return evaluate_model(
-        model,
-        tokenizer,
-        catalogue.leave_one_out(),
-        index,
-        catalogue,
-        fmt or prompt_format_of(model),
-        parts,
-        settings,
-    )

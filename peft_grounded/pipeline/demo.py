@@ -37,6 +37,12 @@ class Preset:
     seeds: tuple[int, ...] = (0,)
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # the prompt format, objective included (None: built from max_history and with_titles)
+    fmt: PromptFormat | None = None
+
+    def prompt_format(self) -> PromptFormat:
+        """The format every strategy trains and is evaluated with."""
+        return self.fmt or PromptFormat(max_history=self.max_history, with_titles=self.with_titles)
 
 
 PRESETS: dict[str, Preset] = {
@@ -117,6 +123,15 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+def preset_of(preset: str | Preset) -> Preset:
+    """The named preset (or ``preset`` itself); a clear error naming the presets for an unknown name."""
+    if isinstance(preset, Preset):
+        return preset
+    if not isinstance(preset, str) or preset not in PRESETS:
+        raise ValueError(f"unknown demo preset {preset!r}; choose one of {', '.join(map(repr, PRESETS))}")
+    return PRESETS[preset]
+
+
 def _model_path(model: str | None) -> str:
     if model is not None:
         return str(model)
@@ -142,12 +157,15 @@ def run_demo(
         POPULARITY_LABEL,
         comparison_table,
         evaluate_popularity,
+        popularity_users,
         write_text_atomic,
     )
     from ..sids import SIDIndex, build_sids, load_catalogue
     from ..sids.index import JSON_NAME
+    from .curves import curves_section
+    from .headline import headline
 
-    spec = PRESETS[preset] if isinstance(preset, str) else preset
+    spec = preset_of(preset)
     if strategies:
         spec = replace(spec, strategies=tuple(strategies))
     if seeds:
@@ -182,7 +200,7 @@ def run_demo(
             show_progress=spec.budget.show_progress,
         )
     print(index.summary(), flush=True)
-    fmt = PromptFormat(max_history=spec.max_history, with_titles=spec.with_titles)
+    fmt = spec.prompt_format()
     experiment = Experiment(model_path, data, index, fmt=fmt)
     records: dict[str, list[dict]] = {}
     for seed in spec.seeds:
@@ -193,19 +211,24 @@ def run_demo(
             record = run_strategy(name, experiment, budget, run_dir, resume=resume)
             records.setdefault(name, []).append(record)
     summary = _summarise(spec, records, time.perf_counter() - started)
-    report = [f"# peft_grounded demo ({spec.name})", "", spec.note, "", index.summary(), ""]
+    settings = {seed: replace(spec.budget, seed=seed).eval_settings() for seed in spec.seeds}
+    pop_users = [
+        popularity_users(experiment.split, settings=settings[s], items=index.item_ids) for s in spec.seeds
+    ]
+    answer, intervals = headline(records, pop_users, spec.budget.ks)
+    summary["intervals"] = intervals
+    run_dirs = {name: [out / "strategies" / f"{name}-seed{seed}" for seed in spec.seeds] for name in records}
+    report = [f"# peft_grounded demo ({spec.name})", "", *answer, *curves_section(run_dirs, out)]
+    report += [spec.note, "", index.summary(), ""]
     if len(spec.seeds) > 1:
         report += [
-            f"The tables below are seed {spec.seeds[0]}'s; `summary.json` holds every seed ({list(spec.seeds)}).",
+            f"The tables below are seed {spec.seeds[0]}'s; `summary.json` holds every seed ({list(spec.seeds)}); "
+            "the intervals above pool them.",
             "",
         ]
     by_run = {name: recs[0]["metrics"] for name, recs in records.items()}
     # what a model must beat: the most frequent training targets, on the same sampled users
-    popularity = evaluate_popularity(
-        experiment.split,
-        settings=replace(spec.budget, seed=spec.seeds[0]).eval_settings(),
-        items=index.item_ids,
-    )
+    popularity = evaluate_popularity(experiment.split, settings=settings[spec.seeds[0]], items=index.item_ids)
     by_run[POPULARITY_LABEL] = popularity
     summary["popularity_reference"] = popularity
     runs.write_json_atomic(out / "summary.json", summary)
@@ -258,7 +281,7 @@ def run_demo(
     if diagnostics:
         report += ["", _diagnostics(out, index, data, experiment, model_path)]
     write_text_atomic(out / "report.md", "\n".join(report) + "\n")
-    print("\n".join(report[4:]), flush=True)
+    print("\n".join(report[2:]), flush=True)
     print(f"[demo] done in {summary['wall_s']:.0f} s; report: {out / 'report.md'}", flush=True)
     return summary
 
@@ -278,9 +301,13 @@ def _summarise(spec: Preset, records: dict[str, list[dict]], wall: float) -> dic
 
 def _diagnostics(out: Path, index, catalogue, experiment, model_path) -> str:
     try:
-        from ..diagnostics import diagnose_runs  # written alongside the diagnostics report
-    except ImportError:
-        return "_Diagnostics are not available in this version._"
+        from ..diagnostics import diagnose_runs
+    except ImportError as err:  # e.g. a missing optional dependency: say which, do not hide the section
+        logger.warning("diagnostics skipped: %s", err)
+        return (
+            f"## Geometry of the SID rows\n\n_Skipped: the diagnostics could not be imported ({err}). "
+            "Install what it names, then run `peft-grounded diagnose` on this run's `strategies/` folder._"
+        )
     files = diagnose_runs(
         out / "strategies",
         index,

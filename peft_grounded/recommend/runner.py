@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from .. import runs
-from ..evaluation.likelihood import evaluate_likelihood
-from ..evaluation.users import EvalSettings, evaluate_model, item_token_ids
+from ..evaluation.evaluator import evaluate
+from ..evaluation.users import EvalSettings, item_token_ids
 from ..models import sid_model
 from ..prompts import PromptFormat
 from ..saved_adapter import ADAPTER_WEIGHTS
@@ -293,8 +293,9 @@ def run_strategy(
         users=budget.curve_users, seed=budget.seed + 1, ks=(5, 10), cold=False
     )
 
-    def recall(live_model) -> dict:
-        return evaluate_model(
+    def validation(live_model, ranking: bool) -> dict:
+        """The fixed validation users' Recall/NDCG (``ranking``) or target NLL, for the learning curves."""
+        result = evaluate(
             live_model,
             tokenizer,
             experiment.split,
@@ -304,20 +305,16 @@ def run_strategy(
             ("valid",),
             curve_settings,
             trie,
-        )["valid"]["all"]
+            ranking=ranking,
+            likelihood=not ranking,
+        )
+        return (result.metrics if ranking else result.likelihood)["valid"]["all"]
+
+    def recall(live_model) -> dict:
+        return validation(live_model, ranking=True)
 
     def likelihood(live_model) -> dict:
-        return evaluate_likelihood(
-            live_model,
-            tokenizer,
-            experiment.split,
-            experiment.index,
-            experiment.catalogue,
-            experiment.fmt,
-            ("valid",),
-            curve_settings,
-            trie,
-        )["valid"]["all"]
+        return validation(live_model, ranking=False)
 
     stage = out / "sft"
     t = time.perf_counter()
@@ -362,7 +359,7 @@ def run_strategy(
     ]
     _write_json(out / CURVE_FILE, curves)
     t = time.perf_counter()
-    results = evaluate_model(
+    evaluation = evaluate(  # rankings, likelihoods and per-user records in one pass
         model,
         tokenizer,
         experiment.split,
@@ -373,7 +370,7 @@ def run_strategy(
         budget.eval_settings(),
         trie,
     )
-    likelihoods = _likelihood(model, tokenizer, experiment, budget, trie)
+    results, likelihoods = evaluation.metrics, evaluation.likelihood
     timings["eval_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - started
     record = {
@@ -382,6 +379,7 @@ def run_strategy(
         "description": spec.description,
         "metrics": results,
         "likelihood": likelihoods,
+        "users": evaluation.users,
         "validation_curve": recall_curve,
         "curve": curves,
         "eval_users": budget.eval_users,
@@ -407,21 +405,6 @@ def _log_history(stage: Path) -> list[dict]:
     return json.loads(path.read_text()) if path.is_file() else []
 
 
-def _likelihood(model, tokenizer, experiment: Experiment, budget: Budget, trie=None) -> dict:
-    """The target SIDs' log-likelihoods on the users the metrics were measured on."""
-    return evaluate_likelihood(
-        model,
-        tokenizer,
-        experiment.split,
-        experiment.index,
-        experiment.catalogue,
-        experiment.fmt,
-        ("valid", "test"),
-        budget.eval_settings(),
-        trie,
-    )
-
-
 def _add_likelihood(record: dict, experiment: Experiment, budget: Budget, out: Path) -> dict:
     """Measure the likelihoods of a run finished before they were recorded (loads its SFT adapter)."""
     tokenizer, model = sid_model(
@@ -431,7 +414,18 @@ def _add_likelihood(record: dict, experiment: Experiment, budget: Budget, out: P
         is_trainable=False,
         dtype=budget.dtype,
     )
-    record = record | {"likelihood": _likelihood(model, tokenizer, experiment, budget)}
+    measured = evaluate(
+        model,
+        tokenizer,
+        experiment.split,
+        experiment.index,
+        experiment.catalogue,
+        experiment.fmt,
+        ("valid", "test"),
+        budget.eval_settings(),
+        ranking=False,
+    )
+    record = record | {"likelihood": measured.likelihood}
     _write_json(out / RESULTS_FILE, record)
     return record
 

@@ -1,0 +1,171 @@
+"""Seconds per user of the SID-constrained beam search (and of the target likelihood) on SmolLM2-135M.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_decoding.py --users 40 --engines generate fast fast+nll --likelihood
+
+Engines: ``generate`` (transformers' beam search, the path before), ``fast`` (decoding/beam.py), and
+``fast+nll`` (the fast search also scoring each user's target from the same prompt cache, as
+``evaluation.evaluate`` does); ``--likelihood`` adds the separate teacher-forced likelihood pass
+(what an evaluation of rankings + likelihood cost before, on top of ``generate``).
+
+SIDs for MovieLens-100K (all-MiniLM-L6-v2 + RQ-KMeans 3 x 64 + a disambiguation level, cached under
+``--output``), a fresh centroid-initialised adapter (mean init would tie every SID token) with a LoRA
+(r 8, all linear), the seeded test users' inference prompts, 20 beams, top 20. Each engine decodes the
+same users; the table gives seconds per user (wall, best of the interleaved rounds, and the process's CPU
+time, which other jobs on a shared machine disturb less) and the share of users whose top-20 list equals
+the first engine's. bf16 weights and autocast (as the demo and the quality benchmark) unless ``--fp32``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from peft_grounded import assets
+from peft_grounded.adapter import add_lora
+from peft_grounded.decoding import SIDTrie, recommend
+from peft_grounded.evaluation import item_token_ids
+from peft_grounded.models import sid_model
+from peft_grounded.prompts import PromptFormat, inference_prompts
+from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
+from peft_grounded.sids.index import JSON_NAME
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--users", type=int, default=40)
+    parser.add_argument("--engines", nargs="+", default=["generate", "fast"])
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--beams", type=int, default=20)
+    parser.add_argument("--max-history", type=int, default=8)
+    parser.add_argument("--fp32", action="store_true", help="fp32 weights, no autocast")
+    parser.add_argument("--likelihood", action="store_true", help="also time target_log_likelihood")
+    parser.add_argument("--rounds", type=int, default=2, help="timed rounds per engine, interleaved")
+    parser.add_argument(
+        "--fp32-reference",
+        action="store_true",
+        help="also compare each bf16 engine's lists with fp32 decoding",
+    )
+    parser.add_argument("--output", type=Path, default=Path("runs/bench_decoding"))
+    args = parser.parse_args()
+
+    catalogue = load_catalogue("movielens-100k")
+    sid_dir = args.output / "sids"
+    if (sid_dir / JSON_NAME).is_file():
+        index = SIDIndex.load(sid_dir)
+    else:
+        index = build_sids(
+            catalogue,
+            sid_dir,
+            levels=3,
+            codes=64,
+            text_template=["title", "brand", "categories", "release_year", "description"],
+        )
+    dtype = torch.float32 if args.fp32 else torch.bfloat16
+    tokenizer, model = sid_model(str(assets.smollm2()), index, init="centroid", dtype=dtype)
+    add_lora(model, r=8, lora_alpha=16)
+    model.eval()
+    split = catalogue.leave_one_out()
+    fmt = PromptFormat(max_history=args.max_history)
+    examples = list(split.test_examples(fmt.max_history))
+    examples = random.Random(0).sample(examples, min(args.users, len(examples)))
+    _, prompts, targets = inference_prompts(examples, index, tokenizer, catalogue, fmt)
+    sids = item_token_ids(tokenizer, index)
+    trie = SIDTrie(sids)
+    autocast = nullcontext() if args.fp32 else torch.autocast("cpu", dtype=torch.bfloat16)
+    threads = torch.get_num_threads()
+    load = os.getloadavg()[0]
+    timings: dict[str, list[tuple[float, float]]] = {engine: [] for engine in args.engines}
+    lists: dict[str, list] = {}
+    values: dict[str, list] = {}
+    for _ in range(args.rounds):  # rounds interleave the engines: drift in the machine's load hits all alike
+        for engine in args.engines:
+            with autocast:
+                wall, cpu = time.perf_counter(), time.process_time()
+                recs = recommend(
+                    model,
+                    tokenizer,
+                    prompts,
+                    trie,
+                    k=20,
+                    num_beams=args.beams,
+                    batch_size=args.batch_size,
+                    engine=engine.removesuffix("+nll"),
+                    targets=[sids[x] for x in targets] if engine.endswith("+nll") else None,
+                )
+                timings[engine].append((time.perf_counter() - wall, time.process_time() - cpu))
+            lists[engine] = recs.items
+            values[engine] = recs.scores
+    reference = None
+    if args.fp32_reference and not args.fp32:  # how far each bf16 engine's lists are from exact arithmetic
+        _, exact = sid_model(str(assets.smollm2()), index, init="centroid", dtype=torch.float32)
+        add_lora(exact, r=8, lora_alpha=16)  # B = 0: the same function as the bf16 model, in fp32
+        exact.eval()
+        reference = recommend(
+            exact, tokenizer, prompts, trie, k=20, num_beams=args.beams, engine="fast"
+        ).items
+    first = lists[args.engines[0]]
+    rows = []
+    for engine in args.engines:
+        same = sum(a == b for a, b in zip(lists[engine], first, strict=True)) / len(first)
+        top10 = sum(set(a[:10]) == set(b[:10]) for a, b in zip(lists[engine], first, strict=True)) / len(
+            first
+        )
+        wall = min(t[0] for t in timings[engine]) / len(prompts)
+        cpu = min(t[1] for t in timings[engine]) / len(prompts)
+        # equal score lists with different items: the lists differ only in the order of tied items
+        ties = sum(
+            a != b and max(abs(x - y) for x, y in zip(sa, sb, strict=True)) < 1e-3
+            for a, b, sa, sb in zip(
+                lists[engine], first, values[engine], values[args.engines[0]], strict=True
+            )
+        ) / len(first)
+        note = ""
+        if reference is not None:
+            agree = sum(set(a[:10]) == set(b[:10]) for a, b in zip(lists[engine], reference, strict=True))
+            note = f"; top-10 sets equal to fp32's: {agree / len(reference):.0%}"
+        rows.append(
+            (
+                engine,
+                wall,
+                cpu,
+                f"{same:.0%} (top-10 sets: {top10:.0%}; same scores, tied items reordered: {ties:.0%}{note})",
+            )
+        )
+    if args.likelihood:
+        from peft_grounded.evaluation import target_log_likelihood
+
+        with autocast:
+            wall, cpu = time.perf_counter(), time.process_time()
+            target_log_likelihood(
+                model, tokenizer, prompts, [sids[x] for x in targets], trie, args.batch_size
+            )
+            rows.append(
+                (
+                    "likelihood",
+                    (time.perf_counter() - wall) / len(prompts),
+                    (time.process_time() - cpu) / len(prompts),
+                    "-",
+                )
+            )
+    print(
+        f"\n{len(prompts)} ML-100K test users, {args.beams} beams, batch {args.batch_size}, "
+        f"{'fp32' if args.fp32 else 'bf16'}, {threads} thread(s), load average {load:.2f} at start\n"
+    )
+    print(
+        "| engine | wall s / user (best round) | CPU s / user | users whose top-20 equals the first engine's |"
+    )
+    print("|---|---:|---:|---|")
+    for engine, wall, cpu, same in rows:
+        print(f"| {engine} | {wall:.3f} | {cpu:.3f} | {same} |")
+
+
+if __name__ == "__main__":
+    main()

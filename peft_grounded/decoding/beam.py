@@ -1,0 +1,273 @@
+"""A SID-constrained beam search written for fixed-length SIDs: the same search as transformers'
+``generate`` with :class:`~.processor.SIDConstraintLogitsProcessor` (greedy beam search, no length
+penalty, scores = summed full-vocabulary log-probabilities), with less work per user:
+
+* the prompt is encoded once per user (all tokens but the last, then the last one on one row per user)
+  and its KV cache is repeated to the beams only after the first SID token is chosen, so no beam forward
+  is spent on the first step (``generate`` runs the last prompt token once per beam);
+* each step keeps only the head's last position, and ranks the trie's allowed continuations of every
+  beam (at most the trie's branching factor) instead of a masked copy of the whole vocabulary;
+* the prompt's cache is not repeated to the beams: each beam step appends the beams' tokens to their
+  prompt's cache row and a 4D attention mask lets every beam see the prompt and its own ancestors only
+  (sdpa and eager attention; other implementations repeat the cache to the beams and reorder it between
+  steps).
+
+Variable-length SIDs (an end token) go through ``generate``; see :func:`~.generation.recommend`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from .scoring import target_nlls
+from .trie import SIDTrie
+
+
+def _cache_of(output: Any) -> Any:
+    for name in ("cache", "past_key_values"):  # the attribute was renamed during transformers 5.x
+        cache = getattr(output, name, None)
+        if cache is not None:
+            return cache
+    raise RuntimeError("the model returned no KV cache with use_cache=True; decode with engine='generate'")
+
+
+def _candidates(
+    trie: SIDTrie, nodes: torch.Tensor, log_probs: torch.Tensor, base: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(scores, tokens)``, each ``[rows, max degree]``: every allowed continuation of every row, scored
+    ``base + log p(token)``, in token order; absent slots score ``-inf``."""
+    t = trie.tensors(nodes.device)
+    rows, tokens = trie.allowed_pairs(nodes)
+    live = nodes >= 0
+    degree = torch.where(live, t["degree"][nodes.clamp(min=0)], 0)
+    width = max(int(degree.max()), 1) if degree.numel() else 1
+    offsets = torch.repeat_interleave(torch.cumsum(degree, 0) - degree, degree, output_size=rows.numel())
+    columns = torch.arange(rows.numel(), device=nodes.device) - offsets
+    scores = torch.full((nodes.shape[0], width), float("-inf"), device=nodes.device)
+    scores[rows, columns] = base[rows] + log_probs[rows, tokens]
+    chosen = torch.zeros((nodes.shape[0], width), dtype=torch.long, device=nodes.device)
+    chosen[rows, columns] = tokens
+    return scores, chosen
+
+
+def _cache_argument(model: Any) -> str:
+    """The forward's name for the KV cache (``past_key_values`` became ``cache`` during transformers 5.x)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        parameters = inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def _forward(model: Any, keep: int = 1, **kwargs: Any) -> Any:
+    if "past_key_values" in kwargs:
+        kwargs[_cache_argument(model)] = kwargs.pop("past_key_values")
+    try:
+        return model(**kwargs, use_cache=True, logits_to_keep=keep)
+    except TypeError as err:
+        raise TypeError(
+            f"the model's forward rejected the cached decoding call ({err}); it needs input_ids, "
+            "attention_mask, position_ids, past_key_values, use_cache and logits_to_keep. Decode with "
+            "recommend(..., engine='generate') for such a model"
+        ) from err
+
+
+@torch.no_grad()
+def constrained_beam_search(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    trie: SIDTrie,
+    num_beams: int,
+    targets: torch.Tensor | None = None,
+    shared_prompt: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, list[dict[str, float]] | None]:
+    """``(tokens [prompts, num_beams, L], scores [prompts, num_beams], target NLLs)`` for left-padded
+    prompts and a fixed-length trie. Beams that could not be filled (fewer reachable items than beams)
+    score ``-inf``. With ``targets`` (``[prompts, L]`` SID token ids) each prompt's target is also scored
+    (:func:`~.scoring.target_nlls`) from the same prompt cache: ``L - 1`` teacher-forced tokens per prompt,
+    before the beams start; otherwise the NLLs are ``None``. ``shared_prompt``: keep one cache row per
+    prompt and mask the beams apart (:func:`_tree_steps`; default when the attention is sdpa or eager),
+    or repeat the prompt's cache to every beam (:func:`_repeat_steps`)."""
+    if not trie.fixed_length:
+        raise ValueError("constrained_beam_search needs SIDs of one length; use engine='generate'")
+    prompts = input_ids.shape[0]
+    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    cache = None
+    if input_ids.shape[1] > 1:  # all prompt tokens but the last, once per prompt
+        cache = _cache_of(
+            _forward(
+                model,
+                input_ids=input_ids[:, :-1],
+                attention_mask=attention_mask[:, :-1],
+                position_ids=positions[:, :-1],
+            )
+        )
+    output = _forward(
+        model,
+        input_ids=input_ids[:, -1:],
+        attention_mask=attention_mask,
+        position_ids=positions[:, -1:],
+        past_key_values=cache,
+    )
+    cache = _cache_of(output)
+    first_logits = output.logits[:, -1, :].float()
+    log_probs = first_logits.log_softmax(-1)
+    trie.check_vocab_size(log_probs.shape[-1])
+    nlls = None
+    if targets is not None:
+        nlls = _score_targets(model, cache, first_logits, targets, attention_mask, positions[:, -1:], trie)
+    root = torch.zeros(prompts, dtype=torch.long, device=input_ids.device)
+    scores, tokens = _candidates(trie, root, log_probs, torch.zeros(prompts, device=input_ids.device))
+    if scores.shape[1] < num_beams:  # fewer first tokens than beams: pad with empty beams
+        pad = num_beams - scores.shape[1]
+        scores = torch.nn.functional.pad(scores, (0, pad), value=float("-inf"))
+        tokens = torch.nn.functional.pad(tokens, (0, pad), value=0)
+    beam_scores, index = scores.topk(num_beams, dim=1)
+    generated = tokens.gather(1, index).reshape(-1, 1)
+    beam_scores = beam_scores.reshape(-1)
+    if shared_prompt and not _mask_kind(model):
+        raise ValueError("shared_prompt needs sdpa or eager attention (a custom 4D mask)")
+    steps = _tree_steps if (_mask_kind(model) if shared_prompt is None else shared_prompt) else _repeat_steps
+    generated, beam_scores = steps(
+        model, cache, attention_mask, positions[:, -1:], generated, beam_scores, trie, num_beams
+    )
+    return generated.view(prompts, num_beams, -1), beam_scores.view(prompts, num_beams), nlls
+
+
+def _mask_kind(model: Any) -> str | None:
+    """``"bool"`` (sdpa) or ``"float"`` (eager) when the model's attention takes a custom 4D mask as given."""
+    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    return {"sdpa": "bool", "eager": "float"}.get(implementation)
+
+
+def _tree_steps(
+    model: Any,
+    cache: Any,
+    attention_mask: torch.Tensor,
+    last_position: torch.Tensor,
+    generated: torch.Tensor,
+    beam_scores: torch.Tensor,
+    trie: SIDTrie,
+    num_beams: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The beam steps with one cache row per prompt: the beams' tokens are appended to their prompt's row
+    (``num_beams`` columns per step) and a 4D mask lets each beam see the prompt and its own ancestors, so
+    the prompt's cache is never repeated to the beams nor reordered."""
+    prompts, width = attention_mask.shape
+    device = attention_mask.device
+    slots = torch.arange(num_beams, device=device).expand(prompts, num_beams)
+    path = slots[:, :, None]  # path[p, j, g]: the slot of beam j's token fed at forward g
+    offsets = (torch.arange(prompts, device=device) * num_beams)[:, None]
+    prompt_mask = attention_mask.bool()[:, None, None, :].expand(prompts, 1, num_beams, width)
+    kind = _mask_kind(model)
+    for step in range(1, trie.max_length):
+        own = torch.zeros(prompts, num_beams, step, num_beams, dtype=torch.bool, device=device)
+        own.scatter_(3, path[..., None], True)
+        mask = torch.cat([prompt_mask, own.view(prompts, 1, num_beams, step * num_beams)], dim=-1)
+        if kind == "float":
+            mask = torch.zeros(mask.shape, device=device).masked_fill(~mask, torch.finfo(torch.float32).min)
+        output = _forward(
+            model,
+            keep=0,
+            input_ids=generated[:, -1].view(prompts, num_beams),
+            attention_mask=mask,
+            position_ids=(last_position + step).expand(prompts, num_beams),
+            past_key_values=cache,
+        )
+        log_probs = output.logits.float().log_softmax(-1).view(prompts * num_beams, -1)
+        scores, tokens = _candidates(trie, trie.walk(generated), log_probs, beam_scores)
+        columns = scores.shape[1]
+        best, index = scores.view(prompts, num_beams * columns).topk(num_beams, dim=1)
+        parent = torch.div(index, columns, rounding_mode="floor")
+        chosen = tokens.view(prompts, num_beams * columns).gather(1, index).reshape(-1, 1)
+        generated = torch.cat([generated[(offsets + parent).reshape(-1)], chosen], dim=1)
+        beam_scores = best.reshape(-1)
+        path = torch.cat([path.gather(1, parent[:, :, None].expand(-1, -1, step)), slots[:, :, None]], dim=2)
+    return generated, beam_scores
+
+
+def _repeat_steps(
+    model: Any,
+    cache: Any,
+    attention_mask: torch.Tensor,
+    last_position: torch.Tensor,
+    generated: torch.Tensor,
+    beam_scores: torch.Tensor,
+    trie: SIDTrie,
+    num_beams: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The beam steps with the prompt's cache repeated to every beam (any attention implementation)."""
+    prompts = attention_mask.shape[0]
+    cache.batch_repeat_interleave(num_beams)
+    mask = attention_mask.repeat_interleave(num_beams, 0)
+    position = last_position.repeat_interleave(num_beams, 0)
+    offsets = (torch.arange(prompts, device=attention_mask.device) * num_beams)[:, None]
+    source = None
+    for _ in range(1, trie.max_length):
+        if source is not None:
+            cache.reorder_cache(source)
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        position = position + 1
+        output = _forward(
+            model,
+            input_ids=generated[:, -1:],
+            attention_mask=mask,
+            position_ids=position,
+            past_key_values=cache,
+        )
+        log_probs = output.logits[:, -1, :].float().log_softmax(-1)
+        scores, tokens = _candidates(trie, trie.walk(generated), log_probs, beam_scores)
+        width = scores.shape[1]
+        best, index = scores.view(prompts, num_beams * width).topk(num_beams, dim=1)
+        source = (offsets + torch.div(index, width, rounding_mode="floor")).reshape(-1)
+        chosen = tokens.view(prompts, num_beams * width).gather(1, index).reshape(-1, 1)
+        generated = torch.cat([generated[source], chosen], dim=1)
+        beam_scores = best.reshape(-1)
+    return generated, beam_scores
+
+
+def _score_targets(
+    model: Any,
+    cache: Any,
+    first_logits: torch.Tensor,
+    targets: torch.Tensor,
+    attention_mask: torch.Tensor,
+    last_position: torch.Tensor,
+    trie: SIDTrie,
+) -> list[dict[str, float]]:
+    """The targets' NLLs from the prompt cache; the cache is cropped back to the prompt afterwards."""
+    length = targets.shape[1]
+    columns = [first_logits[:, None, :]]
+    if length > 1:
+        mask = torch.cat(
+            [attention_mask, attention_mask.new_ones(attention_mask.shape[0], length - 1)], dim=1
+        )
+        steps = torch.arange(1, length, device=targets.device)[None, :]
+        output = _forward_keep(model, targets[:, :-1], mask, last_position + steps, cache, length - 1)
+        columns.append(output.logits.float())
+        cache.crop(-(length - 1))  # drop the teacher-forced target tokens again
+    logits = torch.cat(columns, dim=1)  # column j predicts target token j
+    return target_nlls(logits, targets.tolist(), length + 1, trie)
+
+
+def _forward_keep(
+    model: Any, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any, keep: int
+) -> Any:
+    try:
+        return model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=keep,
+            **{_cache_argument(model): cache},
+        )
+    except TypeError as err:
+        raise TypeError(
+            f"the model's forward rejected the cached scoring call ({err}); use engine='generate'"
+        ) from err

@@ -1,0 +1,153 @@
+"""One evaluation pass of a SID recommender: rankings and target likelihoods on the same sampled users.
+
+:func:`evaluate` samples each part's users once (a seeded sample of all users and one of cold-target
+users, see :mod:`.users`), renders their prompts once, decodes them with the SID-constrained beam search
+and scores their targets' log-likelihood (either can be switched off). It returns an :class:`Evaluation`:
+the aggregate results in the shapes the runner, CLI and reports use, plus one record per sampled user
+(``user``, ``target``, membership in the ``all`` / ``cold`` samples, the target's 0-based ``rank`` in the
+beam-search list or ``None`` when absent, and the NLLs), which the paired intervals of :mod:`.intervals`
+are computed from.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .evaluate import Results
+from .likelihood import LIKELIHOOD_METRICS, target_log_likelihood
+from .metrics import target_rank
+from .users import EvalSettings, _autocast, _part_prompts, item_token_ids, rank_metrics, user_records
+
+
+@dataclass
+class Evaluation:
+    """Aggregates (``metrics``: ``{part: {"all", "cold", "decoding"}}``; ``likelihood``:
+    ``{part: {"all", "cold"}}``) and per-user records (``users``: ``{part: [record, ...]}``)."""
+
+    metrics: Results = field(default_factory=dict)
+    likelihood: Results = field(default_factory=dict)
+    users: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"metrics": self.metrics, "likelihood": self.likelihood, "users": self.users}
+
+
+def evaluate(
+    model: Any,
+    tokenizer: Any,
+    split: Any,
+    index: Any,
+    catalogue: Any = None,
+    fmt: Any = None,
+    parts: tuple[str, ...] = ("valid", "test"),
+    settings: EvalSettings | None = None,
+    trie: Any = None,
+    *,
+    ranking: bool = True,
+    likelihood: bool = True,
+) -> Evaluation:
+    """Rank (constrained beam search) and/or score (target NLL) the split's sampled users in one pass."""
+    from ..decoding import SIDTrie, recommend
+    from ..prompts import PromptFormat
+
+    if not (ranking or likelihood):
+        raise ValueError("nothing to evaluate: keep ranking=True, likelihood=True or both")
+    settings = settings or EvalSettings()
+    fmt = fmt or PromptFormat()
+    sids = item_token_ids(tokenizer, index)
+    trie = trie or SIDTrie(sids)
+    cold_items = split.cold_items(settings.cold_max_count)
+    result = Evaluation()
+    for part in parts:
+        (chosen, cold_chosen, cold_pool), (users, prompts, targets) = _part_prompts(
+            split, part, settings, cold_items, index, tokenizer, catalogue, fmt
+        )
+        records = user_records(chosen, cold_chosen)
+        if [r["user"] for r in records] != users:
+            raise RuntimeError("prompts and user records are out of order; this is a bug, please report it")
+        target_ids = [sids[t] for t in targets]
+        together = ranking and likelihood and trie.fixed_length  # one prompt encoding serves both
+        with _autocast(model, settings):
+            if ranking:
+                recs = recommend(
+                    model,
+                    tokenizer,
+                    prompts,
+                    trie,
+                    k=max(settings.ks),
+                    num_beams=max(settings.num_beams, max(settings.ks)),
+                    batch_size=settings.batch_size,
+                    targets=target_ids if together else None,
+                )
+                for record, items in zip(records, recs.items, strict=True):
+                    record["rank"] = target_rank(items, record["target"])
+            if likelihood:
+                scores = (
+                    recs.extra["target_nlls"]
+                    if together
+                    else target_log_likelihood(
+                        model, tokenizer, prompts, target_ids, trie, settings.batch_size
+                    )
+                )
+                for record, score in zip(records, scores, strict=True):
+                    record.update(score)
+        result.users[part] = records
+        subsets = ("all", "cold") if settings.cold else ("all",)
+        if ranking:
+            result.metrics[part] = {
+                subset: rank_metrics([r["rank"] for r in records if r[subset]], settings.ks)
+                for subset in subsets
+            } | {"decoding": recs.stats()}
+        if likelihood:
+            result.likelihood[part] = {
+                subset: _means([r for r in records if r[subset]]) for subset in subsets
+            }
+        for target in (result.metrics, result.likelihood) if settings.cold else ():
+            if part in target:
+                target[part]["cold"]["cold_users_available"] = len(cold_pool)
+    return result
+
+
+def _means(records: list[dict[str, Any]]) -> dict[str, float | int | None]:
+    means: dict[str, float | int | None] = {
+        name: (math.fsum(r[name] for r in records) / len(records) if records else None)
+        for name in LIKELIHOOD_METRICS
+    }
+    return means | {"users": len(records)}
+
+
+def evaluate_adapter(
+    adapter: str,
+    index: Any,
+    catalogue: Any,
+    settings: EvalSettings | None = None,
+    *,
+    model_path: str | None = None,
+    fmt: Any = None,
+    parts: tuple[str, ...] = ("valid", "test"),
+    likelihood: bool = True,
+) -> Evaluation:
+    """Load a trained adapter onto its base (checked against ``index``) and :func:`evaluate` it, with the
+    prompt format recorded in the adapter unless ``fmt`` is given."""
+    from ..models import base_model_path, prompt_format_of, sid_model
+
+    settings = settings or EvalSettings()
+    dtype = torch.bfloat16 if settings.bf16 else torch.float32
+    tokenizer, model = sid_model(
+        model_path or base_model_path(adapter), index, adapter=adapter, is_trainable=False, dtype=dtype
+    )
+    return evaluate(
+        model,
+        tokenizer,
+        catalogue.leave_one_out(),
+        index,
+        catalogue,
+        fmt or prompt_format_of(model),
+        parts,
+        settings,
+        likelihood=likelihood,
+    )
