@@ -174,6 +174,7 @@ def test_presets_pass_their_prompt_format_through():
 
 def test_learning_curve_section_from_synthetic_curve_files(tmp_path):
     from peft_grounded.pipeline.curves import curves_section, read_curve
+    from peft_grounded.recommend.curves import learning_curve
 
     dirs = {}
     for name, slope in (("mean", 0.01), ("centroid", 0.03)):
@@ -181,27 +182,40 @@ def test_learning_curve_section_from_synthetic_curve_files(tmp_path):
         for seed in (0, 1):
             run = tmp_path / "strategies" / f"{name}-seed{seed}"
             run.mkdir(parents=True)
-            rows = [
-                {
-                    "step": s,
-                    "seconds": 2.0 * s,
-                    "items_seen": 8 * s,
-                    "progressive_loss": 9 - slope * s,
-                    **({"valid_nll": 8.5 - slope * s} if s % 20 == 0 else {}),
-                }
-                for s in range(0, 101, 10)
-            ]
-            (run / "curve.json").write_text(json.dumps(rows))
+            log = []  # a trainer's log history: loss logs, and validation points every 20 steps
+            for s in range(10, 101, 10):
+                log.append(
+                    {
+                        "step": s,
+                        "epoch": s / 200,
+                        "seconds": 2.0 * s,
+                        "items_seen": 8 * s,
+                        "loss": 2.0,
+                        "item_nll": 9 - slope * s,
+                    }
+                )
+                if s % 20 == 0:
+                    log.append(
+                        {
+                            "step": s,
+                            "seconds": 2.0 * s,
+                            "valid_nll": 9.0 - slope * s,
+                            "valid_constrained_nll": 8.5 - slope * s,
+                        }
+                    )
+            (run / "curve.json").write_text(json.dumps({"sft": learning_curve(log)}))
             dirs[name].append(run)
     dirs["gti"] = [tmp_path / "strategies" / "gti-seed0"]  # no curve written: skipped, not an error
     assert read_curve(dirs["gti"][0]) is None
+    curve = read_curve(dirs["centroid"][0])
+    assert curve["progressive"][100] == pytest.approx(6.0) and curve["valid"][20] == pytest.approx(7.9)
     lines = curves_section(dirs, tmp_path)
     assert "![learning curves](learning_curves.png)" in lines and "mean over 2 seeds" in lines[2]
     assert (tmp_path / "learning_curves.png").stat().st_size > 1000
     assert "No strategy wrote" in " ".join(curves_section({"gti": dirs["gti"]}, tmp_path / "none"))
     (dirs["gti"][0]).mkdir(parents=True)
     (dirs["gti"][0] / "curve.json").write_text(json.dumps([{"loss": 1}]))
-    with pytest.raises(ValueError, match="'step'"):
+    with pytest.raises(ValueError, match="strategy runner"):
         read_curve(dirs["gti"][0])
 
 

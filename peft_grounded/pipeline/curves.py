@@ -1,8 +1,6 @@
-"""Learning curves of a comparison: each strategy's ``curve.json`` (written by its training) drawn in one
-figure, strategies as lines: the progressive loss (targets not yet trained on) and the held-out NLL.
-
-Rows are dicts with a ``step`` (and ``seconds``, ``items``) and the measured values; the field names are
-matched loosely (``progressive...``, ``valid...``) so that the section works as soon as the files appear.
+"""Learning curves of a comparison: each strategy's ``curve.json`` (written by the strategy runner) drawn
+in one figure, strategies as lines: the SFT stage's progressive loss (targets not yet trained on) and
+the validation users' target NLL, against training steps.
 """
 
 from __future__ import annotations
@@ -11,56 +9,54 @@ import json
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
-CURVE_FILE = "curve.json"
+from ..recommend.runner import CURVE_FILE
+
+# (name, y-axis label, curve part, value field): the SFT stage's progressive loss (first-epoch training
+# windows: targets not yet trained on) and the validation users' trie-constrained target NLL
 PANELS = (
-    ("progressive", "progressive loss (nats, targets not yet trained on)"),
-    ("valid", "validation NLL (nats)"),
+    ("progressive", "progressive loss (nats per item, targets not yet trained on)", "train", "item_nll"),
+    ("valid", "validation NLL (nats per item, SID trie)", "valid", "constrained_nll"),
 )
 
 
-def read_curve(run_dir: str | Path) -> list[dict[str, Any]] | None:
-    """A run's curve rows, or ``None`` when it wrote none."""
+def read_curve(run_dir: str | Path, stage: str = "sft") -> dict[str, dict[int, float]] | None:
+    """``{panel: {step: value}}`` of a strategy run's ``curve.json`` (see
+    :func:`peft_grounded.recommend.curves.learning_curve`), or ``None`` when it wrote none."""
     path = Path(run_dir) / CURVE_FILE
     if not path.is_file():
         return None
     data = json.loads(path.read_text())
-    rows = data.get("rows", data.get("curve")) if isinstance(data, dict) else data
-    if not isinstance(rows, list) or not all(isinstance(r, dict) and "step" in r for r in rows):
-        raise ValueError(f"{path}: expected a list of rows with a 'step' (or a dict holding one as 'rows')")
-    return rows
+    part = data.get(stage) if isinstance(data, dict) else None
+    if not isinstance(part, dict) or not all(isinstance(part.get(k, []), list) for k in ("train", "valid")):
+        raise ValueError(
+            f"{path}: expected {{{stage!r}: {{'train': [...], 'valid': [...]}}}} as the strategy runner writes "
+            "it; was the file written by another tool?"
+        )
+    series: dict[str, dict[int, float]] = {}
+    for name, _, which, key in PANELS:
+        rows = [r for r in part.get(which, []) if isinstance(r, dict) and "step" in r]
+        if which == "train":
+            rows = [r for r in rows if r.get("progressive", True)]
+        series[name] = {int(r["step"]): float(r[key]) for r in rows if isinstance(r.get(key), (int, float))}
+    return series
 
 
-def _field(rows: Sequence[Mapping[str, Any]], prefix: str) -> str | None:
-    for key in rows[0] if rows else ():
-        if key.lower().startswith(prefix) and isinstance(rows[0][key], (int, float)):
-            return key
-    for row in rows:  # the first row may lack a value measured later
-        for key, value in row.items():
-            if key.lower().startswith(prefix) and isinstance(value, (int, float)):
-                return key
-    return None
-
-
-def _series(curves: Sequence[list[dict[str, Any]]], prefix: str) -> tuple[list[float], list[float]]:
+def _series(curves: Sequence[dict[str, dict[int, float]]], panel: str) -> tuple[list[int], list[float]]:
     """Steps and the value averaged over seeds (at the steps every seed measured)."""
-    per_seed = []
-    for rows in curves:
-        key = _field(rows, prefix)
-        per_seed.append({r["step"]: r[key] for r in rows if key and isinstance(r.get(key), (int, float))})
+    per_seed = [c.get(panel, {}) for c in curves]
     steps = sorted(set.intersection(*(set(s) for s in per_seed))) if per_seed else []
     return steps, [statistics.fmean(s[step] for s in per_seed) for step in steps]
 
 
 def plot_learning_curves(
-    curves: Mapping[str, Sequence[list[dict[str, Any]]]], path: str | Path
+    curves: Mapping[str, Sequence[dict[str, dict[int, float]] | None]], path: str | Path
 ) -> Path | None:
     """One figure (a panel per measured quantity), a line per strategy (mean over seeds); ``None`` when no
     strategy has a curve."""
     curves = {name: [c for c in runs if c] for name, runs in curves.items()}
     curves = {name: runs for name, runs in curves.items() if runs}
-    panels = [(p, label) for p, label in PANELS if any(_series(runs, p)[0] for runs in curves.values())]
+    panels = [(p, label) for p, label, *_ in PANELS if any(_series(runs, p)[0] for runs in curves.values())]
     if not panels:
         return None
     import matplotlib
