@@ -1,7 +1,7 @@
 """New items without retraining, measured: the evaluation protocol of issue 12.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_grow_protocol.py --out runs/grow-ml100k          # ~30-35 min
-    OMP_NUM_THREADS=1 python benchmarks/bench_grow_protocol.py --out runs/grow-smoke --smoke   # ~2-3 min
+    OMP_NUM_THREADS=1 python benchmarks/bench_grow_protocol.py --out runs/grow-ml100k          # ~30 min
+    OMP_NUM_THREADS=1 python benchmarks/bench_grow_protocol.py --out runs/grow-smoke --smoke   # ~1-2 min
 
 Defaults (one CPU thread, SmolLM2-135M): the ``sequence`` objective (SID-only chunks of 20 items,
 every item a target; ``max_length`` 128), LoRA r 8 / alpha 16 on all linear layers + the new rows, lr
@@ -36,9 +36,11 @@ import math
 import random
 import time
 from collections import Counter
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from peft_grounded import assets
 from peft_grounded.adapter import grow_adapter
@@ -49,6 +51,7 @@ from peft_grounded.grounding.incremental import ground_new_items
 from peft_grounded.models import sid_model
 from peft_grounded.prompts import PromptFormat, inference_prompts
 from peft_grounded.recommend import Budget, Experiment, run_strategy
+from peft_grounded.recommend.runner import strategy
 from peft_grounded.sids import build_sids, load_catalogue
 from peft_grounded.sids.encoders import encode_texts, load_encoder
 from peft_grounded.sids.text import TextTemplate
@@ -76,64 +79,153 @@ def first_seen(catalogue, dataset: str) -> dict[str, float]:
     return {i: seen.get(i, math.inf) for i in catalogue.items}
 
 
-def bootstrap(values: list[float], seed: int = 0, rounds: int = 1000) -> tuple[float, float]:
-    """95% percentile interval of the mean."""
-    if not values:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    data = np.asarray(values, dtype=np.float64)
-    means = data[rng.integers(0, len(data), (rounds, len(data)))].mean(1)
+def bootstrap_means(data: dict[str, np.ndarray], seed: int = 0, rounds: int = 2000) -> dict[str, np.ndarray]:
+    """Bootstrap means of each per-user array, all resampled with the SAME user indices (paired)."""
+    n = len(next(iter(data.values()))) if data else 0
+    if n == 0:
+        return {name: np.full(1, np.nan) for name in data}
+    idx = np.random.default_rng(seed).integers(0, n, (rounds, n))
+    return {name: values[idx].mean(1) for name, values in data.items()}
+
+
+def interval(means: np.ndarray) -> tuple[float, float]:
+    """95% percentile interval."""
     return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
+def per_user(predictions: list[list[str]], targets: list[str], k: int) -> dict[str, np.ndarray]:
+    """Per-user hit (Recall@k) and NDCG@k, and the target's rank (0 = not in the top k)."""
+    ranks = [p[:k].index(t) + 1 if t in p[:k] else 0 for p, t in zip(predictions, targets, strict=True)]
+    return {
+        f"recall@{k}": np.array([float(r > 0) for r in ranks]),
+        f"ndcg@{k}": np.array([1.0 / math.log2(r + 1) if r else 0.0 for r in ranks]),
+        "rank": np.array(ranks),
+    }
+
+
 def score(predictions: list[list[str]], targets: list[str], new: set[str], k: int) -> dict:
-    per_user_recall = [float(t in p[:k]) for p, t in zip(predictions, targets, strict=True)]
-    per_user_ndcg = [
-        1.0 / math.log2(p[:k].index(t) + 2) if t in p[:k] else 0.0
-        for p, t in zip(predictions, targets, strict=True)
-    ]
+    values = per_user(predictions, targets, k)
     metrics = ranking_metrics([p[:k] for p in predictions], targets, (k,))
     slots = [i for p in predictions for i in p[:k]]
     return {
         f"recall@{k}": metrics[f"recall@{k}"],
-        f"recall@{k}_ci95": bootstrap(per_user_recall),
         f"ndcg@{k}": metrics[f"ndcg@{k}"],
-        f"ndcg@{k}_ci95": bootstrap(per_user_ndcg),
         "new_item_slot_share": sum(i in new for i in slots) / max(len(slots), 1),
         "users": len(targets),
+        "per_user": values,
     }
 
 
-def decode(model, tokenizer, examples, index, catalogue, fmt, k: int) -> list[list[str]]:
+def decode(model, tokenizer, examples, index, catalogue, fmt, k: int, bf16: bool) -> list[list[str]]:
+    """Top-k items per example, prompts in the training ``fmt`` (the sequence layout for ``sequence``)."""
     _, prompts, _ = inference_prompts(examples, index, tokenizer, catalogue, fmt)
     trie = SIDTrie(item_token_ids(tokenizer, index))
-    return recommend(model, tokenizer, prompts, trie, k=k, num_beams=k, batch_size=8).items
+    device = model.device.type if hasattr(model, "device") else "cpu"
+    autocast = torch.autocast(device, dtype=torch.bfloat16) if bf16 else nullcontext()
+    with torch.no_grad(), autocast:
+        return recommend(model, tokenizer, prompts, trie, k=k, num_beams=k, batch_size=8).items
 
 
-def main() -> None:
+SMOKE = dict(  # a path check, not a measurement: seconds of training, a few users
+    minutes=0.2,
+    grounding_minutes=0.1,
+    max_examples=64,
+    users=4,
+    incremental_steps=2,
+    run_eval_users=1,
+)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--dataset", default="movielens-100k")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--smoke", action="store_true", help=f"tiny budget path check: {SMOKE}")
     parser.add_argument("--share", type=float, default=0.1, help="newest share of items held out")
-    parser.add_argument("--strategy", default="centroid")
+    parser.add_argument("--strategy", default="centroid", help="centroid | centroid_gti | gti | mean ...")
+    parser.add_argument("--objective", choices=("sequence", "prompt"), default="sequence")
+    parser.add_argument(
+        "--max-history", type=int, default=None, help="items of history (default: 19 sequence, 10 prompt)"
+    )
+    parser.add_argument(
+        "--max-length", type=int, default=None, help="token cap per row (default: 128 sequence, 256 prompt)"
+    )
     parser.add_argument("--levels", type=int, default=3)
     parser.add_argument("--codes", type=int, default=64)
-    parser.add_argument("--grounding-steps", type=int, default=4)
-    parser.add_argument("--sft-steps", type=int, default=6)
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--incremental-steps", type=int, default=20)
+    parser.add_argument("--minutes", type=float, default=12.0, help="SFT minutes per trained model")
     parser.add_argument(
-        "--max-examples", type=int, default=256, help="sample of SFT and grounding examples (0: all)"
+        "--grounding-minutes",
+        type=float,
+        default=2.0,
+        help="grounding minutes per trained model (only strategies that ground: gti, centroid_gti)",
     )
-    parser.add_argument("--users", type=int, default=16, help="new-item-target test users scored")
+    parser.add_argument("--sft-steps", type=int, default=0, help="step cap on SFT (0: the time alone)")
+    parser.add_argument("--grounding-steps", type=int, default=0, help="step cap on grounding (0: time)")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=1e-3, help="SFT and grounding learning rate")
+    parser.add_argument("--lora-r", type=int, default=8)
+    parser.add_argument("--lora-alpha", type=int, default=16)
+    parser.add_argument("--no-bf16", action="store_true", help="float32 base, no autocast")
+    parser.add_argument("--incremental-steps", type=int, default=30)
+    parser.add_argument(
+        "--max-examples", type=int, default=0, help="sample of SFT and grounding examples (0: all)"
+    )
+    parser.add_argument(
+        "--users", type=int, default=0, help="cap on new-item-target test users scored (0: all of them)"
+    )
+    parser.add_argument(
+        "--run-eval-users",
+        type=int,
+        default=8,
+        help="users the strategy runner itself decodes for its valid/test metrics (not the protocol's)",
+    )
     parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=2000, help="bootstrap resamples")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.smoke:
+        for key, value in SMOKE.items():
+            setattr(args, key, value)
+    if args.max_history is None:
+        args.max_history = 19 if args.objective == "sequence" else 10
+    if args.max_length is None:
+        args.max_length = 128 if args.objective == "sequence" else 256
+    return args
+
+
+def plan(args, grounds: bool) -> str:
+    per_model = args.minutes + (args.grounding_minutes if grounds else 0.0)
+    lines = [
+        f"Plan ({'SMOKE: a path check, not a measurement' if args.smoke else 'full protocol'}):",
+        f"  objective {args.objective} (max_history {args.max_history}, max_length {args.max_length}), "
+        f"strategy {args.strategy}, LoRA r {args.lora_r}/alpha {args.lora_alpha} all-linear, lr {args.lr}, "
+        f"batch {args.batch_size}, {'float32' if args.no_bf16 else 'bf16 base + bf16 autocast'}, "
+        f"examples {'all' if not args.max_examples else args.max_examples}",
+        "  1. encode the catalogue (MiniLM), build SIDs on the old items and on the full catalogue, add the "
+        "new items (~1-2 min)",
+        "  2. train the old-catalogue model: "
+        + (f"{args.grounding_minutes:g} min grounding + " if grounds else "")
+        + f"{args.minutes:g} min SFT (+ model loading and the runner's {args.run_eval_users}-user eval)",
+        f"  3. train the full-catalogue reference at the same budget: {per_model:g} min (+ the same overheads)",
+        f"  4. grow, decode the scored new-item test users (grown), {args.incremental_steps} incremental grounding "
+        f"steps, decode again; decode with the reference; popularity; bootstrap ({args.rounds} rounds)",
+        f"  training {2 * per_model:g} min in all; expected total ~{2 * per_model + (1 if args.smoke else 5):.0f} "
+        "min on one thread",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    grounds = strategy(args.strategy).ground
+    print(plan(args, grounds), flush=True)
+    started = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model_path = str(assets.smollm2())
+    bf16 = not args.no_bf16
 
     catalogue = load_catalogue(args.dataset)
     seen = first_seen(catalogue, args.dataset)
@@ -142,6 +234,17 @@ def main() -> None:
     old_ids, new_ids = order[:-n_new], order[-n_new:]
     new = set(new_ids)
     old_catalogue = catalogue.subset(old_ids)
+    fmt = PromptFormat(objective=args.objective, max_history=args.max_history)
+    split = catalogue.leave_one_out()
+    pool = [e for e in split.test_examples(fmt.max_history) if e[2] in new]
+    examples = random.Random(args.seed).sample(pool, min(args.users, len(pool))) if args.users else list(pool)
+    targets = [e[2] for e in examples]
+    print(
+        f"{catalogue.name}: {len(order)} items, {n_new} newest held out; {len(pool)} test users have a new "
+        f"item as target; scoring {len(examples)}"
+        + ("" if len(examples) == len(pool) else f" (a seeded sample, --users {args.users})"),
+        flush=True,
+    )
 
     encoder, template = load_encoder("minilm"), TextTemplate()
     vectors = encode_texts(template.render_all(list(catalogue.items.values())), encoder, show_progress=False)
@@ -160,80 +263,139 @@ def main() -> None:
     )
     add_seconds = time.perf_counter() - start
     full_index = build_sids(catalogue, vectors=vectors, encoder_fingerprint=fp, **settings)
+    print(f"SIDs ready ({time.perf_counter() - started:.0f} s)", flush=True)
 
-    fmt = PromptFormat()
     budget = Budget(
         grounding_steps=args.grounding_steps,
         sft_steps=args.sft_steps,
+        minutes=args.minutes,
+        grounding_minutes=args.grounding_minutes if grounds else None,
         batch_size=args.batch_size,
+        grounding_lr=args.lr,
+        sft_lr=args.lr,
+        lora_r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_target_modules="all-linear",
+        max_length=args.max_length,
+        bf16=bf16,
+        weights_dtype="bfloat16" if bf16 else "float32",
         seed=args.seed,
-        eval_users=4,
+        eval_users=args.run_eval_users,
+        num_beams=args.k,
+        ks=(args.k,),
         show_progress=False,
-        save_steps=max(args.grounding_steps, args.sft_steps, 1),
+        save_steps=200,
         max_train_examples=args.max_examples or None,
         max_grounding_examples=args.max_examples or None,
     )
-    run_strategy(
-        args.strategy,
-        Experiment(model_path, old_catalogue, parent, fmt=fmt),
-        budget,
-        out / "old",
-        resume=True,
-    )
-    run_strategy(
-        args.strategy,
-        Experiment(model_path, catalogue, full_index, fmt=fmt),
-        budget,
-        out / "full",
-        resume=True,
-    )
+    timings: dict[str, float] = {}
+    for name, cat, index in (("old", old_catalogue, parent), ("full", catalogue, full_index)):
+        t = time.perf_counter()
+        run_strategy(
+            args.strategy, Experiment(model_path, cat, index, fmt=fmt), budget, out / name, resume=True
+        )
+        timings[f"train_{name}_s"] = round(time.perf_counter() - t, 1)
+        print(f"{name} model trained ({timings[f'train_{name}_s']:.0f} s)", flush=True)
 
-    split = catalogue.leave_one_out()
-    pool = [e for e in split.test_examples(fmt.max_history) if e[2] in new]
-    examples = random.Random(args.seed).sample(pool, min(args.users, len(pool)))
-    targets = [e[2] for e in examples]
     results: dict[str, dict] = {}
-
-    tokenizer, model = sid_model(model_path, parent, adapter=str(out / "old" / "sft" / "adapter"))
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    t = time.perf_counter()
+    tokenizer, model = sid_model(
+        model_path, parent, adapter=str(out / "old" / "sft" / "adapter"), dtype=dtype
+    )
     grown = grow_adapter(model, tokenizer, parent, child)
     grown.eval()
     results["grown"] = score(
-        decode(grown, tokenizer, examples, child, catalogue, fmt, args.k), targets, new, args.k
+        decode(grown, tokenizer, examples, child, catalogue, fmt, args.k, bf16), targets, new, args.k
     )
-    inc = ground_new_items(
-        grown, tokenizer, parent, child, catalogue, steps=args.incremental_steps, batch_size=args.batch_size
-    )
+    timings["decode_grown_s"] = round(time.perf_counter() - t, 1)
+    autocast = torch.autocast(grown.device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+    with autocast:
+        inc = ground_new_items(
+            grown,
+            tokenizer,
+            parent,
+            child,
+            catalogue,
+            steps=args.incremental_steps,
+            batch_size=args.batch_size,
+            learning_rate=args.lr,
+            seed=args.seed,
+        )
     grown.eval()
+    t = time.perf_counter()
     results["grown + incremental grounding"] = score(
-        decode(grown, tokenizer, examples, child, catalogue, fmt, args.k), targets, new, args.k
+        decode(grown, tokenizer, examples, child, catalogue, fmt, args.k, bf16), targets, new, args.k
     ) | {"incremental_seconds": round(inc.seconds, 2), "incremental_rows": len(inc.trained_rows)}
+    timings["decode_incremental_s"] = round(time.perf_counter() - t, 1)
     del grown, model
 
-    tokenizer, full = sid_model(model_path, full_index, adapter=str(out / "full" / "sft" / "adapter"))
+    t = time.perf_counter()
+    tokenizer, full = sid_model(
+        model_path, full_index, adapter=str(out / "full" / "sft" / "adapter"), dtype=dtype
+    )
     full.eval()
     results["retrained (full catalogue)"] = score(
-        decode(full, tokenizer, examples, full_index, catalogue, fmt, args.k), targets, new, args.k
+        decode(full, tokenizer, examples, full_index, catalogue, fmt, args.k, bf16), targets, new, args.k
     )
+    timings["decode_retrained_s"] = round(time.perf_counter() - t, 1)
     counts = Counter(old_catalogue.leave_one_out().training_target_counts())
     top = [i for i, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: args.k]]
     results["popularity"] = score([top] * len(targets), targets, new, args.k)
 
+    k = args.k
+    metrics = (f"recall@{k}", f"ndcg@{k}")
+    arrays = {(name, m): r["per_user"][m].astype(np.float64) for name, r in results.items() for m in metrics}
+    pairs = {
+        "grown - retrained": ("grown", "retrained (full catalogue)"),
+        "grown+incremental - grown": ("grown + incremental grounding", "grown"),
+    }
+    for label, (a, b) in pairs.items():
+        for m in metrics:
+            arrays[(label, m)] = arrays[(a, m)] - arrays[(b, m)]
+    boot = bootstrap_means(
+        {f"{n}|{m}": v for (n, m), v in arrays.items()}, seed=args.seed, rounds=args.rounds
+    )
+    for name, r in results.items():
+        for m in metrics:
+            r[f"{m}_ci95"] = interval(boot[f"{name}|{m}"])
+    differences = {
+        label: {m: float(arrays[(label, m)].mean()) if len(targets) else float("nan") for m in metrics}
+        | {f"{m}_ci95": interval(boot[f"{label}|{m}"]) for m in metrics}
+        for label in pairs
+    }
+    timings["total_s"] = round(time.perf_counter() - started, 1)
+
+    per_user_ranks = {
+        "users": [e[0] for e in examples],
+        "targets": targets,
+        "rank_of_target": {name: r["per_user"]["rank"].tolist() for name, r in results.items()},
+    }
+    for r in results.values():
+        del r["per_user"]
     summary = {
         "dataset": catalogue.name,
         "items": len(order),
         "new_items": n_new,
         "new_item_test_users": len(pool),
         "scored_users": len(examples),
+        "smoke": args.smoke,
         "add_items_seconds": round(add_seconds, 3),
         "new_tokens": child.n_tokens - parent.n_tokens,
+        "format": {"objective": fmt.objective, "max_history": fmt.max_history},
         "budget": vars(args),
+        "timings": timings,
         "results": results,
+        "paired_differences": differences,
+        "per_user": per_user_ranks,
     }
     (out / "protocol.json").write_text(json.dumps(summary, indent=1))
-    k = args.k
+    scored = f"all {len(pool)}" if len(examples) == len(pool) else f"{len(examples)} of {len(pool)}"
     lines = [
-        f"## New items on {catalogue.name}: {n_new} newest items held out, {len(examples)} of {len(pool)} "
-        f"new-item test users scored",
+        f"## New items on {catalogue.name}: {n_new} newest items held out, {scored} new-item test users "
+        f"scored ({fmt.objective} objective, {args.minutes:g} min SFT"
+        + (f" + {args.grounding_minutes:g} min grounding" if grounds else "")
+        + f" per trained model{', SMOKE' if args.smoke else ''})",
         "",
         f"| model | Recall@{k} [95% CI] | NDCG@{k} [95% CI] | share of slots to new items |",
         "|---|---|---|---|",
@@ -245,10 +407,20 @@ def main() -> None:
             f"| {name} | {r[f'recall@{k}']:.4f} [{lo:.4f}, {hi:.4f}] | {r[f'ndcg@{k}']:.4f} [{nlo:.4f}, {nhi:.4f}] "
             f"| {r['new_item_slot_share']:.3f} |"
         )
+    lines += ["", f"| paired difference | Recall@{k} [95% CI] | NDCG@{k} [95% CI] |", "|---|---|---|"]
+    for label, d in differences.items():
+        lo, hi = d[f"recall@{k}_ci95"]
+        nlo, nhi = d[f"ndcg@{k}_ci95"]
+        lines.append(
+            f"| {label} | {d[f'recall@{k}']:+.4f} [{lo:+.4f}, {hi:+.4f}] "
+            f"| {d[f'ndcg@{k}']:+.4f} [{nlo:+.4f}, {nhi:+.4f}] |"
+        )
     lines += [
         "",
+        f"Intervals: percentile bootstrap over users ({args.rounds} resamples, seed {args.seed}; the paired "
+        "rows resample the same users for both models).",
         f"add_items: {add_seconds:.3f} s, {summary['new_tokens']} new tokens; incremental grounding: "
-        f"{inc.seconds:.1f} s over {len(inc.trained_rows)} rows.",
+        f"{inc.seconds:.1f} s over {len(inc.trained_rows)} rows. Timings (s): {timings}.",
     ]
     (out / "protocol.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

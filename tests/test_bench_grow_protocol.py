@@ -1,0 +1,58 @@
+"""The new-item protocol script's defaults, scoring and (paired) bootstrap intervals; no model runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_grow_protocol.py"
+
+
+@pytest.fixture(scope="module")
+def protocol():
+    spec = importlib.util.spec_from_file_location("bench_grow_protocol", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_defaults_are_the_cpu_protocol(protocol):
+    args = protocol.parse_args(["--out", "x"])
+    assert (args.objective, args.max_history, args.max_length) == ("sequence", 19, 128)
+    assert (args.lora_r, args.lora_alpha, args.lr, args.batch_size) == (8, 16, 1e-3, 8)
+    assert not args.no_bf16 and args.users == 0 and args.max_examples == 0  # all users, all rows
+    assert args.minutes > 0 and not args.smoke
+    prompt = protocol.parse_args(["--out", "x", "--objective", "prompt"])
+    assert (prompt.max_history, prompt.max_length) == (10, 256)
+    smoke = protocol.parse_args(["--out", "x", "--smoke"])
+    assert smoke.minutes < 1 and smoke.users > 0
+    assert "SMOKE" in protocol.plan(smoke, grounds=False)
+
+
+def test_score_per_user_and_slot_share(protocol):
+    predictions = [["a", "n1", "b"], ["b", "c", "d"], ["n2", "a", "b"]]
+    result = protocol.score(predictions, ["n1", "n9", "n2"], {"n1", "n2", "n9"}, k=3)
+    assert result["recall@3"] == pytest.approx(2 / 3)
+    assert result["per_user"]["rank"].tolist() == [2, 0, 1]
+    assert result["per_user"]["ndcg@3"].tolist() == pytest.approx([1 / np.log2(3), 0.0, 1.0])
+    assert result["ndcg@3"] == pytest.approx(result["per_user"]["ndcg@3"].mean())
+    assert result["new_item_slot_share"] == pytest.approx(2 / 9)
+
+
+def test_bootstrap_is_paired_and_seeded(protocol):
+    rng = np.random.default_rng(1)
+    a = rng.random(40)
+    b = a + 0.1  # b is a shifted by a constant: every paired resample differs by exactly 0.1
+    boot = protocol.bootstrap_means({"a": a, "b": b, "d": b - a}, seed=3, rounds=500)
+    assert np.allclose(boot["b"] - boot["a"], 0.1)
+    lo, hi = protocol.interval(boot["d"])
+    assert lo == pytest.approx(0.1) and hi == pytest.approx(0.1)
+    lo, hi = protocol.interval(boot["a"])
+    assert lo < a.mean() < hi
+    again = protocol.bootstrap_means({"a": a}, seed=3, rounds=500)
+    assert np.array_equal(again["a"], boot["a"])
