@@ -167,7 +167,9 @@ def test_presets_pass_their_prompt_format_through():
     from peft_grounded.prompts import PromptFormat
 
     smoke = PRESETS["smoke"]
-    assert smoke.prompt_format() == PromptFormat(max_history=smoke.max_history, with_titles=smoke.with_titles)
+    assert smoke.prompt_format().objective == PRESETS["default"].prompt_format().objective == "sequence"
+    plain = replace(smoke, fmt=None)
+    assert plain.prompt_format() == PromptFormat(max_history=plain.max_history, with_titles=plain.with_titles)
     custom = PromptFormat(max_history=3)
     assert replace(smoke, fmt=custom).prompt_format() is custom
 
@@ -254,6 +256,10 @@ def test_headline_names_the_winner_with_intervals():
     old = {name: [{k: v for k, v in recs[0].items() if k != "users"}] for name, recs in records.items()}
     lines, rows = headline(old, None, (10,))
     assert rows == [] and "No per-user results" in lines[-2]
+    # nobody hit a target: no winner is named on a tie at zero
+    empty = {name: [run([None] * 40, [n] * 40)] for name, n in (("mean", 8.0), ("centroid", 7.5))}
+    lines, _ = headline(empty, None, (10,), resamples=200)
+    assert "No strategy ranks a test target in its top 10" in lines[2] and "has the best" not in lines[2]
 
 
 def test_demo_diagnostics_import_error_is_explained(tmp_path, monkeypatch):

@@ -58,10 +58,13 @@ def headline(
     best = ranked[0]
     r_best = scores[best][0]
     label = recall.replace("recall", "Recall")
-    text = (
-        f"**{best}** has the best test {label} ({r_best:.4f})" if r_best is not None else f"**{best}** leads"
-    )
-    if reference in scores and best != reference and scores[reference][0] is not None and r_best is not None:
+    if r_best is None:
+        text = f"**{best}** leads"
+    elif r_best == 0:
+        text = f"No strategy ranks a test target in its top {label.split('@')[-1]} at this budget ({label} 0 for all)"
+    else:
+        text = f"**{best}** has the best test {label} ({r_best:.4f})"
+    if reference in scores and best != reference and scores[reference][0] is not None and r_best:
         text += (
             f", {r_best - scores[reference][0]:+.4f} against {reference} init ({scores[reference][0]:.4f})"
         )
