@@ -7,7 +7,6 @@ conftest), so each test takes seconds; the reference is always the same computat
 from __future__ import annotations
 
 import copy
-import importlib.util
 import os
 
 import numpy as np
@@ -230,23 +229,21 @@ def test_rqkmeans_on_cuda_codes_as_good_as_cpu():
 
 def _recommendation_step(tokenizer, tiny_model_factory, tmp_path, objective: str) -> None:
     """One SFT run of a few steps on CUDA through the package's RecommendationTrainer."""
-    from dataclasses import replace
-
     from toy_catalogue import toy_catalogue, toy_index
 
+    from peft_grounded.prompts import PromptFormat
     from peft_grounded.recommend import Budget, Experiment, run_strategy
 
     path = tmp_path / "base"
     tiny_model_factory("llama", True).save_pretrained(path)
     tokenizer.save_pretrained(path)
     catalogue = toy_catalogue()
-    experiment = Experiment(str(path), catalogue, toy_index(catalogue))
+    fmt = PromptFormat(objective=objective, max_history=4)
+    experiment = Experiment(str(path), catalogue, toy_index(catalogue), fmt=fmt)
     budget = Budget(
         grounding_steps=2, sft_steps=3, batch_size=4, eval_users=4, num_beams=8, ks=(1, 5), lora_r=2,
         save_steps=10, logging_steps=1, show_progress=False, bf16=True,
     )  # fmt: skip
-    if objective != "prompt":
-        budget = replace(budget, objective=objective)  # the sequence objective's Budget field, if it has one
     record = run_strategy("centroid_gti", experiment, budget, tmp_path / "run")
     assert record["metrics"]["test"]["decoding"]["invalid"] == 0
     assert np.isfinite(record["likelihood"]["test"]["all"]["constrained_nll"])
@@ -258,15 +255,5 @@ def test_prompt_objective_training_step_on_cuda(tokenizer, tiny_model_factory, t
 
 
 def test_sequence_objective_training_step_on_cuda(tokenizer, tiny_model_factory, tmp_path):
-    # >>> SEQUENCE OBJECTIVE: written before peft_grounded.recommend.sequence exists (another engineer's
-    # work). Once it lands, check that Budget(objective="sequence") is how the runner selects it, and adjust.
-    if importlib.util.find_spec("peft_grounded.recommend.sequence") is None:
-        pytest.skip("peft_grounded.recommend.sequence is not there yet (the sequence objective)")
     pytest.importorskip("trl")
-    from peft_grounded.recommend import Budget
-
-    if "objective" not in Budget.__dataclass_fields__:
-        pytest.skip(
-            "Budget has no 'objective' field: adapt this test to how the sequence objective is chosen"
-        )
     _recommendation_step(tokenizer, tiny_model_factory, tmp_path, "sequence")
