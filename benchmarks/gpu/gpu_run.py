@@ -679,7 +679,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, required=True, help="state and runs (kept between commands)")
     p.add_argument("--payload", type=Path, default=ROOT / ".gpu_transfer" / "payload")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny budget: checks every stage")
-    p.add_argument("--objective", default=None, help="passed to bench_quality.py if it accepts --objective")
+    p.add_argument(
+        "--objective",
+        default="sequence",
+        help="training objective of the comparison (sequence: every item a target; prompt: the papers' setting)",
+    )
     p.add_argument("--seeds", type=int, nargs="+", default=None)
     p.add_argument("--datasets", nargs="+", choices=DATASETS, default=None)
     p.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=None)
