@@ -16,7 +16,13 @@ from typing import Any
 
 from ._io import atomic_write_text
 
-MANIFEST = "run.json"
+# The layout of a run's folder (every stage and tool names its files from here)
+MANIFEST = "run.json"  # what the run is (checked on resume)
+ADAPTER_DIR = "adapter"  # a stage's final adapter
+LOG_FILE = "log_history.json"  # a stage's loss log
+RESULTS_FILE = "metrics.json"  # the strategy runner's results
+CURVE_FILE = "curve.json"  # the strategy runner's learning curves per stage
+STAGES = ("init", "grounding", "sft")  # the strategy runner's stage folders, in order
 
 
 class RunMismatchError(ValueError):

@@ -11,6 +11,8 @@ import torch
 from peft.utils.constants import CONFIG_NAME as ADAPTER_CONFIG
 from peft.utils.constants import SAFETENSORS_WEIGHTS_NAME as ADAPTER_WEIGHTS
 
+PEFT_TYPE = "GROUNDED_TOKENS"  # the method's name in PEFT's registry and in every adapter_config.json
+
 
 @dataclass
 class SavedAdapter:
@@ -56,7 +58,7 @@ def read_adapter(path: str | Path) -> SavedAdapter:
             f"{directory} does not hold a saved adapter ({ADAPTER_CONFIG} + {ADAPTER_WEIGHTS})."
         )
     config = json.loads(config_file.read_text())
-    if config.get("peft_type") not in (None, "GROUNDED_TOKENS"):
+    if config.get("peft_type") not in (None, PEFT_TYPE):
         raise ValueError(
             f"{directory} holds a {config.get('peft_type')} adapter, not a grounded-token adapter."
         )

@@ -31,12 +31,11 @@ from trl import SFTConfig, SFTTrainer
 
 from . import runs
 from ._io import make_temp_dir
+from .runs import ADAPTER_DIR, LOG_FILE
 from .training_clock import TimeProgressCallback, TrainingClock, time_schedule
 
 logger = logging.getLogger(__name__)
 
-ADAPTER_DIR = "adapter"
-LOG_FILE = "log_history.json"
 
 
 @dataclass

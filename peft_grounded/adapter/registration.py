@@ -11,7 +11,9 @@ import functools
 
 from peft.utils.peft_types import PeftType
 
-NAME = "grounded_tokens"
+from ..saved_adapter import PEFT_TYPE
+
+NAME = PEFT_TYPE.lower()
 
 
 def _extend_peft_type(member_name: str) -> PeftType:
@@ -30,7 +32,7 @@ def _extend_peft_type(member_name: str) -> PeftType:
     return member
 
 
-GROUNDED_TOKENS = _extend_peft_type(NAME.upper())
+GROUNDED_TOKENS = _extend_peft_type(PEFT_TYPE)
 
 
 def register(config_cls: type, model_cls: type) -> None:

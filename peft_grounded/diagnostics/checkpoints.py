@@ -19,12 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..runs import ADAPTER_DIR, RESULTS_FILE, STAGES
 from ..runs import MANIFEST as RUN_MANIFEST  # the runner's manifest (strategy, budget, model, SID index)
 from ..saved_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
-ADAPTER_DIR = "adapter"  # the runner's stage/adapter sub-directory
-RUN_METRICS = "metrics.json"
-RUN_STAGES = ("init", "grounding", "sft")
 # Report order: the baselines first, then the initialisations they are compared with.
 STRATEGY_ORDER = ("mean", "gaussian", "random", "centroid", "gti", "centroid_gti")
 MATRICES = ("input", "output")
@@ -68,7 +66,7 @@ def checkpoint(path: str | os.PathLike[str], name: str | None = None, stage: str
             f"no saved adapter at {directory} (expected {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}); pass the "
             "directory that save_pretrained wrote, e.g. <run>/sft/adapter"
         )
-    from_runner = directory.name == ADAPTER_DIR and directory.parent.name in RUN_STAGES
+    from_runner = directory.name == ADAPTER_DIR and directory.parent.name in STAGES
     fingerprint = None
     if from_runner:
         fingerprint = _run_manifest(directory.parent.parent).get("index")
@@ -175,7 +173,7 @@ class _Strategy:
 
 def _strategy_dirs(root: Path) -> list[_Strategy]:
     def looks_like_run(d: Path) -> bool:
-        return (d / RUN_METRICS).is_file() or bool(_run_manifest(d)) or _is_adapter(d / "init" / ADAPTER_DIR)
+        return (d / RESULTS_FILE).is_file() or bool(_run_manifest(d)) or _is_adapter(d / "init" / ADAPTER_DIR)
 
     if not looks_like_run(root) and (root / "strategies").is_dir():  # the demo's output folder
         root = root / "strategies"
@@ -198,11 +196,11 @@ def _stage_dirs(strategy: _Strategy) -> list[tuple[str, Path]]:
     """(stage, adapter dir) in run order: the stages metrics.json lists, else the known stage folders."""
     recorded: dict[str, str] = {}
     try:
-        recorded = json.loads((strategy.directory / RUN_METRICS).read_text()).get("stages") or {}
+        recorded = json.loads((strategy.directory / RESULTS_FILE).read_text()).get("stages") or {}
     except (OSError, json.JSONDecodeError, AttributeError):
         recorded = {}
-    names = set(recorded) or {s for s in RUN_STAGES if (strategy.directory / s).is_dir()}
-    names = sorted(names, key=lambda s: (RUN_STAGES.index(s) if s in RUN_STAGES else len(RUN_STAGES), s))
+    names = set(recorded) or {s for s in STAGES if (strategy.directory / s).is_dir()}
+    names = sorted(names, key=lambda s: (STAGES.index(s) if s in STAGES else len(STAGES), s))
     out = []
     for stage in names:
         local = strategy.directory / stage / ADAPTER_DIR  # the folder may have moved since the run
@@ -235,7 +233,7 @@ def find_run_checkpoints(
     found = _strategy_dirs(root)
     if not found:
         raise FileNotFoundError(
-            f"{root} holds no strategy runs (folders with init/adapter, {RUN_MANIFEST} or {RUN_METRICS}); "
+            f"{root} holds no strategy runs (folders with init/adapter, {RUN_MANIFEST} or {RESULTS_FILE}); "
             "pass the folder that run_strategy wrote into, or the folder holding several of them"
         )
     notes: list[str] = []

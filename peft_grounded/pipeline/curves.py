@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..recommend.runner import CURVE_FILE
+from ..runs import CURVE_FILE
 
 # (name, y-axis label, curve part, value field): the SFT stage's progressive loss (first-epoch training
 # windows: targets not yet trained on) and the validation users' trie-constrained target NLL

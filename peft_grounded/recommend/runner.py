@@ -29,13 +29,12 @@ from ..evaluation.evaluator import evaluate
 from ..evaluation.users import EvalSettings, item_token_ids
 from ..models import sid_model
 from ..prompts import PromptFormat
+from ..runs import ADAPTER_DIR, CURVE_FILE, LOG_FILE, RESULTS_FILE
 from ..saved_adapter import ADAPTER_WEIGHTS
-from ..training import ADAPTER_DIR, LOG_FILE, save_adapter_atomic, upcast_trainable
+from ..training import save_adapter_atomic, upcast_trainable
 
 logger = logging.getLogger(__name__)
 
-RESULTS_FILE = "metrics.json"  # the runner's results; read back only when they carry this run's fingerprint
-CURVE_FILE = "curve.json"  # learning curves per stage (see recommend.curves.learning_curve)
 
 
 @dataclass(frozen=True)
