@@ -112,6 +112,9 @@ def test_format_errors():
         Budget(weights_dtype="int8")
     with pytest.raises(ValueError, match="positive"):
         Budget(minutes=0)
+    assert Budget().parts == ("valid", "test") and Budget(eval_parts=("test",)).parts == ("test",)
+    with pytest.raises(ValueError, match="eval_parts"):
+        Budget(eval_parts=("train",))
 
 
 def test_time_schedule_warms_up_and_ends_at_zero():
@@ -177,7 +180,9 @@ def test_time_budget_stops_the_run(toy, model_dir, tmp_path):
     steps = [e for e in log if "loss" in e]
     assert 1 <= len(steps) < 1000 and steps[-1]["seconds"] >= 0.5
     rates = [e["learning_rate"] for e in steps]
-    assert len(steps) == 1 or rates[-1] < max(rates)  # decaying towards 0 at the time limit
+    # decaying towards 0 at the time limit (time_schedule's values are tested exactly above; on a loaded
+    # machine a half-second budget may hold only a step or two, logged before the clock moved)
+    assert len(steps) < 3 or rates[-1] < max(rates)
 
 
 def test_a_time_budget_shows_its_progress_in_seconds(toy, model_dir, tmp_path, capfd):

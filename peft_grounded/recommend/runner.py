@@ -112,6 +112,8 @@ class Budget:
     # manifests, which lack the field, resumable)
     curve_every: int | None = None
     curve_users: int = 100  # the fixed seeded validation users of both
+    # the parts decoded at the end (None: valid and test; None keeps older runs' manifests resumable)
+    eval_parts: tuple[str, ...] | None = None
     ks: tuple[int, ...] = (1, 5, 10, 20)
     num_beams: int = 20
     eval_batch_size: int = 16
@@ -135,6 +137,14 @@ class Budget:
             value = getattr(self, field_name)
             if value is not None and value <= 0:
                 raise ValueError(f"{field_name}={value}: a time budget must be positive (or None for none).")
+        unknown = set(self.eval_parts or ()) - {"valid", "test"}
+        if unknown or (self.eval_parts is not None and not self.eval_parts):
+            raise ValueError(f"eval_parts={self.eval_parts!r}: name 'valid' and/or 'test' (or None for both).")
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The split parts evaluated at the end of a run."""
+        return tuple(self.eval_parts) if self.eval_parts else ("valid", "test")
 
     @property
     def dtype(self) -> torch.dtype:
@@ -365,7 +375,7 @@ def run_strategy(
         experiment.index,
         experiment.catalogue,
         experiment.fmt,
-        ("valid", "test"),
+        budget.parts,
         budget.eval_settings(),
         trie,
     )
@@ -420,7 +430,7 @@ def _add_likelihood(record: dict, experiment: Experiment, budget: Budget, out: P
         experiment.index,
         experiment.catalogue,
         experiment.fmt,
-        ("valid", "test"),
+        budget.parts,
         budget.eval_settings(),
         ranking=False,
     )
