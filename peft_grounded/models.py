@@ -91,3 +91,26 @@ def prompt_format_of(model, default: PromptFormat | None = None) -> PromptFormat
     if recorded:
         return PromptFormat(**recorded)
     return default or PromptFormat()
+
+
+def model_for(
+    index: Any,
+    model: Any = None,
+    tokenizer: Any = None,
+    *,
+    model_path: str | None = None,
+    caller: str,
+    **kwargs,
+):
+    """``(tokenizer, model)`` for a training entry point: the live ``model`` it was given (already wrapped for
+    ``index``; it needs its ``tokenizer``), or a fresh :func:`sid_model` of ``model_path`` (default: the
+    packaged SmolLM2-135M) with ``kwargs``."""
+    if model is None:
+        from . import assets
+
+        return sid_model(model_path or str(assets.smollm2()), index, **kwargs)
+    if tokenizer is None:
+        raise ValueError(
+            f"{caller}(model=...) needs the model's tokenizer (with the SID tokens): pass tokenizer=."
+        )
+    return tokenizer, model

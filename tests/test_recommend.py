@@ -204,3 +204,12 @@ def test_base_models_load_from_safetensors_only(tmp_path, tiny_model_factory, to
     torch.save(model.state_dict(), path / "pytorch_model.bin")
     with pytest.raises(OSError, match="safetensors"):
         load_base(str(path))
+
+
+def test_a_live_model_needs_its_tokenizer():
+    from peft_grounded.models import model_for
+
+    with pytest.raises(ValueError, match=r"ground\(model=\.\.\.\) needs the model's tokenizer"):
+        model_for(object(), model=object(), tokenizer=None, caller="ground")
+    live, tokenizer = object(), object()
+    assert model_for(object(), model=live, tokenizer=tokenizer, caller="ground") == (tokenizer, live)

@@ -106,24 +106,21 @@ def ground(
     grounded in place (the strategy runner's path). Only the rows train, on the six GTI templates; the
     adapter lands in ``<args.output_dir>/adapter``.
     """
-    from .. import assets
-    from ..models import sid_model
+    from ..models import model_for
     from ..training import sample_rows
     from .data import grounding_dataset
 
-    if model is None:
-        tokenizer, model = sid_model(
-            model_path or str(assets.smollm2()),
-            index,
-            init=init,
-            centroid_variant=centroid_variant,
-            seed=args.seed,
-            dtype=dtype,
-        )
-    elif tokenizer is None:
-        raise ValueError(
-            "ground(model=...) needs the model's tokenizer (with the SID tokens): pass tokenizer=."
-        )
+    tokenizer, model = model_for(
+        index,
+        model,
+        tokenizer,
+        model_path=model_path,
+        caller="ground",
+        init=init,
+        centroid_variant=centroid_variant,
+        seed=args.seed,
+        dtype=dtype,
+    )
     data = sample_rows(grounding_dataset(catalogue, index, tokenizer), max_examples, args.seed)
     trainer = GroundingTrainer(
         model, args, train_dataset=data, processing_class=tokenizer, callbacks=callbacks

@@ -68,26 +68,25 @@ def train_recommender(
     ``fmt.objective`` (see :func:`~.data.training_dataset`) on ``split`` (default: the catalogue's
     leave-one-out split), and ``fmt`` is recorded in the adapter. Writes ``<args.output_dir>/adapter``.
     """
-    from .. import assets
     from ..adapter import add_lora
-    from ..models import sid_model
+    from ..models import model_for
     from ..training import sample_rows
     from .data import training_dataset
 
     fmt = fmt or PromptFormat()
-    if model is None:
-        tokenizer, model = sid_model(
-            model_path or str(assets.smollm2()),
-            index,
-            init=init,
-            centroid_variant=centroid_variant,
-            seed=args.seed,
-            fmt=fmt,
-            adapter=grounded,
-            dtype=dtype,
-        )
-    elif tokenizer is None:
-        raise ValueError("train_recommender(model=...) needs the model's tokenizer: pass tokenizer=.")
+    tokenizer, model = model_for(
+        index,
+        model,
+        tokenizer,
+        model_path=model_path,
+        caller="train_recommender",
+        init=init,
+        centroid_variant=centroid_variant,
+        seed=args.seed,
+        fmt=fmt,
+        adapter=grounded,
+        dtype=dtype,
+    )
     model.peft_config[model.active_adapter].prompt_format = asdict(fmt)
     add_lora(model, **(lora or {}))
     split = split if split is not None else catalogue.leave_one_out()
