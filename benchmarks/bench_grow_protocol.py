@@ -45,6 +45,7 @@ import torch
 from peft_grounded import assets
 from peft_grounded.adapter import grow_adapter
 from peft_grounded.decoding import SIDTrie, recommend
+from peft_grounded.evaluation.intervals import bootstrap_interval
 from peft_grounded.evaluation.metrics import ranking_metrics
 from peft_grounded.evaluation.users import item_token_ids
 from peft_grounded.grounding.incremental import ground_new_items
@@ -79,18 +80,12 @@ def first_seen(catalogue, dataset: str) -> dict[str, float]:
     return {i: seen.get(i, math.inf) for i in catalogue.items}
 
 
-def bootstrap_means(data: dict[str, np.ndarray], seed: int = 0, rounds: int = 2000) -> dict[str, np.ndarray]:
-    """Bootstrap means of each per-user array, all resampled with the SAME user indices (paired)."""
-    n = len(next(iter(data.values()))) if data else 0
-    if n == 0:
-        return {name: np.full(1, np.nan) for name in data}
-    idx = np.random.default_rng(seed).integers(0, n, (rounds, n))
-    return {name: values[idx].mean(1) for name, values in data.items()}
-
-
-def interval(means: np.ndarray) -> tuple[float, float]:
-    """95% percentile interval."""
-    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+def interval(values: np.ndarray, seed: int, rounds: int) -> tuple[float, float]:
+    """95% percentile bootstrap interval of the mean over users (the package's resampling)."""
+    if not len(values):
+        return float("nan"), float("nan")
+    found = bootstrap_interval([values], resamples=rounds, seed=seed)
+    return found["low"], found["high"]
 
 
 def per_user(predictions: list[list[str]], targets: list[str], k: int) -> dict[str, np.ndarray]:
@@ -353,15 +348,12 @@ def main(argv=None) -> None:
     for label, (a, b) in pairs.items():
         for m in metrics:
             arrays[(label, m)] = arrays[(a, m)] - arrays[(b, m)]
-    boot = bootstrap_means(
-        {f"{n}|{m}": v for (n, m), v in arrays.items()}, seed=args.seed, rounds=args.rounds
-    )
     for name, r in results.items():
         for m in metrics:
-            r[f"{m}_ci95"] = interval(boot[f"{name}|{m}"])
-    differences = {
+            r[f"{m}_ci95"] = interval(arrays[(name, m)], args.seed, args.rounds)
+    differences = {  # paired: the interval of the per-user differences resamples the same users for both
         label: {m: float(arrays[(label, m)].mean()) if len(targets) else float("nan") for m in metrics}
-        | {f"{m}_ci95": interval(boot[f"{label}|{m}"]) for m in metrics}
+        | {f"{m}_ci95": interval(arrays[(label, m)], args.seed, args.rounds) for m in metrics}
         for label in pairs
     }
     timings["total_s"] = round(time.perf_counter() - started, 1)
