@@ -73,7 +73,7 @@ PRESETS: dict[str, Preset] = {
             logging_steps=5,
         ),
         fmt=PromptFormat(objective="sequence", max_history=19),
-        note="CPU-sized (about 17 minutes on 2 cores, setup included): the sequence objective (a user's history "
+        note="CPU-sized (about 15 minutes on 2 cores, setup included): the sequence objective (a user's history "
         "as SIDs, every item a target), 3 minutes of SFT per strategy (centroid_gti grounds for 1.5 minutes "
         "first), bf16 base and autocast, 150 test users. That is the very start of training: the learning "
         "curves show which start learns faster; Recall@K over 150 users is a handful of hits and the final "
