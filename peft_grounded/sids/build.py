@@ -288,9 +288,7 @@ def build_sids(
         )
     start = time.perf_counter()
     if vectors is None:
-        enc = (
-            encoder if encoder is not None and not isinstance(encoder, str) else load_encoder(encoder, device)
-        )
+        enc = load_encoder(encoder, device)
         fingerprint = enc.fingerprint()
         vectors = encode_texts(
             texts,

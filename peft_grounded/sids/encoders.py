@@ -211,10 +211,13 @@ class LMEncoder:
         return out
 
 
-def load_encoder(spec: str | None = None, device: str = "cpu", **kwargs: Any) -> TextEncoder:
+def load_encoder(spec: str | TextEncoder | None = None, device: str = "cpu", **kwargs: Any) -> TextEncoder:
     """An encoder from a CLI-style spec: ``None``/``"minilm"`` (packaged MiniLM), ``"st:<path or name>"``,
     ``"lm:<path>"`` (mean hidden states; ``"lm-emb:<path>"`` for mean input embeddings), ``"smollm2"`` /
-    ``"smollm2-emb"`` (the packaged SmolLM2-135M), or a bare path (sentence-transformers)."""
+    ``"smollm2-emb"`` (the packaged SmolLM2-135M), or a bare path (sentence-transformers). An encoder
+    object is returned as it is."""
+    if spec is not None and not isinstance(spec, str):
+        return spec
     if spec in (None, "", "minilm"):
         return SentenceTransformerEncoder(None, device=device, **kwargs)
     if spec in ("smollm2", "smollm2-emb"):

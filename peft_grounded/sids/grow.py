@@ -383,9 +383,7 @@ def add_items(
             texts = [t for t, k in zip(texts, keep, strict=True) if k]
             if not items:
                 raise GrowthError("no new item has text in the index's template fields")
-        enc = (
-            encoder if encoder is not None and not isinstance(encoder, str) else load_encoder(encoder, device)
-        )
+        enc = load_encoder(encoder, device)
         index.check_encoder(enc)  # before the (slow) encoding
         start = time.perf_counter()
         vectors = encode_texts(
