@@ -126,6 +126,7 @@ SMOKE = dict(  # a path check, not a measurement: seconds of training, a few use
     grounding_minutes=0.1,
     max_examples=64,
     users=4,
+    old_users=4,
     incremental_steps=2,
     run_eval_users=1,
 )
@@ -164,6 +165,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--lora-alpha", type=int, default=16)
     parser.add_argument("--no-bf16", action="store_true", help="float32 base, no autocast")
     parser.add_argument("--incremental-steps", type=int, default=30)
+    parser.add_argument(
+        "--replay",
+        type=float,
+        nargs="+",
+        default=[0.0, 1.0],
+        help="incremental grounding variants: old items' pairs mixed in per new item (0: new items alone)",
+    )
+    parser.add_argument(
+        "--old-users",
+        type=int,
+        default=200,
+        help="a seeded sample of test users whose target is an old item, scored too (what growth costs them)",
+    )
     parser.add_argument(
         "--max-examples", type=int, default=0, help="sample of SFT and grounding examples (0: all)"
     )
@@ -234,6 +248,9 @@ def main(argv=None) -> None:
     pool = [e for e in split.test_examples(fmt.max_history) if e[2] in new]
     examples = random.Random(args.seed).sample(pool, min(args.users, len(pool))) if args.users else list(pool)
     targets = [e[2] for e in examples]
+    old_pool = [e for e in split.test_examples(fmt.max_history) if e[2] not in new]
+    old_examples = random.Random(args.seed).sample(old_pool, min(args.old_users, len(old_pool)))
+    old_targets = [e[2] for e in old_examples]
     print(
         f"{catalogue.name}: {len(order)} items, {n_new} newest held out; {len(pool)} test users have a new "
         f"item as target; scoring {len(examples)}"
@@ -293,57 +310,69 @@ def main(argv=None) -> None:
         print(f"{name} model trained ({timings[f'train_{name}_s']:.0f} s)", flush=True)
 
     results: dict[str, dict] = {}
+    old_results: dict[str, dict] = {}  # the same models on test users whose target is an old item
     dtype = torch.bfloat16 if bf16 else torch.float32
-    t = time.perf_counter()
-    tokenizer, model = sid_model(
-        model_path, parent, adapter=str(out / "old" / "sft" / "adapter"), dtype=dtype
-    )
-    grown = grow_adapter(model, tokenizer, parent, child)
-    grown.eval()
-    results["grown"] = score(
-        decode(grown, tokenizer, examples, child, catalogue, fmt, args.k, bf16), targets, new, args.k
-    )
-    timings["decode_grown_s"] = round(time.perf_counter() - t, 1)
-    autocast = torch.autocast(grown.device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
-    with autocast:
-        inc = ground_new_items(
-            grown,
-            tokenizer,
-            parent,
-            child,
-            catalogue,
-            steps=args.incremental_steps,
-            batch_size=args.batch_size,
-            learning_rate=args.lr,
-            seed=args.seed,
-        )
-    grown.eval()
-    t = time.perf_counter()
-    results["grown + incremental grounding"] = score(
-        decode(grown, tokenizer, examples, child, catalogue, fmt, args.k, bf16), targets, new, args.k
-    ) | {"incremental_seconds": round(inc.seconds, 2), "incremental_rows": len(inc.trained_rows)}
-    timings["decode_incremental_s"] = round(time.perf_counter() - t, 1)
-    del grown, model
 
-    t = time.perf_counter()
+    def score_both(name: str, model, index) -> None:
+        model.eval()
+        t = time.perf_counter()
+        results[name] = score(
+            decode(model, tokenizer, examples, index, catalogue, fmt, args.k, bf16), targets, new, args.k
+        )
+        old_results[name] = score(
+            decode(model, tokenizer, old_examples, index, catalogue, fmt, args.k, bf16),
+            old_targets,
+            new,
+            args.k,
+        )
+        timings[f"decode_{name}_s"] = round(time.perf_counter() - t, 1)
+
+    incremental: dict[str, dict] = {}
+    for replay in [None, *args.replay]:  # None: grown, no incremental grounding
+        tokenizer, model = sid_model(
+            model_path, parent, adapter=str(out / "old" / "sft" / "adapter"), dtype=dtype
+        )
+        grown = grow_adapter(model, tokenizer, parent, child)
+        name = "grown"
+        if replay is not None:
+            name = "grown + incremental " + ("(new items alone)" if not replay else f"(replay {replay:g})")
+            autocast = torch.autocast(grown.device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+            with autocast:
+                inc = ground_new_items(
+                    grown,
+                    tokenizer,
+                    parent,
+                    child,
+                    catalogue,
+                    replay=replay,
+                    steps=args.incremental_steps,
+                    batch_size=args.batch_size,
+                    learning_rate=args.lr,
+                    seed=args.seed,
+                )
+            incremental[name] = {
+                "seconds": round(inc.seconds, 2),
+                "rows": len(inc.trained_rows),
+                "replayed_items": inc.n_replayed,
+                "examples": inc.n_examples,
+            }
+        score_both(name, grown, child)
+        del grown, model
+
     tokenizer, full = sid_model(
         model_path, full_index, adapter=str(out / "full" / "sft" / "adapter"), dtype=dtype
     )
-    full.eval()
-    results["retrained (full catalogue)"] = score(
-        decode(full, tokenizer, examples, full_index, catalogue, fmt, args.k, bf16), targets, new, args.k
-    )
-    timings["decode_retrained_s"] = round(time.perf_counter() - t, 1)
+    score_both("retrained (full catalogue)", full, full_index)
     counts = Counter(old_catalogue.leave_one_out().training_target_counts())
     top = [i for i, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: args.k]]
     results["popularity"] = score([top] * len(targets), targets, new, args.k)
+    old_results["popularity"] = score([top] * len(old_targets), old_targets, new, args.k)
 
     k = args.k
     metrics = (f"recall@{k}", f"ndcg@{k}")
     arrays = {(name, m): r["per_user"][m].astype(np.float64) for name, r in results.items() for m in metrics}
-    pairs = {
-        "grown - retrained": ("grown", "retrained (full catalogue)"),
-        "grown+incremental - grown": ("grown + incremental grounding", "grown"),
+    pairs = {"grown - retrained": ("grown", "retrained (full catalogue)")} | {
+        f"{name.removeprefix('grown + ')} - grown": (name, "grown") for name in incremental
     }
     for label, (a, b) in pairs.items():
         for m in metrics:
@@ -363,7 +392,7 @@ def main(argv=None) -> None:
         "targets": targets,
         "rank_of_target": {name: r["per_user"]["rank"].tolist() for name, r in results.items()},
     }
-    for r in results.values():
+    for r in [*results.values(), *old_results.values()]:
         del r["per_user"]
     summary = {
         "dataset": catalogue.name,
@@ -378,6 +407,8 @@ def main(argv=None) -> None:
         "budget": vars(args),
         "timings": timings,
         "results": results,
+        "old_item_users": {"scored": len(old_examples), "of": len(old_pool), "results": old_results},
+        "incremental": incremental,
         "paired_differences": differences,
         "per_user": per_user_ranks,
     }
@@ -389,15 +420,17 @@ def main(argv=None) -> None:
         + (f" + {args.grounding_minutes:g} min grounding" if grounds else "")
         + f" per trained model{', SMOKE' if args.smoke else ''})",
         "",
-        f"| model | Recall@{k} [95% CI] | NDCG@{k} [95% CI] | share of slots to new items |",
-        "|---|---|---|---|",
+        f"| model | Recall@{k} [95% CI] | NDCG@{k} [95% CI] | share of slots to new items "
+        f"| old-item users ({len(old_examples)}): Recall@{k} | their slots to new items |",
+        "|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         lo, hi = r[f"recall@{k}_ci95"]
         nlo, nhi = r[f"ndcg@{k}_ci95"]
+        o = old_results[name]
         lines.append(
             f"| {name} | {r[f'recall@{k}']:.4f} [{lo:.4f}, {hi:.4f}] | {r[f'ndcg@{k}']:.4f} [{nlo:.4f}, {nhi:.4f}] "
-            f"| {r['new_item_slot_share']:.3f} |"
+            f"| {r['new_item_slot_share']:.3f} | {o[f'recall@{k}']:.4f} | {o['new_item_slot_share']:.3f} |"
         )
     lines += ["", f"| paired difference | Recall@{k} [95% CI] | NDCG@{k} [95% CI] |", "|---|---|---|"]
     for label, d in differences.items():
@@ -411,8 +444,10 @@ def main(argv=None) -> None:
         "",
         f"Intervals: percentile bootstrap over users ({args.rounds} resamples, seed {args.seed}; the paired "
         "rows resample the same users for both models).",
-        f"add_items: {add_seconds:.3f} s, {summary['new_tokens']} new tokens; incremental grounding: "
-        f"{inc.seconds:.1f} s over {len(inc.trained_rows)} rows. Timings (s): {timings}.",
+        f"add_items: {add_seconds:.3f} s, {summary['new_tokens']} new tokens; incremental grounding "
+        f"({args.incremental_steps} steps): {incremental}. New items are {len(new_ids) / len(order):.0%} of the "
+        f"catalogue and the targets of {len(pool) / (len(pool) + len(old_pool)):.1%} of the test users. "
+        f"Timings (s): {timings}.",
     ]
     (out / "protocol.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

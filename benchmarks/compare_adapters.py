@@ -2,7 +2,7 @@
 
     python benchmarks/compare_adapters.py --sid-index SIDS --out runs/compare \\
         --adapter mean=runs/ml100k/mean/adapter --adapter centroid=runs/ml100k/centroid/adapter \\
-        [--adapter name=DIR ...] [--reference mean] [--users N] [--seeds 0]
+        [--adapter name@SEED=DIR ...] [--reference mean] [--users N] [--seed 0]
 
 Each adapter (from ``peft-grounded sft``, or a runner's ``sft/adapter``) is evaluated with the prompt
 format it records, on every test user (or a seeded sample of ``--users``) with the SID-constrained beam
@@ -10,6 +10,10 @@ search, in one pass that also scores the targets' likelihood; its results go to 
 and are read back on a rerun. The most-popular ranking is scored on the same users. The script prints
 (and writes to ``<out>/results.md`` / ``results.json``) a table of Recall/NDCG@K and the constrained NLL,
 and the paired 95% intervals of every adapter against ``--reference`` and against popularity.
+
+Several training seeds of one strategy: name each run ``NAME@SEED`` (``centroid@1=runs/s1/centroid/adapter``;
+a bare ``NAME`` is seed 0). The table then shows each strategy's mean over its seeds, and the intervals are
+pooled over the seeds a strategy shares with the reference, pairing each user within each seed.
 """
 
 from __future__ import annotations
@@ -34,22 +38,39 @@ from peft_grounded.sids import SIDIndex, load_catalogue
 METRICS = ("recall@5", "recall@10", "recall@20", "ndcg@10", "constrained_nll")
 
 
-def _named(pairs: list[str]) -> dict[str, Path]:
-    named = {}
+def _named(pairs: list[str]) -> dict[tuple[str, int], Path]:
+    """``(strategy, seed) -> adapter directory`` from ``NAME[@SEED]=DIRECTORY`` arguments."""
+    named: dict[tuple[str, int], Path] = {}
     for pair in pairs:
-        name, sep, path = pair.partition("=")
-        if not sep or not name or not path:
-            raise SystemExit(f"--adapter {pair!r}: write NAME=DIRECTORY (e.g. centroid=runs/x/adapter)")
-        if name in named:
-            raise SystemExit(f"--adapter: the name {name!r} is given twice")
-        named[name] = Path(path)
+        label, sep, path = pair.partition("=")
+        name, at, seed = label.partition("@")
+        if not sep or not name or not path or (at and not seed.isdigit()):
+            raise SystemExit(
+                f"--adapter {pair!r}: write NAME=DIRECTORY or NAME@SEED=DIRECTORY "
+                "(e.g. centroid@1=runs/s1/centroid/adapter)"
+            )
+        key = (name, int(seed) if at else 0)
+        if key in named:
+            raise SystemExit(f"--adapter: {name!r} seed {key[1]} is given twice")
+        named[key] = Path(path)
     return named
 
 
-def _row(name: str, records: list[dict]) -> str:
-    scores = rank_metrics([r["rank"] for r in records], (5, 10, 20))
-    scores["constrained_nll"] = sum(r["constrained_nll"] for r in records) / len(records)
-    return f"| {name} | {len(records)} | " + " | ".join(f"{scores[m]:.4f}" for m in METRICS) + " |"
+def _label(name: str, seed: int) -> str:
+    return name if seed == 0 else f"{name}@{seed}"
+
+
+def _row(name: str, seeds: list[list[dict]]) -> str:
+    """Mean over seeds of each metric (every seed scored on the same users)."""
+    per_seed = []
+    for records in seeds:
+        scores = rank_metrics([r["rank"] for r in records], (5, 10, 20))
+        scores["constrained_nll"] = sum(r["constrained_nll"] for r in records) / len(records)
+        per_seed.append(scores)
+    mean = {m: sum(s[m] for s in per_seed) / len(per_seed) for m in METRICS}
+    return (
+        f"| {name} | {len(seeds)} | {len(seeds[0])} | " + " | ".join(f"{mean[m]:.4f}" for m in METRICS) + " |"
+    )
 
 
 def main() -> None:
@@ -82,40 +103,57 @@ def main() -> None:
         bf16=not args.fp32,
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    users: dict[str, list[dict]] = {}
+    users: dict[str, dict[int, list[dict]]] = {}
     seconds: dict[str, float] = {}
-    for name, path in adapters.items():
-        stored = args.out / f"{name}.json"
+    for (name, seed), path in adapters.items():
+        label = _label(name, seed)
+        stored = args.out / f"{label}.json"
         if stored.is_file():
             saved = json.loads(stored.read_text())
-            users[name], seconds[name] = saved["users"]["test"], saved["seconds"]
+            users.setdefault(name, {})[seed], seconds[label] = saved["users"]["test"], saved["seconds"]
             continue
-        print(f"[compare] evaluating {name} ({path})", flush=True)
+        print(f"[compare] evaluating {label} ({path})", flush=True)
         started = time.perf_counter()
         evaluation = evaluate_adapter(str(path), index, catalogue, settings, parts=("test",))
-        seconds[name] = time.perf_counter() - started
+        seconds[label] = time.perf_counter() - started
         runs.write_json_atomic(
-            stored, evaluation.to_dict() | {"seconds": seconds[name], "adapter": str(path)}
+            stored, evaluation.to_dict() | {"seconds": seconds[label], "adapter": str(path)}
         )
-        users[name] = evaluation.users["test"]
+        users.setdefault(name, {})[seed] = evaluation.users["test"]
     split = catalogue.leave_one_out()
     popularity = popularity_users(split, ("test",), settings, items=index.item_ids)["test"]
-    ranked = {name: [r for r in records if r.get("all", True)] for name, records in users.items()}
+    ranked = {
+        name: [[r for r in by_seed[s] if r.get("all", True)] for s in sorted(by_seed)]
+        for name, by_seed in users.items()
+    }
     table = [
-        "| model | users | " + " | ".join(METRICS) + " |",
-        "|---|---:|" + "---:|" * len(METRICS),
-        *(_row(name, records) for name, records in ranked.items()),
-        _row(POPULARITY_LABEL, [r for r in popularity if r.get("all", True)]),
+        "| model | seeds | users | " + " | ".join(METRICS) + " |",
+        "|---|---:|---:|" + "---:|" * len(METRICS),
+        *(_row(name, seeds) for name, seeds in ranked.items()),
+        _row(POPULARITY_LABEL, [[r for r in popularity if r.get("all", True)]]),
     ]
-    references = {POPULARITY_LABEL: [popularity]}
-    if args.reference in users:
-        references = {f"{args.reference} init": [users[args.reference]]} | references
-    named = {(f"{args.reference} init" if n == args.reference else n): [v] for n, v in users.items()}
-    rows = compare_users(named, references, METRICS, "all", resamples=args.resamples)
+    rows = []
+    for name, by_seed in users.items():
+        seeds = sorted(by_seed)
+        references = {POPULARITY_LABEL: {s: popularity for s in seeds}}
+        if args.reference in users and name != args.reference:
+            references = {f"{args.reference} init": users[args.reference]} | references
+        for reference, ref_by_seed in references.items():
+            common = [s for s in seeds if s in ref_by_seed]
+            if not common:
+                print(f"[compare] {name} has no seed in common with {reference}: not compared")
+                continue
+            rows += compare_users(
+                {name: [by_seed[s] for s in common]},
+                {reference: [ref_by_seed[s] for s in common]},
+                METRICS,
+                "all",
+                resamples=args.resamples,
+            )
     timing = ", ".join(f"{n} {s:.0f} s" for n, s in seconds.items())
     text = "\n".join(
         [
-            f"## {catalogue.name}: {len(ranked[next(iter(ranked))])} test users, {args.num_beams} beams "
+            f"## {catalogue.name}: {len(popularity)} test users, {args.num_beams} beams "
             f"({'fp32' if args.fp32 else 'bf16'}); evaluation time: {timing}",
             "",
             *table,

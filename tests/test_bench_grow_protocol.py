@@ -27,10 +27,11 @@ def test_defaults_are_the_cpu_protocol(protocol):
     assert (args.lora_r, args.lora_alpha, args.lr, args.batch_size) == (8, 16, 1e-3, 8)
     assert not args.no_bf16 and args.users == 0 and args.max_examples == 0  # all users, all rows
     assert args.minutes > 0 and not args.smoke
+    assert args.replay == [0.0, 1.0] and args.old_users == 200  # with and without old items' pairs
     prompt = protocol.parse_args(["--out", "x", "--objective", "prompt"])
     assert (prompt.max_history, prompt.max_length) == (10, 256)
     smoke = protocol.parse_args(["--out", "x", "--smoke"])
-    assert smoke.minutes < 1 and smoke.users > 0
+    assert smoke.minutes < 1 and smoke.users > 0 and 0 < smoke.old_users < args.old_users
     assert "SMOKE" in protocol.plan(smoke, grounds=False)
 
 

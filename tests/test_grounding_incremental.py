@@ -11,26 +11,43 @@ from peft_grounded.grounding.incremental import ground_new_items, rows_used
 from peft_grounded.sids import Catalogue, Item
 
 
-@pytest.mark.parametrize(("tied", "lora", "rows"), [(True, False, "used"), (False, True, "new")])
-def test_only_the_new_items_rows_train(tokenizer, tiny_model_factory, tied, lora, rows):
+def _catalogue(item_ids):
+    return Catalogue("films", {i: Item(i, title=f"A film {i}", description="Fresh.") for i in item_ids})
+
+
+@pytest.mark.parametrize(
+    ("tied", "lora", "rows", "replay"), [(True, False, "used", 0.0), (False, True, "new", 2.0)]
+)
+def test_only_the_new_items_rows_train(tokenizer, tiny_model_factory, tied, lora, rows, replay):
     parent, child = grown_indices()
     model = trained(tokenizer, tiny_model_factory, parent, "llama", tied, lora)
     grown = grow_adapter(model, tokenizer, parent, child)
-    catalogue = Catalogue(
-        "new", {i: Item(i, title=f"A brand new film {i}", description="Fresh.") for i in child.item_ids[16:]}
-    )
+    # replay samples old items from the catalogue: with replay 0 it need only hold the new ones
+    catalogue = _catalogue(child.item_ids if replay else child.item_ids[16:])
     layer = grown.get_input_embeddings()
+    # the new items alone, no step taken: counts their pairs so the replayed ones can be counted
+    alone = ground_new_items(grown, tokenizer, parent, child, catalogue, replay=0.0, steps=0)
     before = {n: p.detach().clone() for n, p in grown.named_parameters()}
     flags = {n: p.requires_grad for n, p in grown.named_parameters()}
     result = ground_new_items(
-        grown, tokenizer, parent, child, catalogue, rows=rows, steps=6, learning_rate=1e-2, batch_size=4
+        grown,
+        tokenizer,
+        parent,
+        child,
+        catalogue,
+        rows=rows,
+        replay=replay,
+        steps=6,
+        learning_rate=1e-2,
+        batch_size=int(alone.n_examples * (1 + replay)),  # the full batch: losses comparable step to step
     )
     expected = (
         rows_used(child, child.item_ids[16:])
         if rows == "used"
         else list(range(parent.n_tokens, child.n_tokens))
     )
-    assert result.trained_rows == expected and result.n_items == 3 and result.n_examples > 0
+    assert result.trained_rows == expected and result.n_items == 3 and result.n_replayed == 3 * replay
+    assert result.n_examples == alone.n_examples * (1 + replay)  # each item gives the same pair count
     assert result.losses[-1] < result.losses[0]
     mask = torch.zeros(child.n_tokens, dtype=torch.bool)
     mask[expected] = True
@@ -42,3 +59,14 @@ def test_only_the_new_items_rows_train(tokenizer, tiny_model_factory, tied, lora
             assert torch.equal(p, before[name]), name  # backbone and LoRA unchanged
         assert p.requires_grad == flags[name]
     assert layer is grown.get_input_embeddings()
+
+
+def test_replay_needs_old_items_text(tokenizer, tiny_model_factory):
+    parent, child = grown_indices()
+    grown = grow_adapter(
+        trained(tokenizer, tiny_model_factory, parent, "llama", True, False), tokenizer, parent, child
+    )
+    with pytest.raises(ValueError, match="whole catalogue"):
+        ground_new_items(grown, tokenizer, parent, child, _catalogue(child.item_ids[16:]), steps=1)
+    with pytest.raises(ValueError, match="replay must be >= 0"):
+        ground_new_items(grown, tokenizer, parent, child, _catalogue(child.item_ids), replay=-1, steps=1)

@@ -6,6 +6,11 @@ is frozen, and a gradient mask keeps every row outside ``rows`` bit-identical (a
 the first step gives AdamW a zero update): ``rows="used"`` trains the rows of every token a new item's
 SID uses (shared prefixes included), ``rows="new"`` only the tokens the child added. A stacked LoRA
 is left as it is. Seconds on a CPU for a few hundred items, not a rerun.
+
+``replay`` mixes in the pairs of a seeded sample of the parent's items (``replay`` old items per new
+one). They train the same rows only, but they keep those rows calibrated: on the new items' pairs
+alone, the shared rows learn that "a SID" means "a new item", and the recommender then gives new
+items far more of its slots than their share of the targets.
 """
 
 from __future__ import annotations
@@ -40,10 +45,11 @@ class IncrementalResult:
     """What :func:`ground_new_items` did."""
 
     n_items: int
-    n_examples: int
+    n_examples: int  # new items' pairs and replayed old items' pairs together
     trained_rows: list[int]  # adapter rows (positions in the token list) that could move
     losses: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    n_replayed: int = 0  # old items whose pairs were mixed in
 
 
 def new_item_ids(parent_index: SIDIndex, child_index: SIDIndex) -> list[str]:
@@ -96,6 +102,7 @@ def ground_new_items(
     catalogue: Any,
     *,
     rows: str = "used",
+    replay: float = 1.0,
     steps: int = 30,
     learning_rate: float = 1e-3,
     batch_size: int = 8,
@@ -107,10 +114,16 @@ def ground_new_items(
     """Ground the rows of the child's new items in place (see the module doc); returns the losses.
 
     ``model``: the grown ``PeftModel`` (its adapter must record ``child_index``). ``catalogue``: a
-    :class:`~peft_grounded.sids.Catalogue` (or anything with ``.items``) holding the new items' text.
+    :class:`~peft_grounded.sids.Catalogue` (or anything with ``.items``) holding the new items' text, and
+    the old items' text that ``replay`` samples from. ``replay``: old items per new item whose pairs are
+    mixed in (0: the new items alone).
     """
     if rows not in ("used", "new"):
         raise ValueError(f"rows must be 'used' or 'new', got {rows!r}")
+    if not replay >= 0:
+        raise ValueError(
+            f"replay must be >= 0 (old items per new item; 0: the new items alone), got {replay}"
+        )
     name = adapter_name or model.active_adapter
     config = model.peft_config[name]
     child_index.check_adapter(config)
@@ -123,7 +136,15 @@ def ground_new_items(
         train_rows = list(range(parent_index.n_tokens, child_index.n_tokens))
     if chat is None:
         chat = getattr(tokenizer, "chat_template", None) is not None
-    examples = grounding_examples(catalogue, _NewItemsView(child_index, new_ids), data, chat=chat)
+    old_ids = [i for i in parent_index.item_ids if i in catalogue.items]
+    n_old = min(len(old_ids), round(replay * len(new_ids)))
+    if replay and not old_ids:
+        raise ValueError(
+            "replay needs the text of some of the parent's items, and the catalogue holds none of them: pass "
+            "the whole catalogue (old and new items), or replay=0 to ground on the new items alone"
+        )
+    replayed = random.Random(seed).sample(old_ids, n_old) if n_old else []
+    examples = grounding_examples(catalogue, _NewItemsView(child_index, new_ids + replayed), data, chat=chat)
     pairs = _encode(tokenizer, examples, chat)
     layer = model.get_input_embeddings()
     params = [layer.grounded_embedding[name]]
@@ -168,5 +189,10 @@ def ground_new_items(
             p.requires_grad_(flag)
         model.train(was_training)
     return IncrementalResult(
-        n_items=len(new_ids), n_examples=len(pairs), trained_rows=train_rows, losses=losses, seconds=seconds
+        n_items=len(new_ids),
+        n_examples=len(pairs),
+        trained_rows=train_rows,
+        losses=losses,
+        seconds=seconds,
+        n_replayed=len(replayed),
     )
