@@ -214,7 +214,10 @@ def main() -> None:
         help="sequence: the history as SIDs, every item a target; prompt: the papers' instruction prompt",
     )
     parser.add_argument(
-        "--minutes", type=float, default=None, help="SFT minutes per strategy (then --sft-steps 0: time alone)"
+        "--minutes",
+        type=float,
+        default=None,
+        help="SFT minutes per strategy (then --sft-steps 0: time alone)",
     )
     parser.add_argument(
         "--grounding-minutes", type=float, default=None, help="grounding minutes of gti / centroid_gti"

@@ -37,7 +37,6 @@ from .training_clock import TimeProgressCallback, TrainingClock, time_schedule
 logger = logging.getLogger(__name__)
 
 
-
 @dataclass
 class RunConfig(SFTConfig):
     """``SFTConfig`` with the defaults every stage of this package shares."""

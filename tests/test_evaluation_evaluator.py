@@ -42,7 +42,9 @@ def test_one_pass_equals_the_separate_computations(setup):
     args = (model, tokenizer, split, index, catalogue, fmt, ("valid", "test"), settings)
     ev = evaluate(*args)
     assert ev.metrics == evaluate(*args, likelihood=False).metrics
-    separate = evaluate(*args, ranking=False).likelihood  # a full teacher-forced forward: equal up to float rounding
+    separate = evaluate(
+        *args, ranking=False
+    ).likelihood  # a full teacher-forced forward: equal up to float rounding
     for part, subsets in separate.items():
         for subset, values in subsets.items():
             assert ev.likelihood[part][subset] == pytest.approx(values, rel=1e-5)

@@ -36,7 +36,6 @@ from ..training import save_adapter_atomic, upcast_trainable
 logger = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True)
 class Strategy:
     """How the new rows start: an initialisation, optionally followed by grounding."""
@@ -139,7 +138,9 @@ class Budget:
                 raise ValueError(f"{field_name}={value}: a time budget must be positive (or None for none).")
         unknown = set(self.eval_parts or ()) - {"valid", "test"}
         if unknown or (self.eval_parts is not None and not self.eval_parts):
-            raise ValueError(f"eval_parts={self.eval_parts!r}: name 'valid' and/or 'test' (or None for both).")
+            raise ValueError(
+                f"eval_parts={self.eval_parts!r}: name 'valid' and/or 'test' (or None for both)."
+            )
 
     @property
     def parts(self) -> tuple[str, ...]:
