@@ -166,6 +166,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-bf16", action="store_true", help="float32 base, no autocast")
     parser.add_argument("--incremental-steps", type=int, default=30)
     parser.add_argument(
+        "--incremental-lr",
+        type=float,
+        default=None,
+        help="incremental grounding's learning rate (default: --lr)",
+    )
+    parser.add_argument(
         "--replay",
         type=float,
         nargs="+",
@@ -347,7 +353,7 @@ def main(argv=None) -> None:
                     replay=replay,
                     steps=args.incremental_steps,
                     batch_size=args.batch_size,
-                    learning_rate=args.lr,
+                    learning_rate=args.incremental_lr or args.lr,
                     seed=args.seed,
                 )
             incremental[name] = {
@@ -445,7 +451,7 @@ def main(argv=None) -> None:
         f"Intervals: percentile bootstrap over users ({args.rounds} resamples, seed {args.seed}; the paired "
         "rows resample the same users for both models).",
         f"add_items: {add_seconds:.3f} s, {summary['new_tokens']} new tokens; incremental grounding "
-        f"({args.incremental_steps} steps): {incremental}. New items are {len(new_ids) / len(order):.0%} of the "
+        f"({args.incremental_steps} steps, lr {args.incremental_lr or args.lr:g}): {incremental}. New items are {len(new_ids) / len(order):.0%} of the "
         f"catalogue and the targets of {len(pool) / (len(pool) + len(old_pool)):.1%} of the test users. "
         f"Timings (s): {timings}.",
     ]
