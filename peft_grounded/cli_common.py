@@ -71,6 +71,13 @@ def add_training_args(parser: argparse.ArgumentParser, steps: int, lr: float) ->
     g.add_argument("--batch-size", type=int, default=16)
     g.add_argument("--grad-accum", type=int, default=1)
     g.add_argument("--lr", type=float, default=lr)
+    g.add_argument(
+        "--lr-scheduler",
+        choices=["cosine", "linear", "constant_with_warmup"],
+        default="cosine",
+        help="learning-rate schedule over --steps, after a warm-up (with --minutes the schedule is linear "
+        "over the time; default: %(default)s)",
+    )
     g.add_argument("--max-length", type=int, default=256)
     g.add_argument("--bf16", action="store_true", help="bf16 mixed precision (CPU with AVX-512 bf16, or GPU)")
     g.add_argument(
@@ -132,6 +139,7 @@ def trainer_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         per_device_train_batch_size=args.batch_size,
         gradient_accumulation_steps=args.grad_accum,
         learning_rate=args.lr,
+        lr_scheduler_type=args.lr_scheduler,
         max_length=args.max_length,
         bf16=args.bf16,
         seed=args.seed,

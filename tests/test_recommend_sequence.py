@@ -245,6 +245,7 @@ def test_half_precision_base_trains_fp32_adapter_weights(toy, model_dir, tmp_pat
 def test_cli_objective_minutes_and_dtype():
     from peft_grounded.cli import build_parser
     from peft_grounded.cli_common import prompt_format, trainer_kwargs
+    from peft_grounded.grounding import GroundingConfig
 
     parse = build_parser().parse_args
     args = parse(["sft", "--sid-index", "s", "--output", "o", "--objective", "sequence", "--minutes", "15"])
@@ -256,6 +257,11 @@ def test_cli_objective_minutes_and_dtype():
     assert prompt_format(plain) == PromptFormat() and trainer_kwargs(plain)["max_steps"] == 400
     both = parse(["ground", "--sid-index", "s", "--output", "o", "--minutes", "2", "--steps", "50"])
     assert trainer_kwargs(both)["max_steps"] == 50 and both.weights_dtype == "float32"
+    assert RecommendationConfig(**trainer_kwargs(plain)).lr_scheduler_type == "cosine"  # the default
+    linear = parse(
+        ["ground", "--sid-index", "s", "--output", "o", "--steps", "50", "--lr-scheduler", "linear"]
+    )
+    assert GroundingConfig(**trainer_kwargs(linear)).lr_scheduler_type == "linear"
 
 
 def test_a_timed_run_resumes_with_its_clock_and_counts(toy, model_dir, tmp_path):
