@@ -60,17 +60,24 @@ def _label(name: str, seed: int) -> str:
     return name if seed == 0 else f"{name}@{seed}"
 
 
-def _row(name: str, seeds: list[list[dict]]) -> str:
+def _means(seeds: list[list[dict]]) -> dict[str, float]:
     """Mean over seeds of each metric (every seed scored on the same users)."""
     per_seed = []
     for records in seeds:
         scores = rank_metrics([r["rank"] for r in records], (5, 10, 20))
         scores["constrained_nll"] = sum(r["constrained_nll"] for r in records) / len(records)
         per_seed.append(scores)
-    mean = {m: sum(s[m] for s in per_seed) / len(per_seed) for m in METRICS}
-    return (
-        f"| {name} | {len(seeds)} | {len(seeds[0])} | " + " | ".join(f"{mean[m]:.4f}" for m in METRICS) + " |"
-    )
+    return {m: sum(s[m] for s in per_seed) / len(per_seed) for m in METRICS}
+
+
+def _row(name: str, subset: str, seeds: list[list[dict]]) -> str:
+    mean = _means(seeds)
+    cells = " | ".join(f"{mean[m]:.4f}" for m in METRICS)
+    return f"| {name} | {subset} | {len(seeds)} | {len(seeds[0])} | {cells} |"
+
+
+def _in(records: list[dict], subset: str) -> list[dict]:
+    return [r for r in records if r.get(subset, subset == "all")]
 
 
 def main() -> None:
@@ -90,6 +97,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--fp32", action="store_true", help="fp32 base and decoding (default: bf16)")
     parser.add_argument("--resamples", type=int, default=10_000)
+    parser.add_argument(
+        "--subsets", nargs="+", default=["all", "cold"], help="user subsets (cold: a rarely seen target)"
+    )
+    parser.add_argument(
+        "--pair", action="append", default=[], help="A:B, compare adapter A with adapter B too (repeat)"
+    )
     args = parser.parse_args()
 
     adapters = _named(args.adapter)
@@ -122,34 +135,51 @@ def main() -> None:
         users.setdefault(name, {})[seed] = evaluation.users["test"]
     split = catalogue.leave_one_out()
     popularity = popularity_users(split, ("test",), settings, items=index.item_ids)["test"]
-    ranked = {
-        name: [[r for r in by_seed[s] if r.get("all", True)] for s in sorted(by_seed)]
-        for name, by_seed in users.items()
-    }
+    pairs = [tuple(p.split(":", 1)) for p in args.pair]
+    for a, b in pairs:
+        if a not in users or b not in users:
+            raise SystemExit(f"--pair {a}:{b}: both must be --adapter names (have: {', '.join(users)})")
     table = [
-        "| model | seeds | users | " + " | ".join(METRICS) + " |",
-        "|---|---:|---:|" + "---:|" * len(METRICS),
-        *(_row(name, seeds) for name, seeds in ranked.items()),
-        _row(POPULARITY_LABEL, [[r for r in popularity if r.get("all", True)]]),
+        "| model | subset | seeds | users | " + " | ".join(METRICS) + " |",
+        "|---|---|---:|---:|" + "---:|" * len(METRICS),
     ]
-    rows = []
-    for name, by_seed in users.items():
-        seeds = sorted(by_seed)
-        references = {POPULARITY_LABEL: {s: popularity for s in seeds}}
-        if args.reference in users and name != args.reference:
-            references = {f"{args.reference} init": users[args.reference]} | references
-        for reference, ref_by_seed in references.items():
-            common = [s for s in seeds if s in ref_by_seed]
-            if not common:
-                print(f"[compare] {name} has no seed in common with {reference}: not compared")
-                continue
-            rows += compare_users(
-                {name: [by_seed[s] for s in common]},
-                {reference: [ref_by_seed[s] for s in common]},
-                METRICS,
-                "all",
-                resamples=args.resamples,
-            )
+    rows, relative = [], []
+    for subset in args.subsets:
+        if not _in(popularity, subset):
+            print(f"[compare] no test user in the subset {subset!r}: skipped")
+            continue
+        for name, by_seed in users.items():
+            table.append(_row(name, subset, [_in(by_seed[s], subset) for s in sorted(by_seed)]))
+        table.append(_row(POPULARITY_LABEL, subset, [_in(popularity, subset)]))
+        for name, by_seed in users.items():
+            seeds = sorted(by_seed)
+            references = {POPULARITY_LABEL: {s: popularity for s in seeds}}
+            if args.reference in users and name != args.reference:
+                references = {f"{args.reference} init": users[args.reference]} | references
+            references |= {b: users[b] for a, b in pairs if a == name}
+            for reference, ref_by_seed in references.items():
+                common = [s for s in seeds if s in ref_by_seed]
+                if not common:
+                    print(f"[compare] {name} has no seed in common with {reference}: not compared")
+                    continue
+                found = compare_users(
+                    {name: [by_seed[s] for s in common]},
+                    {reference: [ref_by_seed[s] for s in common]},
+                    METRICS,
+                    subset,
+                    resamples=args.resamples,
+                )
+                rows += found
+                if reference == POPULARITY_LABEL:
+                    continue
+                base = _means([_in(ref_by_seed[s], subset) for s in common])
+                for r in found:
+                    if r["metric"] != "constrained_nll" and base[r["metric"]] > 0:
+                        relative.append(
+                            f"| {name} | {reference} | {r['metric']} | {subset} | {r['seeds']} | "
+                            f"{r['difference'] / base[r['metric']]:+.0%} | "
+                            f"[{r['low'] / base[r['metric']]:+.0%}, {r['high'] / base[r['metric']]:+.0%}] |"
+                        )
     timing = ", ".join(f"{n} {s:.0f} s" for n, s in seconds.items())
     text = "\n".join(
         [
@@ -161,6 +191,12 @@ def main() -> None:
             f"Paired bootstrap 95% intervals ({args.resamples:,} resamples; NLL: lower is better):",
             "",
             intervals_table(rows),
+            "Relative differences (the difference and its interval over the reference's mean, as the papers "
+            "report them):",
+            "",
+            "| strategy | vs | metric | subset | seeds | relative | 95% interval |",
+            "|---|---|---|---|---:|---:|---|",
+            *relative,
         ]
     )
     (args.out / "results.md").write_text(text + "\n")
