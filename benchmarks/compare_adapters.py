@@ -183,7 +183,7 @@ def main() -> None:
     timing = ", ".join(f"{n} {s:.0f} s" for n, s in seconds.items())
     text = "\n".join(
         [
-            f"## {catalogue.name}: {len(popularity)} test users, {args.num_beams} beams "
+            f"## {catalogue.name}: {len(_in(popularity, 'all'))} test users, {args.num_beams} beams "
             f"({'fp32' if args.fp32 else 'bf16'}); evaluation time: {timing}",
             "",
             *table,
