@@ -44,7 +44,7 @@ import torch
 
 from peft_grounded import assets
 from peft_grounded.adapter import grow_adapter
-from peft_grounded.decoding import SIDTrie, recommend
+from peft_grounded.decoding import Recommendations, SIDTrie, mix_new_items, recommend
 from peft_grounded.evaluation.intervals import bootstrap_interval
 from peft_grounded.evaluation.metrics import ranking_metrics
 from peft_grounded.evaluation.users import item_token_ids
@@ -111,14 +111,14 @@ def score(predictions: list[list[str]], targets: list[str], new: set[str], k: in
     }
 
 
-def decode(model, tokenizer, examples, index, catalogue, fmt, k: int, bf16: bool) -> list[list[str]]:
-    """Top-k items per example, prompts in the training ``fmt`` (the sequence layout for ``sequence``)."""
+def decode(model, tokenizer, examples, index, catalogue, fmt, beams: int, bf16: bool) -> Recommendations:
+    """All ``beams`` beams per example, best first, prompts in the training ``fmt``."""
     _, prompts, _ = inference_prompts(examples, index, tokenizer, catalogue, fmt)
     trie = SIDTrie(item_token_ids(tokenizer, index))
     device = model.device.type if hasattr(model, "device") else "cpu"
     autocast = torch.autocast(device, dtype=torch.bfloat16) if bf16 else nullcontext()
     with torch.no_grad(), autocast:
-        return recommend(model, tokenizer, prompts, trie, k=k, num_beams=k, batch_size=8).items
+        return recommend(model, tokenizer, prompts, trie, k=beams, num_beams=beams, batch_size=8)
 
 
 SMOKE = dict(  # a path check, not a measurement: seconds of training, a few users
@@ -174,10 +174,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--replay",
         type=float,
-        nargs="+",
+        nargs="*",
         default=[0.0, 1.0],
-        help="incremental grounding variants: old items' pairs mixed in per new item (0: new items alone)",
+        help="incremental grounding variants: old items' pairs mixed in per new item (0: new items alone; "
+        "none given: no incremental grounding)",
     )
+    parser.add_argument(
+        "--new-item-share",
+        type=float,
+        nargs="*",
+        default=[0.1, 0.2],
+        help="the grown model with new-item slots (TIGER's cold-start rule, decoding.mix_new_items): at most "
+        "this share of the top-k goes to new items sharing a generated item's SID prefix",
+    )
+    parser.add_argument(
+        "--match-levels",
+        type=int,
+        nargs="+",
+        default=None,
+        help="prefix codes a new item must share with a generated item, one variant each (default: all levels "
+        "but the last, and one fewer)",
+    )
+    parser.add_argument("--num-beams", type=int, default=20, help="beams per user (the top --k are scored)")
     parser.add_argument(
         "--old-users",
         type=int,
@@ -203,6 +221,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.smoke:
         for key, value in SMOKE.items():
             setattr(args, key, value)
+    if args.num_beams < args.k:
+        parser.error(
+            f"--num-beams {args.num_beams} is below --k {args.k}: beam search returns num_beams items"
+        )
+    if any(not 0 <= s <= 1 for s in args.new_item_share):
+        parser.error(f"--new-item-share takes fractions of k between 0 and 1, got {args.new_item_share}")
     if args.max_history is None:
         args.max_history = 19 if args.objective == "sequence" else 10
     if args.max_length is None:
@@ -224,8 +248,9 @@ def plan(args, grounds: bool) -> str:
         + (f"{args.grounding_minutes:g} min grounding + " if grounds else "")
         + f"{args.minutes:g} min SFT (+ model loading and the runner's {args.run_eval_users}-user eval)",
         f"  3. train the full-catalogue reference at the same budget: {per_model:g} min (+ the same overheads)",
-        f"  4. grow, decode the scored new-item test users (grown), {args.incremental_steps} incremental grounding "
-        f"steps, decode again; decode with the reference; popularity; bootstrap ({args.rounds} rounds)",
+        f"  4. grow, decode the scored new-item test users (grown, {args.num_beams} beams; new-item slots "
+        f"{args.new_item_share} re-rank its beams), {args.incremental_steps} incremental grounding steps per "
+        f"replay {args.replay}, decode again; decode with the reference; popularity; bootstrap ({args.rounds} rounds)",
         f"  training {2 * per_model:g} min in all; expected total ~{2 * per_model + (1 if args.smoke else 5):.0f} "
         "min on one thread",
     ]
@@ -319,19 +344,31 @@ def main(argv=None) -> None:
     old_results: dict[str, dict] = {}  # the same models on test users whose target is an old item
     dtype = torch.bfloat16 if bf16 else torch.float32
 
+    match_levels = args.match_levels or sorted({max(child.n_levels - 2, 1), child.n_levels - 1})
+
     def score_both(name: str, model, index) -> None:
         model.eval()
         t = time.perf_counter()
-        results[name] = score(
-            decode(model, tokenizer, examples, index, catalogue, fmt, args.k, bf16), targets, new, args.k
-        )
-        old_results[name] = score(
-            decode(model, tokenizer, old_examples, index, catalogue, fmt, args.k, bf16),
-            old_targets,
-            new,
-            args.k,
-        )
+        lists = {
+            "new": decode(model, tokenizer, examples, index, catalogue, fmt, args.num_beams, bf16),
+            "old": decode(model, tokenizer, old_examples, index, catalogue, fmt, args.num_beams, bf16),
+        }
         timings[f"decode_{name}_s"] = round(time.perf_counter() - t, 1)
+        variants = {name: None}
+        if name == "grown":
+            variants |= {
+                f"grown + new-item slots (share {share:g}, {levels} codes)": (share, levels)
+                for levels in match_levels
+                for share in args.new_item_share
+            }
+        for label, rule in variants.items():
+            for part, table, wanted in (("new", results, targets), ("old", old_results, old_targets)):
+                found = lists[part]
+                if rule is not None:
+                    found = mix_new_items(
+                        found, index, new_ids, share=rule[0], match_levels=rule[1], k=args.k
+                    )
+                table[label] = score(found.items, wanted, new, args.k)
 
     incremental: dict[str, dict] = {}
     for replay in [None, *args.replay]:  # None: grown, no incremental grounding
@@ -378,7 +415,8 @@ def main(argv=None) -> None:
     metrics = (f"recall@{k}", f"ndcg@{k}")
     arrays = {(name, m): r["per_user"][m].astype(np.float64) for name, r in results.items() for m in metrics}
     pairs = {"grown - retrained": ("grown", "retrained (full catalogue)")} | {
-        f"{name.removeprefix('grown + ')} - grown": (name, "grown") for name in incremental
+        f"{name.removeprefix('grown + ')} - grown": (name, "grown")
+        for name in [*incremental, *(n for n in results if "new-item slots" in n)]
     }
     for label, (a, b) in pairs.items():
         for m in metrics:
