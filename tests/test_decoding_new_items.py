@@ -6,9 +6,14 @@ import numpy as np
 import pytest
 import torch
 from test_sids_grow import ENCODER, _data, _parent
+from toy_catalogue import toy_catalogue, toy_vectors
 
+from peft_grounded.adapter import add_tokens
 from peft_grounded.decoding import SIDTrie, mix_new_items, recommend, sid_token_ids
 from peft_grounded.decoding.generation import Recommendations
+from peft_grounded.evaluation import EvalSettings, evaluate, item_token_ids, target_rank
+from peft_grounded.prompts import PromptFormat, inference_prompts
+from peft_grounded.sids import build_sids
 from peft_grounded.sids.grow import add_vectors
 
 
@@ -98,3 +103,57 @@ def test_mixes_the_lists_that_constrained_beam_search_returns(grown, tokenizer, 
         assert [i for i in items if i not in fresh] == kept[: len(items) - n_new]
         # a list is short of k only when the model's own new items beyond the quota were dropped
         assert len(items) == 10 or len(items) == len(kept) + n_new
+
+
+def test_added_items_name_what_each_growth_appended(grown):
+    parent, child, new = grown
+    assert parent.added_items() == [] and child.added_items() == new
+    grand = add_vectors(child, ["g0", "g1"], _data()[1][:2] + 0.01)
+    assert grand.added_items() == ["g0", "g1"]  # the last growth
+    assert grand.added_items(since=parent.fingerprint()) == [*new, "g0", "g1"]  # every growth since the build
+    assert grand.added_items(since=child.fingerprint()) == ["g0", "g1"]
+    with pytest.raises(ValueError, match="not an ancestor"):
+        grand.added_items(since=grand.fingerprint())
+
+
+def test_evaluation_serves_the_grown_indexs_new_items(tokenizer, tiny_model_factory):
+    catalogue = toy_catalogue(n_items=16, n_users=12)
+    vectors = toy_vectors(catalogue)
+    old_ids, new_ids = list(catalogue.items)[:12], list(catalogue.items)[12:]
+    parent = build_sids(
+        catalogue.subset(old_ids),
+        vectors=vectors[:12],
+        levels=2,
+        codes=4,
+        encoder_fingerprint={"kind": "toy", "model": "clusters"},
+        show_progress=False,
+    )
+    child = add_vectors(parent, new_ids, vectors[12:], encoder={"kind": "toy", "model": "clusters"})
+    assert child.added_items() == new_ids
+    model = tiny_model_factory(arch="qwen3", tied=False)
+    add_tokens(tokenizer, model, child.token_strings)
+    split, fmt = catalogue.leave_one_out(), PromptFormat(max_history=4)
+    args = (model, tokenizer, split, child, catalogue, fmt, ("test",))
+    plain = evaluate(*args, EvalSettings(ks=(1, 3), num_beams=8, cold=False), likelihood=False)
+    served = evaluate(
+        *args,
+        EvalSettings(ks=(1, 3), num_beams=8, cold=False, new_item_share=0.34, match_levels=1),
+        likelihood=False,
+    )
+    # the same lists, re-ranked by the rule: recompute them from the beams
+    examples = {e[0]: e for e in split.test_examples(fmt.max_history)}
+    chosen = [examples[r["user"]] for r in served.users["test"]]
+    _, prompts, targets = inference_prompts(chosen, child, tokenizer, catalogue, fmt)
+    trie = SIDTrie(item_token_ids(tokenizer, child))
+    beams = recommend(model, tokenizer, prompts, trie, k=8, num_beams=8)
+    mixed = mix_new_items(beams, child, new_ids, share=0.34, match_levels=1, k=3)
+    for record, items, target in zip(served.users["test"], mixed.items, targets, strict=True):
+        assert record["rank"] == target_rank(items, target)
+        assert sum(i in new_ids for i in items) <= 1  # int(0.34 * 3)
+    assert any(i in new_ids for items in mixed.items for i in items)  # the rule did serve new items
+    assert served.metrics["test"]["all"]["users"] == plain.metrics["test"]["all"]["users"]
+    fresh = (model, tokenizer, split, parent, catalogue.subset(old_ids), fmt, ("test",))
+    with pytest.raises(ValueError, match="added none"):
+        evaluate(*fresh, EvalSettings(ks=(1, 3), num_beams=8, new_item_share=0.2), likelihood=False)
+    with pytest.raises(ValueError, match="new_item_share must be a fraction"):
+        EvalSettings(new_item_share=2.0)

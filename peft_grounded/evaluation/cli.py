@@ -32,6 +32,19 @@ def add_cli(subparsers: Any) -> None:
         "--cold-max-count", type=int, default=1, help="cold: target seen at most this often in training"
     )
     p.add_argument("--bf16", action="store_true", help="bf16 base and decoding")
+    p.add_argument(
+        "--new-item-share",
+        type=float,
+        default=None,
+        help="for a grown index (add-items): give up to this share of each top-K to the items it added that "
+        "share a generated item's SID prefix (TIGER's cold-start rule); default: off",
+    )
+    p.add_argument(
+        "--match-levels",
+        type=int,
+        default=None,
+        help="prefix codes for --new-item-share (default: all but the last)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
 
@@ -53,6 +66,8 @@ def run(args) -> int:
         batch_size=args.batch_size,
         cold_max_count=args.cold_max_count,
         bf16=args.bf16,
+        new_item_share=args.new_item_share,
+        match_levels=args.match_levels,
     )
     evaluation = evaluate_adapter(
         args.adapter, index, catalogue, settings, model_path=args.model, parts=tuple(args.splits)

@@ -51,7 +51,7 @@ def evaluate(
     likelihood: bool = True,
 ) -> Evaluation:
     """Rank (constrained beam search) and/or score (target NLL) the split's sampled users in one pass."""
-    from ..decoding import SIDTrie, recommend
+    from ..decoding import SIDTrie, mix_new_items, recommend
     from ..prompts import PromptFormat
 
     if not (ranking or likelihood):
@@ -61,6 +61,14 @@ def evaluate(
     sids = item_token_ids(tokenizer, index)
     trie = trie or SIDTrie(sids)
     cold_items = split.cold_items(settings.cold_max_count)
+    new_items = None
+    if settings.new_item_share is not None:
+        new_items = index.added_items()
+        if not new_items:
+            raise ValueError(
+                "new_item_share serves items a grown index added, but this index added none (a fresh build): "
+                "grow it with SIDIndex.add_items / `peft-grounded add-items`, or leave new_item_share unset"
+            )
     result = Evaluation()
     for part in parts:
         (chosen, cold_chosen, cold_pool), (users, prompts, targets) = _part_prompts(
@@ -73,16 +81,26 @@ def evaluate(
         together = ranking and likelihood and trie.fixed_length  # one prompt encoding serves both
         with _autocast(model, settings):
             if ranking:
+                beams = max(settings.num_beams, max(settings.ks))
                 recs = recommend(
                     model,
                     tokenizer,
                     prompts,
                     trie,
-                    k=max(settings.ks),
-                    num_beams=max(settings.num_beams, max(settings.ks)),
+                    k=max(settings.ks) if new_items is None else beams,
+                    num_beams=beams,
                     batch_size=settings.batch_size,
                     targets=target_ids if together else None,
                 )
+                if new_items is not None:
+                    recs = mix_new_items(
+                        recs,
+                        index,
+                        new_items,
+                        share=settings.new_item_share,
+                        match_levels=settings.match_levels,
+                        k=max(settings.ks),
+                    )
                 for record, items in zip(records, recs.items, strict=True):
                     record["rank"] = target_rank(items, record["target"])
             if likelihood:

@@ -32,6 +32,8 @@ class EvalSettings:
     cold_max_count: int = 1  # cold item: a target seen at most this often as a training target
     cold: bool = True
     bf16: bool = False  # decode under bf16 autocast
+    new_item_share: float | None = None  # new-item slots (decoding.mix_new_items) for a grown index
+    match_levels: int | None = None  # prefix codes a new item must share (None: all levels but the last)
 
     def __post_init__(self) -> None:
         problems = []
@@ -49,6 +51,12 @@ class EvalSettings:
             problems.append(f"cold_max_count must be an integer >= 0, got {self.cold_max_count!r}")
         if isinstance(self.ks, (str, bytes)) or not self.ks or not all(_positive_int(k) for k in self.ks):
             problems.append(f"ks must be positive integers, got {self.ks!r}")
+        if self.new_item_share is not None and not (
+            isinstance(self.new_item_share, (int, float)) and 0 <= self.new_item_share <= 1
+        ):
+            problems.append(
+                f"new_item_share must be a fraction between 0 and 1 or None, got {self.new_item_share!r}"
+            )
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             problems.append(f"seed must be an integer, got {self.seed!r}")
         if problems:

@@ -265,6 +265,21 @@ class SIDIndex:
             )
         return [self.item_ids[i] for i in order[lo:hi]]
 
+    def added_items(self, since: str | None = None) -> list[str]:
+        """Items that growth (:meth:`add_items`) appended: by the last growth, or by every growth after the
+        ancestor whose fingerprint is ``since`` (one of :attr:`lineage`). ``[]`` for a fresh build."""
+        growth = self.quality.get("growth", [])
+        if since is None:
+            records = growth[-1:]
+        elif since not in self.lineage:
+            raise ValueError(
+                f"{since!r} is not an ancestor of this index (its lineage: {self.lineage or 'none, a fresh build'})"
+            )
+        else:
+            records = growth[self.lineage.index(since) - len(self.lineage) :]  # one record per generation
+        n_added = sum(int(r.get("n_added", 0)) for r in records)
+        return list(self.item_ids[self.n_items - n_added :]) if n_added else []
+
     # ------------------------------------------------------------------------------------------ statistics
 
     def token_frequencies(self, by: str = "items", counts: Mapping[str, int] | None = None) -> np.ndarray:
