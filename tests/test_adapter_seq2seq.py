@@ -224,3 +224,56 @@ def test_refuses_a_same_vocabulary_embedding_on_a_separate_weight():
     config = GroundedTokenConfig(token_indices=[100, 101], tokens_are_new=False, task_type="SEQ_2_SEQ_LM")
     with pytest.raises(ValueError, match=r"'model\.encoder\.embed_tokens' embeds the same vocabulary"):
         get_peft_model(model, config)
+
+
+@pytest.mark.parametrize(("arch", "tied"), CASES)
+def test_growing_keeps_the_rows_and_every_embedding_module_uses_the_new_ones(tokenizer, arch, tied):
+    from test_adapter_grow import grown_indices
+
+    from peft_grounded.adapter import grow_adapter
+
+    parent, child = grown_indices()
+    base = build_seq2seq(arch, tied)
+    tokens, centroids = parent.adapter_init()
+    ids = peft_grounded.add_tokens(tokenizer, base, tokens)
+    config = GroundedTokenConfig(
+        token_indices=ids,
+        init="centroid",
+        init_vectors=centroids,
+        sid_index_fingerprint=parent.fingerprint(),
+        task_type="SEQ_2_SEQ_LM",
+    )
+    model = get_peft_model(base, config)
+    torch.manual_seed(1)
+    with torch.no_grad():  # "trained": rows off their start
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.1 * torch.randn_like(p))
+    layer = model.get_input_embeddings()
+    rows = layer.grounded_embedding["default"].detach().clone()
+    old = {
+        "input_ids": torch.tensor([[5, ids[0], 17, ids[-1], 1], [ids[3], 9, ids[2], 300, 1]]),
+        "decoder_input_ids": torch.tensor([[0, ids[1], 40, ids[4]], [0, 7, ids[5], ids[2]]]),
+    }
+    before = logits(model, old)
+
+    grown = grow_adapter(model, tokenizer, parent, child).eval()
+    glayer = grown.get_input_embeddings()
+    assert torch.equal(glayer.grounded_embedding["default"][: parent.n_tokens], rows)
+    assert grown.peft_config["default"].sid_index_fingerprint == child.fingerprint()
+    torch.testing.assert_close(logits(grown, old)[..., : before.shape[-1]], before, rtol=1e-5, atol=1e-5)
+    # the new tokens: encoder input, decoder input and head all read the grown rows
+    new = grown.peft_config["default"].token_indices[parent.n_tokens :]
+    assert new and tokenizer.convert_ids_to_tokens(new) == child.token_strings[parent.n_tokens :]
+    batch = {
+        "input_ids": torch.tensor([[5, new[0], ids[1], 1]]),
+        "decoder_input_ids": torch.tensor([[0, new[-1], 40]]),
+    }
+    from transformers import AutoTokenizer
+
+    reference = build_seq2seq(arch, tied)
+    peft_grounded.add_tokens(
+        AutoTokenizer.from_pretrained(tokenizer.name_or_path), reference, child.token_strings
+    )
+    expected = logits(rows_copied_in(reference, grown), batch)
+    torch.testing.assert_close(logits(grown, batch), expected, rtol=1e-5, atol=1e-5)
