@@ -31,9 +31,13 @@ def _lists(items: list[list[str]], k: int) -> Recommendations:
 
 
 def _mates(child, new, item, levels=2):
-    """The new items in ``item``'s region, in SID order (the order the rule serves them in)."""
+    """The new items in ``item``'s region, nearest first (the order the rule serves them in)."""
     found = [n for n in new if child.sid_of(n)[:levels] == child.sid_of(item)[:levels] and n != item]
-    return sorted(found, key=child.sid_of)
+
+    def point(i):  # the quantised vector: the item's codebook vectors, summed
+        return sum(book[c] for book, c in zip(child.codebooks, child.sid_of(i), strict=False))
+
+    return sorted(found, key=lambda n: (np.linalg.norm(point(n) - point(item)), child.sid_of(n)))
 
 
 def test_new_items_follow_the_item_whose_semantic_codes_they_share(grown):

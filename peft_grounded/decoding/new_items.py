@@ -14,12 +14,32 @@ from collections.abc import Hashable, Iterable
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from .generation import Recommendations
 
 
 def default_match_levels(index: Any) -> int:
     """Every level but the last: the semantic codes when the last level is the disambiguation code."""
     return max(index.n_levels - 1, 1)
+
+
+def quantised_vector(index: Any, item: str) -> np.ndarray:
+    """The item's point in the quantiser's space: the sum of its codebook vectors (the k-means levels)."""
+    codes = index.sid_of(item)
+    codes = codes[: len(index.codebooks)]  # the disambiguation code has no codebook
+    return sum(
+        np.asarray(book[code], dtype=np.float64) for book, code in zip(index.codebooks, codes, strict=True)
+    )
+
+
+def nearest_first(index: Any, item: str, candidates: list[str]) -> list[str]:
+    """``candidates`` ordered by the distance of their quantised vectors to ``item``'s (ties: given order)."""
+    if len(candidates) < 2:
+        return candidates
+    anchor = quantised_vector(index, item)
+    distance = {c: float(np.linalg.norm(quantised_vector(index, c) - anchor)) for c in candidates}
+    return sorted(candidates, key=distance.__getitem__)
 
 
 def mix_new_items(
@@ -34,8 +54,8 @@ def mix_new_items(
     """Top-``k`` lists in which up to ``floor(share * k)`` slots go to new items near the model's picks.
 
     Walking each list best first, every item keeps its place and is followed by the new items whose SID
-    starts with the same ``match_levels`` codes (in SID order), each with the score of the item it
-    matched, until the new-item quota is spent; new items the model ranked itself count towards the
+    starts with the same ``match_levels`` codes (nearest first: by the distance of their quantised
+    vectors, the sums of their codebook vectors), each with the score of the item it matched, until the new-item quota is spent; new items the model ranked itself count towards the
     quota (beyond it they are dropped). ``share=0`` keeps the model's new items out entirely.
 
     Args:
@@ -95,7 +115,7 @@ def mix_new_items(
             prefix = index.sid_of(key)[:levels]
             if prefix not in mates:
                 mates[prefix] = [i for i in index.items_with_prefix(prefix) if i in new]
-            for mate in mates[prefix]:
+            for mate in nearest_first(index, key, mates[prefix]):
                 if len(chosen) == k or n_new == quota:
                     break
                 if mate not in taken:
