@@ -28,6 +28,11 @@ def test_defaults_are_the_cpu_protocol(protocol):
     assert not args.no_bf16 and args.users == 0 and args.max_examples == 0  # all users, all rows
     assert args.minutes > 0 and not args.smoke
     assert args.replay == [0.0, 1.0] and args.old_users == 200  # with and without old items' pairs
+    assert args.new_item_share == [0.1, 0.2] and args.match_levels is None and args.num_beams == 20
+    assert protocol.parse_args(["--out", "x", "--replay"]).replay == []  # no incremental grounding
+    for bad in (["--num-beams", "5"], ["--new-item-share", "1.5"]):
+        with pytest.raises(SystemExit):
+            protocol.parse_args(["--out", "x", *bad])
     prompt = protocol.parse_args(["--out", "x", "--objective", "prompt"])
     assert (prompt.max_history, prompt.max_length) == (10, 256)
     smoke = protocol.parse_args(["--out", "x", "--smoke"])
