@@ -161,3 +161,12 @@ def test_evaluation_serves_the_grown_indexs_new_items(tokenizer, tiny_model_fact
         evaluate(*fresh, EvalSettings(ks=(1, 3), num_beams=8, new_item_share=0.2), likelihood=False)
     with pytest.raises(ValueError, match="new_item_share must be a fraction"):
         EvalSettings(new_item_share=2.0)
+
+
+def test_the_evaluate_command_takes_the_new_item_share():
+    from peft_grounded.cli import build_parser
+
+    common = ["evaluate", "--adapter", "a", "--sid-index", "s", "--output", "o"]
+    args = build_parser().parse_args([*common, "--new-item-share", "0.1", "--match-levels", "2"])
+    assert (args.new_item_share, args.match_levels) == (0.1, 2)
+    assert build_parser().parse_args(common).new_item_share is None  # off unless asked
