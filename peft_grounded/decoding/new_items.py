@@ -55,14 +55,15 @@ def mix_new_items(
 
     Walking each list best first, every item keeps its place and is followed by the new items whose SID
     starts with the same ``match_levels`` codes (nearest first: by the distance of their quantised
-    vectors, the sums of their codebook vectors), each with the score of the item it matched, until the new-item quota is spent; new items the model ranked itself count towards the
-    quota (beyond it they are dropped). ``share=0`` keeps the model's new items out entirely.
+    vectors, the sums of their codebook vectors), each with the score of the item it matched, until the
+    new-item quota is spent; new items the model ranked itself count towards the quota (beyond it they
+    are dropped). ``share=0`` keeps the model's new items out entirely.
 
     Args:
         recommendations: the model's lists (e.g. from :func:`~.generation.recommend` with ``num_beams``
             above ``k``, so that there are more generated items to match and to fill with).
         index: the (grown) :class:`~peft_grounded.sids.SIDIndex` holding old and new items.
-        new_items: the items added since the model was trained (e.g. ``child.item_ids[parent.n_items:]``).
+        new_items: the items added since the model was trained (``child.added_items()``).
         share: the most new items a list may hold, as a fraction of ``k`` (0 to 1).
         match_levels: leading codes a new item must share with a generated item (default: all levels
             but the last).
@@ -90,7 +91,10 @@ def mix_new_items(
             "(SIDIndex.add_items) that holds them"
         )
     quota = int(share * k + 1e-9)
-    mates: dict[tuple[int, ...], list[str]] = {}
+    regions: dict[tuple[int, ...], list[str]] = {}  # prefix -> the new items under it
+    mates: dict[
+        str, list[str]
+    ] = {}  # generated item -> its region's new items, nearest first (computed once)
     items_out: list[list[Hashable]] = []
     scores_out: list[list[float]] = []
     counts: list[int] = []
@@ -112,10 +116,12 @@ def mix_new_items(
             chosen.append(item)
             chosen_scores.append(score)
             taken.add(key)
-            prefix = index.sid_of(key)[:levels]
-            if prefix not in mates:
-                mates[prefix] = [i for i in index.items_with_prefix(prefix) if i in new]
-            for mate in nearest_first(index, key, mates[prefix]):
+            if key not in mates:
+                prefix = index.sid_of(key)[:levels]
+                if prefix not in regions:
+                    regions[prefix] = [i for i in index.items_with_prefix(prefix) if i in new]
+                mates[key] = nearest_first(index, key, regions[prefix])
+            for mate in mates[key]:
                 if len(chosen) == k or n_new == quota:
                     break
                 if mate not in taken:
