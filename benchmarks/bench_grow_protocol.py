@@ -45,6 +45,7 @@ import torch
 from peft_grounded import assets
 from peft_grounded.adapter import grow_adapter
 from peft_grounded.decoding import Recommendations, SIDTrie, mix_new_items, recommend
+from peft_grounded.decoding.new_items import default_match_levels
 from peft_grounded.evaluation.intervals import bootstrap_interval
 from peft_grounded.evaluation.metrics import ranking_metrics
 from peft_grounded.evaluation.users import item_token_ids
@@ -344,7 +345,8 @@ def main(argv=None) -> None:
     old_results: dict[str, dict] = {}  # the same models on test users whose target is an old item
     dtype = torch.bfloat16 if bf16 else torch.float32
 
-    match_levels = args.match_levels or sorted({max(child.n_levels - 2, 1), child.n_levels - 1})
+    top = default_match_levels(child)  # the library's default, and one code fewer
+    match_levels = args.match_levels or sorted({max(top - 1, 1), top})
 
     def score_both(name: str, model, index) -> None:
         model.eval()
