@@ -81,6 +81,18 @@ def first_seen(catalogue, dataset: str) -> dict[str, float]:
     return {i: seen.get(i, math.inf) for i in catalogue.items}
 
 
+def new_item_examples(split, new: set[str], max_history: int, positions: str) -> list[tuple]:
+    """One scored example per user whose target is a new item: its test target (``positions="test"``),
+    or, with ``"last-two"``, the test target when new, else the validation target when new (the history
+    before it). No model trains on either position, so both are fair for the retrained reference too."""
+    chosen = {e[0]: e for e in split.test_examples(max_history) if e[2] in new}
+    if positions == "last-two":
+        for e in split.valid_examples(max_history):
+            if e[2] in new and e[0] not in chosen:
+                chosen[e[0]] = e
+    return [chosen[u.user_id] for u in split.users if u.user_id in chosen]
+
+
 def interval(values: np.ndarray, seed: int, rounds: int) -> tuple[float, float]:
     """95% percentile bootstrap interval of the mean over users (the package's resampling)."""
     if not len(values):
@@ -141,6 +153,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", required=True)
     parser.add_argument("--smoke", action="store_true", help=f"tiny budget path check: {SMOKE}")
     parser.add_argument("--share", type=float, default=0.1, help="newest share of items held out")
+    parser.add_argument(
+        "--positions",
+        choices=("test", "last-two"),
+        default="test",
+        help="new-item targets scored: each user's test target, or (last-two) the test target when it is a "
+        "new item, else the validation target when it is one (one per user; no model trains on either)",
+    )
     parser.add_argument("--strategy", default="centroid", help="centroid | centroid_gti | gti | mean ...")
     parser.add_argument("--objective", choices=("sequence", "prompt"), default="sequence")
     parser.add_argument(
@@ -277,15 +296,19 @@ def main(argv=None) -> None:
     old_catalogue = catalogue.subset(old_ids)
     fmt = PromptFormat(objective=args.objective, max_history=args.max_history)
     split = catalogue.leave_one_out()
-    pool = [e for e in split.test_examples(fmt.max_history) if e[2] in new]
+    pool = new_item_examples(split, new, fmt.max_history, args.positions)
     examples = random.Random(args.seed).sample(pool, min(args.users, len(pool))) if args.users else list(pool)
     targets = [e[2] for e in examples]
-    old_pool = [e for e in split.test_examples(fmt.max_history) if e[2] not in new]
+    scored_users = {e[0] for e in pool}
+    old_pool = [
+        e for e in split.test_examples(fmt.max_history) if e[2] not in new and e[0] not in scored_users
+    ]
     old_examples = random.Random(args.seed).sample(old_pool, min(args.old_users, len(old_pool)))
     old_targets = [e[2] for e in old_examples]
+    where = "test target" if args.positions == "test" else "test or validation target"
     print(
-        f"{catalogue.name}: {len(order)} items, {n_new} newest held out; {len(pool)} test users have a new "
-        f"item as target; scoring {len(examples)}"
+        f"{catalogue.name}: {len(order)} items, {n_new} newest held out; {len(pool)} users have a new item as "
+        f"{where}; scoring {len(examples)}"
         + ("" if len(examples) == len(pool) else f" (a seeded sample, --users {args.users})"),
         flush=True,
     )
@@ -444,6 +467,7 @@ def main(argv=None) -> None:
         "dataset": catalogue.name,
         "items": len(order),
         "new_items": n_new,
+        "positions": args.positions,
         "new_item_test_users": len(pool),
         "scored_users": len(examples),
         "smoke": args.smoke,
@@ -461,8 +485,8 @@ def main(argv=None) -> None:
     (out / "protocol.json").write_text(json.dumps(summary, indent=1))
     scored = f"all {len(pool)}" if len(examples) == len(pool) else f"{len(examples)} of {len(pool)}"
     lines = [
-        f"## New items on {catalogue.name}: {n_new} newest items held out, {scored} new-item test users "
-        f"scored ({fmt.objective} objective, {args.minutes:g} min SFT"
+        f"## New items on {catalogue.name}: {n_new} newest items held out, {scored} users with a new-item "
+        f"{where} scored ({fmt.objective} objective, {args.minutes:g} min SFT"
         + (f" + {args.grounding_minutes:g} min grounding" if grounds else "")
         + f" per trained model{', SMOKE' if args.smoke else ''})",
         "",
@@ -492,7 +516,7 @@ def main(argv=None) -> None:
         "rows resample the same users for both models).",
         f"add_items: {add_seconds:.3f} s, {summary['new_tokens']} new tokens; incremental grounding "
         f"({args.incremental_steps} steps, lr {args.incremental_lr or args.lr:g}): {incremental}. New items are {len(new_ids) / len(order):.0%} of the "
-        f"catalogue and the targets of {len(pool) / (len(pool) + len(old_pool)):.1%} of the test users. "
+        f"catalogue and the {where}s of {len(pool) / (len(pool) + len(old_pool)):.1%} of the users. "
         f"Timings (s): {timings}.",
     ]
     (out / "protocol.md").write_text("\n".join(lines) + "\n")

@@ -60,3 +60,26 @@ def test_bootstrap_is_paired_and_seeded(protocol):
     assert lo < a.mean() < hi
     assert protocol.interval(a, seed=3, rounds=500) == (lo, hi)  # seeded
     assert all(np.isnan(protocol.interval(np.array([]), seed=3, rounds=500)))
+
+
+def test_new_item_examples_one_per_user_at_untrained_positions(protocol):
+    from peft_grounded.sids.catalogue import LeaveOneOut
+
+    split = LeaveOneOut.from_sequences(
+        {
+            "u1": ("a", "b", "c", "n1"),  # test target new
+            "u2": ("a", "b", "n2", "c"),  # validation target new, test old
+            "u3": ("a", "n1", "b", "c"),  # new item only in training history: never scored
+            "u4": ("a", "b", "n1", "n2"),  # both new: the test target, once
+        }
+    )
+    new = {"n1", "n2"}
+    test = protocol.new_item_examples(split, new, 19, "test")
+    assert [(u, t) for u, _, t in test] == [("u1", "n1"), ("u4", "n2")]
+    both = protocol.new_item_examples(split, new, 19, "last-two")
+    assert [(u, h, t) for u, h, t in both] == [
+        ("u1", ("a", "b", "c"), "n1"),
+        ("u2", ("a", "b"), "n2"),  # the history before the validation target: no test item in it
+        ("u4", ("a", "b", "n1"), "n2"),
+    ]
+    assert protocol.parse_args(["--out", "x"]).positions == "test"
