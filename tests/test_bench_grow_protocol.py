@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -83,3 +84,57 @@ def test_new_item_examples_one_per_user_at_untrained_positions(protocol):
         ("u4", ("a", "b", "n1"), "n2"),
     ]
     assert protocol.parse_args(["--out", "x"]).positions == "test"
+
+
+POOL = SCRIPT.with_name("pool_grow_protocol.py")
+
+
+@pytest.fixture(scope="module")
+def pooling():
+    spec = importlib.util.spec_from_file_location("pool_grow_protocol", POOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(tmp_path, seed, ranks, users=("u1", "u2", "u3", "u4")):
+    folder = tmp_path / f"s{seed}"
+    folder.mkdir()
+    targets = [f"n{i}" for i in range(len(users))]
+    summary = {
+        "dataset": "toy",
+        "budget": {"seed": seed},
+        "per_user": {"users": list(users), "targets": targets, "rank_of_target": ranks},
+    }
+    (folder / "protocol.json").write_text(json.dumps(summary))
+    return str(folder)
+
+
+def test_pool_means_over_seeds_and_pairs_users_within_seeds(pooling, tmp_path):
+    a = _run(tmp_path, 0, {"grown": [1, 0, 0, 0], "retrained (full catalogue)": [1, 3, 0, 0]})
+    b = _run(tmp_path, 1, {"grown": [0, 2, 0, 0], "retrained (full catalogue)": [0, 2, 0, 0]})
+    pooled = pooling.pool(pooling.load_runs([a, b]), None, k=10, resamples=500)
+    assert pooled["seeds"] == [0, 1] and pooled["users"] == 4
+    assert pooled["models"]["grown"]["recall@10"][0] == pytest.approx(2 / 8)
+    assert pooled["models"]["retrained (full catalogue)"]["recall@10"][0] == pytest.approx(3 / 8)
+    diff = pooled["paired_differences"]["grown - retrained"]["recall@10"]
+    assert diff[0] == pytest.approx(-1 / 8) and diff[1] <= diff[0] <= diff[2]
+    assert pooled["models"]["grown"]["ndcg@10"][0] == pytest.approx((1 + 1 / np.log2(3)) / 8)
+    assert "grown - retrained" in pooling.markdown(pooled, 10)
+    only = pooling.pool(pooling.load_runs([a, b]), ["grown"], k=10, resamples=100)
+    assert list(only["models"]) == ["grown"] and not only["paired_differences"]
+
+
+def test_pool_refuses_other_users_repeated_seeds_and_unknown_models(pooling, tmp_path):
+    a = _run(tmp_path, 0, {"grown": [1, 0]}, users=("u1", "u2"))
+    other = _run(tmp_path, 1, {"grown": [1, 0]}, users=("u1", "u3"))
+    with pytest.raises(SystemExit, match="other users or targets"):
+        pooling.load_runs([a, other])
+    same_seed = tmp_path / "again"
+    same_seed.mkdir()
+    (same_seed / "protocol.json").write_text((Path(a) / "protocol.json").read_text())
+    with pytest.raises(SystemExit, match="repeat a seed"):
+        pooling.load_runs([a, str(same_seed)])
+    b = _run(tmp_path, 2, {"grown": [0, 0], "slots": [1, 0]}, users=("u1", "u2"))
+    with pytest.raises(SystemExit, match="not scored by every run"):
+        pooling.pool(pooling.load_runs([a, b]), ["slots"], k=10, resamples=10)

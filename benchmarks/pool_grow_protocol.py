@@ -1,0 +1,140 @@
+"""Pool several seeds of the new-item protocol (``bench_grow_protocol.py``) into one table.
+
+    python benchmarks/pool_grow_protocol.py runs/grow-office runs/grow-office-s1 \
+        --out docs/results/office_new_items_two_seeds.md
+
+Every run must score the same users with the same targets (same dataset, ``--share`` and ``--positions``;
+the training seed is what differs). Per model: Recall/NDCG@K averaged over seeds, with the package's
+stratified bootstrap (users resampled within each seed; ``evaluation.intervals.bootstrap_interval``);
+paired differences pair each user within each seed. ``--models`` restricts the table to models every run
+scored the same way (e.g. to leave out a row whose method changed between the runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from peft_grounded._io import atomic_write_text
+from peft_grounded.evaluation.intervals import bootstrap_interval
+
+
+def per_user(ranks: list[int], metric: str) -> np.ndarray:
+    """Recall@K (hit) or NDCG@K per user from the protocol's 1-based ranks (0: not in the top K)."""
+    if metric.startswith("recall"):
+        return np.array([float(r > 0) for r in ranks])
+    return np.array([1.0 / math.log2(r + 1) if r else 0.0 for r in ranks])
+
+
+def load_runs(directories: list[str]) -> list[dict]:
+    runs = [json.loads((Path(d) / "protocol.json").read_text()) for d in directories]
+    first = runs[0]["per_user"]
+    for directory, run in zip(directories[1:], runs[1:], strict=True):
+        mine = run["per_user"]
+        if (mine["users"], mine["targets"]) != (first["users"], first["targets"]):
+            raise SystemExit(
+                f"{directory} scores other users or targets than {directories[0]}: pool only runs of one "
+                "dataset, --share and --positions (the training seed may differ)"
+            )
+    seeds = [run["budget"]["seed"] for run in runs]
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"the runs repeat a seed ({seeds}): pool runs of different training seeds")
+    return runs
+
+
+def pool(runs: list[dict], models: list[str] | None, k: int, resamples: int) -> dict:
+    """Mean over seeds and pooled intervals of each model, and of the paired differences."""
+    common = [
+        m
+        for m in runs[0]["per_user"]["rank_of_target"]
+        if all(m in r["per_user"]["rank_of_target"] for r in runs)
+    ]
+    chosen = models or common
+    missing = sorted(set(chosen) - set(common))
+    if missing:
+        raise SystemExit(f"--models {missing} are not scored by every run; they have: {common}")
+    metrics = (f"recall@{k}", f"ndcg@{k}")
+    values = {
+        (m, metric): [per_user(r["per_user"]["rank_of_target"][m], metric) for r in runs]
+        for m in chosen
+        for metric in metrics
+    }
+    table = {}
+    for m in chosen:
+        table[m] = {}
+        for metric in metrics:
+            found = bootstrap_interval(values[(m, metric)], resamples=resamples)
+            table[m][metric] = [found["difference"], found["low"], found["high"]]
+    pairs = [("grown", "retrained (full catalogue)")] + [
+        (m, "grown") for m in chosen if m.startswith("grown + ")
+    ]
+    differences = {}
+    for a, b in pairs:
+        if a in chosen and b in chosen:
+            label = f"{a.removeprefix('grown + ')} - {b.replace('retrained (full catalogue)', 'retrained')}"
+            differences[label] = {}
+            for metric in metrics:
+                paired = [x - y for x, y in zip(values[(a, metric)], values[(b, metric)], strict=True)]
+                found = bootstrap_interval(paired, resamples=resamples)
+                differences[label][metric] = [found["difference"], found["low"], found["high"]]
+    return {
+        "seeds": [r["budget"]["seed"] for r in runs],
+        "users": len(runs[0]["per_user"]["users"]),
+        "dataset": runs[0]["dataset"],
+        "models": table,
+        "paired_differences": differences,
+    }
+
+
+def markdown(pooled: dict, k: int) -> str:
+    cell = "{:.4f} [{:.4f}, {:.4f}]"
+    seeds = ", ".join(map(str, pooled["seeds"]))
+    lines = [
+        f"## New items on {pooled['dataset']}: seeds {seeds} pooled, {pooled['users']} new-item users each",
+        "",
+        f"| model | Recall@{k} [95% CI] | NDCG@{k} [95% CI] |",
+        "|---|---|---|",
+    ]
+    for model, row in pooled["models"].items():
+        lines.append(f"| {model} | {cell.format(*row[f'recall@{k}'])} | {cell.format(*row[f'ndcg@{k}'])} |")
+    lines += ["", f"| paired difference | Recall@{k} [95% CI] | NDCG@{k} [95% CI] |", "|---|---|---|"]
+    signed = "{:+.4f} [{:+.4f}, {:+.4f}]"
+    for label, row in pooled["paired_differences"].items():
+        lines.append(
+            f"| {label} | {signed.format(*row[f'recall@{k}'])} | {signed.format(*row[f'ndcg@{k}'])} |"
+        )
+    lines += [
+        "",
+        "Means over seeds; intervals: stratified percentile bootstrap (users resampled within each seed, "
+        "10,000 resamples), paired rows pair each user within each seed.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("runs", nargs="+", help="output folders of bench_grow_protocol.py (one per seed)")
+    parser.add_argument("--models", nargs="+", default=None, help="models to pool (default: all common ones)")
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--resamples", type=int, default=10_000)
+    parser.add_argument("--out", default=None, help="write the markdown here (and its .json beside it)")
+    args = parser.parse_args(argv)
+    if len(args.runs) < 2:
+        parser.error("give two or more runs (one per training seed)")
+    pooled = pool(load_runs(args.runs), args.models, args.k, args.resamples)
+    text = markdown(pooled, args.k)
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        atomic_write_text(out, text)
+        atomic_write_text(out.with_suffix(".json"), json.dumps(pooled, indent=1))
+
+
+if __name__ == "__main__":
+    main()
