@@ -16,8 +16,9 @@ how long) is printed first.
    (init -> [grounding] -> LoRA SFT) on the interactions with those items only.
 3. Add the held-out items (``SIDIndex.add_items``), grow the trained adapter (``grow_adapter``, centroid
    rows for the new tokens).
-4. Score ALL test users whose (leave-one-out, full catalogue) target is a new item (``--users N`` caps
-   them to a seeded sample, for smoke runs only), with the same ``PromptFormat`` as training:
+4. Score ALL test users whose (leave-one-out, full catalogue) target is a new item (``--positions
+   last-two``: or whose validation target is, one example per user; ``--users N`` caps them to a seeded
+   sample, for smoke runs only), with the same ``PromptFormat`` as training:
    Recall/NDCG@K with a 95% bootstrap interval of the mean for: the grown model; the grown model after
    incremental grounding (``ground_new_items``); a model retrained from scratch on the full catalogue at
    the same budget (the upper reference); popularity over the training targets (which cannot rank a new
