@@ -14,20 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 
 from peft_grounded._io import atomic_write_text
-from peft_grounded.evaluation.intervals import bootstrap_interval
+from peft_grounded.evaluation.intervals import bootstrap_interval, user_value
 
 
 def per_user(ranks: list[int], metric: str) -> np.ndarray:
-    """Recall@K (hit) or NDCG@K per user from the protocol's 1-based ranks (0: not in the top K)."""
-    if metric.startswith("recall"):
-        return np.array([float(r > 0) for r in ranks])
-    return np.array([1.0 / math.log2(r + 1) if r else 0.0 for r in ranks])
+    """``metric`` (``recall@K`` / ``ndcg@K``) per user from the protocol's 1-based ranks (0: not in the
+    top K), by the package's own per-user definition (0-based ranks there)."""
+    return np.array([user_value({"rank": r - 1 if r else None}, metric) for r in ranks])
 
 
 def load_runs(directories: list[str]) -> list[dict]:
@@ -83,6 +81,7 @@ def pool(runs: list[dict], models: list[str] | None, k: int, resamples: int) -> 
                 differences[label][metric] = [found["difference"], found["low"], found["high"]]
     return {
         "seeds": [r["budget"]["seed"] for r in runs],
+        "resamples": resamples,
         "users": len(runs[0]["per_user"]["users"]),
         "dataset": runs[0]["dataset"],
         "models": table,
@@ -110,7 +109,7 @@ def markdown(pooled: dict, k: int) -> str:
     lines += [
         "",
         "Means over seeds; intervals: stratified percentile bootstrap (users resampled within each seed, "
-        "10,000 resamples), paired rows pair each user within each seed.",
+        f"{pooled['resamples']:,} resamples), paired rows pair each user within each seed.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -92,9 +92,8 @@ def mix_new_items(
         )
     quota = int(share * k + 1e-9)
     regions: dict[tuple[int, ...], list[str]] = {}  # prefix -> the new items under it
-    mates: dict[
-        str, list[str]
-    ] = {}  # generated item -> its region's new items, nearest first (computed once)
+    # generated item -> its region's new items, nearest first (computed once per call)
+    mates: dict[str, list[str]] = {}
     items_out: list[list[Hashable]] = []
     scores_out: list[list[float]] = []
     counts: list[int] = []
