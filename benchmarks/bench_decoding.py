@@ -28,9 +28,9 @@ import torch
 
 from peft_grounded import assets
 from peft_grounded.adapter import add_lora
+from peft_grounded.adapter.loading import sid_model
 from peft_grounded.decoding import SIDTrie, recommend
 from peft_grounded.evaluation import item_token_ids
-from peft_grounded.models import sid_model
 from peft_grounded.prompts import PromptFormat, inference_prompts
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
+from peft_grounded.growth.index import GrowthReport, add_vectors
 from peft_grounded.sids import build_sids, load_catalogue
 from peft_grounded.sids.encoders import encode_texts, load_encoder
-from peft_grounded.sids.grow import GrowthReport, add_vectors
 from peft_grounded.sids.text import TextTemplate
 
 

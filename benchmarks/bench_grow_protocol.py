@@ -14,7 +14,7 @@ how long) is printed first.
    the catalogue has them, else the earliest relative position in a user's sequence).
 2. Build SIDs on the rest (MiniLM, 3 x 64 + disambiguation) and train the ``--strategy``
    (init -> [grounding] -> LoRA SFT) on the interactions with those items only.
-3. Add the held-out items (``SIDIndex.add_items``), grow the trained adapter (``grow_adapter``, centroid
+3. Add the held-out items (``growth.add_items``), grow the trained adapter (``grow_adapter``, centroid
    rows for the new tokens).
 4. Score ALL test users whose (leave-one-out, full catalogue) target is a new item (``--positions
    last-two``: or whose validation target is, one example per user; ``--users N`` caps them to a seeded
@@ -44,17 +44,17 @@ import numpy as np
 import torch
 
 from peft_grounded import assets
-from peft_grounded.adapter import grow_adapter
+from peft_grounded.adapter.loading import sid_model
 from peft_grounded.decoding import Recommendations, SIDTrie, mix_new_items, recommend
 from peft_grounded.decoding.new_items import default_match_levels
 from peft_grounded.evaluation.intervals import bootstrap_interval
 from peft_grounded.evaluation.metrics import ranking_metrics
 from peft_grounded.evaluation.users import item_token_ids
-from peft_grounded.grounding.incremental import ground_new_items
-from peft_grounded.models import sid_model
+from peft_grounded.growth import add_items, grow_adapter
+from peft_grounded.growth.grounding import ground_new_items
+from peft_grounded.pipeline import Budget, Experiment, run_strategy
+from peft_grounded.pipeline.runner import strategy
 from peft_grounded.prompts import PromptFormat, inference_prompts
-from peft_grounded.recommend import Budget, Experiment, run_strategy
-from peft_grounded.recommend.runner import strategy
 from peft_grounded.sids import build_sids, load_catalogue
 from peft_grounded.sids.encoders import encode_texts, load_encoder
 from peft_grounded.sids.text import TextTemplate
@@ -326,7 +326,7 @@ def main(argv=None) -> None:
         **settings,
     )
     start = time.perf_counter()
-    child = parent.add_items(
+    child = add_items(parent,
         [catalogue.items[i] for i in new_ids], vectors=vectors[[row[i] for i in new_ids]], encoder=fp
     )
     add_seconds = time.perf_counter() - start

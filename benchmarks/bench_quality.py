@@ -32,9 +32,9 @@ from peft_grounded.evaluation import (
     intervals_table,
     popularity_users,
 )
+from peft_grounded.pipeline import Budget, Experiment, run_strategy
+from peft_grounded.pipeline.runner import STRATEGIES
 from peft_grounded.prompts import PromptFormat
-from peft_grounded.recommend import Budget, Experiment, run_strategy
-from peft_grounded.recommend.runner import STRATEGIES
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
 

@@ -23,7 +23,6 @@ import json
 import time
 from pathlib import Path
 
-from peft_grounded import runs
 from peft_grounded.evaluation import (
     POPULARITY_LABEL,
     EvalSettings,
@@ -34,6 +33,7 @@ from peft_grounded.evaluation import (
     rank_metrics,
 )
 from peft_grounded.sids import SIDIndex, load_catalogue
+from peft_grounded.training import runs
 
 METRICS = ("recall@5", "recall@10", "recall@20", "ndcg@10", "constrained_nll")
 

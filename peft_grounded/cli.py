@@ -15,7 +15,7 @@ from collections.abc import Sequence
 # Modules that contribute sub-commands, in pipeline order.
 COMMAND_MODULES = (
     "peft_grounded.sids.cli",
-    "peft_grounded.grounding.grow_cli",
+    "peft_grounded.growth.cli",
     "peft_grounded.grounding.cli",
     "peft_grounded.recommend.cli",
     "peft_grounded.evaluation.cli",

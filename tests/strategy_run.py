@@ -17,8 +17,8 @@ def main() -> None:
     model_dir, out, results = sys.argv[1:4]
     from toy_catalogue import toy_catalogue, toy_index
 
+    from peft_grounded.pipeline import Budget, Experiment, run_strategy
     from peft_grounded.prompts import PromptFormat
-    from peft_grounded.recommend import Budget, Experiment, run_strategy
 
     catalogue = toy_catalogue()
     experiment = Experiment(

@@ -10,8 +10,8 @@ from toy_catalogue import toy_catalogue, toy_index, toy_vectors
 
 import peft_grounded
 from peft_grounded import GroundedTokenConfig
-from peft_grounded.adapter import grow_adapter
 from peft_grounded.decoding import recommend, sid_token_ids
+from peft_grounded.growth import add_items, grow_adapter
 from peft_grounded.sids import Item
 
 
@@ -22,7 +22,7 @@ def grown_indices():
     x = toy_vectors(catalogue)
     # 3 new items: two copies of item 0's vector (they join its SID group, so the last level grows) + one more
     new = np.stack([x[0], x[0] + 1e-3, x[5] + 0.5])
-    child = parent.add_items([Item(f"new{i}", title=f"New {i}") for i in range(3)], vectors=new)
+    child = add_items(parent, [Item(f"new{i}", title=f"New {i}") for i in range(3)], vectors=new)
     assert child.n_tokens > parent.n_tokens
     return parent, child
 
@@ -141,7 +141,7 @@ def test_a_new_item_is_served_by_constrained_beam_search(tokenizer, tiny_model_f
     produced = set(result.items[0])
     assert {"new0", "new1", "new2"} <= produced and result.num_invalid == 0
     # evaluation takes the grown index: a new-item target is scored (a cold target, reachable)
-    from peft_grounded.evaluation.evaluate import evaluate_recommender
+    from peft_grounded.evaluation.reports import evaluate_recommender
 
     n = child.n_items
     results = evaluate_recommender(
@@ -168,7 +168,7 @@ def test_a_child_without_new_tokens_only_changes_the_recorded_index(tokenizer, t
         if sizes[tuple(row)] < parent.codes_per_level[-1]
     ]
     assert fits, "the toy index has a SID group with a free disambiguation code"
-    child = parent.add_items([Item("fresh", title="Fresh")], vectors=x[fits[:1]] + 1e-3)
+    child = add_items(parent, [Item("fresh", title="Fresh")], vectors=x[fits[:1]] + 1e-3)
     assert child.token_strings == parent.token_strings
     model = trained(tokenizer, tiny_model_factory, parent, "llama", True, True)
     rows = model.get_input_embeddings().grounded_embedding["default"].detach().clone()

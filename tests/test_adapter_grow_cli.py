@@ -11,10 +11,10 @@ from safetensors.torch import load_file
 from test_adapter_grow import grown_indices, trained
 from toy_catalogue import toy_catalogue, toy_index
 
-from peft_grounded.adapter import grow_adapter
+from peft_grounded.adapter.loading import sid_model
 from peft_grounded.cli import main
-from peft_grounded.grounding.incremental import rows_used
-from peft_grounded.models import sid_model
+from peft_grounded.growth import grow_adapter
+from peft_grounded.growth.grounding import rows_used
 
 WEIGHTS = "adapter_model.safetensors"
 

@@ -231,8 +231,8 @@ def _recommendation_step(tokenizer, tiny_model_factory, tmp_path, objective: str
     """One SFT run of a few steps on CUDA through the package's RecommendationTrainer."""
     from toy_catalogue import toy_catalogue, toy_index
 
+    from peft_grounded.pipeline import Budget, Experiment, run_strategy
     from peft_grounded.prompts import PromptFormat
-    from peft_grounded.recommend import Budget, Experiment, run_strategy
 
     path = tmp_path / "base"
     tiny_model_factory("llama", True).save_pretrained(path)

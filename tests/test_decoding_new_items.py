@@ -12,9 +12,9 @@ from peft_grounded.adapter import add_tokens
 from peft_grounded.decoding import SIDTrie, mix_new_items, recommend, sid_token_ids
 from peft_grounded.decoding.generation import Recommendations
 from peft_grounded.evaluation import EvalSettings, evaluate, item_token_ids, target_rank
+from peft_grounded.growth.index import add_vectors
 from peft_grounded.prompts import PromptFormat, inference_prompts
 from peft_grounded.sids import build_sids
-from peft_grounded.sids.grow import add_vectors
 
 
 @pytest.fixture(scope="module")

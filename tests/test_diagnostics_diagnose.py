@@ -122,7 +122,7 @@ def test_mean_and_centroid_adapters_show_their_geometry(world, tmp_path):
 
 
 def test_rows_come_back_in_the_index_order_whatever_the_adapter_stored(world, tmp_path):
-    from peft_grounded.init.sources import adapter_rows
+    from peft_grounded.adapter.saved import adapter_rows
 
     tokens = world["index"].token_strings
     shuffled = tokens[::-1]
@@ -222,7 +222,7 @@ def fake_run(root: Path, world, strategy: str, seed: int, stages: dict[str, str]
 
     ``metrics.json`` records absolute stage paths of a folder that no longer exists (moved runs).
     """
-    from peft_grounded import runs
+    from peft_grounded.training import runs
 
     out = root / f"{strategy}-seed{seed}"
     manifest = {
@@ -288,7 +288,7 @@ def test_diagnose_runs_end_to_end(world, run_folder, tmp_path):
 
 def test_a_real_runner_output_is_diagnosed(world, tmp_path):
     """One step of grounding and SFT through run_strategy: the folder it writes is what diagnose_runs reads."""
-    from peft_grounded.recommend import Budget, Experiment, run_strategy
+    from peft_grounded.pipeline import Budget, Experiment, run_strategy
 
     experiment = Experiment(str(world["base"]), world["catalogue"], world["index"])
     budget = Budget(

@@ -13,7 +13,7 @@ from toy_catalogue import toy_catalogue, toy_index
 
 import peft_grounded
 from peft_grounded.grounding import GroundingConfig, GroundingTrainer, grounding_dataset, grounding_examples
-from peft_grounded.runs import RunMismatchError
+from peft_grounded.training.runs import RunMismatchError
 
 SCRIPT = Path(__file__).parent / "grounding_run.py"
 
@@ -168,7 +168,7 @@ def test_killed_run_resumes_to_the_same_state(tmp_path):
 
 def test_check_run_reads_only(tmp_path):
     """What every rank of a distributed run calls before training: it refuses, and never writes."""
-    from peft_grounded import runs
+    from peft_grounded.training import runs
 
     runs.write_json_atomic(tmp_path / runs.MANIFEST, {"seed": 1})
     (tmp_path / "checkpoint-2").mkdir()

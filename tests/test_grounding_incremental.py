@@ -6,8 +6,8 @@ import pytest
 import torch
 from test_adapter_grow import grown_indices, trained
 
-from peft_grounded.adapter import grow_adapter
-from peft_grounded.grounding.incremental import ground_new_items, rows_used
+from peft_grounded.growth import grow_adapter
+from peft_grounded.growth.grounding import ground_new_items, rows_used
 from peft_grounded.sids import Catalogue, Item
 
 

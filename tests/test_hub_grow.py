@@ -8,7 +8,7 @@ from huggingface_hub import HfApi
 from test_adapter_grow import grown_indices, trained
 from transformers import AutoTokenizer
 
-from peft_grounded.adapter import grow_adapter
+from peft_grounded.growth import grow_adapter
 from peft_grounded.hub import GroundedHubError, load_grounded, load_sid_index, push_grounded
 
 FACTS = {"base_model": "org/tiny-base"}

@@ -138,7 +138,7 @@ def test_demo_refuses_to_mix_settings_in_one_folder(tmp_path, model_dir):
     from dataclasses import replace
 
     from peft_grounded.pipeline import PRESETS
-    from peft_grounded.runs import RunMismatchError
+    from peft_grounded.training.runs import RunMismatchError
 
     out = tmp_path / "demo"
     run_demo(
@@ -175,8 +175,8 @@ def test_presets_pass_their_prompt_format_through():
 
 
 def test_learning_curve_section_from_synthetic_curve_files(tmp_path):
-    from peft_grounded.pipeline.curves import curves_section, read_curve
-    from peft_grounded.recommend.curves import learning_curve
+    from peft_grounded.pipeline.plots import curves_section, read_curve
+    from peft_grounded.recommend.callbacks import learning_curve
 
     dirs = {}
     for name, slope in (("mean", 0.01), ("centroid", 0.03)):

@@ -8,15 +8,10 @@ import pytest
 import torch
 from toy_catalogue import toy_catalogue, toy_index
 
+from peft_grounded.pipeline import Budget, Experiment, run_strategy
 from peft_grounded.prompts import HistoryError, PromptFormat, inference_prompts
-from peft_grounded.recommend import (
-    Budget,
-    Experiment,
-    recommendation_examples,
-    run_strategy,
-    training_dataset,
-)
-from peft_grounded.runs import RunMismatchError
+from peft_grounded.recommend import recommendation_examples, training_dataset
+from peft_grounded.training.runs import RunMismatchError
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +190,7 @@ def test_base_models_load_from_safetensors_only(tmp_path, tiny_model_factory, to
     """As the README promises: a checkpoint with pickled weights only is refused, never unpickled."""
     import torch
 
-    from peft_grounded.models import load_base
+    from peft_grounded.adapter.loading import load_base
 
     path = tmp_path / "pickled"
     model = tiny_model_factory("llama", True)
@@ -207,7 +202,7 @@ def test_base_models_load_from_safetensors_only(tmp_path, tiny_model_factory, to
 
 
 def test_a_live_model_needs_its_tokenizer():
-    from peft_grounded.models import model_for
+    from peft_grounded.adapter.loading import model_for
 
     with pytest.raises(ValueError, match=r"ground\(model=\.\.\.\) needs the model's tokenizer"):
         model_for(object(), model=object(), tokenizer=None, caller="ground")

@@ -12,12 +12,13 @@ import pytest
 import torch
 from toy_catalogue import toy_catalogue, toy_index
 
+from peft_grounded.pipeline import Budget
 from peft_grounded.prompts import PromptFormat, inference_prompts
-from peft_grounded.recommend import Budget, RecommendationConfig, train_recommender, training_dataset
-from peft_grounded.recommend.curves import learning_curve
+from peft_grounded.recommend import RecommendationConfig, train_recommender, training_dataset
+from peft_grounded.recommend.callbacks import learning_curve
 from peft_grounded.recommend.sequence import chunk_bounds, sequence_row
-from peft_grounded.runs import RunMismatchError
-from peft_grounded.training_clock import time_schedule
+from peft_grounded.training.clock import time_schedule
+from peft_grounded.training.runs import RunMismatchError
 
 SEQ = PromptFormat(objective="sequence", max_history=3)
 
@@ -150,7 +151,7 @@ def _config(out, **kw) -> RecommendationConfig:
 def test_sequence_training_lowers_the_loss_and_records_its_format(toy, model_dir, tmp_path):
     from peft import PeftConfig
 
-    from peft_grounded.models import prompt_format_of, sid_model
+    from peft_grounded.adapter.loading import prompt_format_of, sid_model
 
     catalogue, index = toy
     out = tmp_path / "seq"
@@ -289,7 +290,7 @@ def test_a_timed_run_resumes_with_its_clock_and_counts(toy, model_dir, tmp_path)
 def test_compact_loss_equals_trls_head_on_sequence_rows(toy, model_dir, tmp_path):
     """The compact head (labelled positions only) gives TRL's loss on the sequence objective's masks."""
     from peft_grounded.adapter import add_lora
-    from peft_grounded.models import sid_model
+    from peft_grounded.adapter.loading import sid_model
     from peft_grounded.recommend import RecommendationTrainer
 
     catalogue, index = toy

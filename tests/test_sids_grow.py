@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from sids_fixtures import clustered_vectors
 
+from peft_grounded.growth.index import GrowthError, GrowthReport, add_items, add_vectors
 from peft_grounded.sids import Item
 from peft_grounded.sids.build import index_from_vectors, token_centroids
 from peft_grounded.sids.catalogue import CatalogueError
-from peft_grounded.sids.grow import GrowthError, GrowthReport, add_vectors
 from peft_grounded.sids.index import JSON_NAME, EncoderMismatchError, IndexFileError, SIDIndex, tensors_path
 from peft_grounded.sids.rqkmeans import RQKMeansConfig
 
@@ -127,11 +127,11 @@ def test_bad_batches_are_clear_errors_or_a_report():
     with pytest.raises(GrowthError, match="NaN"):
         add_vectors(parent, ["z"], np.full((1, 32), np.nan, dtype=np.float32))
     with pytest.raises(CatalogueError, match="no text in the index's template fields"):
-        parent.add_items([Item("e", title="")], vectors=None, encoder=object())
+        add_items(parent, [Item("e", title="")], vectors=None, encoder=object())
     # Items with vectors go through add_items too (duplicates in a plain list are caught)
     with pytest.raises(GrowthError, match="more than once"):
-        parent.add_items([Item("a", title="A"), Item("a", title="A2")], vectors=new[:2])
-    assert parent.add_items([Item("a", title="A")], vectors=new[:1]).item_ids[-1] == "a"
+        add_items(parent, [Item("a", title="A"), Item("a", title="A2")], vectors=new[:2])
+    assert add_items(parent, [Item("a", title="A")], vectors=new[:1]).item_ids[-1] == "a"
 
 
 def test_the_child_saves_beside_the_parent_without_touching_its_files(tmp_path):
@@ -139,7 +139,7 @@ def test_the_child_saves_beside_the_parent_without_touching_its_files(tmp_path):
     parent.save(tmp_path / "v1")
     before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (tmp_path / "v1").iterdir()}
     _, new = _data()
-    child = SIDIndex.load(tmp_path / "v1").add_items(
+    child = add_items(SIDIndex.load(tmp_path / "v1"),
         [Item(f"n{i}", title="t") for i in range(3)], vectors=new[:3]
     )
     child.save(tmp_path / "v2")

@@ -489,7 +489,7 @@ def quality_summary(plan: Plan, payload: Path, work: Path) -> tuple[list[str], d
             from dataclasses import replace as dc_replace
 
             from peft_grounded.evaluation import evaluate_popularity
-            from peft_grounded.recommend import Budget
+            from peft_grounded.pipeline import Budget
             from peft_grounded.sids import SIDIndex, load_catalogue
 
             catalogue = load_catalogue(payload / "data" / dataset)

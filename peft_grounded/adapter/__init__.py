@@ -1,7 +1,6 @@
 """The grounded-token adapter as a PEFT method (``PeftType.GROUNDED_TOKENS``)."""
 
 from .config import GroundedTokenConfig
-from .grow import grow_adapter
 from .layer import GroundedHead, GroundedTiedEmbedding, GroundedTokenLayer
 from .lora import add_lora
 from .model import GroundedTokenModel
@@ -22,6 +21,5 @@ __all__ = [
     "add_sid_tokens",
     "add_tokens",
     "check_tokenizer",
-    "grow_adapter",
     "vocab_fingerprint",
 ]

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .prompts import PromptFormat
+from ..prompts import PromptFormat
 
 
 def load_base(model_path: str, dtype: torch.dtype = torch.float32):
@@ -39,7 +39,7 @@ def sid_model(
     """
     from peft import PeftModel, get_peft_model
 
-    from .adapter import GroundedTokenConfig, add_tokens
+    from . import GroundedTokenConfig, add_tokens
 
     tokenizer, base = load_base(model_path, dtype)
     added = add_tokens(tokenizer, base, index.token_strings)
@@ -71,7 +71,7 @@ def base_model_path(adapter: str) -> str:
 
     from peft import PeftConfig
 
-    from . import assets
+    from .. import assets
 
     recorded = PeftConfig.from_pretrained(adapter).base_model_name_or_path or ""
     if recorded and Path(recorded).is_dir():
@@ -106,7 +106,7 @@ def model_for(
     ``index``; it needs its ``tokenizer``), or a fresh :func:`sid_model` of ``model_path`` (default: the
     packaged SmolLM2-135M) with ``kwargs``."""
     if model is None:
-        from . import assets
+        from .. import assets
 
         return sid_model(model_path or str(assets.smollm2()), index, **kwargs)
     if tokenizer is None:

@@ -18,11 +18,12 @@ from peft.utils import _get_input_embeddings_name
 from peft.utils.other import get_pattern_key
 from torch import nn
 
-from ..init.sources import adapter_rows, resolve_init_data
+from ..init.sources import resolve_init_data
 from ..init.strategies import InitData, initial_rows
 from .compact_head import compact_fused_forward, supports_compact_head
 from .config import GroundedTokenConfig
 from .layer import GroundedHead, GroundedTiedEmbedding, GroundedTokenLayer
+from .saved import adapter_rows
 
 SIGNATURE_ROWS = 8
 SIGNATURE_RTOL = 2e-2

@@ -11,7 +11,7 @@ import functools
 
 from peft.utils.peft_types import PeftType
 
-from ..saved_adapter import PEFT_TYPE
+from .saved import PEFT_TYPE
 
 NAME = PEFT_TYPE.lower()
 

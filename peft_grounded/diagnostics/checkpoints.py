@@ -4,7 +4,7 @@ A checkpoint is a directory holding ``adapter_config.json`` + ``adapter_model.sa
 ``save_pretrained`` writes). Only the grounded rows are read (keys ending in ``grounded_embedding`` /
 ``grounded_head``); LoRA weights next to them are left alone.
 
-The strategy runner (:mod:`peft_grounded.recommend.runner`) writes, per strategy,
+The strategy runner (:mod:`peft_grounded.pipeline.runner`) writes, per strategy,
 ``<strategy>/{init,grounding,sft}/adapter``, ``run.json`` and ``metrics.json``; the demo puts its
 strategies in ``<out>/strategies/<strategy>-seed<N>``. :func:`find_run_checkpoints` turns either
 layout into checkpoints named ``<strategy>/<stage>``.
@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..runs import ADAPTER_DIR, RESULTS_FILE, STAGES
-from ..runs import MANIFEST as RUN_MANIFEST  # the runner's manifest (strategy, budget, model, SID index)
-from ..saved_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from ..adapter.saved import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from ..training.runs import ADAPTER_DIR, RESULTS_FILE, STAGES
+from ..training.runs import (
+    MANIFEST as RUN_MANIFEST,  # the runner's manifest (strategy, budget, model, SID index)
+)
 
 # Report order: the baselines first, then the initialisations they are compared with.
 STRATEGY_ORDER = ("mean", "gaussian", "random", "centroid", "gti", "centroid_gti")
@@ -104,7 +106,7 @@ def load_sid_rows(path: str | os.PathLike[str], tokens: list[str], matrix: str =
     tied adapter has one set of rows, which then serves both. Raises ``ValueError`` when the adapter
     holds other tokens than ``tokens`` (another SID index) or more or fewer of them.
     """
-    from ..saved_adapter import read_adapter
+    from ..adapter.saved import read_adapter
 
     if matrix not in MATRICES:
         raise ValueError(f"matrix must be one of {MATRICES}, got {matrix!r}")

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from peft_grounded.adapter.saved import ADAPTER_CONFIG
 from peft_grounded.diagnostics.checkpoints import (
     AdapterRows,
     Checkpoint,
@@ -32,7 +33,6 @@ from peft_grounded.diagnostics.checkpoints import (
 from peft_grounded.diagnostics.measure import ReportConfig
 from peft_grounded.diagnostics.report import ReportFiles, write_report
 from peft_grounded.diagnostics.snapshot import GeometrySnapshot
-from peft_grounded.saved_adapter import ADAPTER_CONFIG
 
 FREQUENCY_SOURCES = ("auto", "targets", "interactions", "items", "none")
 MISSING_CATEGORY = "<none>"  # Catalogue.category_labels' placeholder for an item without categories

@@ -1,7 +1,11 @@
 """Evaluation: leave-one-out Recall@K / NDCG@K and target likelihood on all users and cold-item targets,
 per-user records, paired bootstrap intervals, JSON and markdown."""
 
-from .evaluate import (
+from .evaluator import Evaluation, evaluate, evaluate_adapter
+from .intervals import bootstrap_interval, compare_users, intervals_table, paired_intervals, user_values
+from .likelihood import LIKELIHOOD_METRICS, target_log_likelihood
+from .metrics import DEFAULT_KS, metric_names, ndcg_at_k, ranking_metrics, recall_at_k, target_rank
+from .reports import (
     comparison_table,
     evaluate_predictions,
     evaluate_recommender,
@@ -11,10 +15,6 @@ from .evaluate import (
     write_markdown,
     write_text_atomic,
 )
-from .evaluator import Evaluation, evaluate, evaluate_adapter
-from .intervals import bootstrap_interval, compare_users, intervals_table, paired_intervals, user_values
-from .likelihood import LIKELIHOOD_METRICS, target_log_likelihood
-from .metrics import DEFAULT_KS, metric_names, ndcg_at_k, ranking_metrics, recall_at_k, target_rank
 from .users import (
     POPULARITY_LABEL,
     EvalSettings,

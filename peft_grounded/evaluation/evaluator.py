@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from .evaluate import Results
 from .likelihood import LIKELIHOOD_METRICS, target_log_likelihood
 from .metrics import target_rank
+from .reports import Results
 from .users import EvalSettings, _autocast, _part_prompts, item_token_ids, rank_metrics, user_records
 
 
@@ -151,7 +151,7 @@ def evaluate_adapter(
 ) -> Evaluation:
     """Load a trained adapter onto its base (checked against ``index``) and :func:`evaluate` it, with the
     prompt format recorded in the adapter unless ``fmt`` is given."""
-    from ..models import base_model_path, prompt_format_of, sid_model
+    from ..adapter.loading import base_model_path, prompt_format_of, sid_model
 
     settings = settings or EvalSettings()
     dtype = torch.bfloat16 if settings.bf16 else torch.float32

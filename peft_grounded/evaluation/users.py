@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from .evaluate import Results
 from .metrics import DEFAULT_KS
+from .reports import Results
 
 
 @dataclass

@@ -20,7 +20,7 @@ import torch
 from peft import PeftModel, get_peft_model
 
 from ..adapter import GroundedTokenConfig
-from ..training import RunConfig, RunTrainer
+from ..training.trainer import RunConfig, RunTrainer
 
 
 @dataclass
@@ -106,8 +106,8 @@ def ground(
     grounded in place (the strategy runner's path). Only the rows train, on the six GTI templates; the
     adapter lands in ``<args.output_dir>/adapter``.
     """
-    from ..models import model_for
-    from ..training import sample_rows
+    from ..adapter.loading import model_for
+    from ..training.trainer import sample_rows
     from .data import grounding_dataset
 
     tokenizer, model = model_for(

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..adapter.config import GroundedTokenConfig
+from ..adapter.layer import GroundedTokenLayer
+from ..adapter.vocab import add_tokens, check_tokenizer
 from ..init.strategies import InitData, initial_rows
-from .config import GroundedTokenConfig
-from .layer import GroundedTokenLayer
-from .vocab import add_tokens, check_tokenizer
 
 if TYPE_CHECKING:
     from peft import PeftModel

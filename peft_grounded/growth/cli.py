@@ -1,6 +1,6 @@
 """``peft-grounded grow-adapter``: grow a saved adapter onto an ``add-items`` index
-(:func:`~peft_grounded.adapter.grow.grow_adapter`), optionally grounding the new items
-(:func:`~peft_grounded.grounding.incremental.ground_new_items`)."""
+(:func:`~peft_grounded.growth.adapter.grow_adapter`), optionally grounding the new items
+(:func:`~peft_grounded.growth.grounding.ground_new_items`)."""
 
 from __future__ import annotations
 
@@ -120,11 +120,11 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ..adapter.grow import check_lineage, grow_adapter
-    from ..models import base_model_path, sid_model
+    from ..adapter.loading import base_model_path, sid_model
     from ..sids import SIDIndex, load_catalogue
-    from ..training import save_adapter_atomic
-    from .incremental import ground_new_items, new_item_ids
+    from ..training.trainer import save_adapter_atomic
+    from .adapter import check_lineage, grow_adapter
+    from .grounding import ground_new_items, new_item_ids
 
     output, adapter = Path(args.output), Path(args.adapter)
     check_output(output, adapter, args.overwrite)

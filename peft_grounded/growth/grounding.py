@@ -1,6 +1,6 @@
 """Incremental grounding: GTI pairs of the new items only, training only the rows their SIDs use.
 
-After :func:`~peft_grounded.adapter.grow_adapter`, :func:`ground_new_items` runs a few AdamW steps on
+After :func:`~peft_grounded.growth.grow_adapter`, :func:`ground_new_items` runs a few AdamW steps on
 the grounding pairs (text -> SID, SID -> text) of the items the child index added. Every other weight
 is frozen, and a gradient mask keeps every row outside ``rows`` bit-identical (a zero gradient from
 the first step gives AdamW a zero update): ``rows="used"`` trains the rows of every token a new item's
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .data import GroundingData, grounding_examples
+from ..grounding.data import GroundingData, grounding_examples
 
 if TYPE_CHECKING:
     from ..sids.index import SIDIndex

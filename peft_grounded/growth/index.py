@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from .catalogue import Catalogue, CatalogueError, Item
-from .collisions import collision_stats, group_ids
-from .index import SIDIndex
+from ..sids.catalogue import Catalogue, CatalogueError, Item
+from ..sids.collisions import collision_stats, group_ids
+from ..sids.index import SIDIndex
 
 logger = logging.getLogger(__name__)
 
@@ -248,7 +248,7 @@ def add_vectors(
         raise GrowthError("no new items to add (every item of the batch was left out: see the report)")
     if not np.isfinite(x).all():
         raise GrowthError("the new items' vectors contain NaN or Inf; re-encode them")
-    from .rqkmeans import quantize
+    from ..sids.rqkmeans import quantize
 
     index.quantize(x[:1], encoder=encoder)  # the index's checks: encoder, width, quantizer (one row)
     codes_t, residual_t = quantize(x, index.codebooks, index.normalize_residuals)
@@ -349,15 +349,15 @@ def add_items(
     encoding. ``on_problem`` / ``empty_text``: ``"error"`` (default) or ``"skip"`` / ``"drop"`` to add the
     rest and list the others in ``report``.
     """
-    from .encoders import encode_texts, load_encoder
-    from .text import TextTemplate
+    from ..sids.encoders import encode_texts, load_encoder
+    from ..sids.text import TextTemplate
 
     if empty_text not in ("error", "drop"):
         raise ValueError(f"empty_text must be 'error' or 'drop', got {empty_text!r}")
     report = report if report is not None else GrowthReport()
     counts: Mapping[str, int] = {}
     if isinstance(catalogue, (str, Path)):
-        from .loaders import load_catalogue
+        from ..sids.loaders import load_catalogue
 
         catalogue = load_catalogue(catalogue, format=catalogue_format, **(catalogue_options or {}))
     if isinstance(catalogue, Catalogue):

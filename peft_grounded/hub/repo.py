@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..adapter.registration import GROUNDED_TOKENS
-from ..saved_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from ..adapter.saved import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 SID_INDEX_DIR = "sid_index"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")

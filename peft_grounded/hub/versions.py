@@ -19,7 +19,7 @@ def check_index_version(config: Any, index: SIDIndex, where: str) -> None:
     if recorded in index.lineage:
         why = (
             f"the adapter belongs to an earlier version ({recorded}) of this index ({actual}, {index.n_items} "
-            "items): grow the adapter onto it (peft_grounded.adapter.grow_adapter) or use the earlier index"
+            "items): grow the adapter onto it (peft_grounded.growth.grow_adapter) or use the earlier index"
         )
     elif index.parent is not None or index.lineage:
         why = (

@@ -95,24 +95,3 @@ def resolve_init_data(config: Any, matrix: str) -> InitData:
                 f"init_anchors has {len(data.anchor_token_ids)} token ids but {data.anchor_vectors.shape[0]} vectors."
             )
     return data
-
-
-def adapter_rows(
-    path: str | Path, token_indices: list[int], token_strings: list[str] | None, width: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Input and output rows for ``token_indices`` taken from a saved grounded adapter (warm start).
-
-    Tokens are matched by string when both adapters know their strings, else by index. ``width``: the
-    model's row width, checked so that another model's adapter fails here, clearly.
-    """
-    from ..saved_adapter import read_adapter
-
-    saved = read_adapter(path)
-    order = saved.positions(token_strings, token_indices)
-    if width is not None and saved.input_rows.shape[1] != width:
-        raise ValueError(
-            f"init='adapter': the rows in {saved.path} are {saved.input_rows.shape[1]}-d but this model's rows "
-            f"are {width}-d: the saved adapter belongs to another base model."
-        )
-    output = saved.output_rows[order] if saved.output_rows is not None else None
-    return saved.input_rows[order], output

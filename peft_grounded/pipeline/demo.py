@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .. import runs
 from ..prompts import PromptFormat
-from ..recommend.runner import STRATEGIES, Budget, Experiment, run_strategy
+from ..training import runs
+from .runner import STRATEGIES, Budget, Experiment, run_strategy
 
 logger = logging.getLogger(__name__)
 
@@ -169,8 +169,8 @@ def run_demo(
     )
     from ..sids import SIDIndex, build_sids, load_catalogue
     from ..sids.index import JSON_NAME
-    from .curves import curves_section
     from .headline import headline
+    from .plots import curves_section
 
     spec = preset_of(preset)
     if strategies:

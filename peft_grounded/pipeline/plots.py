@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..runs import CURVE_FILE
+from ..training.runs import CURVE_FILE
 
 # (name, y-axis label, curve part, value field): the SFT stage's progressive loss (first-epoch training
 # windows: targets not yet trained on) and the validation users' trie-constrained target NLL
@@ -22,7 +22,7 @@ PANELS = (
 
 def read_curve(run_dir: str | Path, stage: str = "sft") -> dict[str, dict[int, float]] | None:
     """``{panel: {step: value}}`` of a strategy run's ``curve.json`` (see
-    :func:`peft_grounded.recommend.curves.learning_curve`), or ``None`` when it wrote none."""
+    :func:`peft_grounded.recommend.callbacks.learning_curve`), or ``None`` when it wrote none."""
     path = Path(run_dir) / CURVE_FILE
     if not path.is_file():
         return None

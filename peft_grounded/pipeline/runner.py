@@ -9,7 +9,7 @@ A strategy = an initialisation (+ optionally the grounding stage). The runner, f
 5. decodes the validation and test users with the constrained beam search and writes ``metrics.json``.
 
 Every stage resumes: a finished stage is loaded from its ``adapter/``, an interrupted one continues from
-its last checkpoint, and a stage whose settings changed is refused (see :mod:`peft_grounded.runs`).
+its last checkpoint, and a stage whose settings changed is refused (see :mod:`peft_grounded.training.runs`).
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ from typing import Any
 
 import torch
 
-from .. import runs
+from ..adapter.loading import sid_model
+from ..adapter.saved import ADAPTER_WEIGHTS
 from ..evaluation.evaluator import evaluate
 from ..evaluation.users import EvalSettings, item_token_ids
-from ..models import sid_model
 from ..prompts import PromptFormat
-from ..runs import ADAPTER_DIR, CURVE_FILE, LOG_FILE, RESULTS_FILE
-from ..saved_adapter import ADAPTER_WEIGHTS
-from ..training import save_adapter_atomic, upcast_trainable
+from ..training import runs
+from ..training.runs import ADAPTER_DIR, CURVE_FILE, LOG_FILE, RESULTS_FILE
+from ..training.trainer import save_adapter_atomic, upcast_trainable
 
 logger = logging.getLogger(__name__)
 
@@ -230,8 +230,8 @@ def run_strategy(
     """
     from ..decoding import SIDTrie
     from ..grounding import GroundingConfig, ground
-    from .curves import LogHistory, ValidationLikelihood, ValidationRecall, learning_curve
-    from .trainer import RecommendationConfig, train_recommender
+    from ..recommend.callbacks import LogHistory, ValidationLikelihood, ValidationRecall, learning_curve
+    from ..recommend.trainer import RecommendationConfig, train_recommender
 
     spec = strategy(name)
     out = Path(output_dir)

@@ -9,8 +9,8 @@ from peft import PeftModel
 
 from ..adapter import GroundedTokenConfig
 from ..prompts import PromptFormat
-from ..training import RunConfig, RunTrainer
-from .curves import ValidationRecall
+from ..training.trainer import RunConfig, RunTrainer
+from .callbacks import ValidationRecall
 
 __all__ = ["RecommendationConfig", "RecommendationTrainer", "ValidationRecall", "train_recommender"]
 
@@ -69,8 +69,8 @@ def train_recommender(
     leave-one-out split), and ``fmt`` is recorded in the adapter. Writes ``<args.output_dir>/adapter``.
     """
     from ..adapter import add_lora
-    from ..models import model_for
-    from ..training import sample_rows
+    from ..adapter.loading import model_for
+    from ..training.trainer import sample_rows
     from .data import training_dataset
 
     fmt = fmt or PromptFormat()

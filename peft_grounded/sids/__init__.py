@@ -51,8 +51,6 @@ _LAZY = {
     "IndexFileError": "index",
     "EncoderMismatchError": "index",
     "build_sids": "build",
-    "GrowthError": "grow",
-    "GrowthReport": "grow",
     "index_from_vectors": "build",
 }
 

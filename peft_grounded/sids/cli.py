@@ -172,7 +172,7 @@ def add_items_cli(subparsers: Any) -> None:
         description="Encode the new items with the index's encoder and text template, code them with its "
         "codebooks, resolve collisions through the disambiguation level (new tokens are appended) and write "
         "a new index version whose parent is the given one. Grow a trained adapter onto it with "
-        "`peft-grounded grow-adapter` (or peft_grounded.adapter.grow_adapter).",
+        "`peft-grounded grow-adapter` (or peft_grounded.growth.grow_adapter).",
     )
     p.add_argument("--sid-index", required=True, help="directory of the parent SID index")
     p.add_argument("--catalogue", required=True, help="the new items (any format build-sids reads)")
@@ -209,8 +209,8 @@ def run_add_items(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
+    from ..growth.index import GrowthError, GrowthReport, add_items, encoder_spec
     from .catalogue import CatalogueError
-    from .grow import GrowthError, GrowthReport, add_items, encoder_spec
     from .index import JSON_NAME, SIDIndex
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

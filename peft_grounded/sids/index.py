@@ -222,7 +222,7 @@ class SIDIndex:
             raise ValueError(
                 f"The adapter was trained with an earlier version of this SID index (fingerprint {recorded}); "
                 "this version added items. Grow the adapter first: "
-                "peft_grounded.adapter.grow_adapter(model, tokenizer, parent_index, this_index)."
+                "peft_grounded.growth.grow_adapter(model, tokenizer, parent_index, this_index)."
             )
         if recorded is not None and recorded != self.fingerprint():
             raise ValueError(
@@ -396,15 +396,6 @@ class SIDIndex:
             )
         codes, _ = quantize(array, self.codebooks, self.normalize_residuals)
         return codes.numpy()
-
-    def add_items(self, catalogue: Any, **kwargs: Any) -> SIDIndex:
-        """A new version of this index with the items of ``catalogue`` added (this one is unchanged).
-
-        Existing SIDs stay bit for bit; new tokens (disambiguation codes) are appended, and the child's
-        ``parent`` is this index's fingerprint. See :func:`peft_grounded.sids.grow.add_items`."""
-        from .grow import add_items
-
-        return add_items(self, catalogue, **kwargs)
 
     # ------------------------------------------------------------------------------------------ export
 

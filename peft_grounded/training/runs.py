@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ._io import atomic_write_text
+from .._io import atomic_write_text
 
 # The layout of a run's folder (every stage and tool names its files from here)
 MANIFEST = "run.json"  # what the run is (checked on resume)

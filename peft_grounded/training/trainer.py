@@ -1,12 +1,12 @@
 """The part every stage's trainer shares: an ``SFTTrainer`` that knows its run.
 
-:class:`RunTrainer` records a run manifest (see :mod:`peft_grounded.runs`), copies it into every checkpoint,
+:class:`RunTrainer` records a run manifest (see :mod:`peft_grounded.training.runs`), copies it into every checkpoint,
 refuses to resume from or write next to another run's checkpoints (or a finished run's adapter), keeps the
 loss log as JSON and writes the final adapter atomically to ``<output_dir>/adapter``. It also
 
 * trains every adapter weight in float32 (master weights), whatever the base's dtype;
 * refuses rows that ``max_length`` would cut (TRL truncates silently, and a cut SID trains on garbage);
-* keeps a :class:`~peft_grounded.training_clock.TrainingClock`: each loss log gets ``seconds`` (training
+* keeps a :class:`~peft_grounded.training.clock.TrainingClock`: each loss log gets ``seconds`` (training
   time) and ``items_seen`` (item targets so far, a target = one labelled SID), and ``max_minutes`` stops
   the run at a training time with a learning rate that decays linearly to 0 at that time.
 """
@@ -29,10 +29,10 @@ from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
 
+from .._io import make_temp_dir
 from . import runs
-from ._io import make_temp_dir
+from .clock import TimeProgressCallback, TrainingClock, time_schedule
 from .runs import ADAPTER_DIR, LOG_FILE
-from .training_clock import TimeProgressCallback, TrainingClock, time_schedule
 
 logger = logging.getLogger(__name__)
 
@@ -253,7 +253,7 @@ class RunTrainer(SFTTrainer):
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         """The configured schedule, or with ``max_minutes`` a schedule over the time budget
-        (:func:`~peft_grounded.training_clock.time_schedule`)."""
+        (:func:`~peft_grounded.training.clock.time_schedule`)."""
         if getattr(self.args, "max_minutes", None) is None or self.lr_scheduler is not None:
             return super().create_scheduler(num_training_steps, optimizer)
         warmup = float(self.args.warmup_ratio or 0.0)

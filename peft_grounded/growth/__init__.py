@@ -1,0 +1,41 @@
+"""Growing a catalogue: new items after training, without retraining, in one place.
+
+1. :func:`add_items` (:mod:`.index`): a new version of a :class:`~peft_grounded.sids.SIDIndex` holding the new
+   items, coded with the frozen codebooks; every existing SID stays bit for bit (``peft-grounded add-items``).
+2. :func:`grow_adapter` (:mod:`.adapter`): a trained adapter onto the grown index; trained rows and LoRA carried
+   over, the new tokens' rows started from their centroids (``peft-grounded grow-adapter``).
+3. :func:`ground_new_items` (:mod:`.grounding`): a few steps of grounding on the new items' text, training only
+   the rows their SIDs use (``grow-adapter --ground``).
+4. At evaluation, :func:`peft_grounded.decoding.mix_new_items` gives new items slots in each top-K
+   (``evaluate --new-item-share``): a decoding rule, so it lives with the decoding.
+
+Heavy dependencies load on first use of the names that need them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "GrowthError": "index",
+    "GrowthReport": "index",
+    "add_items": "index",
+    "add_vectors": "index",
+    "encoder_spec": "index",
+    "GROW_INITS": "adapter",
+    "check_lineage": "adapter",
+    "grow_adapter": "adapter",
+    "IncrementalResult": "grounding",
+    "ground_new_items": "grounding",
+    "new_item_ids": "grounding",
+    "rows_used": "grounding",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,30 @@
+"""The trainer core every stage shares: an ``SFTTrainer`` that knows its run (:mod:`.trainer`), the training
+clock of time budgets (:mod:`.clock`) and the run manifests and folder layout (:mod:`.runs`).
+
+``from peft_grounded.training import runs`` stays light; the trainer (TRL, torch) loads on first use of its
+names.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "RunConfig": "trainer",
+    "RunTrainer": "trainer",
+    "save_adapter_atomic": "trainer",
+    "upcast_trainable": "trainer",
+    "sample_rows": "trainer",
+    "TrainingClock": "clock",
+    "time_schedule": "clock",
+    "RunMismatchError": "runs",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
