@@ -245,7 +245,7 @@ def test_half_precision_base_trains_fp32_adapter_weights(toy, model_dir, tmp_pat
 
 def test_cli_objective_minutes_and_dtype():
     from peft_grounded.cli import build_parser
-    from peft_grounded.cli_common import prompt_format, trainer_kwargs
+    from peft_grounded.cli.common import prompt_format, trainer_kwargs
     from peft_grounded.grounding import GroundingConfig
 
     parse = build_parser().parse_args

@@ -1,7 +1,8 @@
 """The ``peft-grounded`` command line.
 
-Each pipeline stage owns its sub-commands in a ``cli.py`` next to its code, exposing
-``add_cli(subparsers)``; keep those modules light (import heavy libraries inside the handlers).
+One module per command group (``cli/sids.py``, ``cli/ground.py``, ...), each exposing ``add_cli(subparsers)``;
+a command translates its arguments into the stage's settings and calls the stage. Keep these modules light
+(import heavy libraries inside the handlers).
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from collections.abc import Sequence
 
 # Modules that contribute sub-commands, in pipeline order.
 COMMAND_MODULES = (
-    "peft_grounded.sids.cli",
-    "peft_grounded.growth.cli",
-    "peft_grounded.grounding.cli",
-    "peft_grounded.recommend.cli",
-    "peft_grounded.evaluation.cli",
-    "peft_grounded.diagnostics.cli",
-    "peft_grounded.hub.cli",
-    "peft_grounded.pipeline.cli",
+    "peft_grounded.cli.sids",
+    "peft_grounded.cli.growth",
+    "peft_grounded.cli.ground",
+    "peft_grounded.cli.sft",
+    "peft_grounded.cli.evaluate",
+    "peft_grounded.cli.diagnose",
+    "peft_grounded.cli.hub",
+    "peft_grounded.cli.demo",
 )
 
 

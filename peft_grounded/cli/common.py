@@ -6,6 +6,17 @@ import argparse
 from typing import Any
 
 
+def column_mapping(text: str) -> dict[str, str]:
+    """``"item_id=asin,title=name"`` -> ``{"item_id": "asin", "title": "name"}``."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"{part!r} is not FIELD=COLUMN")
+        out[key.strip()] = value.strip()
+    return out
+
+
 def add_data_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model and data")
     g.add_argument(
@@ -110,13 +121,13 @@ def add_init_args(parser: argparse.ArgumentParser) -> None:
 
 def load_data(args: argparse.Namespace) -> tuple[Any, Any]:
     """(catalogue, SID index) named by the arguments."""
-    from .sids import SIDIndex, load_catalogue
+    from ..sids import SIDIndex, load_catalogue
 
     return load_catalogue(args.catalogue), SIDIndex.load(args.sid_index)
 
 
 def prompt_format(args: argparse.Namespace):
-    from .prompts import PromptFormat
+    from ..prompts import PromptFormat
 
     objective = getattr(args, "objective", "prompt")
     history = args.max_history if args.max_history is not None else (19 if objective == "sequence" else 10)

@@ -28,7 +28,7 @@ def add_cli(subparsers: Any) -> None:
 
 
 def run(args) -> int:
-    from .demo import run_demo
+    from ..pipeline.demo import run_demo
 
     run_demo(
         args.preset,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..cli_common import add_data_args
+from .common import add_data_args
 
 
 def add_cli(subparsers: Any) -> None:
@@ -52,10 +52,10 @@ def add_cli(subparsers: Any) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from ..cli_common import load_data
-    from . import markdown_table, write_json, write_markdown
-    from .evaluator import evaluate_adapter
-    from .users import EvalSettings
+    from ..evaluation import markdown_table, write_json, write_markdown
+    from ..evaluation.evaluator import evaluate_adapter
+    from ..evaluation.users import EvalSettings
+    from .common import load_data
 
     catalogue, index = load_data(args)
     settings = EvalSettings(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..cli_common import add_data_args, add_init_args, add_training_args
+from .common import add_data_args, add_init_args, add_training_args
 
 
 def add_cli(subparsers: Any) -> None:
@@ -23,8 +23,8 @@ def add_cli(subparsers: Any) -> None:
 def run(args) -> int:
     import torch
 
-    from ..cli_common import load_data, trainer_kwargs
-    from .trainer import GroundingConfig, ground
+    from ..grounding.trainer import GroundingConfig, ground
+    from .common import load_data, trainer_kwargs
 
     catalogue, index = load_data(args)
     ground(

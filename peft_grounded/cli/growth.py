@@ -1,6 +1,10 @@
-"""``peft-grounded grow-adapter``: grow a saved adapter onto an ``add-items`` index
-(:func:`~peft_grounded.growth.adapter.grow_adapter`), optionally grounding the new items
-(:func:`~peft_grounded.growth.grounding.ground_new_items`)."""
+"""Growing a catalogue from the command line (see :mod:`peft_grounded.growth`):
+
+* ``peft-grounded add-items``: a new version of a SID index with new items (:func:`~peft_grounded.growth.add_items`);
+* ``peft-grounded grow-adapter``: a saved adapter grown onto that version
+  (:func:`~peft_grounded.growth.grow_adapter`), optionally grounding the new items
+  (:func:`~peft_grounded.growth.ground_new_items`).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +12,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from .common import column_mapping
+
 ADAPTER_CONFIG = "adapter_config.json"  # what PEFT's save_pretrained writes first
 
 
 def add_cli(subparsers: Any) -> None:
+    add_items_cli(subparsers)
     p = subparsers.add_parser(
         "grow-adapter",
         help="grow a trained adapter onto an index made by add-items (new items without retraining)",
@@ -121,10 +128,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..adapter.loading import base_model_path, sid_model
+    from ..growth.adapter import check_lineage, grow_adapter
+    from ..growth.grounding import ground_new_items, new_item_ids
     from ..sids import SIDIndex, load_catalogue
     from ..training.trainer import save_adapter_atomic
-    from .adapter import check_lineage, grow_adapter
-    from .grounding import ground_new_items, new_item_ids
 
     output, adapter = Path(args.output), Path(args.adapter)
     check_output(output, adapter, args.overwrite)
@@ -188,5 +195,97 @@ def run(args: argparse.Namespace) -> int:
         }
     save_adapter_atomic(grown, output)
     print(json.dumps(summary))
+    print(f"saved to {output}")
+    return 0
+
+
+def add_items_cli(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "add-items",
+        help="add new items to a SID index (a new version; existing SIDs unchanged)",
+        description="Encode the new items with the index's encoder and text template, code them with its "
+        "codebooks, resolve collisions through the disambiguation level (new tokens are appended) and write "
+        "a new index version whose parent is the given one. Grow a trained adapter onto it with "
+        "`peft-grounded grow-adapter` (or peft_grounded.growth.grow_adapter).",
+    )
+    p.add_argument("--sid-index", required=True, help="directory of the parent SID index")
+    p.add_argument("--catalogue", required=True, help="the new items (any format build-sids reads)")
+    p.add_argument(
+        "--format", default="auto", choices=["auto", "lcrec", "amazon", "movielens", "recbole", "table"]
+    )
+    p.add_argument(
+        "--item-columns", type=column_mapping, help="table format: FIELD=COLUMN,... (item_id, title, ...)"
+    )
+    p.add_argument(
+        "--encoder",
+        help="the index's encoder as a build-sids spec (default: minilm when the index was built with the "
+        "packaged MiniLM); another encoder is refused",
+    )
+    p.add_argument(
+        "--skip-problems",
+        action="store_true",
+        help="leave out items already in the index or repeated in the batch (listed) instead of failing",
+    )
+    p.add_argument("--drop-empty-text", action="store_true", help="leave out new items whose text is empty")
+    p.add_argument("--batch-size", type=int, default=64, help="encoder batch size (default: %(default)s)")
+    p.add_argument("--cache-dir", help="embedding cache (default: ~/.cache/peft_grounded/embeddings)")
+    p.add_argument("--no-cache", action="store_true", help="neither read nor write the embedding cache")
+    p.add_argument("--device", default="cpu", help="torch device of the encoder (default: cpu)")
+    p.add_argument("--output", "-o", required=True, help="directory of the new index version")
+    p.add_argument("--overwrite", action="store_true", help="replace an index already in --output")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_add_items)
+
+
+def run_add_items(args: argparse.Namespace) -> int:
+    import json
+    import logging
+    import sys
+    from pathlib import Path
+
+    from ..growth.index import GrowthError, GrowthReport, add_items, encoder_spec
+    from ..sids.catalogue import CatalogueError
+    from ..sids.index import JSON_NAME, SIDIndex
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    parent_dir, output = Path(args.sid_index).resolve(), Path(args.output).resolve()
+    if parent_dir == output:
+        print(
+            "error: --output is the parent index's directory; write the new version elsewhere (the parent "
+            "stays loadable for the adapters trained on it)",
+            file=sys.stderr,
+        )
+        return 2
+    if (output / JSON_NAME).is_file() and not args.overwrite:
+        print(
+            f"error: {output} already holds a SID index; adapters trained on it would no longer match. "
+            "Choose another --output, or pass --overwrite to replace it",
+            file=sys.stderr,
+        )
+        return 2
+    report = GrowthReport()
+    try:
+        parent = SIDIndex.load(parent_dir)
+        child = add_items(
+            parent,
+            args.catalogue,
+            encoder=args.encoder or encoder_spec(parent),
+            on_problem="skip" if args.skip_problems else "error",
+            empty_text="drop" if args.drop_empty_text else "error",
+            batch_size=args.batch_size,
+            cache_dir=args.cache_dir,
+            use_cache=not args.no_cache,
+            device=args.device,
+            show_progress=not args.no_progress,
+            catalogue_format=args.format,
+            catalogue_options={"item_columns": args.item_columns} if args.item_columns else None,
+            report=report,
+        )
+    except (CatalogueError, GrowthError, FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    child.save(output)
+    print(report.summary())
+    print(json.dumps({"parent": child.parent, "fingerprint": child.fingerprint(), "n_items": child.n_items}))
     print(f"saved to {output}")
     return 0

@@ -72,7 +72,7 @@ def flatten_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, A
 
 
 def _push(args: argparse.Namespace) -> int:
-    from .push import DEFAULT_COMMIT_MESSAGE, push_grounded
+    from ..hub.push import DEFAULT_COMMIT_MESSAGE, push_grounded
 
     try:
         facts = _json_arg(args.card_facts, "--card-facts")
@@ -102,7 +102,7 @@ def _push(args: argparse.Namespace) -> int:
 
 
 def _pull(args: argparse.Namespace) -> int:
-    from .pull import pull_grounded
+    from ..hub.pull import pull_grounded
 
     try:
         folder = pull_grounded(

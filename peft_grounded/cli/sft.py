@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..cli_common import add_data_args, add_format_args, add_init_args, add_training_args
+from .common import add_data_args, add_format_args, add_init_args, add_training_args
 
 
 def add_cli(subparsers: Any) -> None:
@@ -34,8 +34,8 @@ def add_cli(subparsers: Any) -> None:
 def run(args) -> int:
     import torch
 
-    from ..cli_common import load_data, prompt_format, trainer_kwargs
-    from .trainer import RecommendationConfig, train_recommender
+    from ..recommend.trainer import RecommendationConfig, train_recommender
+    from .common import load_data, prompt_format, trainer_kwargs
 
     catalogue, index = load_data(args)
     targets = args.lora_target_modules
