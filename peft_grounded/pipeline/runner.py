@@ -44,6 +44,7 @@ class Strategy:
     init: str
     ground: bool = False
     description: str = ""
+    adapter: str = "grounded"  # or "peft": PEFT's own LoraConfig(trainable_token_indices=...), the baseline
 
 
 STRATEGIES: dict[str, Strategy] = {
@@ -65,6 +66,12 @@ STRATEGIES: dict[str, Strategy] = {
             "centroid",
             ground=True,
             description="centroid init, then grounding (neither paper ran it)",
+        ),
+        Strategy(
+            "peft_default",
+            "mean",
+            adapter="peft",
+            description="without this package: mean_resizing + PEFT's LoraConfig(trainable_token_indices)",
         ),
     )
 }
@@ -247,15 +254,22 @@ def run_strategy(
         return recorded if "likelihood" in recorded else _add_likelihood(recorded, experiment, budget, out)
     started = time.perf_counter()
     torch.manual_seed(budget.seed)
-    tokenizer, model = sid_model(
-        experiment.model_path,
-        experiment.index,
-        init=spec.init,
-        centroid_variant=budget.centroid_variant,
-        seed=budget.seed,
-        fmt=experiment.fmt,
-        dtype=budget.dtype,
-    )
+    if spec.adapter == "peft":
+        from ..peers.peft_default import peft_default_model
+
+        tokenizer, model = peft_default_model(
+            experiment.model_path, experiment.index, _lora(budget), dtype=budget.dtype
+        )
+    else:
+        tokenizer, model = sid_model(
+            experiment.model_path,
+            experiment.index,
+            init=spec.init,
+            centroid_variant=budget.centroid_variant,
+            seed=budget.seed,
+            fmt=experiment.fmt,
+            dtype=budget.dtype,
+        )
     if _is_main_process():
         save_adapter_atomic(model, out / "init" / ADAPTER_DIR)
     common = dict(
@@ -331,7 +345,8 @@ def run_strategy(
     if resume and _stage_done(stage):
         from ..adapter import add_lora
 
-        add_lora(model, **_lora(budget))
+        if spec.adapter == "grounded":
+            add_lora(model, **_lora(budget))
         upcast_trainable(model)  # the LoRA in float32, as it trained
         _load_rows(model, stage / ADAPTER_DIR)
     else:
@@ -346,7 +361,7 @@ def run_strategy(
             experiment.catalogue,
             experiment.index,
             args,
-            lora=_lora(budget),
+            lora=_lora(budget) if spec.adapter == "grounded" else None,
             fmt=experiment.fmt,
             max_examples=budget.max_train_examples,
             resume=resume,
@@ -394,6 +409,7 @@ def run_strategy(
         "curve": curves,
         "eval_users": budget.eval_users,
         "timings": timings,
+        "threads": torch.get_num_threads(),
         "stages": _stage_dirs(spec),
     }
     _write_json(out / RESULTS_FILE, record)

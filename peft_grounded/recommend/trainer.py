@@ -30,14 +30,21 @@ class RecommendationTrainer(RunTrainer):
     stage = "recommendation"
 
     def __init__(self, model, args: RecommendationConfig | None = None, **kwargs) -> None:
-        if not isinstance(model, PeftModel) or not isinstance(
+        from ..peers.peft_default import is_peft_default
+
+        grounded = isinstance(model, PeftModel) and isinstance(
             model.peft_config.get(model.active_adapter), GroundedTokenConfig
-        ):
+        )
+        if not (grounded or is_peft_default(model)):
             raise ValueError(
                 "RecommendationTrainer trains a grounded-token adapter: wrap the model with GroundedTokenConfig "
-                "(and stack a LoRA with peft_grounded.add_lora) first."
+                "(and stack a LoRA with peft_grounded.add_lora) first. (A PEFT LoraConfig with "
+                "trainable_token_indices, the baseline of peft_grounded.peers, is accepted too.)"
             )
-        super().__init__(model, args or RecommendationConfig(output_dir="recommendation"), **kwargs)
+        args = args or RecommendationConfig(output_dir="recommendation")
+        if not grounded:
+            args.compact_loss = False  # the compact head is this package's; the baseline keeps TRL's
+        super().__init__(model, args, **kwargs)
 
 
 def train_recommender(
@@ -87,8 +94,13 @@ def train_recommender(
         adapter=grounded,
         dtype=dtype,
     )
-    model.peft_config[model.active_adapter].prompt_format = asdict(fmt)
-    add_lora(model, **(lora or {}))
+    if isinstance(model.peft_config[model.active_adapter], GroundedTokenConfig):
+        model.peft_config[model.active_adapter].prompt_format = asdict(fmt)
+        add_lora(model, **(lora or {}))
+    elif lora:
+        raise ValueError(
+            "lora= stacks a LoRA on a grounded adapter; this model carries PEFT's own LoRA already"
+        )
     split = split if split is not None else catalogue.leave_one_out()
     data = sample_rows(training_dataset(split, index, catalogue, tokenizer, fmt), max_examples, args.seed)
     trainer = RecommendationTrainer(

@@ -141,6 +141,12 @@ def upcast_trainable(model) -> list[str]:
     return cast
 
 
+def _head_wrapped_by_peft(model) -> bool:
+    """Whether PEFT's ``TrainableTokensWrapper`` replaced the output embedding (trainable tokens, tied head)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return type(head).__name__ == "TrainableTokensWrapper"
+
+
 class _CopyManifest(TrainerCallback):
     """Store the run manifest in every checkpoint so a resume can be checked against it."""
 
@@ -277,10 +283,22 @@ class RunTrainer(SFTTrainer):
         super().log(logs, start_time)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """TRL's loss, with the fused head scoring only the labelled positions on every device."""
+        """TRL's loss, with the fused head scoring only the labelled positions on every device.
+
+        PEFT's own trainable tokens on a tied head wrap ``lm_head`` in a ``TrainableTokensWrapper``, which
+        TRL 1.16's fused head cannot read (no ``bias``; its ``weight`` would miss the trained delta): such a
+        model (the baseline of :mod:`peft_grounded.peers.peft_default`) takes the model's own loss, the
+        same masked next-token NLL through the full head."""
         labels = inputs.get("labels")
         if labels is not None and model.training:
             self._pending = self._pending.to(labels.device) + count_targets(labels)
+        if _head_wrapped_by_peft(model):
+            from transformers import Trainer
+
+            inputs = {k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask", "labels")}
+            return Trainer.compute_loss(
+                self, model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+            )
         if self._compact_loss:
             inputs = {**inputs, "compact_fused_lm_head": True}
         return super().compute_loss(

@@ -1,0 +1,118 @@
+"""Text KNN: rank every item by the cosine between its text vector and the user's, no training.
+
+The vectors are the SID index's own (the catalogue's items rendered with the index's text template and
+encoded by its encoder: the vectors the SIDs were quantised from), so this peer sees exactly the
+semantics the SID tokens start from. The user's vector is the last item's (``profile="last"``) or a
+recency-weighted mean of the last ``window`` items (``"recency"``: weight ``decay ** age``, the newest
+item age 0). A user's history items are never recommended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from .base import exclude_seen
+
+
+@dataclass
+class TextKNN:
+    """Cosine nearest neighbours of the user's text profile among ``vectors`` (one row per item id)."""
+
+    item_ids: list[str]
+    vectors: np.ndarray
+    profile: Literal["last", "recency"] = "last"
+    decay: float = field(default=0.7, metadata={"help": "recency profile: weight of an item one step older"})
+    window: int = field(default=20, metadata={"help": "recency profile: items of history it averages"})
+    batch_size: int = 1024
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        vectors = np.asarray(self.vectors, dtype=np.float32)
+        if vectors.ndim != 2 or len(vectors) != len(self.item_ids):
+            raise ValueError(
+                f"TextKNN needs one vector per item: got shape {vectors.shape} for {len(self.item_ids)} items"
+            )
+        if self.profile not in ("last", "recency"):
+            raise ValueError(f"profile must be 'last' or 'recency', got {self.profile!r}")
+        if not 0 < self.decay <= 1:
+            raise ValueError(f"decay must be in (0, 1], got {self.decay!r}")
+        if self.window < 1 or self.batch_size < 1:
+            raise ValueError(f"window and batch_size must be >= 1, got {self.window} and {self.batch_size}")
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        if not np.isfinite(vectors).all() or (norms == 0).any():
+            raise ValueError(
+                "TextKNN item vectors must be finite and non-zero; re-encode the catalogue (a zeroed or "
+                "corrupt embedding cache gives such vectors: clear it)"
+            )
+        self.vectors = vectors / norms
+        self._row = {item: row for row, item in enumerate(self.item_ids)}
+        if len(self._row) != len(self.item_ids):
+            raise ValueError("TextKNN item ids must be unique")
+        self.name = self.name or ("text KNN (last item)" if self.profile == "last" else "text KNN (recency)")
+
+    @classmethod
+    def from_index(
+        cls,
+        index: Any,
+        catalogue: Any,
+        encoder: Any = None,
+        *,
+        cache_dir: Any = None,
+        show_progress: bool = False,
+        **kwargs: Any,
+    ) -> TextKNN:
+        """The index's items with the vectors the SIDs came from: its text template, its encoder (checked
+        against the index's fingerprint; default: the packaged MiniLM), the embedding cache."""
+        from ..sids.encoders import encode_texts, load_encoder
+        from ..sids.text import TextTemplate
+
+        missing = [i for i in index.item_ids if i not in catalogue.items]
+        if missing:
+            raise ValueError(
+                f"{len(missing)} items of the SID index are not in the catalogue (e.g. {missing[:3]}): pass the "
+                "catalogue the index was built (or grown) from"
+            )
+        enc = load_encoder(encoder)
+        index.check_encoder(enc)
+        template = TextTemplate.from_spec(index.text_template) if index.text_template else TextTemplate()
+        texts = template.render_all([catalogue.items[i] for i in index.item_ids])
+        vectors = encode_texts(texts, enc, cache_dir=cache_dir, show_progress=show_progress)
+        return cls(list(index.item_ids), vectors, **kwargs)
+
+    def user_vectors(self, histories: Sequence[Sequence[str]]) -> np.ndarray:
+        """``[n, d]`` profile vectors (unknown items ignored; an all-unknown history gives a zero vector)."""
+        out = np.zeros((len(histories), self.vectors.shape[1]), dtype=np.float32)
+        for u, history in enumerate(histories):
+            rows = [self._row[i] for i in history if i in self._row]
+            if not rows:
+                continue
+            if self.profile == "last":
+                out[u] = self.vectors[rows[-1]]
+            else:
+                rows = rows[-self.window :]
+                weights = self.decay ** np.arange(len(rows) - 1, -1, -1, dtype=np.float32)
+                out[u] = weights @ self.vectors[rows]
+        return out
+
+    def scores(self, histories: Sequence[Sequence[str]]) -> np.ndarray:
+        """``[n, items]`` cosine scores, the history items at ``-inf``."""
+        scores = self.user_vectors(histories) @ self.vectors.T
+        seen = [[self._row[i] for i in h if i in self._row] for h in histories]
+        return exclude_seen(scores, seen)
+
+    def recommend(self, histories: Sequence[Sequence[str]], k: int) -> list[list[str]]:
+        """The ``k`` nearest items of each history's profile, nearest first (ties: catalogue order); fewer
+        when the catalogue holds fewer items outside the history."""
+        out: list[list[str]] = []
+        for start in range(0, len(histories), self.batch_size):
+            scores = self.scores(histories[start : start + self.batch_size])
+            top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+            out.extend(
+                [self.item_ids[j] for j in row if np.isfinite(s[j])]
+                for row, s in zip(top, scores, strict=True)
+            )
+        return out

@@ -1,0 +1,208 @@
+"""Peers and LLM strategies side by side: one split, one sample of users, one table with paired intervals.
+
+Every row is scored on the users :func:`~peft_grounded.evaluation.evaluate` samples with the same
+:class:`~peft_grounded.evaluation.EvalSettings` (test part: all users, and the users whose target is a cold
+item), so differences are paired per user. Rows carry their training minutes and threads. The peers are
+what a shop could run without this package (:mod:`peft_grounded.peers`): the most-popular ranking, text KNN
+over the SID index's own item vectors (last item; recency-weighted profile) and SASRec; the LLM rows are the
+experiment runner's strategies (``peft_default`` is PEFT's own path, no package code in its rows).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import runs
+from ..evaluation.intervals import bootstrap_interval, user_value
+from ..evaluation.users import EvalSettings, popularity_users
+
+PEERS = ("popularity", "knn_last", "knn_recency", "sasrec")
+PEER_LABELS = {
+    "popularity": "popularity",
+    "knn_last": "text KNN (last item)",
+    "knn_recency": "text KNN (recency profile)",
+    "sasrec": "SASRec",
+}
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def run_peers(
+    catalogue: Any,
+    index: Any,
+    split: Any,
+    settings: EvalSettings,
+    output_dir: str | Path,
+    peers: Sequence[str] = PEERS,
+    *,
+    sasrec: Any = None,
+    encoder: Any = None,
+) -> dict[str, dict[str, Any]]:
+    """``{peer: {"records", "minutes", "threads", ...}}`` on the test users of ``settings``; each peer's
+    result is written to ``<output_dir>/<peer>.json`` and read back on a later call with the same settings.
+    ``sasrec``: a :class:`~peft_grounded.peers.sasrec.SASRecConfig` (default settings when None)."""
+    from ..peers import TextKNN, peer_records
+
+    unknown = set(peers) - set(PEERS)
+    if unknown:
+        raise ValueError(f"unknown peers {sorted(unknown)}; choose from {', '.join(PEERS)}")
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, Any]] = {}
+    for name in peers:
+        key = {"peer": name, "settings": asdict(settings), "index": index.fingerprint(), "users": len(split)}
+        if name == "sasrec":
+            key["sasrec"] = asdict(sasrec) if sasrec is not None else "default"
+        path = out / f"{name}.json"
+        if path.is_file():
+            saved = json.loads(path.read_text())
+            if saved.get("key") == json.loads(json.dumps(key)):
+                results[name] = saved
+                continue
+        start = time.perf_counter()
+        extra: dict[str, Any] = {}
+        if name == "popularity":
+            records = popularity_users(split, ("test",), settings, items=index.item_ids)
+            fit_seconds = time.perf_counter() - start
+        elif name.startswith("knn_"):
+            knn = TextKNN.from_index(index, catalogue, encoder, profile=name.split("_")[1])
+            fit_seconds = 0.0  # no training; encoding is the index's (cached)
+            records = peer_records(knn, split, ("test",), settings)
+        else:
+            from ..peers.sasrec import SASRecConfig, fit_sasrec
+
+            model = fit_sasrec(split, list(index.item_ids), sasrec or SASRecConfig())
+            fit_seconds = float(getattr(model, "train_seconds", time.perf_counter() - start))
+            records = peer_records(model, split, ("test",), settings)
+            extra = {
+                "best_epoch": getattr(model, "best_epoch", None),
+                "epochs": getattr(model, "history", None),
+            }
+        results[name] = {
+            "key": key,
+            "label": PEER_LABELS[name],
+            "records": records["test"],
+            "minutes": fit_seconds / 60,
+            "threads": _threads(),
+            "seconds_total": time.perf_counter() - start,
+            **extra,
+        }
+        runs.write_json_atomic(path, results[name])
+    return results
+
+
+def _values(records: Sequence[Mapping[str, Any]], metric: str, subset: str) -> dict[Any, float]:
+    return {r["user"]: user_value(r, metric) for r in records if r.get(subset, True)}
+
+
+def summarise_rows(
+    rows: Mapping[str, Mapping[str, Any]],
+    reference: str,
+    metric: str = "recall@10",
+    subsets: Sequence[str] = ("all", "cold"),
+    *,
+    resamples: int = 10_000,
+) -> list[dict[str, Any]]:
+    """One summary per row: per subset the mean of ``metric`` with its 95% bootstrap interval, and the paired
+    difference against ``reference`` (its interval pooled over seeds: a row's ``records`` is one per-user
+    list per seed, paired with the reference's seed at the same position)."""
+    if reference not in rows:
+        raise ValueError(f"reference {reference!r} is not among the rows {list(rows)}")
+    out = []
+    for name, row in rows.items():
+        summary: dict[str, Any] = {
+            "name": name,
+            "label": row.get("label", name),
+            "minutes": row.get("minutes"),
+            "threads": row.get("threads"),
+            "seeds": len(row["records"]),
+        }
+        for subset in subsets:
+            seeds = [_values(r, metric, subset) for r in row["records"]]
+            if not any(seeds):
+                continue
+            mean = bootstrap_interval([list(v.values()) for v in seeds], resamples=resamples)
+            cell = {
+                "mean": mean["difference"],
+                "low": mean["low"],
+                "high": mean["high"],
+                "users": mean["users"],
+            }
+            if name != reference:
+                ref = [_values(r, metric, subset) for r in rows[reference]["records"]]
+                if len(ref) == 1 and len(seeds) > 1:
+                    ref = ref * len(seeds)  # a deterministic reference (one run) pairs with every seed
+                diffs = []
+                for mine, theirs in zip(seeds, ref, strict=True):
+                    if mine.keys() != theirs.keys():
+                        raise ValueError(f"{name} and {reference} were scored on different users")
+                    diffs.append([mine[u] - theirs[u] for u in mine])
+                cell["vs_reference"] = bootstrap_interval(diffs, resamples=resamples)
+            summary[subset] = cell
+        out.append(summary)
+    return out
+
+
+def _cell(cell: Mapping[str, Any] | None, digits: int) -> str:
+    if not cell:
+        return "n/a"
+    return f"{cell['mean']:.{digits}f} [{cell['low']:.{digits}f}, {cell['high']:.{digits}f}]"
+
+
+def _diff(cell: Mapping[str, Any] | None, digits: int) -> str:
+    if not cell or "vs_reference" not in cell:
+        return "—"
+    d = cell["vs_reference"]
+    return f"{d['difference']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]"
+
+
+def side_by_side_table(
+    summaries: Sequence[Mapping[str, Any]], reference: str, metric: str = "recall@10", digits: int = 3
+) -> str:
+    """Markdown: per row the metric on all and on cold-target users (mean [95% CI]), the paired difference
+    against ``reference``, seeds, training minutes and threads."""
+    label = next((s["label"] for s in summaries if s["name"] == reference), reference)
+    lines = [
+        f"| model | {metric}, all users | vs {label} | {metric}, cold targets | vs {label} | seeds | "
+        "train min | threads |",
+        "|---|---|---|---|---|---:|---:|---:|",
+    ]
+    for s in summaries:
+        minutes = "—" if s.get("minutes") is None else f"{s['minutes']:.1f}"
+        lines.append(
+            f"| {s['label']} | {_cell(s.get('all'), digits)} | {_diff(s.get('all'), digits)} | "
+            f"{_cell(s.get('cold'), digits)} | {_diff(s.get('cold'), digits)} | {s['seeds']} | {minutes} | "
+            f"{s.get('threads') or '—'} |"
+        )
+    users = {
+        subset: next((s[subset]["users"] for s in summaries if subset in s), 0) for subset in ("all", "cold")
+    }
+    lines += [
+        "",
+        f"{users['all']} test users ({users['cold']} with a cold target) x seeds; intervals: 95% bootstrap "
+        "(users resampled within seeds), differences paired per user.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def strategy_row(name: str, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A side-by-side row from the experiment runner's results of one strategy (one record per seed)."""
+    minutes = [(r["timings"].get("grounding_s", 0.0) + r["timings"]["sft_s"]) / 60 for r in records]
+    return {
+        "label": f"LLM: {name}",
+        "records": [r["users"]["test"] for r in records],
+        "minutes": float(np.mean(minutes)) if minutes else math.nan,
+        "threads": records[0].get("threads") if records else None,
+    }
