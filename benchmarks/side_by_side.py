@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from peft_grounded import assets
+from peft_grounded.pipeline import Budget, Experiment, run_strategy
 from peft_grounded.pipeline.side_by_side import (
     PEERS,
     run_peers,
@@ -28,10 +29,9 @@ from peft_grounded.pipeline.side_by_side import (
     summarise_rows,
 )
 from peft_grounded.prompts import PromptFormat
-from peft_grounded.recommend import Budget, Experiment, run_strategy
-from peft_grounded.runs import write_json_atomic
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
+from peft_grounded.training.runs import write_json_atomic
 
 
 def native_bf16() -> bool:

@@ -10,7 +10,7 @@ from toy_catalogue import toy_catalogue, toy_index
 
 from peft_grounded.evaluation import EvalSettings, compare_users, popularity_users
 from peft_grounded.peers import TextKNN, peer_records, peer_results
-from peft_grounded.recommend import Budget, Experiment, run_strategy
+from peft_grounded.pipeline import Budget, Experiment, run_strategy
 from peft_grounded.sids import Catalogue, Item
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from ..evaluation.evaluate import Results
 from ..evaluation.metrics import target_rank
+from ..evaluation.reports import Results
 from ..evaluation.users import EvalSettings, rank_metrics, sampled_users, user_records
 
 

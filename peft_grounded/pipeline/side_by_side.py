@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import runs
 from ..evaluation.intervals import bootstrap_interval, user_value
 from ..evaluation.users import EvalSettings, popularity_users
+from ..training import runs
 
 PEERS = ("popularity", "knn_last", "knn_recency", "sasrec")
 PEER_LABELS = {
