@@ -2,29 +2,82 @@
 
 ``import peft_grounded`` registers the ``GROUNDED_TOKENS`` method with PEFT, so that ``get_peft_model``,
 ``PeftConfig.from_pretrained``, ``PeftModel.from_pretrained`` and ``load_adapter`` handle it.
+
+The package imports lazily, so that the command line starts without torch: the names below load on first use,
+and the registration happens when PEFT is imported (at once when it already is, else right after ``import
+peft`` completes, by a hook that this import installs).
 """
 
-from .adapter import (
-    GROUNDED_TOKENS,
-    AddedTokens,
-    GroundedTokenConfig,
-    GroundedTokenModel,
-    add_lora,
-    add_sid_tokens,
-    add_tokens,
-    check_tokenizer,
-)
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
+_ADAPTER_NAMES = (
     "GROUNDED_TOKENS",
     "AddedTokens",
     "GroundedTokenConfig",
     "GroundedTokenModel",
-    "__version__",
     "add_lora",
     "add_sid_tokens",
     "add_tokens",
     "check_tokenizer",
-]
+)
+
+__all__ = ["__version__", *_ADAPTER_NAMES]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ADAPTER_NAMES:
+        return getattr(importlib.import_module(".adapter", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def _register() -> None:
+    """Register the method with PEFT (importing the adapter does it)."""
+    importlib.import_module(".adapter", __name__)
+
+
+class _ThenRegister(importlib.abc.Loader):
+    """PEFT's own loader, followed by the registration once ``peft`` has executed."""
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        _register()
+
+    def __getattr__(self, name: str) -> Any:  # resources, source and the like: PEFT's loader answers
+        return getattr(self._loader, name)
+
+
+class _RegisterWithPeft(importlib.abc.MetaPathFinder):
+    """Finds ``peft`` like the other finders do, with :class:`_ThenRegister` around its loader (once)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "peft":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _ThenRegister(spec.loader)
+        return spec
+
+
+if "peft" in sys.modules:
+    _register()
+elif not any(isinstance(finder, _RegisterWithPeft) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _RegisterWithPeft())

@@ -244,25 +244,22 @@ def test_half_precision_base_trains_fp32_adapter_weights(toy, model_dir, tmp_pat
 
 
 def test_cli_objective_minutes_and_dtype():
-    from peft_grounded.cli import build_parser
-    from peft_grounded.cli.common import prompt_format, trainer_kwargs
+    from peft_grounded.cli import ground, sft
     from peft_grounded.grounding import GroundingConfig
 
-    parse = build_parser().parse_args
-    args = parse(["sft", "--sid-index", "s", "--output", "o", "--objective", "sequence", "--minutes", "15"])
-    assert prompt_format(args) == PromptFormat(objective="sequence", max_history=19)
-    kwargs = trainer_kwargs(args)
-    assert kwargs["max_minutes"] == 15 and kwargs["max_steps"] == -1  # the time alone ends the run
-    assert RecommendationConfig(**kwargs).max_minutes == 15
-    plain = parse(["sft", "--sid-index", "s", "--output", "o"])
-    assert prompt_format(plain) == PromptFormat() and trainer_kwargs(plain)["max_steps"] == 400
-    both = parse(["ground", "--sid-index", "s", "--output", "o", "--minutes", "2", "--steps", "50"])
-    assert trainer_kwargs(both)["max_steps"] == 50 and both.weights_dtype == "float32"
-    assert RecommendationConfig(**trainer_kwargs(plain)).lr_scheduler_type == "cosine"  # the default
-    linear = parse(
-        ["ground", "--sid-index", "s", "--output", "o", "--steps", "50", "--lr-scheduler", "linear"]
+    model, args, config = sft.parse(
+        ["--sid-index", "s", "--output", "o", "--objective", "sequence", "--minutes", "15"]
     )
-    assert GroundingConfig(**trainer_kwargs(linear)).lr_scheduler_type == "linear"
+    assert args.prompt_format() == PromptFormat(objective="sequence", max_history=19)
+    assert config.max_minutes == 15 and config.max_steps == -1  # the time alone ends the run
+    assert isinstance(config, RecommendationConfig)
+    _, plain_args, plain = sft.parse(["--sid-index", "s", "--output", "o"])
+    assert plain_args.prompt_format() == PromptFormat() and plain.max_steps == 400
+    both_model, both = ground.parse(["--sid-index", "s", "--output", "o", "--minutes", "2", "--steps", "50"])
+    assert both.max_steps == 50 and both_model.weights_dtype == "float32"
+    assert plain.lr_scheduler_type == "cosine"  # the default
+    _, linear = ground.parse(["--sid-index", "s", "--output", "o", "--steps", "50", "--lr-scheduler", "linear"])
+    assert isinstance(linear, GroundingConfig) and linear.lr_scheduler_type == "linear"
 
 
 def test_a_timed_run_resumes_with_its_clock_and_counts(toy, model_dir, tmp_path):

@@ -2,7 +2,11 @@
 
 One module per command group (``cli/sids.py``, ``cli/ground.py``, ...), each exposing ``add_cli(subparsers)``;
 a command translates its arguments into the stage's settings and calls the stage. Keep these modules light
-(import heavy libraries inside the handlers).
+(import heavy libraries inside the handlers): ``--help`` must not import torch.
+
+The stage commands (``ground``, ``sft``, ``evaluate``) are parsed by TRL's parser from their settings dataclasses (see
+:mod:`.common`), every field a flag under its own name, ``--config FILE.yaml`` for any of them; their
+``--help`` comes from :mod:`.help`.
 """
 
 from __future__ import annotations
@@ -11,7 +15,8 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 # Modules that contribute sub-commands, in pipeline order.
 COMMAND_MODULES = (
@@ -24,6 +29,12 @@ COMMAND_MODULES = (
     "peft_grounded.cli.hub",
     "peft_grounded.cli.demo",
 )
+# Commands parsed by TRL's parser from their settings dataclasses: name -> module
+SETTINGS_COMMANDS = {
+    "ground": "peft_grounded.cli.ground",
+    "sft": "peft_grounded.cli.sft",
+    "evaluate": "peft_grounded.cli.evaluate",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,10 +60,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Set ``PEFT_GROUNDED_DEBUG=1`` to see the traceback instead.
     """
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: Callable[[], int | None]
+    if argv and argv[0] in SETTINGS_COMMANDS:
+        if {"-h", "--help"} & set(argv[1:]):
+            from .help import help_text
+
+            print(help_text(argv[0]), end="")
+            return 0
+        module = importlib.import_module(SETTINGS_COMMANDS[argv[0]])
+        command = partial(module.main, argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
+        command = partial(args.func, args)
     try:
-        return int(args.func(args) or 0)
+        return int(command() or 0)
     except (ValueError, OSError) as err:
         if os.environ.get("PEFT_GROUNDED_DEBUG"):
             raise

@@ -1,9 +1,22 @@
-"""Arguments the stage commands share (model, SID index, catalogue, prompt format, training budget)."""
+"""What the stage commands take besides their stage's config, as dataclasses that TRL's parser turns into flags.
+
+A stage command is parsed by ``trl.TrlParser`` from dataclasses (TRL's own scripts do the same with
+``ScriptArguments``, ``SFTConfig`` and ``ModelConfig``): every field is a flag under its own name (``--sid_index``,
+also ``--sid-index``) and a key of a ``--config stage.yaml``. The stage's training settings are its config
+(``GroundingConfig``, ``RecommendationConfig``: TRL's ``SFTConfig`` fields); what is not already a field of it
+lives here:
+
+* :class:`ModelArguments`: the base model, the SID index, the catalogue and how the new rows start;
+* :class:`SFTArguments`: the recommendation stage's grounded start, prompt format and stacked LoRA.
+
+This module imports nothing heavy: ``--help`` of a command stays fast.
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 
 def column_mapping(text: str) -> dict[str, str]:
@@ -17,144 +30,127 @@ def column_mapping(text: str) -> dict[str, str]:
     return out
 
 
-def add_data_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("model and data")
-    g.add_argument(
-        "--model", default=None, help="local base model directory (default: the packaged SmolLM2-135M)"
+@dataclass
+class ModelArguments:
+    """The base model, the SID index and catalogue a stage trains on, and how the new rows start."""
+
+    sid_index: str = field(
+        metadata={"help": "SID index directory (from `peft-grounded build-sids`).", "aliases": ["--sids"]}
     )
-    g.add_argument(
-        "--sid-index",
-        "--sids",
-        dest="sid_index",
-        required=True,
-        help="SID index directory (from `peft-grounded build-sids`)",
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Local base model directory; None: the packaged SmolLM2-135M.",
+            "aliases": ["--model"],
+        },
     )
-    g.add_argument(
-        "--catalogue",
+    catalogue: str = field(
         default="movielens-100k",
-        help="catalogue path or 'movielens-100k' (the one the SID index was built from)",
+        metadata={"help": "Catalogue path or 'movielens-100k' (the one the SID index was built from)."},
     )
-
-
-def add_format_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("prompt format")
-    g.add_argument(
-        "--objective",
-        choices=["prompt", "sequence"],
-        default="prompt",
-        help="prompt: an instruction prompt -> the next SID (the papers' setting); sequence: the history as "
-        "SIDs only, every item a target (~10x the targets per second)",
-    )
-    g.add_argument(
-        "--max-history",
-        type=int,
-        default=None,
-        help="items of history in a prompt (default: 10 for prompt, 19 for sequence: chunks of 20 items)",
-    )
-    g.add_argument("--with-titles", action="store_true", help="show titles next to the history's SIDs")
-    g.add_argument(
-        "--prefix", default="", help="sequence objective: a short instruction after the start token"
-    )
-
-
-def add_training_args(parser: argparse.ArgumentParser, steps: int, lr: float) -> None:
-    g = parser.add_argument_group("training")
-    g.add_argument(
-        "--output",
-        "--out",
-        dest="output",
-        required=True,
-        help="output directory (checkpoints, adapter/, run.json, logs)",
-    )
-    g.add_argument(
-        "--steps",
-        type=int,
-        default=None,
-        help=f"optimisation steps (default: {steps}; with --minutes: no step limit)",
-    )
-    g.add_argument(
-        "--minutes",
-        type=float,
-        default=None,
-        help="training-time budget: stop after this many minutes, the learning rate warming up and then "
-        "decaying linearly to 0 at the limit (with --steps too: whichever comes first)",
-    )
-    g.add_argument("--batch-size", type=int, default=16)
-    g.add_argument("--grad-accum", type=int, default=1)
-    g.add_argument("--lr", type=float, default=lr)
-    g.add_argument(
-        "--lr-scheduler",
-        choices=["cosine", "linear", "constant_with_warmup"],
-        default="cosine",
-        help="learning-rate schedule over --steps, after a warm-up (with --minutes the schedule is linear "
-        "over the time; default: %(default)s)",
-    )
-    g.add_argument("--max-length", type=int, default=256)
-    g.add_argument("--bf16", action="store_true", help="bf16 mixed precision (CPU with AVX-512 bf16, or GPU)")
-    g.add_argument(
-        "--weights-dtype",
-        choices=["float32", "bfloat16", "float16"],
+    weights_dtype: Literal["float32", "bfloat16", "float16"] = field(
         default="float32",
-        help="dtype of the frozen base's weights (adapter weights always train in float32)",
+        metadata={"help": "dtype of the frozen base's weights (adapter weights always train in float32)."},
     )
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--save-steps", type=int, default=100)
-    g.add_argument("--max-examples", type=int, default=None, help="a seeded sample of the training examples")
-    g.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue from the last checkpoint in --output (or start if there is none yet)",
+    init: Literal["mean", "gaussian", "random", "centroid"] = field(
+        default="mean", metadata={"help": "How the new rows start (a fresh adapter)."}
     )
-    parser.set_defaults(default_steps=steps)
-
-
-def add_init_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("initialisation of the new rows")
-    g.add_argument("--init", default="mean", choices=["mean", "gaussian", "random", "centroid"])
-    g.add_argument(
-        "--centroid-variant",
+    centroid_variant: Literal["items", "codebook"] = field(
         default="items",
-        choices=["items", "codebook"],
-        help="centroid of the items under a code (items) or the code's codebook vector (codebook)",
+        metadata={
+            "help": "init=centroid: the centroid of the items under a code, or the code's codebook vector."
+        },
+    )
+    max_examples: int | None = field(
+        default=None, metadata={"help": "A seeded sample of this many training examples; None: all."}
     )
 
+    def load(self) -> tuple[Any, Any]:
+        """The (catalogue, SID index) named here."""
+        return load_data(self.catalogue, self.sid_index)
 
-def load_data(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(catalogue, SID index) named by the arguments."""
+    @property
+    def dtype(self) -> Any:
+        """The frozen base's ``torch.dtype``."""
+        import torch
+
+        return getattr(torch, self.weights_dtype)
+
+
+@dataclass
+class SFTArguments:
+    """The recommendation stage's start (a grounded adapter), prompt format and stacked LoRA."""
+
+    grounded: str | None = field(
+        default=None,
+        metadata={"help": "Grounded adapter directory to start the rows from (overrides --init)."},
+    )
+    objective: Literal["prompt", "sequence"] = field(
+        default="prompt",
+        metadata={
+            "help": "prompt: an instruction prompt -> the next SID (the papers' setting); sequence: the history as "
+            "SIDs only, every item a target (~10x the targets per second)."
+        },
+    )
+    max_history: int | None = field(
+        default=None,
+        metadata={"help": "Items of history in a prompt; None: 10 for prompt, 19 for sequence; 0: all."},
+    )
+    with_titles: bool = field(default=False, metadata={"help": "Show titles next to the history's SIDs."})
+    prefix: str = field(
+        default="", metadata={"help": "sequence objective: a short instruction after the start token."}
+    )
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
+    lora_target_modules: str = field(
+        default="all-linear", metadata={"help": "LoRA target modules: 'all-linear' or comma-separated names."}
+    )
+
+    def prompt_format(self) -> Any:
+        """The :class:`~peft_grounded.prompts.PromptFormat` these arguments describe."""
+        from ..prompts import PromptFormat
+
+        default = 19 if self.objective == "sequence" else 10
+        history = self.max_history if self.max_history is not None else default
+        return PromptFormat(
+            max_history=history, with_titles=self.with_titles, objective=self.objective, prefix=self.prefix
+        )
+
+    def lora(self) -> dict[str, Any]:
+        """The stacked LoRA as ``peft.LoraConfig`` keyword arguments (what ``add_lora`` takes)."""
+        targets: str | list[str] = self.lora_target_modules
+        if targets != "all-linear":
+            targets = [t.strip() for t in targets.split(",") if t.strip()]
+        return dict(
+            r=self.lora_r, lora_alpha=self.lora_alpha, lora_dropout=self.lora_dropout, target_modules=targets
+        )
+
+
+def load_data(catalogue: str, sid_index: str) -> tuple[Any, Any]:
+    """(catalogue, SID index) from their names on the command line."""
     from ..sids import SIDIndex, load_catalogue
 
-    return load_catalogue(args.catalogue), SIDIndex.load(args.sid_index)
+    return load_catalogue(catalogue), SIDIndex.load(sid_index)
 
 
-def prompt_format(args: argparse.Namespace):
-    from ..prompts import PromptFormat
+HELP_WIDTH = 100  # --help is rendered at a fixed width, so that the cached text is the same for everyone
 
-    objective = getattr(args, "objective", "prompt")
-    history = args.max_history if args.max_history is not None else (19 if objective == "sequence" else 10)
-    return PromptFormat(
-        max_history=history,
-        with_titles=args.with_titles,
-        objective=objective,
-        prefix=getattr(args, "prefix", ""),
+
+def settings_parser(command: str, description: str, dataclass_types: tuple[type, ...]) -> Any:
+    """TRL's parser for a stage command (``peft-grounded COMMAND``): one flag per field of ``dataclass_types``,
+    old flag names as aliases, ``--config stage.yaml`` for any of them."""
+    from functools import partial
+
+    from trl import TrlParser
+
+    formatter = partial(argparse.ArgumentDefaultsHelpFormatter, width=HELP_WIDTH, max_help_position=36)
+    return TrlParser(
+        dataclass_types, prog=f"peft-grounded {command}", description=description, formatter_class=formatter
     )
 
 
-def trainer_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    import torch
-
-    steps = args.steps if args.steps is not None else (-1 if args.minutes else args.default_steps)
-    return dict(
-        output_dir=args.output,
-        max_steps=steps,
-        max_minutes=args.minutes,
-        per_device_train_batch_size=args.batch_size,
-        gradient_accumulation_steps=args.grad_accum,
-        learning_rate=args.lr,
-        lr_scheduler_type=args.lr_scheduler,
-        max_length=args.max_length,
-        bf16=args.bf16,
-        seed=args.seed,
-        save_steps=args.save_steps,
-        logging_steps=10,
-        use_cpu=not torch.cuda.is_available(),
-    )
+def add_settings_command(subparsers: Any, name: str, help: str) -> None:
+    """List a stage command in ``peft-grounded --help``; :func:`peft_grounded.cli.main` hands its arguments to the
+    command's own :func:`settings_parser` (and its ``--help`` to :mod:`peft_grounded.cli.help`)."""
+    subparsers.add_parser(name, help=help, add_help=False)

@@ -1,79 +1,97 @@
 """``peft-grounded evaluate``: Recall/NDCG@K of a trained adapter by constrained beam search
-(:func:`~.evaluator.evaluate_adapter`)."""
+(:func:`peft_grounded.evaluation.evaluate_adapter`).
+
+The flags are the fields of :class:`EvaluateArguments` and :class:`~peft_grounded.evaluation.EvalSettings`, parsed
+by TRL's parser; ``--config evaluate.yaml`` gives any of them.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from .common import add_data_args
+from ..evaluation.settings import EvalSettings
+from .common import add_settings_command, settings_parser
+
+NAME = "evaluate"
+HELP = "decode the top-K items of valid/test users with the SID-constrained beam search and score them"
+DESCRIPTION = (
+    "Recall@K and NDCG@K on a seeded sample of users and on users whose target is a cold item, for the validation "
+    "and test targets of the leave-one-out split. Uses the prompt format recorded in the adapter. Writes "
+    "metrics.json and metrics.md, the targets' log-likelihood (likelihood.json) and one record per user "
+    "(users.json: target, rank, NLLs). Every flag is a field of EvaluateArguments or EvalSettings; "
+    "--config FILE.yaml sets any of them."
+)
+PARTS = ("valid", "test")
+
+
+@dataclass
+class EvaluateArguments:
+    """The adapter to evaluate, its data, and where the results go."""
+
+    adapter: str = field(metadata={"help": "Trained adapter directory (e.g. OUTPUT_DIR/adapter of `sft`)."})
+    sid_index: str = field(
+        metadata={"help": "SID index directory the adapter was trained with.", "aliases": ["--sids"]}
+    )
+    output_dir: str = field(
+        metadata={
+            "help": "Directory for metrics.json/.md, likelihood.json, users.json.",
+            "aliases": ["--output", "--out"],
+        }
+    )
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Local base model directory; None: the base recorded in the adapter.",
+            "aliases": ["--model"],
+        },
+    )
+    catalogue: str = field(
+        default="movielens-100k",
+        metadata={"help": "Catalogue path or 'movielens-100k' (the one the SID index was built from)."},
+    )
+    splits: list[str] = field(
+        default_factory=lambda: list(PARTS), metadata={"help": "Parts of the split to evaluate: valid, test."}
+    )
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.splits if s not in PARTS]
+        if unknown or not self.splits:
+            raise ValueError(f"splits={self.splits!r}: name valid and/or test.")
 
 
 def add_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "evaluate",
-        help="decode the top-K items of valid/test users with the SID-constrained beam search and score them",
-        description="Recall@K and NDCG@K on a seeded sample of users and on users whose target is a cold item, "
-        "for the validation and test targets of the leave-one-out split. Uses the prompt format recorded in "
-        "the adapter. Writes metrics.json and metrics.md, the targets' log-likelihood (likelihood.json) and one record per user (users.json: target, rank, NLLs).",
-    )
-    add_data_args(p)
-    p.add_argument(
-        "--adapter", required=True, help="trained adapter directory (e.g. OUTPUT/adapter of `sft`)"
-    )
-    p.add_argument("--output", "--out", dest="output", required=True, help="directory for metrics.json/.md")
-    p.add_argument("--splits", nargs="+", default=["valid", "test"], choices=["valid", "test"])
-    p.add_argument("--users", type=int, default=None, help="evaluate a seeded sample of this many users")
-    p.add_argument(
-        "--ks", nargs="+", type=int, default=[1, 5, 10, 20], help="cut-offs K of Recall@K / NDCG@K"
-    )
-    p.add_argument("--num-beams", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument(
-        "--cold-max-count", type=int, default=1, help="cold: target seen at most this often in training"
-    )
-    p.add_argument("--bf16", action="store_true", help="bf16 base and decoding")
-    p.add_argument(
-        "--new-item-share",
-        type=float,
-        default=None,
-        help="for a grown index (add-items): give up to this share of each top-K to the items it added that "
-        "share a generated item's SID prefix (TIGER's cold-start rule); default: off",
-    )
-    p.add_argument(
-        "--match-levels",
-        type=int,
-        default=None,
-        help="prefix codes for --new-item-share (default: all but the last)",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=run)
+    add_settings_command(subparsers, NAME, HELP)
 
 
-def run(args) -> int:
+def parser() -> Any:
+    return settings_parser(NAME, DESCRIPTION, (EvaluateArguments, EvalSettings))
+
+
+def parse(argv: Sequence[str]) -> tuple[Any, ...]:
+    """``(EvaluateArguments, EvalSettings)`` from command-line arguments (and ``--config FILE.yaml``)."""
+    return parser().parse_args_and_config(list(argv))
+
+
+def main(argv: Sequence[str]) -> int:
+    return run(*parse(argv))
+
+
+def run(args: EvaluateArguments, settings: EvalSettings) -> int:
+    """Evaluate as the settings say and write the result files."""
     from pathlib import Path
 
     from ..evaluation import markdown_table, write_json, write_markdown
     from ..evaluation.evaluator import evaluate_adapter
-    from ..evaluation.users import EvalSettings
     from .common import load_data
 
-    catalogue, index = load_data(args)
-    settings = EvalSettings(
-        ks=tuple(args.ks),
-        users=args.users,
-        seed=args.seed,
-        num_beams=args.num_beams,
-        batch_size=args.batch_size,
-        cold_max_count=args.cold_max_count,
-        bf16=args.bf16,
-        new_item_share=args.new_item_share,
-        match_levels=args.match_levels,
-    )
+    catalogue, index = load_data(args.catalogue, args.sid_index)
     evaluation = evaluate_adapter(
-        args.adapter, index, catalogue, settings, model_path=args.model, parts=tuple(args.splits)
+        args.adapter, index, catalogue, settings, model_path=args.model_name_or_path, parts=tuple(args.splits)
     )
     results = evaluation.metrics
-    out = Path(args.output)
+    out = Path(args.output_dir)
     title = f"Evaluation of {args.adapter}"
     write_json(out / "metrics.json", results)
     write_json(out / "likelihood.json", evaluation.likelihood)

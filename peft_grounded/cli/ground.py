@@ -1,42 +1,58 @@
-"""``peft-grounded ground``: the grounding stage from the command line (:func:`~.trainer.ground`)."""
+"""``peft-grounded ground``: the grounding stage from the command line (:func:`peft_grounded.grounding.ground`).
+
+The flags are the fields of :class:`~.common.ModelArguments` and :class:`~peft_grounded.grounding.GroundingConfig`
+(TRL's ``SFTConfig``), parsed by TRL's parser; ``--config ground.yaml`` gives any of them.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from .common import add_data_args, add_init_args, add_training_args
+from .common import ModelArguments, add_settings_command, settings_parser
+
+NAME = "ground"
+HELP = "ground the new SID tokens (train only their rows on text <-> SID pairs, backbone frozen)"
+DESCRIPTION = (
+    "Add the SID index's tokens to the model, initialise their rows, and train only those rows on the six GTI "
+    "text <-> SID templates through TRL's SFTTrainer. Writes OUTPUT_DIR/adapter. Every flag is a field of "
+    "ModelArguments or of GroundingConfig (TRL's SFTConfig); --config FILE.yaml sets any of them."
+)
 
 
 def add_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "ground",
-        help="ground the new SID tokens (train only their rows on text <-> SID pairs, backbone frozen)",
-        description="Add the SID index's tokens to the model, initialise their rows, and train only those rows "
-        "on the six GTI text <-> SID templates through TRL's SFTTrainer. Writes OUTPUT/adapter.",
-    )
-    add_data_args(p)
-    add_init_args(p)
-    add_training_args(p, steps=200, lr=1e-3)
-    p.set_defaults(func=run)
+    add_settings_command(subparsers, NAME, HELP)
 
 
-def run(args) -> int:
-    import torch
+def parser() -> Any:
+    from ..grounding.trainer import GroundingConfig
 
-    from ..grounding.trainer import GroundingConfig, ground
-    from .common import load_data, trainer_kwargs
+    return settings_parser(NAME, DESCRIPTION, (ModelArguments, GroundingConfig))
 
-    catalogue, index = load_data(args)
+
+def parse(argv: Sequence[str]) -> tuple[Any, ...]:
+    """``(ModelArguments, GroundingConfig)`` from command-line arguments (and ``--config FILE.yaml``)."""
+    return parser().parse_args_and_config(list(argv))
+
+
+def main(argv: Sequence[str]) -> int:
+    return run(*parse(argv))
+
+
+def run(model: ModelArguments, config: Any) -> int:
+    """Ground as the settings say; the same call serves the command line, a YAML file and Python."""
+    from ..grounding.trainer import ground
+
+    catalogue, index = model.load()
     ground(
         catalogue,
         index,
-        GroundingConfig(**trainer_kwargs(args)),
-        model_path=args.model,
-        init=args.init,
-        centroid_variant=args.centroid_variant,
-        max_examples=args.max_examples,
-        resume=args.resume,
-        dtype=getattr(torch, args.weights_dtype),
+        config,
+        model_path=model.model_name_or_path,
+        init=model.init,
+        centroid_variant=model.centroid_variant,
+        max_examples=model.max_examples,
+        dtype=model.dtype,
     )
-    print(f"grounded adapter: {args.output}/adapter")
+    print(f"grounded adapter: {config.output_dir}/adapter")
     return 0

@@ -1,61 +1,64 @@
 """``peft-grounded sft``: recommendation SFT (LoRA + the new rows) from the command line
-(:func:`~.trainer.train_recommender`)."""
+(:func:`peft_grounded.recommend.train_recommender`).
+
+The flags are the fields of :class:`~.common.ModelArguments`, :class:`~.common.SFTArguments` and
+:class:`~peft_grounded.recommend.RecommendationConfig` (TRL's ``SFTConfig``), parsed by TRL's parser;
+``--config sft.yaml`` gives any of them.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from .common import add_data_args, add_format_args, add_init_args, add_training_args
+from .common import ModelArguments, SFTArguments, add_settings_command, settings_parser
+
+NAME = "sft"
+HELP = "train the recommender: next-item SID prediction with a LoRA stacked on the grounded rows"
+DESCRIPTION = (
+    "Start the new rows from a grounded adapter (--grounded) or a fresh initialisation (--init), stack a LoRA, "
+    "and train next-item SFT on the catalogue's leave-one-out training histories. Writes OUTPUT_DIR/adapter "
+    "(rows + LoRA, one artefact). Every flag is a field of ModelArguments, SFTArguments or RecommendationConfig "
+    "(TRL's SFTConfig); --config FILE.yaml sets any of them."
+)
 
 
 def add_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "sft",
-        help="train the recommender: next-item SID prediction with a LoRA stacked on the grounded rows",
-        description="Start the new rows from a grounded adapter (--grounded) or a fresh initialisation (--init), "
-        "stack a LoRA, and train next-item SFT on the catalogue's leave-one-out training histories. "
-        "Writes OUTPUT/adapter (rows + LoRA, one artefact).",
-    )
-    add_data_args(p)
-    add_format_args(p)
-    add_init_args(p)
-    p.add_argument("--grounded", help="grounded adapter directory to start from (overrides --init)")
-    add_training_args(p, steps=400, lr=5e-4)
-    g = p.add_argument_group("LoRA")
-    g.add_argument("--lora-r", type=int, default=16)
-    g.add_argument("--lora-alpha", type=int, default=32)
-    g.add_argument("--lora-dropout", type=float, default=0.0)
-    g.add_argument(
-        "--lora-target-modules", default="all-linear", help="'all-linear' or comma-separated names"
-    )
-    p.set_defaults(func=run)
+    add_settings_command(subparsers, NAME, HELP)
 
 
-def run(args) -> int:
-    import torch
+def parser() -> Any:
+    from ..recommend.trainer import RecommendationConfig
 
-    from ..recommend.trainer import RecommendationConfig, train_recommender
-    from .common import load_data, prompt_format, trainer_kwargs
+    return settings_parser(NAME, DESCRIPTION, (ModelArguments, SFTArguments, RecommendationConfig))
 
-    catalogue, index = load_data(args)
-    targets = args.lora_target_modules
-    targets = targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
-    lora = dict(
-        r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=targets
-    )
+
+def parse(argv: Sequence[str]) -> tuple[Any, ...]:
+    """``(ModelArguments, SFTArguments, RecommendationConfig)`` from command-line arguments (and ``--config``)."""
+    return parser().parse_args_and_config(list(argv))
+
+
+def main(argv: Sequence[str]) -> int:
+    return run(*parse(argv))
+
+
+def run(model: ModelArguments, sft: SFTArguments, config: Any) -> int:
+    """Train the recommender as the settings say; the same call serves the command line, YAML and Python."""
+    from ..recommend.trainer import train_recommender
+
+    catalogue, index = model.load()
     train_recommender(
         catalogue,
         index,
-        RecommendationConfig(**trainer_kwargs(args)),
-        model_path=args.model,
-        grounded=args.grounded,
-        init=args.init,
-        centroid_variant=args.centroid_variant,
-        lora=lora,
-        fmt=prompt_format(args),
-        max_examples=args.max_examples,
-        resume=args.resume,
-        dtype=getattr(torch, args.weights_dtype),
+        config,
+        model_path=model.model_name_or_path,
+        grounded=sft.grounded,
+        init=model.init,
+        centroid_variant=model.centroid_variant,
+        lora=sft.lora(),
+        fmt=sft.prompt_format(),
+        max_examples=model.max_examples,
+        dtype=model.dtype,
     )
-    print(f"recommender adapter: {args.output}/adapter")
+    print(f"recommender adapter: {config.output_dir}/adapter")
     return 0

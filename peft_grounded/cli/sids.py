@@ -36,7 +36,9 @@ def add_cli(subparsers: Any) -> None:
         "--item-columns", type=column_mapping, help="table format: FIELD=COLUMN,... (item_id, title, ...)"
     )
     g.add_argument(
-        "--interaction-columns", type=column_mapping, help="table format: user_id=...,item_id=...,timestamp=..."
+        "--interaction-columns",
+        type=column_mapping,
+        help="table format: user_id=...,item_id=...,timestamp=...",
     )
     g.add_argument("--k-core", type=int, default=0, help="keep the k-core of users and items (0: no filter)")
     g = p.add_argument_group("text and encoder")

@@ -15,9 +15,9 @@ from .reports import (
     write_markdown,
     write_text_atomic,
 )
+from .settings import EvalSettings
 from .users import (
     POPULARITY_LABEL,
-    EvalSettings,
     evaluate_popularity,
     item_token_ids,
     popularity_users,

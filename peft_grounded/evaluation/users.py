@@ -11,60 +11,12 @@ import math
 import random
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .metrics import DEFAULT_KS
 from .reports import Results
-
-
-@dataclass
-class EvalSettings:
-    """How many users, which cut-offs, and how to decode."""
-
-    ks: tuple[int, ...] = DEFAULT_KS
-    users: int | None = None  # per part, a seeded sample (None: every user)
-    seed: int = 0
-    num_beams: int = 20
-    batch_size: int = 16
-    cold_max_count: int = 1  # cold item: a target seen at most this often as a training target
-    cold: bool = True
-    bf16: bool = False  # decode under bf16 autocast
-    new_item_share: float | None = None  # new-item slots (decoding.mix_new_items) for a grown index
-    match_levels: int | None = None  # prefix codes a new item must share (None: all levels but the last)
-
-    def __post_init__(self) -> None:
-        problems = []
-        for name in ("num_beams", "batch_size"):
-            value = getattr(self, name)
-            if not _positive_int(value):
-                problems.append(f"{name} must be a positive integer, got {value!r}")
-        if self.users is not None and not _positive_int(self.users):
-            problems.append(f"users must be a positive integer or None (every user), got {self.users!r}")
-        if (
-            not isinstance(self.cold_max_count, int)
-            or isinstance(self.cold_max_count, bool)
-            or self.cold_max_count < 0
-        ):
-            problems.append(f"cold_max_count must be an integer >= 0, got {self.cold_max_count!r}")
-        if isinstance(self.ks, (str, bytes)) or not self.ks or not all(_positive_int(k) for k in self.ks):
-            problems.append(f"ks must be positive integers, got {self.ks!r}")
-        if self.new_item_share is not None and not (
-            isinstance(self.new_item_share, (int, float)) and 0 <= self.new_item_share <= 1
-        ):
-            problems.append(
-                f"new_item_share must be a fraction between 0 and 1 or None, got {self.new_item_share!r}"
-            )
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            problems.append(f"seed must be an integer, got {self.seed!r}")
-        if problems:
-            raise ValueError("EvalSettings: " + "; ".join(problems))
-
-
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+from .settings import EvalSettings
 
 
 def _sample(items: list, n: int | None, seed: int) -> list:
@@ -164,7 +116,9 @@ def evaluate_popularity(
                 metrics["constrained_nll"] = math.fsum(nll) / len(nll) if nll else None
             results[part][subset] = metrics
         if settings.cold:
-            cold_pool = sampled_users(split, part, settings, split.cold_items(settings.cold_max_count), None)[2]
+            cold_pool = sampled_users(split, part, settings, split.cold_items(settings.cold_max_count), None)[
+                2
+            ]
             results[part]["cold"]["cold_users_available"] = len(cold_pool)
     return results
 

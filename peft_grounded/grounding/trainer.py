@@ -15,6 +15,7 @@ states: ``train(resume_from_checkpoint=True)`` after a crash ends where an unint
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from peft import PeftModel, get_peft_model
@@ -31,7 +32,11 @@ class GroundingConfig(RunConfig):
     computes the loss on the completion only.
     """
 
-    learning_rate: float = field(default=1e-3, metadata={"help": "Learning rate of the new rows."})
+    default_steps: ClassVar[int] = 200
+
+    learning_rate: float = field(
+        default=1e-3, metadata={"help": "Learning rate of the new rows.", "aliases": ["--lr"]}
+    )
     weight_decay: float = field(default=0.0, metadata={"help": "No decay: it would pull the rows to zero."})
 
 

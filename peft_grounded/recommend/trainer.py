@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 import torch
 from peft import PeftModel
@@ -19,8 +20,10 @@ __all__ = ["RecommendationConfig", "RecommendationTrainer", "ValidationRecall", 
 class RecommendationConfig(RunConfig):
     """``RunConfig`` with the recommendation stage's defaults (LoRA + new rows, loss on the SID only)."""
 
+    default_steps: ClassVar[int] = 400
+
     learning_rate: float = field(
-        default=5e-4, metadata={"help": "Learning rate of the LoRA and the new rows."}
+        default=5e-4, metadata={"help": "Learning rate of the LoRA and the new rows.", "aliases": ["--lr"]}
     )
 
 

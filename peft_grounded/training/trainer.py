@@ -19,7 +19,7 @@ import warnings
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
 import torch
 from accelerate.utils import extract_model_from_parallel
@@ -39,17 +39,74 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class RunConfig(SFTConfig):
-    """``SFTConfig`` with the defaults every stage of this package shares."""
+    """``SFTConfig`` with the defaults every stage of this package shares; the settings of a training stage.
 
-    lr_scheduler_type: str = field(default="cosine", metadata={"help": "Learning-rate schedule."})
+    Every field is a command-line flag under its own name (``peft-grounded ground --learning_rate 1e-3``) and a
+    key of a ``--config stage.yaml``; the flags of earlier releases stay as aliases (``--lr``, ``--steps``,
+    ``--batch-size``, ``--grad-accum``, ``--output``, ``--minutes``, ``--lr-scheduler``, ``--resume``).
+    Differences from TRL's defaults: ``bf16`` off (pass it on a GPU or a CPU with native bf16), the CPU unless
+    CUDA is available (``use_cpu``), the stage's own ``max_steps`` (:attr:`default_steps`), a cosine schedule with
+    3% warm-up, no gradient checkpointing, no logging integrations.
+    """
+
+    default_steps: ClassVar[int] = -1  # max_steps when none is given (-1: TRL's epochs)
+
+    output_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Output directory: checkpoints, adapter/, run.json, log_history.json.",
+            "aliases": ["--output", "--out"],
+        },
+    )
+    max_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "Optimisation steps. None: the stage's default, or with max_minutes no step limit; -1: epochs.",
+            "aliases": ["--steps"],
+        },
+    )
+    learning_rate: float = field(default=2e-5, metadata={"help": "Learning rate.", "aliases": ["--lr"]})
+    per_device_train_batch_size: int = field(
+        default=16, metadata={"help": "Batch size per device.", "aliases": ["--batch-size"]}
+    )
+    gradient_accumulation_steps: int = field(
+        default=1, metadata={"help": "Batches accumulated per optimisation step.", "aliases": ["--grad-accum"]}
+    )
+    lr_scheduler_type: str = field(
+        default="cosine", metadata={"help": "Learning-rate schedule.", "aliases": ["--lr-scheduler"]}
+    )
     warmup_ratio: float = field(default=0.03, metadata={"help": "Share of the steps spent warming up."})
+    max_length: int | None = field(
+        default=256, metadata={"help": "Longest training row in tokens; longer rows are refused."}
+    )
+    bf16: bool | None = field(
+        default=False,
+        metadata={"help": "bf16 mixed precision (a GPU, or a CPU with native bf16); off by default."},
+    )
+    use_cpu: bool | None = field(
+        default=None, metadata={"help": "Train on the CPU. None: the CPU unless CUDA is available."}
+    )
+    seed: int = field(default=0, metadata={"help": "Seed of the run (initialisation, data order, sampling)."})
+    save_steps: float = field(default=100, metadata={"help": "Steps between checkpoints."})
+    resume_from_checkpoint: str | None = field(
+        default=None,
+        metadata={
+            "help": "Continue a run: 'last' (what --resume alone gives) from the last checkpoint in output_dir, "
+            "or start it when there is none yet; or the path of a checkpoint.",
+            "aliases": ["--resume"],
+            "nargs": "?",
+            "const": "last",
+        },
+    )
     completion_only_loss: bool | None = field(default=True, metadata={"help": "Loss on the completion only."})
     gradient_checkpointing: bool = field(
         default=False,
         metadata={"help": "Recompute activations in the backward pass (saves memory, costs time)."},
     )
     save_total_limit: int | None = field(default=2, metadata={"help": "Checkpoints kept on disk."})
-    report_to: Any = field(default="none", metadata={"help": "Logging integrations (none by default)."})
+    report_to: str | None = field(
+        default="none", metadata={"help": "Logging integrations, e.g. tensorboard, wandb (none by default)."}
+    )
     compact_loss: bool = field(
         default=True,
         metadata={
@@ -62,13 +119,29 @@ class RunConfig(SFTConfig):
         metadata={
             "help": "Stop after this many minutes of training (evaluation excluded), or at max_steps if that "
             "comes first; the learning rate then warms up over warmup_ratio of the time and decays linearly "
-            "to 0 at the time limit (lr_scheduler_type is not used)."
+            "to 0 at the time limit (lr_scheduler_type is not used).",
+            "aliases": ["--minutes"],
         },
     )
     allow_truncation: bool = field(
         default=False,
         metadata={"help": "Train on rows that max_length cuts (with a warning) instead of refusing them."},
     )
+
+    def __post_init__(self) -> None:
+        if self.max_steps is None:
+            self.max_steps = -1 if self.max_minutes is not None else self.default_steps
+        if self.use_cpu is None:
+            self.use_cpu = not torch.cuda.is_available()
+        super().__post_init__()
+
+    @property
+    def resume(self) -> str | bool | None:
+        """``resume_from_checkpoint`` as :meth:`RunTrainer.train` takes it (``True``: the last checkpoint)."""
+        value = self.resume_from_checkpoint
+        if value is None or str(value).lower() in ("", "false", "no", "none"):
+            return None
+        return True if str(value).lower() in ("last", "true", "yes") else value
 
 
 def sample_rows(dataset, n: int | None, seed: int):
@@ -307,8 +380,10 @@ class RunTrainer(SFTTrainer):
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
         """Train; ``resume_from_checkpoint=True`` continues from the last checkpoint, or starts afresh if the
-        run was interrupted before its first one."""
+        run was interrupted before its first one (default: the config's ``resume_from_checkpoint``)."""
         output_dir = Path(self.args.output_dir)
+        if resume_from_checkpoint is None:
+            resume_from_checkpoint = getattr(self.args, "resume", None)
         if resume_from_checkpoint is True:
             last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
             if last is None:
