@@ -247,7 +247,7 @@ def test_cli_objective_minutes_and_dtype():
     from peft_grounded.cli import ground, sft
     from peft_grounded.grounding import GroundingConfig
 
-    model, args, config = sft.parse(
+    _, args, config = sft.parse(
         ["--sid-index", "s", "--output", "o", "--objective", "sequence", "--minutes", "15"]
     )
     assert args.prompt_format() == PromptFormat(objective="sequence", max_history=19)
