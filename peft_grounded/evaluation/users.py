@@ -34,6 +34,9 @@ class EvalSettings:
     bf16: bool = False  # decode under bf16 autocast
     new_item_share: float | None = None  # new-item slots (decoding.mix_new_items) for a grown index
     match_levels: int | None = None  # prefix codes a new item must share (None: all levels but the last)
+    # leave the user's own history items out of the ranked list (as the peers do; decodes num_beams, keeps
+    # the best max(ks) unseen items)
+    exclude_history: bool = False
 
     def __post_init__(self) -> None:
         problems = []
@@ -164,7 +167,9 @@ def evaluate_popularity(
                 metrics["constrained_nll"] = math.fsum(nll) / len(nll) if nll else None
             results[part][subset] = metrics
         if settings.cold:
-            cold_pool = sampled_users(split, part, settings, split.cold_items(settings.cold_max_count), None)[2]
+            cold_pool = sampled_users(split, part, settings, split.cold_items(settings.cold_max_count), None)[
+                2
+            ]
             results[part]["cold"]["cold_users_available"] = len(cold_pool)
     return results
 
