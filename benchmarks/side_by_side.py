@@ -50,7 +50,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--strategies", nargs="*", default=["centroid", "peft_default"])
     p.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument("--minutes", type=float, default=12.0, help="SFT minutes per LLM row (grounding extra)")
+    p.add_argument(
+        "--minutes", type=float, default=12.0, help="SFT minutes per LLM row (0: --sft-steps alone, cosine schedule)"
+    )
     p.add_argument("--grounding-minutes", type=float, default=2.0)
     p.add_argument("--sasrec-minutes", type=float, default=5.0, help="SASRec's time budget (best epoch kept)")
     p.add_argument("--users", type=int, default=0, help="test users scored (0: all)")
@@ -77,7 +79,7 @@ def main(argv=None) -> int:
     budget = Budget(
         sft_steps=4 if args.smoke else args.sft_steps,
         grounding_steps=2 if args.smoke else 0,
-        minutes=None if args.smoke else args.minutes,
+        minutes=None if args.smoke or not args.minutes else args.minutes,
         grounding_minutes=None if args.smoke else args.grounding_minutes,
         batch_size=8,
         grounding_lr=1e-3,
