@@ -47,11 +47,13 @@ from peft_grounded import assets
 from peft_grounded.adapter.loading import sid_model
 from peft_grounded.decoding import Recommendations, SIDTrie, mix_new_items, recommend
 from peft_grounded.decoding.new_items import default_match_levels
+from peft_grounded.decoding.semantic_mixture import SemanticMixture
 from peft_grounded.evaluation.intervals import bootstrap_interval
 from peft_grounded.evaluation.metrics import ranking_metrics
 from peft_grounded.evaluation.users import item_token_ids
 from peft_grounded.growth import add_items, grow_adapter
 from peft_grounded.growth.grounding import ground_new_items
+from peft_grounded.peers import TextKNN
 from peft_grounded.pipeline import Budget, Experiment, run_strategy
 from peft_grounded.pipeline.runner import strategy
 from peft_grounded.prompts import PromptFormat, inference_prompts
@@ -133,6 +135,39 @@ def decode(model, tokenizer, examples, index, catalogue, fmt, beams: int, bf16: 
     autocast = torch.autocast(device, dtype=torch.bfloat16) if bf16 else nullcontext()
     with torch.no_grad(), autocast:
         return recommend(model, tokenizer, prompts, trie, k=beams, num_beams=beams, batch_size=8)
+
+
+def random_slots(
+    recs: Recommendations, new_ids: list[str], share: float, k: int, seed: int
+) -> list[list[str]]:
+    """The control for any new-item rule: the model's first ``k - floor(share * k)`` items, then random new
+    items (seeded, history-blind) in the remaining slots."""
+    rng = random.Random(seed)
+    quota = int(share * k + 1e-9)
+    lists = []
+    for items in recs.items:
+        kept = [i for i in items if i not in set(new_ids)][: k - quota]
+        fill = [i for i in rng.sample(new_ids, min(len(new_ids), quota + k)) if i not in kept]
+        lists.append(kept + fill[: k - len(kept)])
+    return lists
+
+
+def full_histories(split, examples: list[tuple]) -> list[tuple[str, ...]]:
+    """Each example's whole history (the prompt shows only its last ``max_history`` items)."""
+    by_user = {u.user_id: u for u in split.users}
+    out = []
+    for user, _, target in examples:
+        u = by_user[user]
+        out.append(u.history if target == u.valid and target != u.test else (*u.history, u.valid))
+    return out
+
+
+def calibration_pairs(split, positions: str) -> list[tuple[tuple[str, ...], str]]:
+    """``(history, next item)`` at the position before the scored one, for every user: what the serving
+    side has logged since the model trained, never a scored target."""
+    if positions == "test":
+        return [(u.history, u.valid) for u in split.users]
+    return [(u.history[:-1], u.history[-1]) for u in split.users if len(u.history) > 1]
 
 
 SMOKE = dict(  # a path check, not a measurement: seconds of training, a few users
@@ -217,6 +252,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         "but the last, and one fewer)",
     )
     parser.add_argument("--num-beams", type=int, default=20, help="beams per user (the top --k are scored)")
+    parser.add_argument(
+        "--no-retrained",
+        action="store_true",
+        help="skip the full-catalogue reference model (its training and decoding)",
+    )
     parser.add_argument(
         "--old-users",
         type=int,
@@ -336,7 +376,7 @@ def main(argv=None) -> None:
     budget = Budget(
         grounding_steps=args.grounding_steps,
         sft_steps=args.sft_steps,
-        minutes=args.minutes,
+        minutes=args.minutes or None,
         grounding_minutes=args.grounding_minutes if grounds else None,
         batch_size=args.batch_size,
         grounding_lr=args.lr,
@@ -357,7 +397,8 @@ def main(argv=None) -> None:
         max_grounding_examples=args.max_examples or None,
     )
     timings: dict[str, float] = {}
-    for name, cat, index in (("old", old_catalogue, parent), ("full", catalogue, full_index)):
+    trained = (("old", old_catalogue, parent), ("full", catalogue, full_index))
+    for name, cat, index in trained[: 1 if args.no_retrained else 2]:
         t = time.perf_counter()
         run_strategy(
             args.strategy, Experiment(model_path, cat, index, fmt=fmt), budget, out / name, resume=True
@@ -371,6 +412,13 @@ def main(argv=None) -> None:
 
     top = default_match_levels(child)  # the library's default, and one code fewer
     match_levels = args.match_levels or sorted({max(top - 1, 1), top})
+    histories = {"new": full_histories(split, examples), "old": full_histories(split, old_examples)}
+    item_ids = list(catalogue.items)
+    t = time.perf_counter()
+    mixture = SemanticMixture.fit(item_ids, vectors, new_ids, calibration_pairs(split, args.positions))
+    timings["fit_mixture_s"] = round(time.perf_counter() - t, 2)
+    mixture_fit = {"temperature": mixture.temperature, "weights": mixture.weights.tolist()}
+    print(f"semantic mixture calibrated: {mixture_fit}", flush=True)
 
     def score_both(name: str, model, index) -> None:
         model.eval()
@@ -380,21 +428,27 @@ def main(argv=None) -> None:
             "old": decode(model, tokenizer, old_examples, index, catalogue, fmt, args.num_beams, bf16),
         }
         timings[f"decode_{name}_s"] = round(time.perf_counter() - t, 1)
-        variants = {name: None}
+        variants = {name: lambda recs, part: recs.items}
         if name == "grown":
-            variants |= {
-                f"grown + new-item slots (share {share:g}, {levels} codes)": (share, levels)
-                for levels in match_levels
-                for share in args.new_item_share
-            }
+            for levels in match_levels:
+                for share in args.new_item_share:
+                    variants[f"grown + new-item slots (share {share:g}, {levels} codes)"] = (
+                        lambda recs, part, rule=(share, levels): (
+                            mix_new_items(
+                                recs, index, new_ids, share=rule[0], match_levels=rule[1], k=args.k
+                            ).items
+                        )
+                    )
+            for share in args.new_item_share:
+                variants[f"grown + random new-item slots (share {share:g}, control)"] = (
+                    lambda recs, part, share=share: random_slots(recs, new_ids, share, args.k, args.seed)
+                )
+            variants["grown + semantic mixture"] = lambda recs, part: (
+                mixture.mix(recs, histories[part], args.k).items
+            )
         for label, rule in variants.items():
             for part, table, wanted in (("new", results, targets), ("old", old_results, old_targets)):
-                found = lists[part]
-                if rule is not None:
-                    found = mix_new_items(
-                        found, index, new_ids, share=rule[0], match_levels=rule[1], k=args.k
-                    )
-                table[label] = score(found.items, wanted, new, args.k)
+                table[label] = score(rule(lists[part], part), wanted, new, args.k)
 
     incremental: dict[str, dict] = {}
     for replay in [None, *args.replay]:  # None: grown, no incremental grounding
@@ -428,10 +482,15 @@ def main(argv=None) -> None:
         score_both(name, grown, child)
         del grown, model
 
-    tokenizer, full = sid_model(
-        model_path, full_index, adapter=str(out / "full" / "sft" / "adapter"), dtype=dtype
-    )
-    score_both("retrained (full catalogue)", full, full_index)
+    if not args.no_retrained:
+        tokenizer, full = sid_model(
+            model_path, full_index, adapter=str(out / "full" / "sft" / "adapter"), dtype=dtype
+        )
+        score_both("retrained (full catalogue)", full, full_index)
+    for profile in ("last", "recency"):  # the peers a shop has without any model: no training at all
+        knn = TextKNN(item_ids, vectors, profile=profile)
+        results[knn.name] = score(knn.recommend(histories["new"], args.k), targets, new, args.k)
+        old_results[knn.name] = score(knn.recommend(histories["old"], args.k), old_targets, new, args.k)
     counts = Counter(old_catalogue.leave_one_out().training_target_counts())
     top = [i for i, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: args.k]]
     results["popularity"] = score([top] * len(targets), targets, new, args.k)
@@ -440,13 +499,28 @@ def main(argv=None) -> None:
     k = args.k
     metrics = (f"recall@{k}", f"ndcg@{k}")
     arrays = {(name, m): r["per_user"][m].astype(np.float64) for name, r in results.items() for m in metrics}
-    pairs = {"grown - retrained": ("grown", "retrained (full catalogue)")} | {
+    pairs = {} if args.no_retrained else {"grown - retrained": ("grown", "retrained (full catalogue)")}
+    pairs |= {
         f"{name.removeprefix('grown + ')} - grown": (name, "grown")
-        for name in [*incremental, *(n for n in results if "new-item slots" in n)]
+        for name in [*incremental, *(n for n in results if "new-item slots" in n), "grown + semantic mixture"]
+    }
+    pairs |= {
+        f"semantic mixture - {knn}": ("grown + semantic mixture", knn)
+        for knn in ("text KNN (last item)", "text KNN (recency)")
     }
     for label, (a, b) in pairs.items():
         for m in metrics:
             arrays[(label, m)] = arrays[(a, m)] - arrays[(b, m)]
+    old_pairs = {  # what a rule costs the users whose target is an old item (paired, same users)
+        f"{name.removeprefix('grown + ')} - grown": (name, "grown")
+        for name in old_results
+        if name.startswith("grown + ") and ("slots" in name or "mixture" in name)
+    }
+    old_differences = {}
+    for label, (a, b) in old_pairs.items():
+        m = f"recall@{args.k}"
+        diff = old_results[a]["per_user"][m] - old_results[b]["per_user"][m]
+        old_differences[label] = {m: float(diff.mean()), f"{m}_ci95": interval(diff, args.seed, args.rounds)}
     for name, r in results.items():
         for m in metrics:
             r[f"{m}_ci95"] = interval(arrays[(name, m)], args.seed, args.rounds)
@@ -478,7 +552,13 @@ def main(argv=None) -> None:
         "budget": vars(args),
         "timings": timings,
         "results": results,
-        "old_item_users": {"scored": len(old_examples), "of": len(old_pool), "results": old_results},
+        "old_item_users": {
+            "scored": len(old_examples),
+            "of": len(old_pool),
+            "results": old_results,
+            "paired_differences": old_differences,
+        },
+        "semantic_mixture": mixture_fit,
         "incremental": incremental,
         "paired_differences": differences,
         "per_user": per_user_ranks,
@@ -511,8 +591,13 @@ def main(argv=None) -> None:
             f"| {label} | {d[f'recall@{k}']:+.4f} [{lo:+.4f}, {hi:+.4f}] "
             f"| {d[f'ndcg@{k}']:+.4f} [{nlo:+.4f}, {nhi:+.4f}] |"
         )
+    lines += ["", f"| old-item users, paired | Recall@{k} [95% CI] |", "|---|---|"]
+    for label, d in old_differences.items():
+        lo, hi = d[f"recall@{k}_ci95"]
+        lines.append(f"| {label} | {d[f'recall@{k}']:+.4f} [{lo:+.4f}, {hi:+.4f}] |")
     lines += [
         "",
+        f"Semantic mixture calibrated on the position before the scored one: {mixture_fit}.",
         f"Intervals: percentile bootstrap over users ({args.rounds} resamples, seed {args.seed}; the paired "
         "rows resample the same users for both models).",
         f"add_items: {add_seconds:.3f} s, {summary['new_tokens']} new tokens; incremental grounding "

@@ -50,12 +50,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--strategies", nargs="*", default=["centroid", "peft_default"])
     p.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument("--minutes", type=float, default=12.0, help="SFT minutes per LLM row (grounding extra)")
+    p.add_argument(
+        "--minutes", type=float, default=12.0, help="SFT minutes per LLM row (0: --sft-steps alone, cosine schedule)"
+    )
     p.add_argument("--grounding-minutes", type=float, default=2.0)
     p.add_argument("--sasrec-minutes", type=float, default=5.0, help="SASRec's time budget (best epoch kept)")
     p.add_argument("--users", type=int, default=0, help="test users scored (0: all)")
     p.add_argument("--reference", default="sasrec", help="row the paired differences are taken against")
     p.add_argument("--fp32", action="store_true", help="float32 even on a CPU with native bf16")
+    p.add_argument("--layers", type=int, default=0, help="keep the base's first N decoder blocks (0: all)")
+    p.add_argument("--keep-history", action="store_true", help="let the LLM rows recommend history items")
+    p.add_argument("--sft-steps", type=int, default=0, help="step cap on SFT (0: the time alone)")
     p.add_argument("--smoke", action="store_true")
     return p.parse_args(argv)
 
@@ -72,9 +77,9 @@ def main(argv=None) -> int:
         index = build_sids(catalogue, out / "sids", levels=3, codes=codes, show_progress=False)
     bf16 = native_bf16() and not args.fp32
     budget = Budget(
-        sft_steps=4 if args.smoke else 0,
+        sft_steps=4 if args.smoke else args.sft_steps,
         grounding_steps=2 if args.smoke else 0,
-        minutes=None if args.smoke else args.minutes,
+        minutes=None if args.smoke or not args.minutes else args.minutes,
         grounding_minutes=None if args.smoke else args.grounding_minutes,
         batch_size=8,
         grounding_lr=1e-3,
@@ -94,8 +99,14 @@ def main(argv=None) -> int:
         max_grounding_examples=64 if args.smoke else 4000,
         show_progress=False,
     )
+    budget = replace(budget, exclude_history=not args.keep_history)
     fmt = PromptFormat(objective="sequence", max_history=19)
-    experiment = Experiment(str(assets.smollm2()), catalogue, index, fmt=fmt)
+    model_path = str(assets.smollm2())
+    if args.layers:
+        from peft_grounded.recommend.shallow_base import shallow_base
+
+        model_path = str(shallow_base(model_path, args.layers, out / f"base-{args.layers}-blocks"))
+    experiment = Experiment(model_path, catalogue, index, fmt=fmt)
     print(
         f"{catalogue.name}: {len(catalogue)} items, {len(experiment.split)} users; precision "
         f"{'bf16' if bf16 else 'fp32'}",

@@ -101,3 +101,39 @@ def test_popularity_users_match_its_aggregates(setup):
 def test_eval_settings_refuse_nonsense(field, value, message):
     with pytest.raises(ValueError, match=message):
         EvalSettings(**{field: value})
+
+
+def test_exclude_history_leaves_the_users_items_out_and_keeps_the_rest_in_order(setup):
+    """With ``exclude_history`` each list is the beam list without the user's whole history (not only the
+    prompt's tail), cut to max(ks): a target the user already had can no longer be hit."""
+    model, tokenizer, catalogue, index, split = setup
+    fmt = PromptFormat(max_history=2)
+    settings = EvalSettings(ks=KS, users=8, num_beams=12, batch_size=4, cold=False)
+    kept = evaluate(model, tokenizer, split, index, catalogue, fmt, ("test",), settings, likelihood=False)
+    dropped = evaluate(
+        model,
+        tokenizer,
+        split,
+        index,
+        catalogue,
+        fmt,
+        ("test",),
+        EvalSettings(**{**settings.__dict__, "exclude_history": True}),
+        likelihood=False,
+    )
+    trie = SIDTrie(item_token_ids(tokenizer, index))
+    examples = {e[0]: e for e in split.test_examples(fmt.max_history)}
+    by_user = {u.user_id: u for u in split.users}
+    records = dropped.users["test"]
+    _, prompts, _ = inference_prompts(
+        [examples[r["user"]] for r in records], index, tokenizer, catalogue, fmt
+    )
+    beams = recommend(model, tokenizer, prompts, trie, k=12, num_beams=12).items
+    for record, items in zip(records, beams, strict=True):
+        u = by_user[record["user"]]
+        seen = {*u.history, u.valid}
+        expected = [i for i in items if i not in seen][: max(KS)]
+        assert record["rank"] == target_rank(expected, record["target"])
+        if record["target"] in seen:
+            assert record["rank"] is None
+    assert len(kept.users["test"]) == len(records)

@@ -87,7 +87,7 @@ def evaluate(
                     tokenizer,
                     prompts,
                     trie,
-                    k=max(settings.ks) if new_items is None else beams,
+                    k=max(settings.ks) if new_items is None and not settings.exclude_history else beams,
                     num_beams=beams,
                     batch_size=settings.batch_size,
                     targets=target_ids if together else None,
@@ -101,7 +101,14 @@ def evaluate(
                         match_levels=settings.match_levels,
                         k=max(settings.ks),
                     )
-                for record, items in zip(records, recs.items, strict=True):
+                lists = recs.items
+                if settings.exclude_history:
+                    seen = _full_histories(split, part)
+                    lists = [
+                        [i for i in items if i not in seen[r["user"]]][: max(settings.ks)]
+                        for r, items in zip(records, lists, strict=True)
+                    ]
+                for record, items in zip(records, lists, strict=True):
                     record["rank"] = target_rank(items, record["target"])
             if likelihood:
                 scores = (
@@ -128,6 +135,11 @@ def evaluate(
             if part in target:
                 target[part]["cold"]["cold_users_available"] = len(cold_pool)
     return result
+
+
+def _full_histories(split: Any, part: str) -> dict[str, set[str]]:
+    """Each user's items before the ``part``'s target (the whole history, not the prompt's tail)."""
+    return {u.user_id: set(u.history) if part == "valid" else {*u.history, u.valid} for u in split.users}
 
 
 def _means(records: list[dict[str, Any]]) -> dict[str, float | int | None]:

@@ -38,6 +38,13 @@ class EvalSettings:
     match_levels: int | None = field(
         default=None, metadata={"help": "Prefix codes a new item must share (None: all levels but the last)."}
     )
+    exclude_history: bool = field(
+        default=False,
+        metadata={
+            "help": "Leave the user's own history items out of the ranked list, as the peers do (decodes "
+            "num_beams, keeps the best max(ks) unseen items)."
+        },
+    )
 
     def __post_init__(self) -> None:
         problems = []

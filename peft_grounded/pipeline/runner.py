@@ -44,7 +44,9 @@ class Strategy:
     init: str
     ground: bool = False
     description: str = ""
-    adapter: str = "grounded"  # or "peft": PEFT's own LoraConfig(trainable_token_indices=...), the baseline
+    # None: a grounded adapter; "peft": PEFT's own LoraConfig(trainable_token_indices=...), the baseline
+    # (None keeps the manifests of runs recorded before the field existed resumable)
+    adapter: str | None = None
 
 
 STRATEGIES: dict[str, Strategy] = {
@@ -123,6 +125,8 @@ class Budget:
     ks: tuple[int, ...] = (1, 5, 10, 20)
     num_beams: int = 20
     eval_batch_size: int = 16
+    # the evaluation leaves each user's history items out of its list (None: no; keeps older manifests)
+    exclude_history: bool | None = None
     cold_max_count: int = 1
     centroid_variant: str = "items"
     max_train_examples: int | None = None  # sample of the SFT examples (None: all sliding windows)
@@ -169,6 +173,7 @@ class Budget:
             batch_size=self.eval_batch_size,
             cold_max_count=self.cold_max_count,
             bf16=self.bf16,
+            exclude_history=bool(self.exclude_history),
         )
         return replace(base, **overrides)
 
@@ -345,7 +350,7 @@ def run_strategy(
     if resume and _stage_done(stage):
         from ..adapter import add_lora
 
-        if spec.adapter == "grounded":
+        if spec.adapter != "peft":
             add_lora(model, **_lora(budget))
         upcast_trainable(model)  # the LoRA in float32, as it trained
         _load_rows(model, stage / ADAPTER_DIR)
@@ -361,7 +366,7 @@ def run_strategy(
             experiment.catalogue,
             experiment.index,
             args,
-            lora=_lora(budget) if spec.adapter == "grounded" else None,
+            lora=None if spec.adapter == "peft" else _lora(budget),
             fmt=experiment.fmt,
             max_examples=budget.max_train_examples,
             resume=resume,

@@ -1,0 +1,201 @@
+"""New items served by calibrated probability: the model's beams for the items it knows, the item texts'
+semantics for the items nobody has interacted with yet.
+
+A model trained before an item existed cannot rank it well, however good its SID tokens' starting rows:
+beam search follows the transitions it learnt, and a new item has none. What a new item does have is the
+text vector its SID was quantised from. This rule ranks every candidate of a user ``u`` by one
+probability, a two-expert mixture::
+
+    p(i | u) = (1 - pi_u) * p_model(i | u) + pi_u * p_text(i | u)
+
+* ``p_model``: the model's probability of the item's SID (the beam score, a summed log-probability);
+* ``p_text``: a softmax over the *new* items of ``cos(v_i, profile_u) / temperature``, where
+  ``profile_u`` is the user's recency-weighted text profile (history items excluded);
+* ``pi_u``: the probability that ``u``'s next item is a new one, a logistic model of the history (is
+  the last item new, the share of new items among the last five, a bias).
+
+``temperature`` and the logistic weights are fitted by maximum likelihood on *calibration* examples: the
+interactions logged since the model was trained, typically each user's most recent one (the validation
+position when the test position is scored). They never see the scored targets. Nothing trains the LLM:
+this is a serving rule over the beams the search already returned, plus one matrix product per user.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from .generation import Recommendations
+
+RECENT = 5  # the last items whose share of new items is a feature of pi_u
+
+
+@dataclass
+class SemanticMixture:
+    """The calibrated mixture; build it with :meth:`fit`."""
+
+    item_ids: list[str]
+    vectors: np.ndarray  # [items, d], unit rows (every item: old items appear in profiles)
+    new_items: list[str]
+    temperature: float = 0.05
+    weights: np.ndarray = field(default_factory=lambda: np.zeros(3))  # logistic: bias, last new, share new
+    decay: float = 0.7
+    window: int = 20
+
+    def __post_init__(self) -> None:
+        vectors = np.asarray(self.vectors, dtype=np.float32)
+        if vectors.ndim != 2 or len(vectors) != len(self.item_ids):
+            raise ValueError(f"one vector per item: got {vectors.shape} for {len(self.item_ids)} items")
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        if not np.isfinite(vectors).all() or (norms == 0).any():
+            raise ValueError("item vectors must be finite and non-zero (re-encode the catalogue)")
+        self.vectors = vectors / norms
+        self._row = {item: r for r, item in enumerate(self.item_ids)}
+        missing = [i for i in self.new_items if i not in self._row]
+        if missing:
+            raise ValueError(f"{len(missing)} new items have no vector (e.g. {missing[:3]})")
+        if not self.new_items:
+            raise ValueError("no new items to serve: the index added none since the model was trained")
+        self._new = set(self.new_items)
+        self._new_rows = np.array([self._row[i] for i in self.new_items])
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+
+    # ------------------------------------------------------------------ the two experts' inputs
+
+    def features(self, histories: Sequence[Sequence[str]]) -> np.ndarray:
+        """``[n, 3]``: bias, whether the last item is new, the share of new items among the last five."""
+        out = np.zeros((len(histories), 3), dtype=np.float64)
+        out[:, 0] = 1.0
+        for u, history in enumerate(histories):
+            if history:
+                out[u, 1] = float(history[-1] in self._new)
+                recent = history[-RECENT:]
+                out[u, 2] = sum(i in self._new for i in recent) / len(recent)
+        return out
+
+    def new_item_prior(self, histories: Sequence[Sequence[str]]) -> np.ndarray:
+        """``pi_u``: the probability that each user's next item is a new one."""
+        return 1.0 / (1.0 + np.exp(-self.features(histories) @ self.weights))
+
+    def _cosines(self, histories: Sequence[Sequence[str]]) -> np.ndarray:
+        """``[n, new items]`` cosines to each history's recency profile, history items at ``-inf``."""
+        profiles = np.zeros((len(histories), self.vectors.shape[1]), dtype=np.float32)
+        for u, history in enumerate(histories):
+            rows = [self._row[i] for i in history if i in self._row][-self.window :]
+            if rows:
+                w = self.decay ** np.arange(len(rows) - 1, -1, -1, dtype=np.float32)
+                profile = w @ self.vectors[rows]
+                profiles[u] = profile / max(float(np.linalg.norm(profile)), 1e-12)
+        cos = profiles @ self.vectors[self._new_rows].T
+        position = {item: j for j, item in enumerate(self.new_items)}
+        for u, history in enumerate(histories):
+            seen = [position[i] for i in history if i in position]
+            if seen:
+                cos[u, seen] = -np.inf
+        return cos
+
+    def text_probabilities(self, histories: Sequence[Sequence[str]]) -> np.ndarray:
+        """``p_text``: ``[n, new items]``, each row a softmax of the cosines over the temperature."""
+        logits = self._cosines(histories) / self.temperature
+        logits -= logits.max(axis=1, keepdims=True)
+        p = np.exp(logits)
+        return p / p.sum(axis=1, keepdims=True)
+
+    # ------------------------------------------------------------------ calibration
+
+    @classmethod
+    def fit(
+        cls,
+        item_ids: list[str],
+        vectors: np.ndarray,
+        new_items: list[str],
+        calibration: Sequence[tuple[Sequence[str], str]],
+        **kwargs: Any,
+    ) -> SemanticMixture:
+        """Fit ``temperature`` and ``pi_u``'s weights on ``calibration`` pairs ``(history, next item)``:
+        the next items seen since the model trained, never the targets being scored."""
+        mixture = cls(item_ids, vectors, new_items, **kwargs)
+        if not calibration:
+            raise ValueError("calibration needs (history, next item) pairs logged since the model trained")
+        histories = [list(h) for h, _ in calibration]
+        is_new = np.array([t in mixture._new for _, t in calibration], dtype=np.float64)
+        mixture.weights = _logistic(mixture.features(histories), is_new)
+        with_new = [
+            (h, t) for h, t in zip(histories, (t for _, t in calibration), strict=True) if t in mixture._new
+        ]
+        if with_new:
+            position = {item: j for j, item in enumerate(mixture.new_items)}
+            cos = mixture._cosines([h for h, _ in with_new])
+            target = np.array([position[t] for _, t in with_new])
+            keep = np.isfinite(cos[np.arange(len(target)), target])
+            mixture.temperature = _best_temperature(cos[keep], target[keep])
+        return mixture
+
+    # ------------------------------------------------------------------ serving
+
+    def mix(
+        self, recommendations: Recommendations, histories: Sequence[Sequence[str]], k: int | None = None
+    ) -> Recommendations:
+        """Top-``k`` lists ranked by the mixture probability (history items left out); ``scores`` hold its
+        log; ``extra["new_items_per_list"]`` counts new items per list and ``extra["new_item_prior"]``
+        holds ``pi_u``."""
+        k = recommendations.k if k is None else k
+        if len(histories) != len(recommendations.items):
+            raise ValueError(f"{len(histories)} histories for {len(recommendations.items)} lists")
+        prior = self.new_item_prior(histories)
+        text = self.text_probabilities(histories)
+        top = min(k, len(self.new_items))
+        items_out: list[list[Hashable]] = []
+        scores_out: list[list[float]] = []
+        counts: list[int] = []
+        for u, (items, scores) in enumerate(zip(recommendations.items, recommendations.scores, strict=True)):
+            seen = set(histories[u])
+            prob: dict[Hashable, float] = {}
+            for item, score in zip(items, scores, strict=True):
+                if str(item) not in seen and math.isfinite(score):
+                    prob[item] = prob.get(item, 0.0) + (1.0 - prior[u]) * math.exp(score)
+            for j in np.argpartition(-text[u], top - 1)[:top]:
+                if text[u, j] > 0:
+                    item = self.new_items[j]
+                    prob[item] = prob.get(item, 0.0) + prior[u] * float(text[u, j])
+            ranked = sorted(prob.items(), key=lambda kv: -kv[1])[:k]
+            items_out.append([i for i, _ in ranked])
+            scores_out.append([math.log(p) for _, p in ranked])
+            counts.append(sum(str(i) in self._new for i, _ in ranked))
+        extra = dict(recommendations.extra) | {"new_items_per_list": counts, "new_item_prior": prior.tolist()}
+        return replace(recommendations, items=items_out, scores=scores_out, k=k, extra=extra)
+
+
+def _logistic(x: np.ndarray, y: np.ndarray, l2: float = 1e-3, steps: int = 50) -> np.ndarray:
+    """Weights of a logistic regression of ``y`` on ``x`` (Newton's method, a small ridge)."""
+    w = np.zeros(x.shape[1])
+    for _ in range(steps):
+        p = 1.0 / (1.0 + np.exp(-x @ w))
+        gradient = x.T @ (p - y) + l2 * w
+        hessian = (x * (p * (1 - p))[:, None]).T @ x + l2 * np.eye(x.shape[1])
+        step = np.linalg.solve(hessian, gradient)
+        w -= step
+        if np.abs(step).max() < 1e-8:
+            break
+    return w
+
+
+def _best_temperature(cos: np.ndarray, target: np.ndarray) -> float:
+    """The temperature maximising the mean log-softmax of the targets' cosines (a log-spaced grid)."""
+    if not len(target):
+        return 0.05
+    best, best_ll = 0.05, -np.inf
+    for t in np.geomspace(0.005, 1.0, 60):
+        logits = cos / t
+        finite = np.where(np.isfinite(logits), logits, -np.inf)
+        m = finite.max(axis=1, keepdims=True)
+        log_z = m[:, 0] + np.log(np.exp(finite - m).sum(axis=1))
+        ll = float(np.mean(finite[np.arange(len(target)), target] - log_z))
+        if ll > best_ll:
+            best, best_ll = float(t), ll
+    return best

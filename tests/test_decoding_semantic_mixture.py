@@ -1,0 +1,94 @@
+"""The semantic mixture serves new items by calibrated probability: the planted neighbour of a user's
+profile comes first when that user is likely to pick a new item, and the model's list stays when not."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from peft_grounded.decoding.generation import Recommendations
+from peft_grounded.decoding.semantic_mixture import SemanticMixture
+
+
+def catalogue():
+    """Old items o0..o3 and new items n0..n3; n_j sits next to o_j in text space."""
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(4, 16))
+    old = base + 0.05 * rng.normal(size=(4, 16))
+    new = base + 0.05 * rng.normal(size=(4, 16))
+    ids = [f"o{j}" for j in range(4)] + [f"n{j}" for j in range(4)]
+    return ids, np.vstack([old, new]).astype(np.float32), [f"n{j}" for j in range(4)]
+
+
+def calibration():
+    """Users whose last item is new go to a new item (its neighbour); the others stay with old items."""
+    pairs = []
+    for rep in range(10):
+        for j in range(4):
+            pairs.append(([f"o{(j + 1) % 4}", f"n{j}"], f"n{(j + rep % 2) % 4}" if rep % 2 == 0 else f"n{j}"))
+            pairs.append(([f"o{(j + 2) % 4}", f"o{j}"], f"o{(j + 1) % 4}"))
+    return [(h, t if t not in h else f"n{(int(t[1]) + 1) % 4}") for h, t in pairs]
+
+
+def test_calibration_learns_who_goes_to_new_items():
+    ids, vectors, new = catalogue()
+    mixture = SemanticMixture.fit(ids, vectors, new, calibration())
+    prior = mixture.new_item_prior([["o1", "n2"], ["o3", "o2"]])
+    assert prior[0] > 0.9 and prior[1] < 0.1
+    assert 0.005 <= mixture.temperature <= 1.0
+
+
+def test_a_likely_new_item_user_gets_the_planted_neighbour_first():
+    ids, vectors, new = catalogue()
+    mixture = SemanticMixture.fit(ids, vectors, new, calibration())
+    histories = [["o1", "o2"], ["o2", "n1"]]  # the second user: last item new
+    recs = Recommendations(
+        items=[["o3", "o0", "o1"], ["o3", "o0", "o2"]], scores=[[-1.0, -2.0, -3.0]] * 2, k=3, num_beams=3
+    )
+    mixed = mixture.mix(recs, histories, k=3)
+    # the likely new-item user: the new item nearest its profile (n1 is in the history, so n2, o2's twin)
+    assert mixed.items[1][0] == "n2"
+    assert "n1" not in mixed.items[1] and "o2" not in mixed.items[1]  # never an item of the history
+    assert mixed.items[0][:2] == ["o3", "o0"]  # an old-item user keeps the model's picks first
+    assert "o1" not in mixed.items[0]
+    assert mixed.extra["new_items_per_list"][1] >= 1
+    assert all(a >= b for a, b in zip(mixed.scores[1], mixed.scores[1][1:], strict=False))
+
+
+def test_text_probabilities_are_a_softmax_over_new_items_without_the_history():
+    ids, vectors, new = catalogue()
+    mixture = SemanticMixture(ids, vectors, new, temperature=0.1)
+    p = mixture.text_probabilities([["o2"], ["n0", "o0"]])
+    assert p.shape == (2, 4) and np.allclose(p.sum(axis=1), 1.0)
+    assert p[0].argmax() == 2  # n2 is o2's neighbour
+    assert p[1, 0] == 0.0  # n0 is in the history
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(new_items=[]), "no new items"),
+        (dict(new_items=["missing"]), "no vector"),
+        (dict(vectors=np.zeros((8, 16))), "non-zero"),
+        (dict(temperature=0.0), "temperature"),
+    ],
+)
+def test_bad_input_is_refused(kwargs, match):
+    ids, vectors, new = catalogue()
+    args = dict(item_ids=ids, vectors=vectors, new_items=new) | kwargs
+    with pytest.raises(ValueError, match=match):
+        SemanticMixture(**args)
+
+
+def test_mixture_probability_adds_both_experts_for_a_new_item_the_model_also_ranked():
+    ids, vectors, new = catalogue()
+    mixture = SemanticMixture(ids, vectors, new, temperature=0.1)
+    mixture.weights = np.array([0.0, 0.0, 0.0])  # pi = 1/2 for everyone
+    histories = [["o2"]]
+    recs = Recommendations(items=[["n2", "o1"]], scores=[[math.log(0.5), math.log(0.4)]], k=2, num_beams=2)
+    mixed = mixture.mix(recs, histories, k=2)
+    p_text = mixture.text_probabilities(histories)[0][new.index("n2")]
+    assert mixed.items[0][0] == "n2"
+    assert math.exp(mixed.scores[0][0]) == pytest.approx(0.5 * 0.5 + 0.5 * p_text)
