@@ -48,6 +48,7 @@ from peft_grounded.adapter.loading import sid_model
 from peft_grounded.decoding import Recommendations, SIDTrie, mix_new_items, recommend
 from peft_grounded.decoding.new_items import default_match_levels
 from peft_grounded.decoding.semantic_mixture import SemanticMixture
+from peft_grounded.evaluation import EvalSettings
 from peft_grounded.evaluation.intervals import bootstrap_interval
 from peft_grounded.evaluation.metrics import ranking_metrics
 from peft_grounded.evaluation.users import item_token_ids
@@ -366,33 +367,33 @@ def main(argv=None) -> None:
         **settings,
     )
     start = time.perf_counter()
-    child = add_items(parent,
-        [catalogue.items[i] for i in new_ids], vectors=vectors[[row[i] for i in new_ids]], encoder=fp
+    child = add_items(
+        parent, [catalogue.items[i] for i in new_ids], vectors=vectors[[row[i] for i in new_ids]], encoder=fp
     )
     add_seconds = time.perf_counter() - start
     full_index = build_sids(catalogue, vectors=vectors, encoder_fingerprint=fp, **settings)
     print(f"SIDs ready ({time.perf_counter() - started:.0f} s)", flush=True)
 
-    budget = Budget(
-        grounding_steps=args.grounding_steps,
-        sft_steps=args.sft_steps,
-        minutes=args.minutes or None,
-        grounding_minutes=args.grounding_minutes if grounds else None,
-        batch_size=args.batch_size,
-        grounding_lr=args.lr,
-        sft_lr=args.lr,
-        lora_r=args.lora_r,
-        lora_alpha=args.lora_alpha,
-        lora_target_modules="all-linear",
+    training = dict(
+        per_device_train_batch_size=args.batch_size,
+        learning_rate=args.lr,
         max_length=args.max_length,
         bf16=bf16,
-        weights_dtype="bfloat16" if bf16 else "float32",
         seed=args.seed,
-        eval_users=args.run_eval_users,
-        num_beams=args.k,
-        ks=(args.k,),
-        show_progress=False,
         save_steps=200,
+        disable_tqdm=True,
+    )
+    budget = Budget.from_training(
+        training,
+        grounding=dict(
+            max_steps=args.grounding_steps, max_minutes=args.grounding_minutes if grounds else None
+        ),
+        sft=dict(max_steps=args.sft_steps, max_minutes=args.minutes or None),
+        lora=dict(r=args.lora_r, lora_alpha=args.lora_alpha, target_modules="all-linear"),
+        evaluation=EvalSettings(
+            users=args.run_eval_users, num_beams=args.k, ks=(args.k,), seed=args.seed, bf16=bf16
+        ),
+        weights_dtype="bfloat16" if bf16 else "float32",
         max_train_examples=args.max_examples or None,
         max_grounding_examples=args.max_examples or None,
     )

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from dataclasses import replace
 from pathlib import Path
 
 from peft_grounded import assets, runs
 from peft_grounded.evaluation import (
     LIKELIHOOD_METRICS,
     POPULARITY_LABEL,
+    EvalSettings,
     compare_users,
     evaluate_popularity,
     intervals_table,
@@ -263,25 +263,25 @@ def main() -> None:
             text_template=["title", "brand", "categories", "release_year", "description"],
         )
     print(index.summary(), flush=True)
-    budget = Budget(
-        grounding_steps=args.grounding_steps,
-        sft_steps=args.sft_steps,
-        batch_size=args.batch_size,
-        grounding_lr=5e-3,
-        sft_lr=1e-3,
-        lora_r=8,
-        lora_alpha=16,
+    training = dict(
+        per_device_train_batch_size=args.batch_size,
         max_length=args.max_length,
         bf16=not args.fp32,
-        weights_dtype="float32" if args.fp32 else "bfloat16",
-        eval_users=args.eval_users,
-        eval_every=args.eval_every,
-        curve_every=args.curve_every,
-        minutes=args.minutes,
-        grounding_minutes=args.grounding_minutes,
-        curve_users=args.curve_users,
         save_steps=max(args.sft_steps // 2, 1),
         logging_steps=10,
+    )
+    budget = Budget.from_training(
+        training,
+        grounding=dict(
+            max_steps=args.grounding_steps, learning_rate=5e-3, max_minutes=args.grounding_minutes
+        ),
+        sft=dict(max_steps=args.sft_steps, learning_rate=1e-3, max_minutes=args.minutes),
+        lora=dict(r=8, lora_alpha=16),
+        evaluation=EvalSettings(users=args.eval_users, bf16=not args.fp32),
+        weights_dtype="float32" if args.fp32 else "bfloat16",
+        eval_every=args.eval_every,
+        curve_every=args.curve_every,
+        curve_users=args.curve_users,
         max_train_examples=args.max_train_examples,
         max_grounding_examples=None,
     )
@@ -295,9 +295,9 @@ def main() -> None:
             if not (run_dir / "metrics.json").is_file():
                 print(f"[bench] {name}: {strategy} seed {seed}", flush=True)
             # finished runs are read back (and given the likelihoods if they predate them)
-            record = run_strategy(strategy, experiment, replace(budget, seed=seed), run_dir, resume=True)
+            record = run_strategy(strategy, experiment, budget.with_seed(seed), run_dir, resume=True)
             records.setdefault(strategy, []).append(record)
-    settings = {seed: replace(budget, seed=seed).eval_settings() for seed in args.seeds}
+    settings = {seed: budget.with_seed(seed).eval_settings() for seed in args.seeds}
     reference = [
         evaluate_popularity(experiment.split, settings=settings[seed], items=index.item_ids)
         for seed in args.seeds

@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from peft_grounded import assets
+from peft_grounded.evaluation import EvalSettings
 from peft_grounded.pipeline import Budget, Experiment, run_strategy
 from peft_grounded.pipeline.side_by_side import (
     PEERS,
@@ -51,7 +52,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument(
-        "--minutes", type=float, default=12.0, help="SFT minutes per LLM row (0: --sft-steps alone, cosine schedule)"
+        "--minutes",
+        type=float,
+        default=12.0,
+        help="SFT minutes per LLM row (0: --sft-steps alone, cosine schedule)",
     )
     p.add_argument("--grounding-minutes", type=float, default=2.0)
     p.add_argument("--sasrec-minutes", type=float, default=5.0, help="SASRec's time budget (best epoch kept)")
@@ -76,30 +80,35 @@ def main(argv=None) -> int:
     else:
         index = build_sids(catalogue, out / "sids", levels=3, codes=codes, show_progress=False)
     bf16 = native_bf16() and not args.fp32
-    budget = Budget(
-        sft_steps=4 if args.smoke else args.sft_steps,
-        grounding_steps=2 if args.smoke else 0,
-        minutes=None if args.smoke or not args.minutes else args.minutes,
-        grounding_minutes=None if args.smoke else args.grounding_minutes,
-        batch_size=8,
-        grounding_lr=1e-3,
-        sft_lr=1e-3,
-        lora_r=8,
-        lora_alpha=16,
-        max_length=128,
-        bf16=bf16,
+    users = (8 if args.smoke else None) if not args.users else args.users
+    budget = Budget.from_training(
+        dict(
+            per_device_train_batch_size=8,
+            max_length=128,
+            bf16=bf16,
+            save_steps=200,
+            logging_steps=10,
+            disable_tqdm=True,
+        ),
+        grounding=dict(
+            max_steps=2 if args.smoke else 0,
+            learning_rate=1e-3,
+            max_minutes=None if args.smoke else args.grounding_minutes,
+        ),
+        sft=dict(
+            max_steps=4 if args.smoke else args.sft_steps,
+            learning_rate=1e-3,
+            max_minutes=None if args.smoke or not args.minutes else args.minutes,
+        ),
+        lora=dict(r=8, lora_alpha=16),
+        evaluation=EvalSettings(
+            users=users, num_beams=20, ks=(5, 10, 20), bf16=bf16, exclude_history=not args.keep_history
+        ),
         weights_dtype="bfloat16" if bf16 else "float32",
-        eval_users=(8 if args.smoke else None) if not args.users else args.users,
         eval_parts=("test",),
-        num_beams=20,
-        ks=(5, 10, 20),
-        save_steps=200,
-        logging_steps=10,
         max_train_examples=64 if args.smoke else None,
         max_grounding_examples=64 if args.smoke else 4000,
-        show_progress=False,
     )
-    budget = replace(budget, exclude_history=not args.keep_history)
     fmt = PromptFormat(objective="sequence", max_history=19)
     model_path = str(assets.smollm2())
     if args.layers:

@@ -17,6 +17,7 @@ def main() -> None:
     model_dir, out, results = sys.argv[1:4]
     from toy_catalogue import toy_catalogue, toy_index
 
+    from peft_grounded.evaluation import EvalSettings
     from peft_grounded.pipeline import Budget, Experiment, run_strategy
     from peft_grounded.prompts import PromptFormat
 
@@ -24,20 +25,15 @@ def main() -> None:
     experiment = Experiment(
         model_dir, catalogue, toy_index(catalogue), fmt=PromptFormat(objective="sequence")
     )
-    budget = Budget(
-        grounding_steps=2,
-        sft_steps=3,
-        minutes=10,  # the time schedule: every rank must use rank 0's clock
-        batch_size=2,
-        eval_users=4,
-        num_beams=10,
-        ks=(1, 5, 10),
-        lora_r=2,
-        logging_steps=1,
+    budget = Budget.from_training(
+        dict(per_device_train_batch_size=2, logging_steps=1, disable_tqdm=True),
+        grounding=dict(max_steps=2),
+        sft=dict(max_steps=3, max_minutes=10),  # the time schedule: every rank must use rank 0's clock
+        lora=dict(r=2),
+        evaluation=EvalSettings(users=4, num_beams=10, ks=(1, 5, 10)),
         eval_every=1,  # beam search on every rank
         curve_every=1,  # validation NLL on every rank
         curve_users=3,
-        show_progress=False,
     )
     record = run_strategy("gti", experiment, budget, out)
     rank = int(os.environ.get("RANK", "0"))

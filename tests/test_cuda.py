@@ -240,10 +240,15 @@ def _recommendation_step(tokenizer, tiny_model_factory, tmp_path, objective: str
     catalogue = toy_catalogue()
     fmt = PromptFormat(objective=objective, max_history=4)
     experiment = Experiment(str(path), catalogue, toy_index(catalogue), fmt=fmt)
-    budget = Budget(
-        grounding_steps=2, sft_steps=3, batch_size=4, eval_users=4, num_beams=8, ks=(1, 5), lora_r=2,
-        save_steps=10, logging_steps=1, show_progress=False, bf16=True,
-    )  # fmt: skip
+    from peft_grounded.evaluation import EvalSettings
+
+    budget = Budget.from_training(
+        dict(per_device_train_batch_size=4, save_steps=10, logging_steps=1, disable_tqdm=True, bf16=True),
+        grounding=dict(max_steps=2),
+        sft=dict(max_steps=3),
+        lora=dict(r=2),
+        evaluation=EvalSettings(users=4, num_beams=8, ks=(1, 5), bf16=True),
+    )
     record = run_strategy("centroid_gti", experiment, budget, tmp_path / "run")
     assert record["metrics"]["test"]["decoding"]["invalid"] == 0
     assert np.isfinite(record["likelihood"]["test"]["all"]["constrained_nll"])

@@ -291,17 +291,15 @@ def test_a_real_runner_output_is_diagnosed(world, tmp_path):
     from peft_grounded.pipeline import Budget, Experiment, run_strategy
 
     experiment = Experiment(str(world["base"]), world["catalogue"], world["index"])
-    budget = Budget(
-        grounding_steps=1,
-        sft_steps=1,
-        batch_size=2,
-        eval_users=1,
-        num_beams=2,
-        ks=(1, 2),
-        lora_r=2,
+    from peft_grounded.evaluation import EvalSettings
+
+    budget = Budget.from_training(
+        dict(per_device_train_batch_size=2, max_length=64, disable_tqdm=True),
+        grounding=dict(max_steps=1),
+        sft=dict(max_steps=1),
+        lora=dict(r=2),
+        evaluation=EvalSettings(users=1, num_beams=2, ks=(1, 2)),
         curve_users=1,
-        max_length=64,
-        show_progress=False,
     )
     run_strategy("gti", experiment, budget, tmp_path / "runs" / "gti-seed0")
     files = diagnose_runs(

@@ -104,16 +104,11 @@ def test_peft_default_path_trains_through_the_runner(model_dir, tmp_path):
 
     catalogue = toy_catalogue()
     index = toy_index(catalogue)
-    budget = Budget(
-        sft_steps=3,
-        batch_size=4,
-        eval_users=6,
-        num_beams=10,
-        ks=(1, 5, 10),
-        lora_r=2,
-        save_steps=2,
-        logging_steps=1,
-        show_progress=False,
+    budget = Budget.from_training(
+        dict(per_device_train_batch_size=4, save_steps=2, logging_steps=1, disable_tqdm=True),
+        sft=dict(max_steps=3),
+        lora=dict(r=2),
+        evaluation=EvalSettings(users=6, num_beams=10, ks=(1, 5, 10)),
     )
     out = tmp_path / "peft_default"
     record = run_strategy("peft_default", Experiment(model_dir, catalogue, index), budget, out)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 from toy_catalogue import toy_catalogue, toy_index
 
+from peft_grounded.evaluation import EvalSettings
 from peft_grounded.pipeline import Budget, Experiment, run_strategy
 from peft_grounded.prompts import HistoryError, PromptFormat, inference_prompts
 from peft_grounded.recommend import recommendation_examples, training_dataset
@@ -70,19 +72,14 @@ def model_dir(tmp_path, tiny_model_factory, tokenizer):
 def test_runner_trains_evaluates_and_resumes(toy, model_dir, tmp_path):
     catalogue, index = toy
     experiment = Experiment(model_dir, catalogue, index)
-    budget = Budget(
-        grounding_steps=2,
-        sft_steps=2,
-        batch_size=4,
-        eval_users=6,
-        num_beams=10,
-        ks=(1, 5, 10),
-        lora_r=2,
-        save_steps=1,
-        logging_steps=1,
+    budget = Budget.from_training(
+        dict(per_device_train_batch_size=4, save_steps=1, logging_steps=1, disable_tqdm=True),
+        grounding=dict(max_steps=2),
+        sft=dict(max_steps=2),
+        lora=dict(r=2),
+        evaluation=EvalSettings(users=6, num_beams=10, ks=(1, 5, 10)),
         eval_every=1,
         curve_users=3,
-        show_progress=False,
     )
     out = tmp_path / "centroid_gti"
     record = run_strategy("centroid_gti", experiment, budget, out)
@@ -108,7 +105,7 @@ def test_runner_trains_evaluates_and_resumes(toy, model_dir, tmp_path):
     for name in ("nll", "constrained_nll", "uniform_nll"):
         assert added[name] == pytest.approx(likelihood[name], rel=1e-4)
     assert "likelihood" in json.loads((out / "metrics.json").read_text())
-    changed = Budget(**{**budget.__dict__, "sft_steps": 3})
+    changed = replace(budget, sft=replace(budget.sft, max_steps=3))
     with pytest.raises(RunMismatchError, match="sft_steps"):
         run_strategy("centroid_gti", experiment, changed, out, resume=True)
     # another tool's metrics.json in the run folder is never read back as this run's results
@@ -125,20 +122,17 @@ def test_runner_sequence_objective_on_a_bf16_base_writes_learning_curves(toy, mo
     catalogue, index = toy
     fmt = PromptFormat(objective="sequence", max_history=4)
     experiment = Experiment(model_dir, catalogue, index, fmt=fmt)
-    budget = Budget(
-        grounding_steps=2,
-        sft_steps=4,
-        minutes=5,  # the step limit comes first here; the schedule follows the time
-        batch_size=4,
-        eval_users=4,
-        num_beams=10,
-        ks=(1, 5, 10),
-        lora_r=2,
-        logging_steps=1,
+    budget = Budget.from_training(
+        dict(per_device_train_batch_size=4, logging_steps=1, disable_tqdm=True),
+        grounding=dict(max_steps=2),
+        sft=dict(
+            max_steps=4, max_minutes=5
+        ),  # the step limit comes first here; the schedule follows the time
+        lora=dict(r=2),
+        evaluation=EvalSettings(users=4, num_beams=10, ks=(1, 5, 10)),
         curve_every=2,
         curve_users=3,
         weights_dtype="bf16",
-        show_progress=False,
     )
     out = tmp_path / "gti"
     record = run_strategy("gti", experiment, budget, out)
@@ -208,3 +202,21 @@ def test_a_live_model_needs_its_tokenizer():
         model_for(object(), model=object(), tokenizer=None, caller="ground")
     live, tokenizer = object(), object()
     assert model_for(object(), model=live, tokenizer=tokenizer, caller="ground") == (tokenizer, live)
+
+
+def test_budget_records_keep_the_manifest_keys_of_earlier_runs():
+    """A run's manifest stores Budget.record(): the presets and the default give the very dicts the flat
+    budget of 0.1.0 gave (tests/data/budgets_v0_1_0.json), so runs started then still resume; what those keys
+    cannot hold goes under "settings"."""
+    from pathlib import Path
+
+    from peft_grounded.pipeline import PRESETS
+
+    old = json.loads((Path(__file__).parent / "data" / "budgets_v0_1_0.json").read_text())
+    new = {"Budget()": Budget().record()} | {name: p.budget.record() for name, p in PRESETS.items()}
+    assert json.loads(json.dumps(new)) == old
+    changed = Budget.from_training(dict(warmup_ratio=0.1), grounding=dict(per_device_train_batch_size=4))
+    assert changed.record()["settings"] == {
+        "grounding": {"warmup_ratio": 0.1, "per_device_train_batch_size": 4},
+        "sft": {"warmup_ratio": 0.1},
+    }

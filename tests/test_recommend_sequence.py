@@ -112,7 +112,7 @@ def test_format_errors():
     with pytest.raises(ValueError, match="weights_dtype"):
         Budget(weights_dtype="int8")
     with pytest.raises(ValueError, match="positive"):
-        Budget(minutes=0)
+        Budget.from_training(sft=dict(max_minutes=0))
     assert Budget().parts == ("valid", "test") and Budget(eval_parts=("test",)).parts == ("test",)
     with pytest.raises(ValueError, match="eval_parts"):
         Budget(eval_parts=("train",))

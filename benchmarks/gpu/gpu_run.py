@@ -486,20 +486,18 @@ def quality_summary(plan: Plan, payload: Path, work: Path) -> tuple[list[str], d
         seeds = sorted({r["seed"] for recs in records.values() for r in recs})
         reference = None
         try:
-            from dataclasses import replace as dc_replace
-
             from peft_grounded.evaluation import evaluate_popularity
             from peft_grounded.pipeline import Budget
             from peft_grounded.sids import SIDIndex, load_catalogue
 
             catalogue = load_catalogue(payload / "data" / dataset)
             index = SIDIndex.load(work / "quality" / dataset / "sids")
-            budget = Budget(eval_users=plan.eval_users, bf16=True)
+            from peft_grounded.evaluation import EvalSettings
+
+            budget = Budget(evaluation=EvalSettings(users=plan.eval_users, bf16=True))
             split = catalogue.leave_one_out()
             reference = [
-                evaluate_popularity(
-                    split, settings=dc_replace(budget, seed=s).eval_settings(), items=index.item_ids
-                )
+                evaluate_popularity(split, settings=budget.with_seed(s).eval_settings(), items=index.item_ids)
                 for s in seeds
             ]
         except Exception as error:  # the popularity row is a reference, not the result

@@ -1,7 +1,9 @@
 """The experiment across stages: the strategy runner, the end-to-end demo and its presets."""
 
+from .budget import Budget, Experiment
 from .demo import PRESETS, Preset, load_summary, run_demo
-from .runner import STRATEGIES, Budget, Experiment, Strategy, run_strategy
+from .runner import run_strategy
+from .strategies import STRATEGIES, Strategy, strategy
 
 __all__ = [
     "PRESETS",
@@ -13,4 +15,5 @@ __all__ = [
     "load_summary",
     "run_demo",
     "run_strategy",
+    "strategy",
 ]

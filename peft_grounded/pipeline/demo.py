@@ -11,13 +11,16 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..evaluation.settings import EvalSettings
 from ..prompts import PromptFormat
 from ..training import runs
-from .runner import STRATEGIES, Budget, Experiment, run_strategy
+from .budget import Budget, Experiment
+from .runner import run_strategy
+from .strategies import STRATEGIES
 
 logger = logging.getLogger(__name__)
 
@@ -49,28 +52,22 @@ PRESETS: dict[str, Preset] = {
     "default": Preset(
         "default",
         ("mean", "centroid", "centroid_gti"),
-        Budget(
-            minutes=3.0,  # SFT training time per strategy (evaluation excluded); the schedule fits it
-            sft_steps=0,  # the time alone ends the SFT
-            grounding_minutes=1.5,  # centroid_gti's grounding, on top of its SFT minutes
-            grounding_steps=0,
-            batch_size=8,
-            grounding_lr=5e-3,
-            sft_lr=1e-3,
-            lora_r=8,
-            lora_alpha=16,
-            max_length=128,
-            bf16=True,
+        Budget.from_training(
+            # SFT training time per strategy (evaluation excluded), the schedule fitting it; the time alone
+            # ends each stage (centroid_gti grounds for 1.5 minutes on top of its SFT minutes)
+            grounding=dict(max_minutes=1.5, max_steps=0, learning_rate=5e-3),
+            sft=dict(max_minutes=3.0, max_steps=0, learning_rate=1e-3),
+            training=dict(
+                per_device_train_batch_size=8, max_length=128, bf16=True, save_steps=25, logging_steps=5
+            ),
+            lora=dict(r=8, lora_alpha=16),
+            evaluation=EvalSettings(users=150, num_beams=20, bf16=True),
             weights_dtype="bfloat16",
-            eval_users=150,
             eval_parts=("test",),
-            num_beams=20,
             eval_every=0,
             curve_every=15,
             curve_users=40,
             max_grounding_examples=2000,
-            save_steps=25,
-            logging_steps=5,
         ),
         fmt=PromptFormat(objective="sequence", max_history=19),
         note="CPU-sized (about 15 minutes on 2 cores, setup included): the sequence objective (a user's history "
@@ -83,22 +80,15 @@ PRESETS: dict[str, Preset] = {
     "full": Preset(
         "full",
         tuple(STRATEGIES),
-        Budget(
-            grounding_steps=2000,
-            sft_steps=4000,
-            batch_size=32,
-            grounding_lr=1e-3,
-            sft_lr=5e-4,
-            lora_r=16,
-            lora_alpha=32,
-            max_length=256,
-            bf16=True,
-            eval_users=None,
-            num_beams=20,
+        Budget.from_training(
+            grounding=dict(max_steps=2000, learning_rate=1e-3),
+            sft=dict(max_steps=4000, learning_rate=5e-4),
+            training=dict(
+                per_device_train_batch_size=32, max_length=256, bf16=True, save_steps=500, logging_steps=50
+            ),
+            evaluation=EvalSettings(users=None, num_beams=20, bf16=True),
             eval_every=500,
             curve_users=300,
-            save_steps=500,
-            logging_steps=50,
         ),
         codes=256,
         seeds=(0, 1, 2),
@@ -107,21 +97,17 @@ PRESETS: dict[str, Preset] = {
     "smoke": Preset(
         "smoke",
         ("mean", "centroid_gti"),
-        Budget(
-            grounding_steps=2,
-            sft_steps=2,
-            batch_size=4,
-            lora_r=2,
-            max_length=96,
-            eval_users=6,
+        Budget.from_training(
+            grounding=dict(max_steps=2),
+            sft=dict(max_steps=2),
+            training=dict(
+                per_device_train_batch_size=4, max_length=96, save_steps=2, logging_steps=1, disable_tqdm=True
+            ),
+            lora=dict(r=2),
+            evaluation=EvalSettings(users=6, num_beams=10, ks=(1, 5, 10)),
             eval_parts=("test",),
-            num_beams=10,
-            ks=(1, 5, 10),
-            save_steps=2,
-            logging_steps=1,
             max_train_examples=64,
             max_grounding_examples=64,
-            show_progress=False,
         ),
         codes=8,
         fmt=PromptFormat(objective="sequence", max_history=4),
@@ -211,18 +197,18 @@ def run_demo(
     experiment = Experiment(model_path, data, index, fmt=fmt)
     records: dict[str, list[dict]] = {}
     for seed in spec.seeds:
-        budget = replace(spec.budget, seed=seed)
+        budget = spec.budget.with_seed(seed)
         for name in spec.strategies:
             run_dir = out / "strategies" / f"{name}-seed{seed}"
             print(f"[demo] strategy {name} (seed {seed}) -> {run_dir}", flush=True)
             record = run_strategy(name, experiment, budget, run_dir, resume=resume)
             records.setdefault(name, []).append(record)
     summary = _summarise(spec, records, time.perf_counter() - started)
-    settings = {seed: replace(spec.budget, seed=seed).eval_settings() for seed in spec.seeds}
+    settings = {seed: spec.budget.with_seed(seed).eval_settings() for seed in spec.seeds}
     pop_users = [
         popularity_users(experiment.split, settings=settings[s], items=index.item_ids) for s in spec.seeds
     ]
-    answer, intervals = headline(records, pop_users, spec.budget.ks)
+    answer, intervals = headline(records, pop_users, spec.budget.evaluation.ks)
     summary["intervals"] = intervals
     run_dirs = {name: [out / "strategies" / f"{name}-seed{seed}" for seed in spec.seeds] for name in records}
     report = [f"# peft_grounded demo ({spec.name})", "", *answer, *curves_section(run_dirs, out)]
@@ -246,7 +232,7 @@ def run_demo(
                 "all users (a seeded sample)"
                 if subset == "all"
                 else (
-                    f"users whose target is a cold item (at most {spec.budget.cold_max_count}x a training target; "
+                    f"users whose target is a cold item (at most {spec.budget.evaluation.cold_max_count}x a training target; "
                     f"{first.get('cold_users_available', 0)} such users, a seeded sample decoded)"
                 )
             )
@@ -297,7 +283,7 @@ def _summarise(spec: Preset, records: dict[str, list[dict]], wall: float) -> dic
     return {
         "preset": spec.name,
         "note": spec.note,
-        "budget": asdict(spec.budget),
+        "budget": spec.budget.record(),
         "seeds": list(spec.seeds),
         "strategies": {name: [r["metrics"] for r in recs] for name, recs in records.items()},
         "likelihood": {name: [r["likelihood"] for r in recs] for name, recs in records.items()},

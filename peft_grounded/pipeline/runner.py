@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,170 +26,14 @@ import torch
 from ..adapter.loading import sid_model
 from ..adapter.saved import ADAPTER_WEIGHTS
 from ..evaluation.evaluator import evaluate
-from ..evaluation.users import EvalSettings, item_token_ids
-from ..prompts import PromptFormat
+from ..evaluation.users import item_token_ids
 from ..training import runs
 from ..training.runs import ADAPTER_DIR, CURVE_FILE, LOG_FILE, RESULTS_FILE
 from ..training.trainer import save_adapter_atomic, upcast_trainable
+from .budget import Budget, Experiment
+from .strategies import Strategy, strategy
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Strategy:
-    """How the new rows start: an initialisation, optionally followed by grounding."""
-
-    name: str
-    init: str
-    ground: bool = False
-    description: str = ""
-    # None: a grounded adapter; "peft": PEFT's own LoraConfig(trainable_token_indices=...), the baseline
-    # (None keeps the manifests of runs recorded before the field existed resumable)
-    adapter: str | None = None
-
-
-STRATEGIES: dict[str, Strategy] = {
-    s.name: s
-    for s in (
-        Strategy(
-            "mean", "mean", description="every new row = the vocabulary mean (the GTI paper's baseline)"
-        ),
-        Strategy(
-            "gaussian",
-            "gaussian",
-            description="draws from N(mean, cov) of the vocabulary (the centroid paper's baseline)",
-        ),
-        Strategy("random", "random", description="the model's initialiser, N(0, initializer_range)"),
-        Strategy("centroid", "centroid", description="SID-region centroids, projected and mean-shifted"),
-        Strategy("gti", "mean", ground=True, description="mean init, then grounding (GTI)"),
-        Strategy(
-            "centroid_gti",
-            "centroid",
-            ground=True,
-            description="centroid init, then grounding (neither paper ran it)",
-        ),
-        Strategy(
-            "peft_default",
-            "mean",
-            adapter="peft",
-            description="without this package: mean_resizing + PEFT's LoraConfig(trainable_token_indices)",
-        ),
-    )
-}
-
-
-def strategy(name: str) -> Strategy:
-    if name not in STRATEGIES:
-        raise ValueError(f"Unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}.")
-    return STRATEGIES[name]
-
-
-DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
-
-
-@dataclass
-class Budget:
-    """The training and evaluation budget shared by all strategies of a comparison."""
-
-    grounding_steps: int = 200
-    sft_steps: int = 400
-    batch_size: int = 16
-    gradient_accumulation_steps: int = 1
-    grounding_lr: float = 1e-3
-    sft_lr: float = 5e-4
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = (
-        0.0  # dropout on 200 LoRA inputs costs ~30% of a CPU step for no gain at small budgets
-    )
-    lora_target_modules: Any = "all-linear"
-    max_length: int = 256
-    bf16: bool = False  # bf16 autocast in the trainers
-    # dtype the frozen base is loaded in ("bfloat16" halves its memory traffic); adapter weights stay float32
-    weights_dtype: str = "float32"
-    minutes: float | None = (
-        None  # SFT training minutes (evaluation excluded), or sft_steps if sooner (0: time alone)
-    )
-    grounding_minutes: float | None = None  # the same for the grounding stage
-    gradient_checkpointing: bool = False  # TRL turns it on by default; a 135M model does not need it
-    seed: int = 0
-    eval_users: int | None = None  # users decoded for valid/test (None: all)
-    eval_every: int = 0  # validation Recall during SFT every N steps (0: off)
-    # validation NLL during SFT every N steps, for the learning curve (None/0: off; None keeps older runs'
-    # manifests, which lack the field, resumable)
-    curve_every: int | None = None
-    curve_users: int = 100  # the fixed seeded validation users of both
-    # the parts decoded at the end (None: valid and test; None keeps older runs' manifests resumable)
-    eval_parts: tuple[str, ...] | None = None
-    ks: tuple[int, ...] = (1, 5, 10, 20)
-    num_beams: int = 20
-    eval_batch_size: int = 16
-    # the evaluation leaves each user's history items out of its list (None: no; keeps older manifests)
-    exclude_history: bool | None = None
-    cold_max_count: int = 1
-    centroid_variant: str = "items"
-    max_train_examples: int | None = None  # sample of the SFT examples (None: all sliding windows)
-    max_grounding_examples: int | None = None  # sample of the grounding pairs (None: all)
-    logging_steps: int = 10
-    save_steps: int = 100
-    show_progress: bool = True
-
-    def __post_init__(self) -> None:
-        name = DTYPE_ALIASES.get(self.weights_dtype, self.weights_dtype)
-        if name not in ("float32", "bfloat16", "float16"):
-            raise ValueError(
-                f"weights_dtype={self.weights_dtype!r}: use 'float32', 'bfloat16' or 'float16' "
-                f"(aliases: {', '.join(DTYPE_ALIASES)})."
-            )
-        self.weights_dtype = name
-        for field_name in ("minutes", "grounding_minutes"):
-            value = getattr(self, field_name)
-            if value is not None and value <= 0:
-                raise ValueError(f"{field_name}={value}: a time budget must be positive (or None for none).")
-        unknown = set(self.eval_parts or ()) - {"valid", "test"}
-        if unknown or (self.eval_parts is not None and not self.eval_parts):
-            raise ValueError(
-                f"eval_parts={self.eval_parts!r}: name 'valid' and/or 'test' (or None for both)."
-            )
-
-    @property
-    def parts(self) -> tuple[str, ...]:
-        """The split parts evaluated at the end of a run."""
-        return tuple(self.eval_parts) if self.eval_parts else ("valid", "test")
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The frozen base's dtype (adapter weights always train in float32)."""
-        return getattr(torch, self.weights_dtype)
-
-    def eval_settings(self, **overrides) -> EvalSettings:
-        """The evaluation settings this budget implies (``overrides`` replace fields)."""
-        base = EvalSettings(
-            ks=tuple(self.ks),
-            users=self.eval_users,
-            seed=self.seed,
-            num_beams=self.num_beams,
-            batch_size=self.eval_batch_size,
-            cold_max_count=self.cold_max_count,
-            bf16=self.bf16,
-            exclude_history=bool(self.exclude_history),
-        )
-        return replace(base, **overrides)
-
-
-@dataclass
-class Experiment:
-    """The data every strategy of a comparison shares."""
-
-    model_path: str
-    catalogue: Any
-    index: Any
-    split: Any = None
-    fmt: PromptFormat = field(default_factory=PromptFormat)
-
-    def __post_init__(self) -> None:
-        if self.split is None:
-            self.split = self.catalogue.leave_one_out()
 
 
 def _load_rows(model, directory: Path) -> None:
@@ -209,21 +52,18 @@ def _stage_done(directory: Path) -> bool:
     return (directory / ADAPTER_DIR / ADAPTER_WEIGHTS).is_file() and (directory / runs.MANIFEST).is_file()
 
 
-def _resume_point(directory: Path, resume: bool) -> bool | None:
-    return True if resume and runs.checkpoints(directory) else None
-
-
 def _is_main_process() -> bool:
     """Whether this process writes the runner's files (rank 0 under ``torchrun`` / ``accelerate launch``)."""
-    return int(os.environ.get("RANK", "0")) == 0
+    from accelerate import PartialState
+
+    return PartialState().is_main_process
 
 
 def _wait_for_everyone() -> None:
     """A barrier between the processes of a distributed launch (none in one process)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from accelerate import PartialState
+    from accelerate import PartialState
 
-        PartialState().wait_for_everyone()
+    PartialState().wait_for_everyone()
 
 
 def _write_json(path: Path, value: Any) -> None:
@@ -241,15 +81,15 @@ def run_strategy(
     process trains and evaluates; only the main one writes files.
     """
     from ..decoding import SIDTrie
-    from ..grounding import GroundingConfig, ground
+    from ..grounding import ground
     from ..recommend.callbacks import LogHistory, ValidationLikelihood, ValidationRecall, learning_curve
-    from ..recommend.trainer import RecommendationConfig, train_recommender
+    from ..recommend.trainer import train_recommender
 
     spec = strategy(name)
     out = Path(output_dir)
     manifest = {
         "strategy": asdict(spec),
-        "budget": asdict(budget),
+        "budget": budget.record(),
         "model": experiment.model_path,
         "index": experiment.index.fingerprint(),
         "format": asdict(experiment.fmt),
@@ -263,7 +103,7 @@ def run_strategy(
         from ..peers.peft_default import peft_default_model
 
         tokenizer, model = peft_default_model(
-            experiment.model_path, experiment.index, _lora(budget), dtype=budget.dtype
+            experiment.model_path, experiment.index, budget.lora, dtype=budget.dtype
         )
     else:
         tokenizer, model = sid_model(
@@ -277,19 +117,6 @@ def run_strategy(
         )
     if _is_main_process():
         save_adapter_atomic(model, out / "init" / ADAPTER_DIR)
-    common = dict(
-        per_device_train_batch_size=budget.batch_size,
-        logging_steps=budget.logging_steps,
-        gradient_accumulation_steps=budget.gradient_accumulation_steps,
-        max_length=budget.max_length,
-        bf16=budget.bf16,
-        gradient_checkpointing=budget.gradient_checkpointing,
-        seed=budget.seed,
-        save_steps=budget.save_steps,
-        use_cpu=not torch.cuda.is_available(),
-        disable_tqdm=not budget.show_progress,
-        dataloader_num_workers=0,
-    )
     timings, curves = {}, {}
     grounding_log, sft_log = LogHistory(), LogHistory()  # every rank's own copy (files: main only)
     if spec.ground:
@@ -298,17 +125,10 @@ def run_strategy(
         if resume and _stage_done(stage):
             _load_rows(model, stage / ADAPTER_DIR)
         else:
-            args = GroundingConfig(
-                output_dir=str(stage),
-                max_steps=budget.grounding_steps,
-                learning_rate=budget.grounding_lr,
-                max_minutes=budget.grounding_minutes,
-                **common,
-            )
             ground(
                 experiment.catalogue,
                 experiment.index,
-                args,
+                replace(budget.grounding, output_dir=str(stage)),
                 max_examples=budget.max_grounding_examples,
                 resume=resume,
                 model=model,
@@ -351,22 +171,15 @@ def run_strategy(
         from ..adapter import add_lora
 
         if spec.adapter != "peft":
-            add_lora(model, **_lora(budget))
+            add_lora(model, **budget.lora)
         upcast_trainable(model)  # the LoRA in float32, as it trained
         _load_rows(model, stage / ADAPTER_DIR)
     else:
-        args = RecommendationConfig(
-            output_dir=str(stage),
-            max_steps=budget.sft_steps,
-            learning_rate=budget.sft_lr,
-            max_minutes=budget.minutes,
-            **common,
-        )
         train_recommender(
             experiment.catalogue,
             experiment.index,
-            args,
-            lora=None if spec.adapter == "peft" else _lora(budget),
+            replace(budget.sft, output_dir=str(stage)),
+            lora=None if spec.adapter == "peft" else budget.lora,
             fmt=experiment.fmt,
             max_examples=budget.max_train_examples,
             resume=resume,
@@ -412,22 +225,13 @@ def run_strategy(
         "users": evaluation.users,
         "validation_curve": recall_curve,
         "curve": curves,
-        "eval_users": budget.eval_users,
+        "eval_users": budget.evaluation.users,
         "timings": timings,
         "threads": torch.get_num_threads(),
         "stages": _stage_dirs(spec),
     }
     _write_json(out / RESULTS_FILE, record)
     return record
-
-
-def _lora(budget: Budget) -> dict:
-    return dict(
-        r=budget.lora_r,
-        lora_alpha=budget.lora_alpha,
-        lora_dropout=budget.lora_dropout,
-        target_modules=budget.lora_target_modules,
-    )
 
 
 def _log_history(stage: Path) -> list[dict]:

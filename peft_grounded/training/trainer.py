@@ -129,6 +129,8 @@ class RunConfig(SFTConfig):
     )
 
     def __post_init__(self) -> None:
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise ValueError(f"max_minutes={self.max_minutes}: a time budget must be positive (or None for none).")
         if self.max_steps is None:
             self.max_steps = -1 if self.max_minutes is not None else self.default_steps
         if self.use_cpu is None:

@@ -1,0 +1,218 @@
+"""What a strategy comparison runs with: each stage's own settings object, and what only the runner decides.
+
+A :class:`Budget` holds the grounding stage's :class:`~peft_grounded.grounding.GroundingConfig`, the SFT stage's
+:class:`~peft_grounded.recommend.RecommendationConfig` (both TRL ``SFTConfig``\\ s: the objects the stages take,
+so no setting is translated twice), the stacked LoRA as ``peft.LoraConfig`` keyword arguments (what
+``GroundedTokenConfig.lora`` records), the final evaluation's
+:class:`~peft_grounded.evaluation.EvalSettings`, and the few choices that belong to the runner alone.
+
+:meth:`Budget.record` is what a run's manifest stores; it keeps the keys of earlier releases, so that runs
+they started still resume, and adds what those keys cannot say.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import torch
+
+from ..adapter.config import checked_lora
+from ..evaluation.settings import EvalSettings
+from ..grounding.trainer import GroundingConfig
+from ..prompts import PromptFormat
+from ..recommend.trainer import RecommendationConfig
+
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+PARTS = ("valid", "test")
+# dropout on 200 LoRA inputs costs ~30% of a CPU step for no gain at small budgets
+DEFAULT_LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear"}
+
+
+@dataclass
+class Budget:
+    """The settings every strategy of a comparison shares (see the module doc).
+
+    Each stage's ``output_dir`` is set per run by the runner. ``seed`` is the sft config's: the runner's
+    initialisation and sampling use it; :meth:`with_seed` sets it on every part.
+    """
+
+    grounding: GroundingConfig = field(default_factory=GroundingConfig)
+    sft: RecommendationConfig = field(default_factory=RecommendationConfig)
+    lora: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_LORA))
+    evaluation: EvalSettings = field(default_factory=EvalSettings)
+    # dtype the frozen base is loaded in ("bfloat16" halves its memory traffic); adapter weights stay float32
+    weights_dtype: str = "float32"
+    centroid_variant: str = "items"
+    eval_parts: tuple[str, ...] | None = None  # the parts decoded at the end (None: valid and test)
+    eval_every: int = 0  # validation Recall during SFT every N steps (0: off)
+    curve_every: int | None = (
+        None  # validation NLL during SFT every N steps, for the learning curve (None/0: off)
+    )
+    curve_users: int = 100  # the fixed seeded validation users of both
+    max_train_examples: int | None = None  # sample of the SFT examples (None: all sliding windows)
+    max_grounding_examples: int | None = None  # sample of the grounding pairs (None: all)
+
+    def __post_init__(self) -> None:
+        name = DTYPE_ALIASES.get(self.weights_dtype, self.weights_dtype)
+        if name not in ("float32", "bfloat16", "float16"):
+            raise ValueError(
+                f"weights_dtype={self.weights_dtype!r}: use 'float32', 'bfloat16' or 'float16' "
+                f"(aliases: {', '.join(DTYPE_ALIASES)})."
+            )
+        self.weights_dtype = name
+        unknown = set(self.eval_parts or ()) - set(PARTS)
+        if unknown or (self.eval_parts is not None and not self.eval_parts):
+            raise ValueError(
+                f"eval_parts={self.eval_parts!r}: name 'valid' and/or 'test' (or None for both)."
+            )
+        self.lora = checked_lora(self.lora)
+
+    @classmethod
+    def from_training(
+        cls,
+        training: dict[str, Any] | None = None,
+        *,
+        grounding: dict[str, Any] | None = None,
+        sft: dict[str, Any] | None = None,
+        lora: dict[str, Any] | None = None,
+        evaluation: EvalSettings | None = None,
+        **runner: Any,
+    ) -> Budget:
+        """A budget whose stages share the ``training`` fields (``SFTConfig`` names: batch size, max_length,
+        bf16, save_steps, ...), ``grounding`` and ``sft`` adding each stage's own (max_steps, learning_rate,
+        max_minutes, ...); ``lora`` overrides fields of the default LoRA; ``runner``: the other fields."""
+        training = training or {}
+        return cls(
+            grounding=GroundingConfig(**training, **(grounding or {})),
+            sft=RecommendationConfig(**training, **(sft or {})),
+            lora=DEFAULT_LORA | (lora or {}),
+            evaluation=evaluation or EvalSettings(),
+            **runner,
+        )
+
+    @property
+    def seed(self) -> int:
+        return self.sft.seed
+
+    def with_seed(self, seed: int) -> Budget:
+        """This budget with ``seed`` in every stage and in the evaluation."""
+        return replace(
+            self,
+            grounding=replace(self.grounding, seed=seed),
+            sft=replace(self.sft, seed=seed),
+            evaluation=replace(self.evaluation, seed=seed),
+        )
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The split parts evaluated at the end of a run."""
+        return tuple(self.eval_parts) if self.eval_parts else PARTS
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The frozen base's dtype (adapter weights always train in float32)."""
+        return getattr(torch, self.weights_dtype)
+
+    @property
+    def show_progress(self) -> bool:
+        return not self.sft.disable_tqdm
+
+    def eval_settings(self, **overrides: Any) -> EvalSettings:
+        """The evaluation settings (``overrides`` replace fields)."""
+        return replace(self.evaluation, **overrides)
+
+    def record(self) -> dict[str, Any]:
+        """The budget as a run's manifest stores it: the keys of earlier releases (runs they started resume),
+        plus ``settings``, the non-default fields those keys cannot hold (absent when there are none)."""
+        g, s, e = self.grounding, self.sft, self.evaluation
+        record = {
+            "grounding_steps": max(g.max_steps, 0),
+            "sft_steps": max(s.max_steps, 0),
+            "grounding_lr": g.learning_rate,
+            "sft_lr": s.learning_rate,
+            "grounding_minutes": g.max_minutes,
+            "minutes": s.max_minutes,
+            **{name: getattr(s, config_field) for name, config_field in SHARED.items()},
+            "show_progress": self.show_progress,
+            "lora_r": self.lora["r"],
+            "lora_alpha": self.lora["lora_alpha"],
+            "lora_dropout": self.lora["lora_dropout"],
+            "lora_target_modules": self.lora["target_modules"],
+            "eval_users": e.users,
+            "ks": list(e.ks),
+            "num_beams": e.num_beams,
+            "eval_batch_size": e.batch_size,
+            "cold_max_count": e.cold_max_count,
+            "exclude_history": e.exclude_history or None,  # None: what runs recorded before the field hold
+            **{
+                name: getattr(self, name)
+                for name in (
+                    "weights_dtype",
+                    "centroid_variant",
+                    "eval_parts",
+                    "eval_every",
+                    "curve_every",
+                    "curve_users",
+                    "max_train_examples",
+                    "max_grounding_examples",
+                )
+            },
+        }
+        settings = {
+            "grounding": _changed(g, covered=STAGE_FIELDS, shared=s),
+            "sft": _changed(s, covered=STAGE_FIELDS),
+            "lora": {k: v for k, v in self.lora.items() if k not in DEFAULT_LORA},
+            "evaluation": _changed_evaluation(e, expected={"seed": s.seed, "bf16": s.bf16}),
+        }
+        settings = {k: v for k, v in settings.items() if v}
+        return record | ({"settings": settings} if settings else {})
+
+
+# record key -> the SFTConfig field both stages shared in earlier releases (taken from the sft config)
+SHARED = {
+    "batch_size": "per_device_train_batch_size",
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "max_length": "max_length",
+    "bf16": "bf16",
+    "gradient_checkpointing": "gradient_checkpointing",
+    "seed": "seed",
+    "logging_steps": "logging_steps",
+    "save_steps": "save_steps",
+}
+# config fields the record's keys hold (or the runner sets)
+STAGE_FIELDS = {"max_steps", "learning_rate", "max_minutes", "disable_tqdm", "output_dir", *SHARED.values()}
+EVAL_RECORDED = {"users", "ks", "num_beams", "batch_size", "cold_max_count", "exclude_history"}
+
+
+def _changed(config: Any, covered: set[str], shared: Any = None) -> dict[str, Any]:
+    """Fields of ``config`` that differ from its class's defaults and that ``covered`` does not hold; with
+    ``shared``, also the shared fields whose value differs from ``shared``'s."""
+    values, defaults = config.to_dict(), type(config)().to_dict()
+    out = {k: v for k, v in values.items() if k not in covered and v != defaults.get(k)}
+    if shared is not None:
+        mine, theirs = values, shared.to_dict()
+        out |= {k: mine[k] for k in (*SHARED.values(), "disable_tqdm") if mine[k] != theirs[k]}
+    return out
+
+
+def _changed_evaluation(settings: EvalSettings, expected: dict[str, Any]) -> dict[str, Any]:
+    """Evaluation fields the record's keys do not hold and that differ from the default (or, for the seed
+    and bf16, which earlier releases took from the training settings, from ``expected``)."""
+    defaults = asdict(EvalSettings()) | expected
+    return {k: v for k, v in asdict(settings).items() if k not in EVAL_RECORDED and v != defaults[k]}
+
+
+@dataclass
+class Experiment:
+    """The data every strategy of a comparison shares."""
+
+    model_path: str
+    catalogue: Any
+    index: Any
+    split: Any = None
+    fmt: PromptFormat = field(default_factory=PromptFormat)
+
+    def __post_init__(self) -> None:
+        if self.split is None:
+            self.split = self.catalogue.leave_one_out()
