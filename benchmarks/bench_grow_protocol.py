@@ -55,8 +55,7 @@ from peft_grounded.evaluation.users import item_token_ids
 from peft_grounded.growth import add_items, grow_adapter
 from peft_grounded.growth.grounding import ground_new_items
 from peft_grounded.peers import TextKNN
-from peft_grounded.pipeline import Budget, Experiment, run_strategy
-from peft_grounded.pipeline.runner import strategy
+from peft_grounded.pipeline import Budget, Experiment, run_strategy, strategy
 from peft_grounded.prompts import PromptFormat, inference_prompts
 from peft_grounded.sids import build_sids, load_catalogue
 from peft_grounded.sids.encoders import encode_texts, load_encoder

@@ -22,7 +22,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from peft_grounded import assets, runs
+from peft_grounded import assets
 from peft_grounded.evaluation import (
     LIKELIHOOD_METRICS,
     POPULARITY_LABEL,
@@ -32,11 +32,11 @@ from peft_grounded.evaluation import (
     intervals_table,
     popularity_users,
 )
-from peft_grounded.pipeline import Budget, Experiment, run_strategy
-from peft_grounded.pipeline.runner import STRATEGIES
+from peft_grounded.pipeline import STRATEGIES, Budget, Experiment, run_strategy
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
+from peft_grounded.training import runs
 
 METRICS = ("recall@5", "recall@10", "recall@20", "ndcg@5", "ndcg@10", "ndcg@20")
 CLAIMS = (  # (strategy, baseline, metric, subset, the papers' figure)
