@@ -51,7 +51,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument(
-        "--minutes", type=float, default=12.0, help="SFT minutes per LLM row (0: --sft-steps alone, cosine schedule)"
+        "--minutes",
+        type=float,
+        default=12.0,
+        help="SFT minutes per LLM row (0: --sft-steps alone, cosine schedule)",
     )
     p.add_argument("--grounding-minutes", type=float, default=2.0)
     p.add_argument("--sasrec-minutes", type=float, default=5.0, help="SASRec's time budget (best epoch kept)")
@@ -154,8 +157,10 @@ def main(argv=None) -> int:
             )
         rows[name] = strategy_row(name, records)
     reference = args.reference if args.reference in rows else next(iter(rows))
-    summaries = summarise_rows(rows, reference)
-    table = side_by_side_table(summaries, reference)
+    subsets = ("all", "warm", "cold")
+    cold = experiment.split.cold_items(budget.cold_max_count)
+    summaries = summarise_rows(rows, reference, subsets=subsets, cold_items=cold)
+    table = side_by_side_table(summaries, reference, subsets=subsets)
     header = (
         f"# Side by side: {catalogue.name}\n\nCommand: `python benchmarks/side_by_side.py "
         f"{' '.join(sys.argv[1:] if argv is None else argv)}`; precision {'bf16' if bf16 else 'fp32'}; "
