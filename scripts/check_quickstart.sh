@@ -51,4 +51,4 @@ mkdir "$work/cwd" "$work/cache" "$work/hf"
     export PEFT_GROUNDED_CACHE="$work/cache" HF_HOME="$work/hf"
     python "$work/run.py"
 )
-echo "quickstart: passed in $((SECONDS - start)) s (environment and run)"
+echo "quickstart: passed after $((SECONDS - start)) s (environment and run)"
