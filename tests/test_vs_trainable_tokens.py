@@ -178,3 +178,30 @@ def test_untied_seq2seq_rows_reach_the_encoder_and_merge_exactly():
     assert learns == {"grounded": True, "trainable_tokens": False}
     assert merge_error["grounded"] == 0.0
     assert merge_error["trainable_tokens"] > 1e-2
+
+
+def test_trl_fused_head_reads_the_grounded_rows_not_peft_wrapper(tiny_model_factory):
+    """TRL 1.16's fused loss (what SFTTrainer computes) reads lm_head.weight and lm_head.bias of a tied head."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    model, rows_in, _ = resized(tiny_model_factory, tied=True)
+    bases = [copy.deepcopy(model), copy.deepcopy(model)]
+    for base in bases:  # patched after copying: the patch keeps a reference to the model's own forward
+        add_fused_lm_head(base)
+    config = GroundedTokenConfig(
+        token_indices=NEW, init="tensor", init_vectors=rows_in, original_vocab_size=VOCAB
+    )
+    ours = get_peft_model(bases[0], config)
+    peft = get_peft_model(bases[1], LoraConfig(r=4, target_modules=["q_proj"], trainable_token_indices=NEW))
+    for adapted in (ours, peft):
+        with torch.no_grad():  # trained rows: away from the base's, so a stale head would show
+            for name, p in adapted.named_parameters():
+                if p.requires_grad and "lora" not in name:
+                    p.add_(1.0)
+
+    fused = ours(input_ids=INPUT, labels=INPUT, fused_lm_head=True).log_probs[0]
+    logits = ours(input_ids=INPUT).logits[0, :-1]
+    own = torch.log_softmax(logits, -1).gather(-1, INPUT[0, 1:, None]).squeeze(-1)
+    torch.testing.assert_close(fused, own, rtol=1e-5, atol=1e-4)
+    with pytest.raises(AttributeError, match="bias"):
+        peft(input_ids=INPUT, labels=INPUT, fused_lm_head=True)
