@@ -163,8 +163,10 @@ def main(argv=None) -> int:
             )
         rows[name] = strategy_row(name, records)
     reference = args.reference if args.reference in rows else next(iter(rows))
-    summaries = summarise_rows(rows, reference)
-    table = side_by_side_table(summaries, reference)
+    subsets = ("all", "warm", "cold")
+    cold = experiment.split.cold_items(budget.cold_max_count)
+    summaries = summarise_rows(rows, reference, subsets=subsets, cold_items=cold)
+    table = side_by_side_table(summaries, reference, subsets=subsets)
     header = (
         f"# Side by side: {catalogue.name}\n\nCommand: `python benchmarks/side_by_side.py "
         f"{' '.join(sys.argv[1:] if argv is None else argv)}`; precision {'bf16' if bf16 else 'fp32'}; "

@@ -103,8 +103,20 @@ def run_peers(
     return results
 
 
-def _values(records: Sequence[Mapping[str, Any]], metric: str, subset: str) -> dict[Any, float]:
-    return {r["user"]: user_value(r, metric) for r in records if r.get(subset, True)}
+def _in_subset(record: Mapping[str, Any], subset: str, cold_items: set[str] | None) -> bool:
+    """``all`` / ``cold``: the evaluation's samples; ``warm``: the "all" sample's users whose target is not
+    a cold item (needs ``cold_items``)."""
+    if subset == "warm":
+        if cold_items is None:
+            raise ValueError("the warm subset needs the split's cold items")
+        return bool(record.get("all", True)) and record["target"] not in cold_items
+    return bool(record.get(subset, True))
+
+
+def _values(
+    records: Sequence[Mapping[str, Any]], metric: str, subset: str, cold_items: set[str] | None = None
+) -> dict[Any, float]:
+    return {r["user"]: user_value(r, metric) for r in records if _in_subset(r, subset, cold_items)}
 
 
 def summarise_rows(
@@ -113,6 +125,7 @@ def summarise_rows(
     metric: str = "recall@10",
     subsets: Sequence[str] = ("all", "cold"),
     *,
+    cold_items: set[str] | None = None,
     resamples: int = 10_000,
 ) -> list[dict[str, Any]]:
     """One summary per row: per subset the mean of ``metric`` with its 95% bootstrap interval, and the paired
@@ -130,7 +143,7 @@ def summarise_rows(
             "seeds": len(row["records"]),
         }
         for subset in subsets:
-            seeds = [_values(r, metric, subset) for r in row["records"]]
+            seeds = [_values(r, metric, subset, cold_items) for r in row["records"]]
             if not any(seeds):
                 continue
             mean = bootstrap_interval([list(v.values()) for v in seeds], resamples=resamples)
@@ -141,7 +154,7 @@ def summarise_rows(
                 "users": mean["users"],
             }
             if name != reference:
-                ref = [_values(r, metric, subset) for r in rows[reference]["records"]]
+                ref = [_values(r, metric, subset, cold_items) for r in rows[reference]["records"]]
                 if len(ref) == 1 and len(seeds) > 1:
                     ref = ref * len(seeds)  # a deterministic reference (one run) pairs with every seed
                 diffs = []
@@ -168,31 +181,35 @@ def _diff(cell: Mapping[str, Any] | None, digits: int) -> str:
     return f"{d['difference']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]"
 
 
+SUBSET_LABELS = {"all": "all users", "warm": "warm targets", "cold": "cold targets", "new": "new items"}
+
+
 def side_by_side_table(
-    summaries: Sequence[Mapping[str, Any]], reference: str, metric: str = "recall@10", digits: int = 3
+    summaries: Sequence[Mapping[str, Any]],
+    reference: str,
+    metric: str = "recall@10",
+    digits: int = 3,
+    subsets: Sequence[str] = ("all", "cold"),
 ) -> str:
-    """Markdown: per row the metric on all and on cold-target users (mean [95% CI]), the paired difference
-    against ``reference``, seeds, training minutes and threads."""
+    """Markdown: per row and subset the metric (mean [95% CI]) and its paired difference against
+    ``reference``, then seeds, training minutes and threads. A subset a row lacks shows ``n/a``."""
     label = next((s["label"] for s in summaries if s["name"] == reference), reference)
+    head = " | ".join(f"{metric}, {SUBSET_LABELS.get(x, x)} | vs {label}" for x in subsets)
     lines = [
-        f"| model | {metric}, all users | vs {label} | {metric}, cold targets | vs {label} | seeds | "
-        "train min | threads |",
-        "|---|---|---|---|---|---:|---:|---:|",
+        f"| model | {head} | seeds | train min | threads |",
+        "|---|" + "---|---|" * len(subsets) + "---:|---:|---:|",
     ]
     for s in summaries:
         minutes = "—" if s.get("minutes") is None else f"{s['minutes']:.1f}"
-        lines.append(
-            f"| {s['label']} | {_cell(s.get('all'), digits)} | {_diff(s.get('all'), digits)} | "
-            f"{_cell(s.get('cold'), digits)} | {_diff(s.get('cold'), digits)} | {s['seeds']} | {minutes} | "
-            f"{s.get('threads') or '—'} |"
-        )
-    users = {
-        subset: next((s[subset]["users"] for s in summaries if subset in s), 0) for subset in ("all", "cold")
-    }
+        cells = " | ".join(f"{_cell(s.get(x), digits)} | {_diff(s.get(x), digits)}" for x in subsets)
+        lines.append(f"| {s['label']} | {cells} | {s['seeds']} | {minutes} | {s.get('threads') or '—'} |")
+    users = ", ".join(
+        f"{next((s[x]['users'] for s in summaries if x in s), 0)} {SUBSET_LABELS.get(x, x)}" for x in subsets
+    )
     lines += [
         "",
-        f"{users['all']} test users ({users['cold']} with a cold target) x seeds; intervals: 95% bootstrap "
-        "(users resampled within seeds), differences paired per user.",
+        f"Users x seeds behind each column: {users}. Intervals: 95% bootstrap (users resampled within seeds); "
+        "differences paired per user.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -361,9 +361,9 @@ class RunTrainer(SFTTrainer):
         """TRL's loss, with the fused head scoring only the labelled positions on every device.
 
         PEFT's own trainable tokens on a tied head wrap ``lm_head`` in a ``TrainableTokensWrapper``, which
-        TRL 1.16's fused head cannot read (no ``bias``; its ``weight`` would miss the trained delta): such a
-        model (the baseline of :mod:`peft_grounded.peers.peft_default`) takes the model's own loss, the
-        same masked next-token NLL through the full head."""
+        TRL 1.16's fused head cannot read (it has no ``bias``: ``AttributeError``): such a model (the
+        baseline of :mod:`peft_grounded.peers.peft_default`) takes the model's own loss, the same masked
+        next-token NLL through the full head."""
         labels = inputs.get("labels")
         if labels is not None and model.training:
             self._pending = self._pending.to(labels.device) + count_targets(labels)
