@@ -27,6 +27,7 @@ _ADAPTER_NAMES = (
     "add_sid_tokens",
     "add_tokens",
     "check_tokenizer",
+    "initialize_grounded_rows",
 )
 
 __all__ = ["__version__", *_ADAPTER_NAMES]

@@ -12,7 +12,10 @@ from peft_grounded import GroundedTokenConfig
 from peft_grounded.init.projection import project_vectors
 
 
-def wrap(tokenizer, factory, init, tied=True, codes=(8, 8), arch="llama", mix=None, prepare=None, **kw):
+def wrap(
+    tokenizer, factory, init, tied=True, codes=(8, 8), arch="llama", mix=None, prepare=None, data=None, **kw
+):
+    """The rows ``init`` starts (``data``: what ``initialize_grounded_rows`` then gives, after creation)."""
     from transformers import AutoTokenizer
 
     base = factory(arch, tied, extra_rows=64 if arch == "qwen3" else 0)
@@ -27,6 +30,8 @@ def wrap(tokenizer, factory, init, tied=True, codes=(8, 8), arch="llama", mix=No
     vocab_in = base.get_input_embeddings().weight[: new.original_vocab_size].detach().clone()
     vocab_out = base.get_output_embeddings().weight[: new.original_vocab_size].detach().clone()
     model = get_peft_model(base, GroundedTokenConfig(token_indices=new, init=init, **kw))
+    if data is not None:
+        peft_grounded.initialize_grounded_rows(model, **data)
     layer = model.get_input_embeddings()
     rows_out = layer.grounded_head["default"].detach() if not tied else None
     return layer.grounded_embedding["default"].detach(), rows_out, vocab_in, vocab_out, new
@@ -74,8 +79,7 @@ def test_description_is_the_mean_of_the_texts_token_rows(tokenizer, tiny_model_f
         "description",
         tied=False,
         codes=(3,),
-        init_texts=texts,
-        tokenizer_name_or_path=str(smollm2_dir),
+        data={"texts": texts, "tokenizer": tokenizer},
     )
     base = tiny_model_factory("llama", False)
     for i, text in enumerate(texts):

@@ -1,6 +1,7 @@
 """The grounded-token adapter as a PEFT method (``PeftType.GROUNDED_TOKENS``)."""
 
 from .config import GroundedTokenConfig
+from .initialize import initialize_grounded_rows
 from .layer import GroundedHead, GroundedTiedEmbedding, GroundedTokenLayer
 from .lora import add_lora
 from .model import GroundedTokenModel
@@ -21,5 +22,6 @@ __all__ = [
     "add_sid_tokens",
     "add_tokens",
     "check_tokenizer",
+    "initialize_grounded_rows",
     "vocab_fingerprint",
 ]

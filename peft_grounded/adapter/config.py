@@ -3,40 +3,20 @@
 from __future__ import annotations
 
 import hashlib
-import inspect
 from dataclasses import InitVar, dataclass, field, fields
 from typing import Any
 
 import numpy as np
 import torch
-from peft import LoraConfig
 from peft.config import PeftConfig
 
-from ..init.projection import PROJECTIONS
+from ..init.projection import PROJECTIONS, ProjectionName
 from ..init.sources import IN_MEMORY_PREFIX
-from ..init.strategies import DATA_INITS, INITS
+from ..init.strategies import DATA_INITS, INITS, InitName
+from .lora_settings import checked_lora, legacy_lora
 from .registration import GROUNDED_TOKENS
 
 RUNTIME_TENSOR_FIELDS = ("init_vectors", "init_anchors")
-# LoraConfig options the grounded adapter sets itself, or does not support on its stacked LoRA (extra trainable
-# weights, data-driven initialisations that rewrite the frozen backbone, runtime objects that are not JSON).
-LORA_OPTIONS_REFUSED = (
-    "peft_type",
-    "task_type",
-    "inference_mode",
-    "base_model_name_or_path",
-    "revision",
-    "modules_to_save",
-    "trainable_token_indices",
-    "target_parameters",
-    "layer_replication",
-    "runtime_config",
-    "loftq_config",
-    "eva_config",
-    "corda_config",
-    "megatron_config",
-)
-LORA_INITS = (True, False, "gaussian")
 
 
 def describe_tensor(value: torch.Tensor | np.ndarray) -> str:
@@ -55,10 +35,19 @@ class GroundedTokenConfig(PeftConfig):
     ``token_indices`` come from small trainable matrices while every other weight stays frozen and
     bit-identical. ``init`` chooses how those rows start (see :mod:`peft_grounded.init.strategies`).
 
-    Data-dependent initialisations take their data from ``init_vectors`` / ``init_texts`` /
-    ``init_anchors``. Tensors given there are used once, when the adapter is created, and are recorded
-    in ``adapter_config.json`` as a description (dtype, shape, hash), not as values: a saved adapter's
-    rows come from ``adapter_model.safetensors``.
+    Like ``LoraConfig``, a config is JSON-able hyperparameters and can be applied to several models:
+    ``get_peft_model`` works on its own copy, so what creation fills in (``num_embeddings``,
+    ``embedding_signature``, ``target_modules``) lands on the model's config, never on the caller's object.
+
+    **Data-driven starts** (``centroid``, ``tensor``, ``adapter``, ``description``) take their data in one of two
+    ways. The one-liner passes them in the config, ``GroundedTokenConfig(init="centroid", init_vectors=...)``:
+    they are used once, at creation, and recorded in ``adapter_config.json`` as a description (dtype, shape,
+    hash), never as values. Or, PEFT's EVA convention (``init_lora_weights="eva"`` +
+    ``initialize_lora_eva_weights(model, dataloader)``): the config names the start only, the rows stand at the
+    vocabulary mean (with a warning) until :func:`~peft_grounded.adapter.initialize_grounded_rows` gives the
+    data, ``initialize_grounded_rows(model, vectors=...)``. That path serves data made from the wrapped model
+    or its tokenizer (description texts are tokenised there, never inside ``get_peft_model``) and keeps the
+    config itself free of tensors. A saved adapter's rows always come from ``adapter_model.safetensors``.
 
     Passing the list returned by :func:`peft_grounded.add_tokens` as ``token_indices`` also fills
     ``token_strings``, ``original_vocab_size`` and ``vocab_fingerprint``.
@@ -74,8 +63,8 @@ class GroundedTokenConfig(PeftConfig):
         train_output_rows (`bool`): untied heads also get trainable output rows.
         init (`str`): how the rows start: mean, gaussian, random, description, centroid, tensor or adapter.
         init_vectors (*optional*): centroid / tensor / adapter data (tensor, array or path); used once, recorded as a hash.
-        init_texts (`list`, *optional*): description: one text (or list of token ids) per new token.
-        tokenizer_name_or_path (`str`, *optional*): description: the tokenizer for string `init_texts`.
+        init_texts (`list`, *optional*): description: the token ids of one text per new token (strings are
+            tokenised by `initialize_grounded_rows(model, tokenizer=...)`).
         init_anchors (*optional*): centroid with lstsq: encoder vectors of existing vocabulary tokens.
         centroid_projection (`str`): centroid: auto, truncate, pca or lstsq.
         norm_match (`bool`): centroid: scale deviations to the vocabulary's RMS deviation.
@@ -83,11 +72,15 @@ class GroundedTokenConfig(PeftConfig):
         num_embeddings (`int`, *optional*): input-embedding rows the adapter was made for (filled at creation).
         embedding_signature (`list[float]`, *optional*): norms of fixed base rows, checked on load (filled at creation).
         vocab_fingerprint (`str`, *optional*): sha256 of the original vocabulary's tokens (filled by `add_tokens`).
-        sid_index_fingerprint (`str`, *optional*): the SID index the tokens stand for; evaluation refuses another.
-        prompt_format (`dict`, *optional*): the recommendation prompt format, reused by evaluation.
         lora (`dict`, *optional*): the stacked LoRA as `peft.LoraConfig` keyword arguments (set by `add_lora`);
-            None without LoRA. Configs saved with the former `lora_r`, `lora_alpha`, `lora_dropout` and
-            `lora_target_modules` fields still load: those are mapped onto `lora`.
+            None without LoRA.
+        metadata (`dict`, *optional*): what the application records and the adapter never reads: the SID index
+            its tokens stand for (`sid_index_fingerprint`, which evaluation checks) and the recommendation
+            `prompt_format`, both also readable as attributes.
+
+    Configs of earlier releases still load: their `lora_r`, `lora_alpha`, `lora_dropout` and `lora_target_modules`
+    are mapped onto `lora`, their `sid_index_fingerprint` and `prompt_format` onto `metadata`, and their
+    `tokenizer_name_or_path` (no tokenizer is loaded at creation any more) is dropped.
     """
 
     task_type: str | None = field(
@@ -134,7 +127,7 @@ class GroundedTokenConfig(PeftConfig):
         default=True,
         metadata={"help": "Untied heads: also give the new tokens trainable output rows (x2 parameters)."},
     )
-    init: str = field(
+    init: InitName = field(
         default="mean",
         metadata={"help": f"How the new rows start: one of {', '.join(INITS)}."},
     )
@@ -149,13 +142,9 @@ class GroundedTokenConfig(PeftConfig):
     init_texts: list[str] | list[list[int]] | None = field(
         default=None,
         metadata={
-            "help": "description: one text per new token (e.g. the titles of the items under a SID code), or "
-            "the token ids of each text. Strings need `tokenizer_name_or_path`."
+            "help": "description: the token ids of one text per new token (e.g. the titles of the items under a SID "
+            "code); strings are tokenised by initialize_grounded_rows(model, tokenizer=...)."
         },
-    )
-    tokenizer_name_or_path: str | None = field(
-        default=None,
-        metadata={"help": "description: local tokenizer used to tokenise `init_texts` strings."},
     )
     init_anchors: Any = field(
         default=None,
@@ -164,7 +153,7 @@ class GroundedTokenConfig(PeftConfig):
             "path with those keys), the encoder's vectors of existing vocabulary tokens."
         },
     )
-    centroid_projection: str = field(
+    centroid_projection: ProjectionName = field(
         default="auto",
         metadata={
             "help": "centroid: truncate (MRL encoders, d >= d_model), pca (principal axes onto the vocabulary's), "
@@ -198,19 +187,6 @@ class GroundedTokenConfig(PeftConfig):
         default=None,
         metadata={"help": "sha256 of the original vocabulary's token strings (filled by `add_tokens`)."},
     )
-    sid_index_fingerprint: str | None = field(
-        default=None,
-        metadata={
-            "help": "Fingerprint of the SID index whose codes the tokens stand for (SIDIndex.fingerprint()); "
-            "evaluation, further training and diagnostics refuse another index."
-        },
-    )
-    prompt_format: dict | None = field(
-        default=None,
-        metadata={
-            "help": "How recommendation prompts were written (PromptFormat fields), reused by evaluation."
-        },
-    )
     lora: dict[str, Any] | None = field(
         default=None,
         metadata={
@@ -219,12 +195,23 @@ class GroundedTokenConfig(PeftConfig):
             "no LoRA. The LM head and embeddings are never targeted: their new rows are this adapter's own."
         },
     )
-    # Adapters saved before `lora` replaced these four fields carry them in adapter_config.json: accepted at
-    # construction (hence by every loader) and mapped onto `lora`, never stored or saved.
+    metadata: dict[str, Any] | None = field(
+        default=None,
+        metadata={
+            "help": "What the application records (the adapter never reads it): sid_index_fingerprint, the SID "
+            "index whose codes the tokens stand for (evaluation, further training and diagnostics refuse another "
+            "index), and prompt_format, how recommendation prompts were written (reused by evaluation)."
+        },
+    )
+    # Fields of earlier releases, found in the adapter_config.json they saved: accepted at construction (hence by
+    # every loader), mapped onto `lora` and `metadata` (tokenizer_name_or_path: dropped), never stored or saved.
     lora_r: InitVar[int | None] = None
     lora_alpha: InitVar[int | None] = None
     lora_dropout: InitVar[float | None] = None
     lora_target_modules: InitVar[list[str] | str | None] = None
+    sid_index_fingerprint: InitVar[str | None] = None
+    prompt_format: InitVar[dict | None] = None
+    tokenizer_name_or_path: InitVar[str | None] = None
 
     def __post_init__(
         self,
@@ -232,6 +219,9 @@ class GroundedTokenConfig(PeftConfig):
         lora_alpha: int | None,
         lora_dropout: float | None,
         lora_target_modules: list[str] | str | None,
+        sid_index_fingerprint: str | None,
+        prompt_format: dict | None,
+        tokenizer_name_or_path: str | None,
     ) -> None:
         super().__post_init__()
         self.peft_type = GROUNDED_TOKENS
@@ -264,16 +254,16 @@ class GroundedTokenConfig(PeftConfig):
                     "but the tokens are declared new. Add the tokens with peft_grounded.add_tokens and pass the "
                     "indices it returns, or set tokens_are_new=False to re-learn existing tokens."
                 )
-        legacy = _legacy_lora(lora_r, lora_alpha, lora_dropout, lora_target_modules)
+        legacy = legacy_lora(lora_r, lora_alpha, lora_dropout, lora_target_modules)
         if legacy is not None and self.lora is not None:
             raise ValueError(
                 "Give the LoRA once: `lora` and the old `lora_r`/`lora_target_modules` fields both set."
             )
         self.lora = checked_lora(legacy if legacy is not None else self.lora)
-        if self.init in DATA_INITS and self.init != "description" and self.init_vectors is None:
-            raise ValueError(f"init={self.init!r} needs init_vectors.")
-        if self.init == "description" and self.init_texts is None:
-            raise ValueError("init='description' needs init_texts (one text per new token).")
+        recorded = {"sid_index_fingerprint": sid_index_fingerprint, "prompt_format": prompt_format}
+        recorded = {k: v for k, v in recorded.items() if v is not None}
+        if recorded or self.metadata is not None:
+            self.metadata = {**(self.metadata or {}), **recorded}
 
     @staticmethod
     def _checked_indices(indices: Any) -> list[int]:
@@ -296,6 +286,14 @@ class GroundedTokenConfig(PeftConfig):
         if self.original_vocab_size is not None:
             return self.original_vocab_size
         return min(self.token_indices) if self.tokens_are_new else max(self.token_indices) + 1
+
+    @property
+    def has_init_data(self) -> bool:
+        """Whether a data-driven ``init`` has its data here (token ids for ``description``); without them the
+        rows start at the vocabulary mean until :func:`~peft_grounded.adapter.initialize_grounded_rows`."""
+        if self.init == "description":
+            return self.init_texts is not None and all(isinstance(t, (list, tuple)) for t in self.init_texts)
+        return self.init not in DATA_INITS or self.init_vectors is not None
 
     @property
     def has_lora(self) -> bool:
@@ -327,6 +325,24 @@ class GroundedTokenConfig(PeftConfig):
     rows_from_checkpoint = False
 
 
+def _recorded(key: str) -> property:
+    """``config.<key>`` reads and writes ``config.metadata[key]`` (the attribute of earlier releases)."""
+
+    def get(self: GroundedTokenConfig) -> Any:
+        return (self.metadata or {}).get(key)
+
+    def set(self: GroundedTokenConfig, value: Any) -> None:
+        self.metadata = {**(self.metadata or {}), key: value}
+
+    return property(get, set, doc=f"``metadata[{key!r}]`` (None when not recorded).")
+
+
+# After the dataclass is made: the constructor keeps accepting these names (InitVar above), reads and writes go
+# to `metadata`.
+GroundedTokenConfig.sid_index_fingerprint = _recorded("sid_index_fingerprint")  # type: ignore[assignment]
+GroundedTokenConfig.prompt_format = _recorded("prompt_format")  # type: ignore[assignment]
+
+
 def _index(value: Any) -> int:
     """A token index as an int; floats (even 10.0), bools and strings are refused rather than truncated."""
     if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_floating_point():
@@ -345,58 +361,3 @@ def _record(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _record(v) for k, v in value.items()}
     return value
-
-
-def checked_lora(lora: Any) -> dict[str, Any] | None:
-    """``lora`` as a JSON-ready dict of ``peft.LoraConfig`` keyword arguments, checked; None stays None."""
-    if lora is None:
-        return None
-    if isinstance(lora, LoraConfig):
-        raise TypeError(
-            "lora takes LoraConfig keyword arguments as a dict (e.g. {'r': 16, 'target_modules': ...})."
-        )
-    if not isinstance(lora, dict):
-        raise TypeError(
-            f"lora must be a dict of peft.LoraConfig keyword arguments or None, got {type(lora).__name__}."
-        )
-    allowed = set(inspect.signature(LoraConfig).parameters)
-    unknown = sorted(set(lora) - allowed)
-    if unknown:
-        raise ValueError(f"lora has keys that peft.LoraConfig does not take: {unknown}.")
-    refused = sorted(k for k in lora if k in LORA_OPTIONS_REFUSED and lora[k] is not None)
-    if lora.get("bias", "none") != "none":
-        refused.append("bias")
-    if lora.get("init_lora_weights", True) not in LORA_INITS:
-        refused.append("init_lora_weights")
-    if refused:
-        raise ValueError(
-            f"lora sets {refused}, which the grounded adapter does not support on its stacked LoRA: task type and mode "
-            "come from the adapter, the new rows are its only other trainable weights, the backbone stays as loaded "
-            f"(init_lora_weights: one of {LORA_INITS}), and the config is saved as JSON."
-        )
-    if not lora.get("target_modules"):
-        raise ValueError("lora needs target_modules (e.g. 'all-linear' or ['q_proj', 'v_proj']).")
-    out = dict(lora)
-    if isinstance(out["target_modules"], (set, frozenset, tuple)):
-        out["target_modules"] = sorted(out["target_modules"])
-    LoraConfig(**out)  # LoraConfig's own checks (r > 0, dropout range, ...) now, not at injection
-    return out
-
-
-def _legacy_lora(
-    r: int | None, alpha: int | None, dropout: float | None, targets: list[str] | str | None
-) -> dict[str, Any] | None:
-    """The ``lora`` dict of a config written with the old ``lora_r``/``lora_alpha``/``lora_dropout``/
-    ``lora_target_modules`` fields (their old defaults: 0 = no LoRA, alpha 16, dropout 0)."""
-    if r is None or r == 0:
-        return None
-    if r < 0:
-        raise ValueError(f"lora_r must be >= 0, got {r}.")
-    if not targets:
-        raise ValueError("lora_r > 0 needs lora_target_modules (e.g. 'all-linear' or ['q_proj', 'v_proj']).")
-    return {
-        "r": r,
-        "lora_alpha": 16 if alpha is None else alpha,
-        "lora_dropout": 0.0 if dropout is None else dropout,
-        "target_modules": targets,
-    }

@@ -6,7 +6,8 @@ from typing import Any
 
 from peft import PeftModel
 
-from .config import GroundedTokenConfig, checked_lora
+from .config import GroundedTokenConfig
+from .lora_settings import checked_lora
 
 
 def add_lora(

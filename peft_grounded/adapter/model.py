@@ -18,12 +18,10 @@ from peft.utils import _get_input_embeddings_name
 from peft.utils.other import get_pattern_key
 from torch import nn
 
-from ..init.sources import resolve_init_data
-from ..init.strategies import InitData, initial_rows
 from .compact_head import compact_fused_forward, supports_compact_head
 from .config import GroundedTokenConfig
+from .initialize import initializer_range, start_rows
 from .layer import GroundedHead, GroundedTiedEmbedding, GroundedTokenLayer
-from .saved import adapter_rows
 
 SIGNATURE_ROWS = 8
 SIGNATURE_RTOL = 2e-2
@@ -200,7 +198,7 @@ class GroundedTokenModel(BaseTuner):
             else GroundedTokenLayer(target, adapter_name, head)
         )
         self._check_fits(config, layer)
-        input_rows, output_rows = self._initial_rows(config, layer)
+        input_rows, output_rows = start_rows(config, layer, initializer_range(self.model))
         if layer is not target:
             self._replace_module(parent, target_name, layer, target)
         layer.update_layer(adapter_name, config.token_indices, input_rows, output_rows)
@@ -242,49 +240,6 @@ class GroundedTokenModel(BaseTuner):
                 f"{signature} vs {config.embedding_signature}): this adapter belongs to another base model "
                 f"({config.base_model_name_or_path!r}). Load it onto that model."
             )
-
-    def _reference(self, config: GroundedTokenConfig, rows: int) -> slice | torch.Tensor:
-        if config.tokens_are_new:
-            return slice(0, config.base_vocab_size)
-        keep = torch.ones(rows, dtype=torch.bool)
-        keep[torch.as_tensor(config.token_indices)] = False
-        return keep.nonzero().flatten()
-
-    def _initial_rows(
-        self, config: GroundedTokenConfig, layer: GroundedTokenLayer
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        weight = layer.base_layer.weight
-        index = torch.as_tensor(config.token_indices, device=weight.device)
-        head = layer.head
-        train_head = head is not None and not layer.tied and config.train_output_rows
-        if config.rows_from_checkpoint:  # loading: the rows come from the checkpoint right after this
-            return weight.detach()[index].clone(), head.weight.detach()[index].clone() if train_head else None
-        if config.init == "adapter":
-            saved_in, saved_out = adapter_rows(
-                config.init_vectors, config.token_indices, config.token_strings, width=weight.shape[1]
-            )
-            if train_head and saved_out is None:
-                saved_out = saved_in
-            return saved_in, saved_out if train_head else None
-        matrices = {"input": weight} | ({"output": head.weight} if train_head else {})
-        init_range = getattr(getattr(self.model, "config", None), "initializer_range", 0.02) or 0.02
-        rows = {}
-        for matrix, tensor in matrices.items():
-            data = (
-                resolve_init_data(config, matrix)
-                if config.init not in ("mean", "gaussian", "random")
-                else InitData()
-            )
-            rows[matrix] = initial_rows(
-                config.init,
-                tensor,
-                config.token_indices,
-                self._reference(config, tensor.shape[0]),
-                data,
-                seed=config.init_seed + (0 if matrix == "input" else 1),
-                initializer_range=init_range,
-            )
-        return rows["input"], rows.get("output")
 
     # --- LoRA ----------------------------------------------------------------------------------------------
 
@@ -357,6 +312,9 @@ class GroundedTokenModel(BaseTuner):
     # --- after injection -----------------------------------------------------------------------------------
 
     def inject_adapter(self, model: nn.Module, adapter_name: str, **kwargs) -> None:
+        # the model works on its own copy: what creation fills in never reaches the caller's config, which can
+        # then wrap a second model
+        self.peft_config[adapter_name] = copy.copy(self.peft_config[adapter_name])
         super().inject_adapter(model, adapter_name, **kwargs)
         embedding = model.get_input_embeddings()
         if not isinstance(embedding, GroundedTokenLayer):

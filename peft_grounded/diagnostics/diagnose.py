@@ -187,7 +187,8 @@ def _check_index_fingerprints(points: list[Checkpoint], index: Any) -> None:
     wrong = []
     for point in points:
         config = json.loads((point.path / ADAPTER_CONFIG).read_text())
-        recorded = {point.index_fingerprint, config.get("sid_index_fingerprint")} - {None}
+        saved = (config.get("metadata") or {}).get("sid_index_fingerprint", config.get("sid_index_fingerprint"))
+        recorded = {point.index_fingerprint, saved} - {None}
         if recorded - {own}:
             wrong.append(point.name)
     if wrong:

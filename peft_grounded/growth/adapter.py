@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..adapter.config import GroundedTokenConfig
+from ..adapter.initialize import initializer_range
 from ..adapter.layer import GroundedTokenLayer
 from ..adapter.vocab import add_tokens, check_tokenizer
 from ..init.strategies import InitData, initial_rows
@@ -145,7 +146,6 @@ def grow_adapter(
         token_lists = None
         if init == "description":
             token_lists = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in init_texts or []]
-        init_range = getattr(getattr(base, "config", None), "initializer_range", 0.02) or 0.02
         weights = {"input": base.get_input_embeddings().weight}
         if rows_out is not None:
             weights["output"] = base.get_output_embeddings().weight
@@ -162,7 +162,7 @@ def grow_adapter(
                 init_vectors,
                 token_lists,
                 config.init_seed + (0 if matrix == "input" else 1),
-                init_range,
+                initializer_range(base),
             )
             trained = rows_in if matrix == "input" else rows_out
             grown[matrix] = torch.cat([trained.to(torch.float32), fresh.to(trained.device, torch.float32)])

@@ -23,11 +23,14 @@ vocabulary. One global factor keeps all cosine and distance ratios of the centro
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 
 from .stats import VocabularyStats, fix_signs
 
-PROJECTIONS = ("auto", "truncate", "pca", "lstsq")
+ProjectionName = Literal["auto", "truncate", "pca", "lstsq"]
+PROJECTIONS: tuple[str, ...] = get_args(ProjectionName)
 
 
 def resolve_projection(method: str, d_in: int, d_model: int, has_anchors: bool) -> str:

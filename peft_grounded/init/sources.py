@@ -56,19 +56,15 @@ def _per_matrix(value: Any, matrix: str) -> Any:
     return value
 
 
-def tokenize_texts(texts: list, tokenizer_name_or_path: str | None, tokenizer: Any = None) -> list[list[int]]:
-    """Token ids of each description (strings are tokenised without special tokens)."""
+def tokenize_texts(texts: list, tokenizer: Any = None) -> list[list[int]]:
+    """Token ids of each description (strings are tokenised by ``tokenizer``, without special tokens)."""
     if all(isinstance(t, (list, tuple)) for t in texts):
         return [[int(i) for i in t] for t in texts]
     if tokenizer is None:
-        if tokenizer_name_or_path is None:
-            raise ValueError(
-                "init_texts holds strings: set tokenizer_name_or_path (a local tokenizer directory), or pass "
-                "the token ids of each text instead."
-            )
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_name_or_path)
+        raise ValueError(
+            "init_texts holds strings: tokenise them with the model's tokenizer, "
+            "initialize_grounded_rows(model, texts=..., tokenizer=tokenizer), or pass the token ids of each text."
+        )
     return [tokenizer(str(t), add_special_tokens=False)["input_ids"] for t in texts]
 
 
@@ -78,7 +74,7 @@ def resolve_init_data(config: Any, matrix: str) -> InitData:
     if config.init in ("centroid", "tensor"):
         data.vectors = load_tensor(_per_matrix(config.init_vectors, matrix), what="init_vectors")
     if config.init == "description":
-        data.token_id_lists = tokenize_texts(list(config.init_texts), config.tokenizer_name_or_path)
+        data.token_id_lists = tokenize_texts(list(config.init_texts))
     if config.init == "centroid" and config.init_anchors is not None:
         anchors = config.init_anchors
         if isinstance(anchors, dict):

@@ -21,14 +21,16 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
 from .projection import project_vectors
 from .stats import vocabulary_stats
 
-INITS = ("mean", "gaussian", "random", "description", "centroid", "tensor", "adapter")
-DATA_INITS = ("description", "centroid", "tensor", "adapter")
+InitName = Literal["mean", "gaussian", "random", "description", "centroid", "tensor", "adapter"]
+INITS: tuple[str, ...] = get_args(InitName)
+DATA_INITS = ("description", "centroid", "tensor", "adapter")  # the starts that take data
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..adapter.config import checked_lora
+from ..adapter.lora_settings import checked_lora
 from ..evaluation.settings import EvalSettings
 from ..grounding.trainer import GroundingConfig
 from ..prompts import PromptFormat

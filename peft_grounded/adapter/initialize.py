@@ -1,0 +1,133 @@
+"""How the grounded rows start: from the config at creation, or afterwards from data (PEFT's EVA convention).
+
+:func:`start_rows` is what ``get_peft_model`` runs for each new adapter. A data-driven ``init`` whose data are
+not in the config starts at the vocabulary mean, with a warning, until :func:`initialize_grounded_rows` gives
+the data, as ``LoraConfig(init_lora_weights="eva")`` waits for ``initialize_lora_eva_weights(model, dataloader)``.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any
+
+import torch
+
+from ..init.sources import resolve_init_data, tokenize_texts
+from ..init.strategies import DATA_INITS, InitData, initial_rows
+from .config import GroundedTokenConfig
+from .layer import GroundedTokenLayer
+from .saved import adapter_rows
+
+
+def _reference(config: GroundedTokenConfig, rows: int) -> slice | torch.Tensor:
+    """The rows of the existing vocabulary that the statistics come from."""
+    if config.tokens_are_new:
+        return slice(0, config.base_vocab_size)
+    keep = torch.ones(rows, dtype=torch.bool)
+    keep[torch.as_tensor(config.token_indices)] = False
+    return keep.nonzero().flatten()
+
+
+def start_rows(
+    config: GroundedTokenConfig, layer: GroundedTokenLayer, initializer_range: float = 0.02
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The starting input rows (and untied output rows) of ``config``'s new tokens on ``layer``'s weights."""
+    weight = layer.base_layer.weight
+    index = torch.as_tensor(config.token_indices, device=weight.device)
+    head = layer.head
+    train_head = head is not None and not layer.tied and config.train_output_rows
+    if config.rows_from_checkpoint:  # loading: the rows come from the checkpoint right after this
+        return weight.detach()[index].clone(), head.weight.detach()[index].clone() if train_head else None
+    init = config.init
+    if not config.has_init_data:
+        warnings.warn(
+            f"init={init!r} needs "
+            + ("init_texts as token ids" if init == "description" else "init_vectors")
+            + ": the new rows start at the vocabulary mean until initialize_grounded_rows(model, "
+            + ("texts=..., tokenizer=...)" if init == "description" else "vectors=...)")
+            + " gives the data.",
+            stacklevel=5,
+        )
+        init = "mean"
+    if init == "adapter":
+        saved_in, saved_out = adapter_rows(
+            config.init_vectors, config.token_indices, config.token_strings, width=weight.shape[1]
+        )
+        if train_head and saved_out is None:
+            saved_out = saved_in
+        return saved_in, saved_out if train_head else None
+    matrices = {"input": weight} | ({"output": head.weight} if train_head else {})
+    rows = {}
+    for matrix, tensor in matrices.items():
+        data = resolve_init_data(config, matrix) if init in DATA_INITS else InitData()
+        rows[matrix] = initial_rows(
+            init,
+            tensor,
+            config.token_indices,
+            _reference(config, tensor.shape[0]),
+            data,
+            seed=config.init_seed + (0 if matrix == "input" else 1),
+            initializer_range=initializer_range,
+        )
+    return rows["input"], rows.get("output")
+
+
+def initializer_range(model: torch.nn.Module) -> float:
+    """The model's ``initializer_range`` (the ``random`` start's standard deviation), 0.02 by default."""
+    return getattr(getattr(model, "config", None), "initializer_range", 0.02) or 0.02
+
+
+def initialize_grounded_rows(
+    model: Any,
+    *,
+    vectors: Any = None,
+    anchors: Any = None,
+    texts: list | None = None,
+    tokenizer: Any = None,
+    adapter_name: str | None = None,
+) -> Any:
+    """Start the rows of a data-driven ``init`` from data, after ``get_peft_model`` (in place; returns ``model``).
+
+    The adapter's config names the start (``centroid``, ``tensor``, ``adapter`` or ``description``); the data
+    come here: ``vectors`` (``init_vectors``: one vector per new token, a tensor, array or ``.safetensors``
+    path, or a saved adapter's path for ``adapter``), ``anchors`` (``init_anchors``, centroid with lstsq),
+    ``texts`` with the ``tokenizer`` that tokenises them (``description``; the config's own strings when
+    ``texts`` is None). Data already in the config are used where none is given here. The model's config
+    then records the data as a created one does (tensors as a description, texts as token ids).
+    """
+    name = adapter_name or model.active_adapter
+    config = model.peft_config.get(name)
+    if not isinstance(config, GroundedTokenConfig):
+        raise TypeError(f"Adapter {name!r} is not a grounded-token adapter.")
+    if config.init not in DATA_INITS:
+        raise ValueError(
+            f"Adapter {name!r} starts with init={config.init!r}, which takes no data; initialize_grounded_rows serves "
+            f"{', '.join(DATA_INITS)}."
+        )
+    layer = model.get_input_embeddings()
+    if not isinstance(layer, GroundedTokenLayer) or name not in layer.grounded_embedding:
+        raise ValueError(f"Adapter {name!r} has no grounded rows in this model's input embedding.")
+    given = copy.copy(config)
+    given.rows_from_checkpoint = False
+    if vectors is not None:
+        given.init_vectors = vectors
+    if anchors is not None:
+        given.init_anchors = anchors
+    if texts is not None or config.init == "description":
+        given.init_texts = tokenize_texts(
+            list(texts if texts is not None else config.init_texts or []), tokenizer
+        )
+    if not given.has_init_data:
+        raise ValueError(f"init={config.init!r} needs its data: pass vectors= (or texts= with tokenizer=).")
+    input_rows, output_rows = start_rows(given, layer, initializer_range(model))
+    with torch.no_grad():
+        layer.grounded_embedding[name].copy_(input_rows)
+        if output_rows is not None and name in layer.grounded_head:
+            layer.grounded_head[name].copy_(output_rows)
+    config.init_vectors, config.init_anchors, config.init_texts = (
+        given.init_vectors,
+        given.init_anchors,
+        given.init_texts,
+    )
+    return model

@@ -1,0 +1,151 @@
+"""GroundedTokenConfig as small and reusable as LoraConfig: Literal choices, no mutation of the caller's object,
+data-driven starts after creation (PEFT's EVA convention), application metadata in one place, and adapters
+saved by 0.1.0 still loading with the same logits."""
+
+from __future__ import annotations
+
+import json
+import typing
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+from peft import PeftModel, get_peft_model
+from safetensors.torch import load_file
+
+import peft_grounded
+from peft_grounded import GroundedTokenConfig, initialize_grounded_rows
+from peft_grounded.init.projection import PROJECTIONS
+from peft_grounded.init.strategies import INITS
+from peft_grounded.prompts import PromptFormat
+
+OLD_ADAPTER = Path(__file__).parent / "data" / "adapter_v0_1_0"
+
+
+def fresh(tokenizer):
+    """Another copy of the test tokenizer (each model gets the SID tokens added once)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer.name_or_path)
+
+
+def test_choices_are_literals():
+    hints = typing.get_type_hints(GroundedTokenConfig)
+    assert typing.get_args(hints["init"]) == INITS
+    assert typing.get_args(hints["centroid_projection"]) == PROJECTIONS
+    json.dumps(GroundedTokenConfig(token_indices=[10, 11]).to_dict())  # JSON-able as it is
+
+
+def test_one_config_wraps_two_models_and_stays_as_it_was(tokenizer, tiny_model_factory):
+    first, second = tiny_model_factory("llama", False, seed=0), tiny_model_factory("llama", False, seed=1)
+    new = peft_grounded.add_sid_tokens(tokenizer, first, [4, 4])
+    peft_grounded.add_tokens(fresh(tokenizer), second, new.tokens)
+    vectors = torch.randn(len(new), 24, generator=torch.Generator().manual_seed(0))
+    config = GroundedTokenConfig(token_indices=new, init="centroid", init_vectors=vectors)
+    before = {k: v for k, v in config.to_dict().items() if k != "base_model_name_or_path"}
+    models = [get_peft_model(first, config), get_peft_model(second, config)]
+    after = {k: v for k, v in config.to_dict().items() if k != "base_model_name_or_path"}
+    assert after == before and config.num_embeddings is None and config.embedding_signature is None
+    own = [m.peft_config["default"] for m in models]
+    assert own[0] is not config and own[1] is not config and own[0] is not own[1]
+    assert own[0].num_embeddings == own[1].num_embeddings == first.get_input_embeddings().weight.shape[0]
+    assert own[0].embedding_signature != own[1].embedding_signature  # each model's own base rows
+    rows = [m.get_input_embeddings().grounded_embedding["default"] for m in models]
+    assert not torch.equal(rows[0], rows[1])  # projected onto each base's vocabulary
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_data_after_creation_gives_the_rows_of_the_one_liner(tokenizer, tiny_model_factory, tied, tmp_path):
+    vectors = torch.randn(8, 100, generator=torch.Generator().manual_seed(1))
+    made = []
+    for later in (False, True):
+        base = tiny_model_factory("llama", tied)
+        new = peft_grounded.add_sid_tokens(fresh(tokenizer), base, [4, 4])
+        if later:
+            with pytest.warns(
+                UserWarning, match="start at the vocabulary mean until initialize_grounded_rows"
+            ):
+                model = get_peft_model(base, GroundedTokenConfig(token_indices=new, init="centroid"))
+            mean = base.get_input_embeddings().weight[: new.original_vocab_size].double().mean(0).float()
+            assert torch.equal(model.get_input_embeddings().grounded_embedding["default"][0], mean)
+            assert initialize_grounded_rows(model, vectors=vectors) is model
+        else:
+            model = get_peft_model(
+                base, GroundedTokenConfig(token_indices=new, init="centroid", init_vectors=vectors)
+            )
+        model.save_pretrained(tmp_path / str(later))
+        made.append(model)
+    layers = [m.get_input_embeddings() for m in made]
+    assert torch.equal(layers[0].grounded_embedding["default"], layers[1].grounded_embedding["default"])
+    if not tied:
+        assert torch.equal(layers[0].grounded_head["default"], layers[1].grounded_head["default"])
+    records = [
+        json.loads((tmp_path / str(later) / "adapter_config.json").read_text()) for later in (False, True)
+    ]
+    assert records[0]["init_vectors"] == records[1]["init_vectors"]  # the data recorded the same way
+    assert records[0]["init_vectors"].startswith("in-memory float32[8, 100]")
+
+
+def test_description_texts_are_tokenised_outside_get_peft_model(tokenizer, tiny_model_factory):
+    texts = ["Toy Story", "GoldenEye; Four Rooms", "", "Get Shorty"]
+    base = tiny_model_factory("llama", True)
+    new = peft_grounded.add_sid_tokens(tokenizer, base, [4])
+    config = GroundedTokenConfig(token_indices=new, init="description", init_texts=texts)
+    assert "tokenizer_name_or_path" not in config.to_dict()  # nothing to load a tokenizer from
+    with pytest.warns(UserWarning, match="init_texts as token ids"):
+        model = get_peft_model(base, config)
+    with pytest.raises(ValueError, match="tokenise them with the model's tokenizer"):
+        initialize_grounded_rows(model)
+    with pytest.warns(UserWarning, match="empty description"):
+        initialize_grounded_rows(model, tokenizer=tokenizer)  # the config's own texts
+    rows = model.get_input_embeddings().grounded_embedding["default"]
+    ids = tokenizer("Get Shorty", add_special_tokens=False)["input_ids"]
+    expected = base.get_input_embeddings().base_layer.weight[ids].double().mean(0).float()
+    torch.testing.assert_close(rows[3], expected, rtol=0, atol=1e-6)
+    assert model.peft_config["default"].init_texts[3] == ids  # recorded as token ids
+    with pytest.raises(ValueError, match="takes no data"):
+        initialize_grounded_rows(
+            get_peft_model(tiny_model_factory("llama", True), GroundedTokenConfig(token_indices=[10]))
+        )
+
+
+def test_application_metadata_lives_in_one_place(tmp_path):
+    fmt = asdict(PromptFormat(objective="sequence", max_history=4))
+    config = GroundedTokenConfig(token_indices=[10, 11], sid_index_fingerprint="abc", prompt_format=fmt)
+    assert config.metadata == {"sid_index_fingerprint": "abc", "prompt_format": fmt}
+    assert config.sid_index_fingerprint == "abc" and config.prompt_format == fmt
+    config.sid_index_fingerprint = "def"
+    assert config.metadata["sid_index_fingerprint"] == "def"
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert saved["metadata"] == {"sid_index_fingerprint": "def", "prompt_format": fmt}
+    assert "sid_index_fingerprint" not in saved and "prompt_format" not in saved
+    assert GroundedTokenConfig.from_pretrained(tmp_path).metadata == saved["metadata"]
+    assert GroundedTokenConfig(token_indices=[10]).metadata is None
+
+
+def test_an_adapter_saved_by_0_1_0_loads_with_the_same_logits(tokenizer, tiny_model_factory):
+    """tests/data/adapter_v0_1_0: saved by peft_grounded 0.1.0 (top-level sid_index_fingerprint and prompt_format,
+    tokenizer_name_or_path) from build_tiny_model("llama", tied=False, seed=0), 8 SID tokens, gaussian rows
+    moved off their start and a LoRA (r=2 on q_proj, v_proj); expected_logits.safetensors holds that model's
+    logits at 32 original and the 8 new columns."""
+    saved = json.loads((OLD_ADAPTER / "adapter_config.json").read_text())
+    assert "sid_index_fingerprint" in saved and "tokenizer_name_or_path" in saved  # the old layout
+    base = tiny_model_factory("llama", False, seed=0)
+    peft_grounded.add_tokens(tokenizer, base, saved["token_strings"])
+    model = PeftModel.from_pretrained(base, str(OLD_ADAPTER))
+    expected = load_file(str(OLD_ADAPTER / "expected_logits.safetensors"))
+    with torch.no_grad():
+        logits = model(input_ids=expected["input_ids"]).logits[..., expected["columns"]]
+    torch.testing.assert_close(logits, expected["logits"], rtol=0, atol=1e-5)
+    config = model.peft_config["default"]
+    assert (
+        config.sid_index_fingerprint == "0123456789abcdef" and config.prompt_format["objective"] == "sequence"
+    )
+    assert config.lora == {
+        "r": 2,
+        "lora_alpha": 4,
+        "lora_dropout": 0.0,
+        "target_modules": ["q_proj", "v_proj"],
+    }
