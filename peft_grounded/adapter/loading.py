@@ -58,7 +58,10 @@ def sid_model(
         init_vectors=vectors,
         init_seed=seed,
         task_type="CAUSAL_LM",
-        metadata={"sid_index_fingerprint": index.fingerprint(), "prompt_format": asdict(fmt or PromptFormat())},
+        metadata={
+            "sid_index_fingerprint": index.fingerprint(),
+            "prompt_format": asdict(fmt or PromptFormat()),
+        },
     )
     return tokenizer, get_peft_model(base, config)
 
