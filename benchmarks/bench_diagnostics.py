@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         load_vocabulary,
         measure_snapshots,
     )
+    from peft_grounded.diagnostics.codes import level0_labels, token_frequencies
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -103,8 +104,8 @@ def main(argv: list[str] | None = None) -> None:
             vocab_tokens=vocabulary.tokens,
             exclude_vocab_ids=vocabulary.special_ids,
             reference=reference,
-            frequencies=index.token_frequencies("interactions"),
-            categories=index.level0_labels() + [None] * (index.n_tokens - 256),
+            frequencies=token_frequencies(index, "interactions"),
+            categories=level0_labels(index) + [None] * (index.n_tokens - 256),
         )
         for p, r in zip(paths, rows, strict=True)
     ]

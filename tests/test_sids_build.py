@@ -10,8 +10,10 @@ import pytest
 from sids_fixtures import clustered_vectors, office_dir, write_lcrec
 
 from peft_grounded.cli import main
+from peft_grounded.diagnostics.codes import majority_labels, token_frequencies
 from peft_grounded.sids import build_sids, load_catalogue
 from peft_grounded.sids.catalogue import Catalogue, CatalogueError, Item
+from peft_grounded.sids.descriptions import token_descriptions
 from peft_grounded.sids.encoders import SentenceTransformerEncoder
 from peft_grounded.sids.index import EncoderMismatchError, SIDIndex
 from peft_grounded.sids.rqkmeans import QuantizationError
@@ -46,19 +48,19 @@ def test_build_sids_end_to_end(minilm, tmp_path):
     )
     assert index.n_items == 32 and index.quality["collisions_after"]["collision_rate"] == 0
     # level 0 gathers the items of each topic (their titles share everything but the model number)
-    labels = index.majority_labels(0)
+    labels = majority_labels(index, 0)
     assert sorted(label for label, _ in labels) == ["Topic0", "Topic1", "Topic2", "Topic3"]
     assert all(share == 1.0 for _, share in labels)
     assert index.encoder == minilm.fingerprint()
     assert index.text_template["fields"] == ["title", "brand", "categories", "description"]
     assert index.build_config["catalogue"] == "topics" and index.build_config["n_interactions"] == 32
-    assert index.token_frequencies("interactions").sum() == 32 * index.n_levels
+    assert token_frequencies(index, "interactions").sum() == 32 * index.n_levels
     loaded = SIDIndex.load(tmp_path / "out")
     assert loaded.sid_texts() == index.sid_texts()
     ds = cat.items_dataset(loaded)
     assert ds.num_rows == 32 and ds[0]["sid"] == index.sid_text(ds[0]["item_id"])
     assert ds[0]["categories"] == ["Topic0"]
-    texts = index.token_descriptions(cat)  # for the adapter's init="description"
+    texts = token_descriptions(index, cat)  # for the adapter's init="description"
     assert len(texts) == index.n_tokens and all(" model " in t for t in texts[:4])
     # rebuilding reads the vectors from the cache and gives the same SIDs
     again = build_sids(
@@ -273,7 +275,7 @@ def test_movielens_100k_with_minilm(minilm, tmp_path):
     assert all(lv["normalized_entropy"] > 0.95 for lv in q["levels"][:3])  # balanced levels use codes evenly
     assert q["collisions_before"]["collision_rate"] < 0.03  # ~1% are items with identical titles
     # level-0 codes are semantically coherent: most codes have a clear majority genre
-    shares = [share for label, share in index.majority_labels(0) if label is not None]
+    shares = [share for label, share in majority_labels(index, 0) if label is not None]
     assert np.mean(shares) > 0.5
 
 

@@ -9,8 +9,10 @@ import pytest
 import torch
 from sids_fixtures import clustered_vectors
 
+from peft_grounded.diagnostics.codes import level0_labels, majority_labels, token_frequencies
 from peft_grounded.sids.build import index_from_vectors
 from peft_grounded.sids.collisions import add_disambiguation_level, collision_stats, reassign_last_level
+from peft_grounded.sids.descriptions import token_descriptions
 from peft_grounded.sids.index import JSON_NAME, EncoderMismatchError, IndexFileError, SIDIndex, tensors_path
 from peft_grounded.sids.rqkmeans import RQKMeansConfig
 from peft_grounded.sids.tokens import sid_vocabulary
@@ -144,19 +146,19 @@ def test_lookups(index):
 
 
 def test_token_frequencies_and_labels(index):
-    freq = index.token_frequencies()
+    freq = token_frequencies(index)
     assert freq.shape == (index.n_tokens,)
     for level in range(index.n_levels):
         off = index.token_offset(level)
         assert freq[off : off + index.codes_per_level[level]].sum() == index.n_items
-    by_inter = index.token_frequencies("interactions")
+    by_inter = token_frequencies(index, "interactions")
     assert by_inter[:4].sum() == np.arange(index.n_items).sum()
-    custom = index.token_frequencies("interactions", counts={"item0": 7})
+    custom = token_frequencies(index, "interactions", counts={"item0": 7})
     assert custom[index.sid_of("item0")[0]] == 7 and custom[:4].sum() == 7
-    labels = index.majority_labels(0)
+    labels = majority_labels(index, 0)
     assert all(share == 1.0 for _, share in labels)  # level 0 recovers the 4 clusters
-    assert sorted(index.level0_labels()) == ["Cat0", "Cat1", "Cat2", "Cat3"]
-    assert index.level0_labels(depth=1) == ["Leaf"] * 4
+    assert sorted(level0_labels(index)) == ["Cat0", "Cat1", "Cat2", "Cat3"]
+    assert level0_labels(index, depth=1) == ["Leaf"] * 4
 
 
 def test_quality_figures(index):
@@ -242,7 +244,7 @@ def test_vectors_from_another_encoder_are_refused(index):
 
 def test_token_descriptions_list_the_most_popular_titles(index):
     titles = {i: f"Title {i}" for i in index.item_ids}
-    texts = index.token_descriptions(titles, per_token=2)
+    texts = token_descriptions(index, titles, per_token=2)
     assert len(texts) == index.n_tokens
     code = index.sid_of("item79")[0]
     members = [i for i in index.item_ids if index.sid_of(i)[0] == code]

@@ -30,6 +30,7 @@ from peft_grounded.diagnostics.checkpoints import (
     find_run_checkpoints,
     load_sid_rows,
 )
+from peft_grounded.diagnostics.codes import majority_labels, token_frequencies
 from peft_grounded.diagnostics.measure import ReportConfig
 from peft_grounded.diagnostics.report import ReportFiles, write_report
 from peft_grounded.diagnostics.snapshot import GeometrySnapshot
@@ -302,20 +303,20 @@ def _frequencies(index: Any, source: str, catalogue: Any, split: Any, notes: lis
             split = catalogue.leave_one_out()
         counts = split.training_target_counts()
         notes.append("Code frequency: how often each code is a training target (leave-one-out split).")
-        return index.token_frequencies("interactions", counts).astype(np.float64)
+        return token_frequencies(index, "interactions", counts).astype(np.float64)
     if source == "interactions":
         notes.append("Code frequency: interactions with the items carrying each code (the index's counts).")
-        return index.token_frequencies("interactions").astype(np.float64)
+        return token_frequencies(index, "interactions").astype(np.float64)
     notes.append("Code frequency: items carrying each code.")
-    return index.token_frequencies("items").astype(np.float64)
+    return token_frequencies(index, "items").astype(np.float64)
 
 
 def _categories(index: Any, catalogue: Any, depth: int, notes: list[str]) -> list[str | None] | None:
     if catalogue is not None:
-        labels = index.majority_labels(0, item_labels=catalogue.category_labels(depth))
+        labels = majority_labels(index, 0, item_labels=catalogue.category_labels(depth))
         origin = "the catalogue"
     elif index.item_categories is not None:
-        labels = index.majority_labels(0, depth=depth)
+        labels = majority_labels(index, 0, depth=depth)
         origin = "the categories stored in the index"
     else:
         notes.append("No catalogue and no categories in the index: neighbourhood purity is skipped.")

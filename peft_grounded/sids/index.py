@@ -19,19 +19,16 @@ the items holding that code, ``"codebook"`` the mean of their final residuals (w
 that level would be). A code that no item carries (an unused k-means code) gets the mean of all items in
 the ``"items"`` variant.
 
-Files: ``<dir>/sid_index.json`` (metadata, item ids, name, SHA-256 and size of the tensor file) and
-``<dir>/sid_index.<hash>.safetensors`` (codes, codebooks, centroids, item interaction counts), named by
-its content. The tensor file is written first, under its new name, then the JSON replaces the old one
-(both through temporary files and ``os.replace``), then stale tensor files go: a crash at any point
-leaves a loadable index. The checksum detects a truncated or corrupted tensor file.
+The index is a plain artefact: data, lookups, the codes of new vectors (:meth:`SIDIndex.quantize`) and its
+files (``<dir>/sid_index.json`` + ``<dir>/sid_index.<hash>.safetensors``, see :mod:`.index_files`). What is
+computed from it lives with its users: growth in :mod:`peft_grounded.growth` (``add_items``), code statistics
+in :mod:`peft_grounded.diagnostics.codes`, texts per token in :mod:`.descriptions`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,52 +36,30 @@ from typing import Any
 
 import numpy as np
 
-from .._io import atomic_write
-from .tensor_files import FORMAT, remove_unnamed_tensor_files
+from .index_files import (  # the file format; JSON_NAME, IndexFileError and tensors_path are read from here too
+    FORMAT_VERSION,
+    JSON_NAME,
+    IndexFileError,
+    read_index,
+    save_index,
+    tensors_path,
+)
 from .tokens import DEFAULT_TEMPLATE, parse_sid, sid_string, sid_vocabulary
 
-FORMAT_VERSION = 1
-JSON_NAME = "sid_index.json"
-TENSORS_NAME = "sid_index.safetensors"  # the name older saves used (still read: the JSON names the file)
-
-
-TENSOR_FILE_PATTERN = re.compile(r"sid_index(\.[0-9a-f]{16})?\.safetensors")
-
-
-def tensor_file_name(sha256: str) -> str:
-    """The tensor file's name: content-addressed, so a new save never overwrites the one in use."""
-    return f"sid_index.{sha256[:16]}.safetensors"
-
-
-def tensors_path(directory: str | Path) -> Path:
-    """The tensor file the index saved in ``directory`` uses (named in its ``sid_index.json``)."""
-    directory = Path(directory)
-    name = json.loads((directory / JSON_NAME).read_text())["tensors"]["file"]
-    if not isinstance(name, str) or not TENSOR_FILE_PATTERN.fullmatch(name):
-        raise IndexFileError(
-            f"{directory / JSON_NAME} names the tensor file {name!r}, not a content-named file"
-        )
-    return directory / name
-
+__all__ = [
+    "CENTROID_VARIANTS",
+    "JSON_NAME",
+    "EncoderMismatchError",
+    "IndexFileError",
+    "SIDIndex",
+    "tensors_path",
+]
 
 CENTROID_VARIANTS = ("items", "codebook")
 
 
-class IndexFileError(ValueError):
-    """A SID index file that is missing, truncated, corrupted or of an unknown version."""
-
-
 class EncoderMismatchError(ValueError):
     """Vectors from another encoder than the one the index was built with."""
-
-
-def _package_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("peft-grounded")
-    except Exception:  # pragma: no cover - not installed
-        return "unknown"
 
 
 @dataclass(eq=False)
@@ -266,7 +241,7 @@ class SIDIndex:
         return [self.item_ids[i] for i in order[lo:hi]]
 
     def added_items(self, since: str | None = None) -> list[str]:
-        """Items that growth (:meth:`add_items`) appended: by the last growth, or by every growth after the
+        """Items that growth (:func:`peft_grounded.growth.add_items`) appended: by the last growth, or by every growth after the
         ancestor whose fingerprint is ``since`` (one of :attr:`lineage`). ``[]`` for a fresh build."""
         growth = self.quality.get("growth", [])
         if since is None:
@@ -279,85 +254,6 @@ class SIDIndex:
             records = growth[self.lineage.index(since) - len(self.lineage) :]  # one record per generation
         n_added = sum(int(r.get("n_added", 0)) for r in records)
         return list(self.item_ids[self.n_items - n_added :]) if n_added else []
-
-    # ------------------------------------------------------------------------------------------ statistics
-
-    def token_frequencies(self, by: str = "items", counts: Mapping[str, int] | None = None) -> np.ndarray:
-        """Per SID token (row order): how many items carry it (``by="items"``), or how many interactions
-        name an item carrying it (``by="interactions"``; ``counts`` maps item id -> count, e.g.
-        ``split.training_target_counts()``, and defaults to the build catalogue's interactions)."""
-        if by == "items":
-            weights = np.ones(self.n_items)
-        elif by == "interactions":
-            if counts is not None:
-                weights = np.array([counts.get(i, 0) for i in self.item_ids], dtype=np.float64)
-            elif self.item_interactions is not None:
-                weights = self.item_interactions.astype(np.float64)
-            else:
-                raise ValueError("this index has no interaction counts; pass counts={item_id: count}")
-        else:
-            raise ValueError(f"by must be 'items' or 'interactions', got {by!r}")
-        out = np.concatenate(
-            [
-                np.bincount(self.codes[:, lv], weights=weights, minlength=k)
-                for lv, k in enumerate(self.codes_per_level)
-            ]
-        )
-        return out.astype(np.int64)
-
-    def majority_labels(
-        self,
-        level: int = 0,
-        item_labels: Mapping[str, str] | Sequence[str] | None = None,
-        depth: int = 0,
-    ) -> list[tuple[str | None, float]]:
-        """For each code of ``level``: the most common label of its items and that label's share.
-
-        ``item_labels`` (per item id, or in ``item_ids`` order) defaults to the category path element at
-        ``depth`` stored at build time. Codes no item carries give ``(None, 0.0)``.
-        """
-        if item_labels is None:
-            if self.item_categories is None:
-                raise ValueError("this index stores no categories; pass item_labels")
-            labels = [c[min(depth, len(c) - 1)] if c else "<none>" for c in self.item_categories]
-        elif isinstance(item_labels, Mapping):
-            labels = [item_labels.get(i, "<none>") for i in self.item_ids]
-        else:
-            labels = list(item_labels)
-        per_code: list[Counter[str]] = [Counter() for _ in range(self.codes_per_level[level])]
-        for code, label in zip(self.codes[:, level].tolist(), labels, strict=True):
-            per_code[code][label] += 1
-        out: list[tuple[str | None, float]] = []
-        for counter in per_code:
-            if counter:
-                label, n = counter.most_common(1)[0]
-                out.append((label, n / sum(counter.values())))
-            else:
-                out.append((None, 0.0))
-        return out
-
-    def level0_labels(self, depth: int = 0) -> list[str | None]:
-        """Majority category label of each level-0 token (for neighbourhood-purity diagnostics)."""
-        return [label for label, _ in self.majority_labels(0, depth=depth)]
-
-    def token_descriptions(self, titles: Any, per_token: int = 3, separator: str = "; ") -> list[str]:
-        """One text per SID token (row order): the titles of its ``per_token`` most popular items, for the
-        adapter's ``init="description"`` (``init_texts``). ``titles``: a ``Catalogue`` or ``{item_id:
-        title}``. Popularity is the build catalogue's interaction count (ties: index order); a token no
-        item carries gets ``""``."""
-        if hasattr(titles, "items") and not isinstance(titles, Mapping):
-            titles = {i: item.title for i, item in titles.items.items()}
-        popularity = self.item_interactions if self.item_interactions is not None else np.zeros(self.n_items)
-        out: list[str] = []
-        for level, k in enumerate(self.codes_per_level):
-            order = np.lexsort((np.arange(self.n_items), -popularity, self.codes[:, level]))
-            column = self.codes[order, level]
-            starts = np.searchsorted(column, np.arange(k), "left")
-            ends = np.searchsorted(column, np.arange(k), "right")
-            for lo, hi in zip(starts, ends, strict=True):
-                names = [titles.get(self.item_ids[i], "") for i in order[lo : min(hi, lo + per_token)]]
-                out.append(separator.join(n for n in names if n))
-        return out
 
     # ------------------------------------------------------------------------------------------ new items
 
@@ -420,126 +316,11 @@ class SIDIndex:
     # ------------------------------------------------------------------------------------------ files
 
     def save(self, directory: str | Path) -> Path:
-        """Write ``sid_index.json`` + ``sid_index.safetensors`` into ``directory`` atomically; returns it."""
-        from safetensors.numpy import save
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        tensors: dict[str, np.ndarray] = {"codes": self.codes.astype(np.int64)}
-        for level, book in enumerate(self.codebooks):
-            tensors[f"codebook.{level}"] = np.ascontiguousarray(book, dtype=np.float32)
-        for variant, matrix in self.centroids.items():
-            tensors[f"centroids.{variant}"] = np.ascontiguousarray(matrix, dtype=np.float32)
-        if self.item_interactions is not None:
-            tensors["item_interactions"] = np.asarray(self.item_interactions, dtype=np.int64)
-        payload = save(tensors, metadata={"format": FORMAT, "version": str(self.version)})
-        meta = {
-            "format": FORMAT,
-            "version": self.version,
-            "package_version": _package_version(),
-            "n_items": self.n_items,
-            "codes_per_level": list(self.codes_per_level),
-            "disambiguation_level": self.disambiguation_level,
-            "normalize_residuals": self.normalize_residuals,
-            "quantizer": self.quantizer,
-            "token_template": self.token_template,
-            "tokens": self.token_strings,
-            "centroid_variants": sorted(self.centroids),
-            "encoder": self.encoder,
-            "text_template": self.text_template,
-            "quality": self.quality,
-            "build_config": self.build_config,
-            "tensors": {
-                "file": tensor_file_name(hashlib.sha256(payload).hexdigest()),
-                "bytes": len(payload),
-                "sha256": hashlib.sha256(payload).hexdigest(),
-            },
-            "item_ids": self.item_ids,
-            "item_categories": None
-            if self.item_categories is None
-            else [list(c) for c in self.item_categories],
-            "parent": self.parent,
-            "lineage": list(self.lineage),
-        }
-        # the tensor file is named by its content: writing it never touches the file the current JSON names,
-        # so a crash at any point leaves a loadable index (the old one, or the new one)
-        atomic_write(directory / meta["tensors"]["file"], payload)
-        atomic_write(directory / JSON_NAME, json.dumps(meta, ensure_ascii=False).encode("utf-8"))
-        remove_unnamed_tensor_files(directory)  # a file another index JSON there names stays
-        return directory
+        """Write ``sid_index.json`` + its content-named tensor file into ``directory`` atomically; returns it
+        (see :mod:`.index_files`)."""
+        return save_index(self, directory)
 
     @classmethod
     def load(cls, path: str | Path, verify: bool = True) -> SIDIndex:
         """Read an index saved by :meth:`save` (``path``: its directory or its ``sid_index.json``)."""
-        from safetensors import SafetensorError
-        from safetensors.numpy import load
-
-        path = Path(path)
-        directory = path.parent if path.suffix == ".json" else path
-        json_path = directory / JSON_NAME
-        fix = "rebuild it with `peft-grounded build-sids` (or restore a good copy)"
-        if not json_path.is_file():
-            raise IndexFileError(f"no SID index at {directory} (missing {JSON_NAME}); {fix}")
-        try:
-            meta = json.loads(json_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise IndexFileError(f"{json_path} is truncated or corrupted ({err}); {fix}") from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise IndexFileError(f"{json_path} is not a peft_grounded SID index; {fix}")
-        if int(meta.get("version", 0)) > FORMAT_VERSION:
-            raise IndexFileError(
-                f"{json_path} has format version {meta['version']}, newer than this peft_grounded reads "
-                f"({FORMAT_VERSION}); upgrade peft_grounded"
-            )
-        record = meta.get("tensors")
-        if not isinstance(record, dict) or not {"file", "bytes", "sha256"} <= set(record):
-            raise IndexFileError(f"{json_path} lacks its tensor-file record (an incomplete index); {fix}")
-        name = record["file"]
-        if not isinstance(name, str) or not TENSOR_FILE_PATTERN.fullmatch(name):
-            raise IndexFileError(
-                f"{json_path} names the tensor file {name!r}, not a file of the index's own folder "
-                "(sid_index.<16 hex digits>.safetensors): a foreign or tampered index; " + fix
-            )
-        tensor_path = directory / name
-        if not tensor_path.is_file():
-            raise IndexFileError(f"{tensor_path} is missing; {fix}")
-        payload = tensor_path.read_bytes()
-        if len(payload) != record["bytes"]:
-            raise IndexFileError(
-                f"{tensor_path} has {len(payload)} bytes, {record['bytes']} expected: truncated or from "
-                f"another save; {fix}"
-            )
-        if verify and hashlib.sha256(payload).hexdigest() != record["sha256"]:
-            raise IndexFileError(
-                f"{tensor_path} fails its SHA-256 check: corrupted or from another save; {fix}"
-            )
-        try:
-            tensors = load(payload)
-        except (SafetensorError, ValueError) as err:
-            raise IndexFileError(f"{tensor_path} cannot be read ({err}); {fix}") from None
-        n_books = len(meta["codes_per_level"]) - int(meta["disambiguation_level"])
-        try:
-            return cls(
-                item_ids=list(meta["item_ids"]),
-                codes=tensors["codes"],
-                codes_per_level=tuple(meta["codes_per_level"]),
-                codebooks=[tensors[f"codebook.{lv}"] for lv in range(n_books)],
-                centroids={v: tensors[f"centroids.{v}"] for v in meta["centroid_variants"]},
-                disambiguation_level=bool(meta["disambiguation_level"]),
-                normalize_residuals=bool(meta["normalize_residuals"]),
-                quantizer=meta.get("quantizer", "rqkmeans"),
-                token_template=meta["token_template"],
-                encoder=meta["encoder"],
-                text_template=meta["text_template"],
-                quality=meta["quality"],
-                build_config=meta["build_config"],
-                item_interactions=tensors.get("item_interactions"),
-                item_categories=None
-                if meta.get("item_categories") is None
-                else [tuple(c) for c in meta["item_categories"]],
-                version=int(meta["version"]),
-                parent=meta.get("parent"),
-                lineage=list(meta.get("lineage") or []),
-            )
-        except KeyError as err:
-            raise IndexFileError(f"{directory} lacks {err} (an incomplete or foreign index); {fix}") from None
+        return cls(**read_index(path, verify))

@@ -1,16 +1,60 @@
-"""Which ``sid_index*.safetensors`` files in a folder are still in use, and removing the others.
+"""The SID index's files: ``sid_index.json`` and the content-named tensor file it names.
 
-A SID index is ``sid_index.json`` plus the content-named tensor file it names. A folder can hold other
-index JSONs too (e.g. a copy ``sid_index.v1.json`` kept for the adapters trained on it): a tensor file any
-of them names stays; only files that no index JSON names are removed.
+:func:`save_index` writes the tensor file first, under its new name, then the JSON replaces the old one (both
+through temporary files and ``os.replace``), then tensor files that no index JSON in the folder names go: a
+crash at any point leaves a loadable index. A folder can hold other index JSONs too (e.g. a copy
+``sid_index.v1.json`` kept for the adapters trained on it): a tensor file any of them names stays.
+:func:`read_index` checks the JSON, the tensor file's size and SHA-256, and returns the index's fields.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._io import atomic_write
 
 FORMAT = "peft_grounded.sid_index"  # the "format" field of every index JSON
+FORMAT_VERSION = 1
+JSON_NAME = "sid_index.json"
+TENSORS_NAME = "sid_index.safetensors"  # the name older saves used (still read: the JSON names the file)
+
+
+TENSOR_FILE_PATTERN = re.compile(r"sid_index(\.[0-9a-f]{16})?\.safetensors")
+
+
+def tensor_file_name(sha256: str) -> str:
+    """The tensor file's name: content-addressed, so a new save never overwrites the one in use."""
+    return f"sid_index.{sha256[:16]}.safetensors"
+
+
+def tensors_path(directory: str | Path) -> Path:
+    """The tensor file the index saved in ``directory`` uses (named in its ``sid_index.json``)."""
+    directory = Path(directory)
+    name = json.loads((directory / JSON_NAME).read_text())["tensors"]["file"]
+    if not isinstance(name, str) or not TENSOR_FILE_PATTERN.fullmatch(name):
+        raise IndexFileError(
+            f"{directory / JSON_NAME} names the tensor file {name!r}, not a content-named file"
+        )
+    return directory / name
+
+
+class IndexFileError(ValueError):
+    """A SID index file that is missing, truncated, corrupted or of an unknown version."""
+
+
+def _package_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("peft-grounded")
+    except Exception:  # pragma: no cover - not installed
+        return "unknown"
 
 
 def named_tensor_files(directory: str | Path) -> set[str]:
@@ -37,3 +81,127 @@ def remove_unnamed_tensor_files(directory: str | Path) -> list[Path]:
             path.unlink(missing_ok=True)
             removed.append(path)
     return removed
+
+
+def save_index(index: Any, directory: str | Path) -> Path:
+    """Write ``sid_index.json`` + ``sid_index.safetensors`` into ``directory`` atomically; returns it."""
+    from safetensors.numpy import save
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, np.ndarray] = {"codes": index.codes.astype(np.int64)}
+    for level, book in enumerate(index.codebooks):
+        tensors[f"codebook.{level}"] = np.ascontiguousarray(book, dtype=np.float32)
+    for variant, matrix in index.centroids.items():
+        tensors[f"centroids.{variant}"] = np.ascontiguousarray(matrix, dtype=np.float32)
+    if index.item_interactions is not None:
+        tensors["item_interactions"] = np.asarray(index.item_interactions, dtype=np.int64)
+    payload = save(tensors, metadata={"format": FORMAT, "version": str(index.version)})
+    meta = {
+        "format": FORMAT,
+        "version": index.version,
+        "package_version": _package_version(),
+        "n_items": index.n_items,
+        "codes_per_level": list(index.codes_per_level),
+        "disambiguation_level": index.disambiguation_level,
+        "normalize_residuals": index.normalize_residuals,
+        "quantizer": index.quantizer,
+        "token_template": index.token_template,
+        "tokens": index.token_strings,
+        "centroid_variants": sorted(index.centroids),
+        "encoder": index.encoder,
+        "text_template": index.text_template,
+        "quality": index.quality,
+        "build_config": index.build_config,
+        "tensors": {
+            "file": tensor_file_name(hashlib.sha256(payload).hexdigest()),
+            "bytes": len(payload),
+            "sha256": hashlib.sha256(payload).hexdigest(),
+        },
+        "item_ids": index.item_ids,
+        "item_categories": None
+        if index.item_categories is None
+        else [list(c) for c in index.item_categories],
+        "parent": index.parent,
+        "lineage": list(index.lineage),
+    }
+    # the tensor file is named by its content: writing it never touches the file the current JSON names,
+    # so a crash at any point leaves a loadable index (the old one, or the new one)
+    atomic_write(directory / meta["tensors"]["file"], payload)
+    atomic_write(directory / JSON_NAME, json.dumps(meta, ensure_ascii=False).encode("utf-8"))
+    remove_unnamed_tensor_files(directory)  # a file another index JSON there names stays
+    return directory
+
+
+def read_index(path: str | Path, verify: bool = True) -> dict[str, Any]:
+    """The constructor arguments of the index saved at ``path`` (its directory or its ``sid_index.json``)."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load
+
+    path = Path(path)
+    directory = path.parent if path.suffix == ".json" else path
+    json_path = directory / JSON_NAME
+    fix = "rebuild it with `peft-grounded build-sids` (or restore a good copy)"
+    if not json_path.is_file():
+        raise IndexFileError(f"no SID index at {directory} (missing {JSON_NAME}); {fix}")
+    try:
+        meta = json.loads(json_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise IndexFileError(f"{json_path} is truncated or corrupted ({err}); {fix}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise IndexFileError(f"{json_path} is not a peft_grounded SID index; {fix}")
+    if int(meta.get("version", 0)) > FORMAT_VERSION:
+        raise IndexFileError(
+            f"{json_path} has format version {meta['version']}, newer than this peft_grounded reads "
+            f"({FORMAT_VERSION}); upgrade peft_grounded"
+        )
+    record = meta.get("tensors")
+    if not isinstance(record, dict) or not {"file", "bytes", "sha256"} <= set(record):
+        raise IndexFileError(f"{json_path} lacks its tensor-file record (an incomplete index); {fix}")
+    name = record["file"]
+    if not isinstance(name, str) or not TENSOR_FILE_PATTERN.fullmatch(name):
+        raise IndexFileError(
+            f"{json_path} names the tensor file {name!r}, not a file of the index's own folder "
+            "(sid_index.<16 hex digits>.safetensors): a foreign or tampered index; " + fix
+        )
+    tensor_path = directory / name
+    if not tensor_path.is_file():
+        raise IndexFileError(f"{tensor_path} is missing; {fix}")
+    payload = tensor_path.read_bytes()
+    if len(payload) != record["bytes"]:
+        raise IndexFileError(
+            f"{tensor_path} has {len(payload)} bytes, {record['bytes']} expected: truncated or from "
+            f"another save; {fix}"
+        )
+    if verify and hashlib.sha256(payload).hexdigest() != record["sha256"]:
+        raise IndexFileError(f"{tensor_path} fails its SHA-256 check: corrupted or from another save; {fix}")
+    try:
+        tensors = load(payload)
+    except (SafetensorError, ValueError) as err:
+        raise IndexFileError(f"{tensor_path} cannot be read ({err}); {fix}") from None
+    n_books = len(meta["codes_per_level"]) - int(meta["disambiguation_level"])
+    try:
+        return dict(
+            item_ids=list(meta["item_ids"]),
+            codes=tensors["codes"],
+            codes_per_level=tuple(meta["codes_per_level"]),
+            codebooks=[tensors[f"codebook.{lv}"] for lv in range(n_books)],
+            centroids={v: tensors[f"centroids.{v}"] for v in meta["centroid_variants"]},
+            disambiguation_level=bool(meta["disambiguation_level"]),
+            normalize_residuals=bool(meta["normalize_residuals"]),
+            quantizer=meta.get("quantizer", "rqkmeans"),
+            token_template=meta["token_template"],
+            encoder=meta["encoder"],
+            text_template=meta["text_template"],
+            quality=meta["quality"],
+            build_config=meta["build_config"],
+            item_interactions=tensors.get("item_interactions"),
+            item_categories=None
+            if meta.get("item_categories") is None
+            else [tuple(c) for c in meta["item_categories"]],
+            version=int(meta["version"]),
+            parent=meta.get("parent"),
+            lineage=list(meta.get("lineage") or []),
+        )
+    except KeyError as err:
+        raise IndexFileError(f"{directory} lacks {err} (an incomplete or foreign index); {fix}") from None
