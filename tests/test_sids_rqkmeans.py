@@ -9,15 +9,8 @@ import pytest
 import torch
 from sids_fixtures import clustered_vectors, purity
 
-from peft_grounded.sids.rqkmeans import (
-    QuantizationError,
-    RQKMeansConfig,
-    assign,
-    balanced_assign,
-    fit_rqkmeans,
-    kmeans,
-    quantize,
-)
+from peft_grounded.sids.kmeans import QuantizationError, assign, balanced_assign, kmeans
+from peft_grounded.sids.rqkmeans import RQKMeansConfig, fit_rqkmeans, quantize
 
 
 def test_level_codes_recover_the_clusters():

@@ -18,8 +18,9 @@ from .catalogue import Catalogue, CatalogueError
 from .collisions import DEDUP_MODES, add_disambiguation_level, collision_stats, reassign_last_level
 from .encoders import TextEncoder, encode_texts, load_encoder
 from .index import JSON_NAME, SIDIndex
+from .kmeans import QuantizationError, check_vectors, cluster_sums
 from .quality import level_usage
-from .rqkmeans import QuantizationError, RQKMeansConfig, check_vectors, cluster_sums, fit_rqkmeans
+from .rqkmeans import RQKMeansConfig, fit_rqkmeans
 from .rqvae import RQVAEConfig
 from .text import TextTemplate
 from .tokens import DEFAULT_TEMPLATE

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .rqkmeans import QuantizationError, RQKMeansConfig, assign, check_vectors, cluster_sums, fit_rqkmeans
+from .kmeans import QuantizationError, assign, check_vectors, cluster_sums
+from .rqkmeans import RQKMeansConfig, fit_rqkmeans
 
 logger = logging.getLogger(__name__)
 
