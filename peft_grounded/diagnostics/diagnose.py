@@ -181,12 +181,12 @@ def _label(
 
 def _check_index_fingerprints(points: list[Checkpoint], index: Any) -> None:
     """The runner's manifest, and the adapter itself, record which SID index the tokens belong to."""
-    import json
+    from .._io import read_json
 
     own = index.fingerprint()
     wrong = []
     for point in points:
-        config = json.loads((point.path / ADAPTER_CONFIG).read_text())
+        config = read_json(point.path / ADAPTER_CONFIG)
         recorded = {point.index_fingerprint, config.get("sid_index_fingerprint")} - {None}
         if recorded - {own}:
             wrong.append(point.name)

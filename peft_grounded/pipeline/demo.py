@@ -8,7 +8,6 @@ CPU in well under 20 minutes (it says what it cut), ``full`` is sized for a GPU,
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -159,6 +158,7 @@ def run_demo(
     diagnostics: bool = True,
 ) -> dict:
     """Run the demo; returns the summary also written to ``<output_dir>/summary.json`` and ``report.md``."""
+    from .. import checks
     from ..evaluation import (
         LIKELIHOOD_METRICS,
         POPULARITY_LABEL,
@@ -167,6 +167,7 @@ def run_demo(
         popularity_users,
         write_text_atomic,
     )
+    from ..recommend.runner import strategy
     from ..sids import SIDIndex, build_sids, load_catalogue
     from ..sids.index import JSON_NAME
     from .curves import curves_section
@@ -177,6 +178,9 @@ def run_demo(
         spec = replace(spec, strategies=tuple(strategies))
     if seeds:
         spec = replace(spec, seeds=tuple(seeds))
+    for name in spec.strategies:  # every name and seed checked before the SIDs are built
+        strategy(name)
+    checks.raise_problems("demo", [checks.seed("seed", s, flag="--seeds") for s in spec.seeds])
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -328,4 +332,6 @@ def _diagnostics(out: Path, index, catalogue, experiment, model_path) -> str:
 
 
 def load_summary(output_dir: str | Path) -> dict:
-    return json.loads((Path(output_dir) / "summary.json").read_text())
+    from .._io import read_json
+
+    return read_json(Path(output_dir) / "summary.json")

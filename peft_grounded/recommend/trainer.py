@@ -69,10 +69,13 @@ def train_recommender(
     leave-one-out split), and ``fmt`` is recorded in the adapter. Writes ``<args.output_dir>/adapter``.
     """
     from ..adapter import add_lora
+    from ..adapter.lora import lora_settings
     from ..models import model_for
-    from ..training import sample_rows
+    from ..training import check_max_examples, sample_rows
     from .data import training_dataset
 
+    check_max_examples(max_examples)
+    lora = lora_settings(**(lora or {}))  # checked before the model loads
     fmt = fmt or PromptFormat()
     tokenizer, model = model_for(
         index,
@@ -88,7 +91,7 @@ def train_recommender(
         dtype=dtype,
     )
     model.peft_config[model.active_adapter].prompt_format = asdict(fmt)
-    add_lora(model, **(lora or {}))
+    add_lora(model, **lora)
     split = split if split is not None else catalogue.leave_one_out()
     data = sample_rows(training_dataset(split, index, catalogue, tokenizer, fmt), max_examples, args.seed)
     trainer = RecommendationTrainer(

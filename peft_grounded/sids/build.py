@@ -239,6 +239,19 @@ def build_sids(
     """
     if dedup not in DEDUP_MODES:
         raise ValueError(f"dedup must be one of {DEDUP_MODES}, got {dedup!r}")
+    if quantizer not in QUANTIZERS:
+        raise ValueError(f"quantizer must be one of {QUANTIZERS}, got {quantizer!r}")
+    from .. import checks
+
+    checks.raise_problems(
+        "build_sids",
+        [
+            checks.int_at_least("batch_size", batch_size, 1, flag="--batch-size"),
+            checks.int_at_least("k_core", k_core, 0, flag="--k-core"),
+            checks.int_at_least("rqvae_epochs", rqvae_epochs, 1, flag="--rqvae-epochs"),
+            checks.one_of("empty_text", empty_text, ("error", "drop")),
+        ],
+    )
     if output is not None and not overwrite:
         check_no_index(output)
     config = RQKMeansConfig(
