@@ -58,6 +58,7 @@ def evaluate(
         raise ValueError("nothing to evaluate: keep ranking=True, likelihood=True or both")
     settings = settings or EvalSettings()
     fmt = fmt or PromptFormat()
+    check_items_indexed(split, parts, index)
     sids = item_token_ids(tokenizer, index)
     trie = trie or SIDTrie(sids)
     cold_items = split.cold_items(settings.cold_max_count)
@@ -128,6 +129,25 @@ def evaluate(
             if part in target:
                 target[part]["cold"]["cold_users_available"] = len(cold_pool)
     return result
+
+
+def check_items_indexed(split: Any, parts: tuple[str, ...], index: Any) -> None:
+    """Refuse, before any decoding, users whose target or history items have no SID in ``index``."""
+    from ..prompts import HistoryError
+
+    missing: dict[str, None] = {}
+    for part in parts:
+        for _, history, target in getattr(split, f"{part}_examples")(None):
+            for item in (*history, target):
+                if item not in index:
+                    missing[item] = None
+    if missing:
+        names = list(missing)
+        raise HistoryError(
+            f"{len(names)} items of the {'/'.join(parts)} users (targets or histories) have no SID in the index "
+            f"(e.g. {names[:5]}): evaluate on the catalogue the index was built from, or add the items to the "
+            "index (peft-grounded add-items) and grow the adapter (peft-grounded grow-adapter)"
+        )
 
 
 def _means(records: list[dict[str, Any]]) -> dict[str, float | int | None]:
