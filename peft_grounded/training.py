@@ -72,6 +72,11 @@ class RunConfig(SFTConfig):
 
     def __post_init__(self) -> None:
         check_run_config(self)
+        if not self.fp16 and (self.use_cpu or not torch.cuda.is_available()):
+            from .precision import resolve_bf16
+
+            # TRL turns bf16 on when it is not set; on a CPU that emulates bf16 that is many times slower
+            self.bf16 = resolve_bf16(self.bf16, "cpu", "bf16 mixed precision (bf16=True, --bf16)")
         super().__post_init__()
 
 

@@ -171,6 +171,10 @@ def run(args: argparse.Namespace) -> int:
     }
     if catalogue is not None:
         device = next(grown.parameters()).device.type
+        if args.bf16:
+            from ..precision import warn_if_emulated
+
+            warn_if_emulated("bf16 grounding (--bf16)", device)
         autocast = torch.autocast(device, dtype=torch.bfloat16) if args.bf16 else nullcontext()
         with autocast:
             result = ground_new_items(
