@@ -78,10 +78,12 @@ def sid_model(
         try:
             model = PeftModel.from_pretrained(base, adapter, is_trainable=is_trainable)
         except RuntimeError as err:  # e.g. a LoRA whose shapes are not this base's
-            first = str(err).strip().splitlines()[0]
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            first = next((line for line in lines if "size mismatch" in line), lines[0] if lines else "")
             raise ValueError(
                 f"the adapter at {adapter} does not fit the base model {model_path} ({first[:300]}); pass the base "
-                f"it was trained on ({saved.config.get('base_model_name_or_path')!r}) with --model"
+                f"it was trained on with --model (its config records "
+                f"{saved.config.get('base_model_name_or_path')!r}), or restore the adapter's files if that is it"
             ) from None
         index.check_adapter(model.peft_config[model.active_adapter], where=f"the adapter at {adapter}")
         return tokenizer, model

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,11 +72,10 @@ def adapter_files(path: str | Path) -> tuple[Path, Path]:
 
 def read_adapter_config(path: str | Path) -> dict[str, Any]:
     """The adapter config (a dict) of the adapter folder ``path``, with errors naming the file."""
+    from ._io import read_json
+
     config_file, _ = adapter_files(path)
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{config_file} is not valid JSON ({err}): truncated or corrupted; {FIX}") from None
+    config = read_json(config_file, fix=FIX)
     if not isinstance(config, dict):
         raise ValueError(f"{config_file} holds a JSON {type(config).__name__}, not an adapter config; {FIX}")
     if config.get("peft_type") not in (None, PEFT_TYPE):

@@ -127,7 +127,7 @@ def check_max_examples(n: int | None) -> None:
     from . import checks
 
     checks.raise_problems(
-        "max_examples", [checks.int_at_least("max_examples", n, 1, flag="--max-examples", none_ok=True)]
+        "training data", [checks.int_at_least("max_examples", n, 1, flag="--max-examples", none_ok=True)]
     )
 
 

@@ -187,11 +187,14 @@ def _codes_per_level(levels: int | None, codes: int | Sequence[int]) -> tuple[in
     if isinstance(codes, int):
         levels = 3 if levels is None else levels
         if levels < 1:
-            raise ValueError(f"levels must be >= 1, got {levels}")
+            raise ValueError(f"levels must be >= 1, got {levels} (--levels)")
         return (codes,) * levels
     per_level = tuple(int(c) for c in codes)
     if levels is not None and levels != len(per_level):
-        raise ValueError(f"levels={levels} but codes lists {len(per_level)} levels ({list(per_level)})")
+        raise ValueError(
+            f"levels={levels} but codes lists {len(per_level)} levels ({list(per_level)}): give one of --levels "
+            "and a list in --codes"
+        )
     return per_level
 
 

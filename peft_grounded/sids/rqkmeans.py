@@ -58,7 +58,9 @@ class RQKMeansConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "codes_per_level", tuple(int(k) for k in self.codes_per_level))
         if not self.codes_per_level or min(self.codes_per_level) < 1:
-            raise QuantizationError(f"codes_per_level must be >= 1 each, got {self.codes_per_level}")
+            raise QuantizationError(
+                f"codes_per_level must be >= 1 each, got {self.codes_per_level} (--codes)"
+            )
         if self.balanced not in BALANCE_MODES:
             raise QuantizationError(f"balanced must be one of {BALANCE_MODES}, got {self.balanced!r}")
         from .. import checks
