@@ -64,7 +64,7 @@ def describe(err: BaseException) -> str | None:
     modules, names = _modules(err), _names(err)
     if "OfflineModeIsEnabled" in names:
         return (
-            f"{err}. HF_HUB_OFFLINE=1 is set, so the Hub is not contacted: unset it (or set it to 0) to push "
+            f"{str(err).rstrip('.')}. HF_HUB_OFFLINE=1 is set, so the Hub is not contacted: unset it (or set it to 0) to push "
             "or pull, or load from a local folder"
         )
     if "HfHubHTTPError" in names:

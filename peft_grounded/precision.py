@@ -133,17 +133,26 @@ def resolve_bf16(requested: bool | None, device: str = "cpu", what: str = "bf16"
     return bool(requested)
 
 
+def emulation_warning(what: str, choice: PrecisionChoice, slowdown: float) -> str | None:
+    """The warning for ``what`` (an explicit bf16) under the CPU's ``choice``; None where bf16 is native."""
+    if choice.bf16:
+        return None
+    evidence = choice.reason.split(": ", 1)[-1]
+    return (
+        f"{what} on a CPU without native bf16 ({evidence}): a bf16 matmul measured {slowdown:.1f}x the time of a "
+        "float32 one here, so training and decoding will be much slower; leave bf16 off (float32) on this machine"
+    )
+
+
 @functools.cache
 def warn_if_emulated(what: str = "bf16", device: str = "cpu") -> None:
     """Warn (once per ``what``) when bf16 is asked for on a CPU that emulates it."""
-    if device != "cpu" or choose_precision("cpu").bf16:
+    if device != "cpu":
         return
-    warnings.warn(
-        f"{what} on a CPU without native bf16 ({choose_precision('cpu').reason.split(': ', 1)[1]}): a bf16 "
-        f"matmul measured {bf16_slowdown():.1f}x slower than float32 here, so training and decoding will be "
-        "much slower; leave bf16 off (float32) on this machine",
-        stacklevel=3,
-    )
+    choice = choose_precision("cpu")
+    message = None if choice.bf16 else emulation_warning(what, choice, bf16_slowdown())
+    if message:
+        warnings.warn(message, stacklevel=3)
 
 
 def script_precision(fp32: bool = False, bf16: bool = False, device: str | None = None) -> PrecisionChoice:

@@ -138,8 +138,12 @@ def preset_of(preset: str | Preset) -> Preset:
     return PRESETS[preset]
 
 
-def machine_precision(spec: Preset, precision: str = "auto", device: str | None = None) -> tuple[Preset, str]:
-    """``spec`` with the precision this machine should run (see :func:`run_demo`), and why."""
+def machine_precision(
+    spec: Preset, precision: str = "auto", device: str | None = None, choice: Any = None
+) -> tuple[Preset, str]:
+    """``spec`` with the precision this machine should run (see :func:`run_demo`), and why; ``choice`` (a
+    :class:`~peft_grounded.precision.PrecisionChoice`) replaces the machine's own, e.g. to show what another
+    CPU gets."""
     from ..precision import choose_precision, warn_if_emulated
 
     budget = spec.budget
@@ -158,7 +162,7 @@ def machine_precision(spec: Preset, precision: str = "auto", device: str | None 
         ), "bf16 (--precision bf16)"
     if not (budget.bf16 or budget.weights_dtype == "bfloat16"):
         return spec, f"float32 (the {spec.name} preset's)"
-    choice = choose_precision(device)
+    choice = choice or choose_precision(device)
     if choice.bf16:
         return spec, f"the {spec.name} preset's bf16; {choice.reason}"
     return replace(spec, budget=replace(budget, bf16=False, weights_dtype="float32")), choice.reason
