@@ -196,6 +196,29 @@ def test_a_link_inside_the_index_folder_is_fine(world, tmp_path):
     assert SIDIndex.load(folder).fingerprint() == SIDIndex.load(world["sids"]).fingerprint()
 
 
+def test_the_hub_caches_links_from_a_snapshot_to_its_blobs_are_its_own_files(world, tmp_path):
+    """huggingface_hub stores ``snapshots/<commit>/<file>`` as links to ``blobs/<hash>``: such an index loads,
+    while a link to the blobs of a folder that is no snapshot's is refused."""
+    from peft_grounded.sids import SIDIndex
+    from peft_grounded.sids.index import IndexFileError
+
+    repo = tmp_path / "models--user--repo"
+    snapshot_dir = repo / "snapshots" / "0123abcd" / "sid_index"
+    snapshot_dir.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    for path in world["sids"].iterdir():
+        blob = repo / "blobs" / f"blob-{path.name}"
+        shutil.copy(path, blob)
+        (snapshot_dir / path.name).symlink_to(os.path.relpath(blob, snapshot_dir))
+    assert SIDIndex.load(snapshot_dir).fingerprint() == SIDIndex.load(world["sids"]).fingerprint()
+    plain = tmp_path / "plain" / "sid_index"
+    shutil.copytree(snapshot_dir, plain, symlinks=False)
+    (plain / JSON_NAME).unlink()
+    (plain / JSON_NAME).symlink_to(repo / "blobs" / f"blob-{JSON_NAME}")
+    with pytest.raises(IndexFileError, match="outside the index folder"):
+        SIDIndex.load(plain)
+
+
 # ----------------------------------------------------------------------------------------- adapters
 
 
@@ -288,6 +311,9 @@ def test_an_unknown_prompt_format_key_names_the_key_and_the_file(world, tmp_path
 def test_a_corrupted_adapter_config_names_the_file(world, tmp_path, capsys):
     adapter = copy_adapter(world, tmp_path)
     (adapter / "adapter_config.json").write_bytes(b'{"peft_type": "GROUNDED_TOKENS", \xff')
+    line = refuse_adapter(capsys, world, tmp_path, adapter)
+    assert str(adapter / "adapter_config.json") in line and "not UTF-8 text (byte 33" in line
+    (adapter / "adapter_config.json").write_text('{"peft_type": "GROUNDED_TOKENS", ')
     line = refuse_adapter(capsys, world, tmp_path, adapter)
     assert str(adapter / "adapter_config.json") in line and "not valid JSON" in line
 

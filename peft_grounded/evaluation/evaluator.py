@@ -58,7 +58,6 @@ def evaluate(
         raise ValueError("nothing to evaluate: keep ranking=True, likelihood=True or both")
     settings = settings or EvalSettings()
     fmt = fmt or PromptFormat()
-    check_items_indexed(split, parts, index)
     sids = item_token_ids(tokenizer, index)
     trie = trie or SIDTrie(sids)
     cold_items = split.cold_items(settings.cold_max_count)
@@ -70,6 +69,7 @@ def evaluate(
                 "new_item_share serves items a grown index added, but this index added none (a fresh build): "
                 "grow it with SIDIndex.add_items / `peft-grounded add-items`, or leave new_item_share unset"
             )
+    check_items_indexed(split, parts, index)
     result = Evaluation()
     for part in parts:
         (chosen, cold_chosen, cold_pool), (users, prompts, targets) = _part_prompts(

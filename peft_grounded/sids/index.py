@@ -125,11 +125,22 @@ def _check_meta(meta: dict[str, Any], json_path: Path) -> None:
         )
 
 
+def _hub_cache_blobs(directory: Path) -> Path | None:
+    """The ``blobs`` folder of the Hugging Face cache repo ``directory`` is a snapshot folder of, if it is one
+    (the cache links ``snapshots/<commit>/...`` files to ``blobs/<hash>``)."""
+    for parent in directory.resolve().parents:
+        if parent.name == "snapshots":
+            blobs = parent.parent / "blobs"
+            return blobs.resolve() if blobs.is_dir() else None
+    return None
+
+
 def _own_file(path: Path, directory: Path) -> Path:
     """``path`` if it is a file of ``directory`` itself, not a link out of it (an index reads only its own
-    files: a link could make it read, and checksum-accept, any file on the machine)."""
+    files: a link could make it read, and checksum-accept, any file on the machine); the Hugging Face
+    cache's links from a snapshot to its repo's blobs are its own files."""
     resolved = path.resolve()
-    if resolved.parent != directory.resolve():
+    if resolved.parent not in (directory.resolve(), _hub_cache_blobs(directory)):
         raise IndexFileError(
             f"{path} is a link to {resolved}, outside the index folder {directory}; an index reads only its own "
             f"files: copy the file into the folder (replacing the link), or {REBUILD}"
@@ -281,21 +292,25 @@ class SIDIndex:
 
     def check_adapter(self, config: Any, where: str = "the adapter") -> None:
         """Raise unless the adapter ``config`` was made for this index's tokens (and, when recorded, codes);
-        ``where`` names the adapter in the message."""
+        ``where`` names the adapter in the message. An adapter of an index this one grew from is told to
+        grow first."""
         recorded = getattr(config, "sid_index_fingerprint", None)
-        if recorded is not None and recorded in self.lineage:  # first: its tokens are a prefix of ours
-            raise ValueError(
-                f"{where} was trained with an earlier version of this SID index (fingerprint {recorded}); this "
-                "version added items. Grow the adapter first: peft-grounded grow-adapter --adapter ADAPTER "
-                "--parent-index PARENT_INDEX --sid-index THIS_INDEX --output GROWN (in Python: "
-                "peft_grounded.adapter.grow_adapter(model, tokenizer, parent_index, this_index))."
-            )
+        grow = (
+            f"{where} was trained with an earlier version of this SID index (fingerprint {recorded}); this "
+            "version added items. Grow the adapter first: peft-grounded grow-adapter --adapter ADAPTER "
+            "--parent-index PARENT_INDEX --sid-index THIS_INDEX --output GROWN (in Python: "
+            "peft_grounded.adapter.grow_adapter(model, tokenizer, parent_index, this_index))."
+        )
+        older = recorded is not None and recorded in self.lineage
         strings = getattr(config, "token_strings", None)
         if strings is not None and list(strings) != self.token_strings:
             raise ValueError(
                 f"{where} has {len(strings)} tokens that are not this SID index's {self.n_tokens} tokens (in "
-                "order): use the index the adapter was trained with."
+                "order): "
+                + (grow[0].lower() + grow[1:] if older else "use the index the adapter was trained with.")
             )
+        if older:
+            raise ValueError(grow)
         if recorded is not None and recorded != self.fingerprint():
             raise ValueError(
                 f"{where} was trained with another SID index (fingerprint {recorded}, this one is "
