@@ -98,6 +98,26 @@ def data_args(world) -> list[str]:
     return ["--model", world["base"], "--sid-index", world["sids"], "--catalogue", world["catalogue"]]
 
 
+def build_sids_args(world, catalogue, out, *extra) -> list:
+    """``build-sids`` of ``catalogue`` with the tiny base as its encoder (mean hidden states), 2 x 4 codes."""
+    encoder = f"lm:{world['base']}"
+    return [
+        "build-sids",
+        "--catalogue",
+        catalogue,
+        "--encoder",
+        encoder,
+        "--codes",
+        "4",
+        "--levels",
+        "2",
+        "--no-progress",
+        "-o",
+        out,
+        *extra,
+    ]
+
+
 def copy_adapter(world, tmp_path: Path, name: str = "adapter") -> Path:
     """A copy of the world's adapter to damage (the world's own stays intact for the other tests)."""
     target = tmp_path / name

@@ -4,7 +4,6 @@ indices (null or mistyped fields, a tensor file linked from outside the folder),
 NaN-filled, misshapen, no weights, pickles only, an unknown prompt-format key), base models, an adapter
 older than its index, evaluation targets without SIDs; and the user's files stay as they were."""
 
-# ruff: noqa: F811 (the world fixture is imported, then named by the tests)
 from __future__ import annotations
 
 import gzip
@@ -15,7 +14,16 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from robust_world import copy_adapter, data_args, refused, snapshot, toy_items, world, write_lcrec  # noqa: F401
+from robust_world import (
+    build_sids_args,
+    copy_adapter,
+    data_args,
+    refused,
+    snapshot,
+    toy_items,
+    world,  # noqa: F401 (a fixture)
+    write_lcrec,
+)
 from safetensors.torch import load_file, save_file
 
 from peft_grounded.sids.index import JSON_NAME, tensors_path
@@ -25,23 +33,7 @@ WEIGHTS = "adapter_model.safetensors"
 
 def refuse_catalogue(capsys, world, tmp_path, catalogue, *extra) -> str:
     out = tmp_path / "sids"
-    line = refused(
-        capsys,
-        "build-sids",
-        "--catalogue",
-        catalogue,
-        "--encoder",
-        f"lm:{world['base']}",
-        "--codes",
-        "2",
-        "--levels",
-        "1",
-        "--no-progress",
-        "--no-cache",
-        "-o",
-        out,
-        *extra,
-    )
+    line = refused(capsys, *build_sids_args(world, catalogue, out, "--no-cache", *extra))
     assert not out.exists()
     return line
 
@@ -490,21 +482,7 @@ def test_a_zeroed_embedding_cache_is_detected_and_encoded_again(world, tmp_path,
 
     def build(out):
         code, _, _ = run_cli(
-            capsys,
-            "build-sids",
-            "--catalogue",
-            world["catalogue"],
-            "--encoder",
-            f"lm:{world['base']}",
-            "--codes",
-            "4",
-            "--levels",
-            "2",
-            "--no-progress",
-            "--cache-dir",
-            tmp_path / "cache",
-            "-o",
-            out,
+            capsys, *build_sids_args(world, world["catalogue"], out, "--cache-dir", tmp_path / "cache")
         )
         assert code == 0
         return SIDIndex.load(out)

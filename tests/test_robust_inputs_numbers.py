@@ -9,7 +9,7 @@ same values (see the last tests)."""
 from __future__ import annotations
 
 import pytest
-from robust_world import data_args, refused, snapshot, world  # noqa: F401 (world: a fixture)
+from robust_world import build_sids_args, data_args, refused, snapshot, world  # noqa: F401 (world: a fixture)
 
 # (flag values, words the message must hold); each command adds its required arguments
 TRAINING = {
@@ -123,23 +123,8 @@ BUILD = {
 def test_build_sids_refuses_a_setting_out_of_range(world, tmp_path, capsys, case):
     flags, words = BUILD[case]
     before = snapshot(world["root"])
-    line = refused(
-        capsys,
-        "build-sids",
-        "--catalogue",
-        world["catalogue"],
-        "--encoder",
-        f"lm:{world['base']}",
-        "--codes",
-        "4",
-        "--levels",
-        "2",
-        "--no-progress",
-        "--no-cache",
-        "-o",
-        tmp_path / "sids",
-        *flags,
-    )
+    out = tmp_path / "sids"
+    line = refused(capsys, *build_sids_args(world, world["catalogue"], out, "--no-cache", *flags))
     for word in words:
         assert word in line, (word, line)
     assert not (tmp_path / "sids").exists()
