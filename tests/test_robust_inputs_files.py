@@ -4,6 +4,7 @@ indices (null or mistyped fields, a tensor file linked from outside the folder),
 NaN-filled, misshapen, no weights, pickles only, an unknown prompt-format key), base models, an adapter
 older than its index, evaluation targets without SIDs; and the user's files stay as they were."""
 
+# ruff: noqa: F811 (the world fixture is imported, then named by the tests)
 from __future__ import annotations
 
 import gzip
