@@ -59,9 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("PEFT_GROUNDED_DEBUG"):
             raise
         print(
-            f"interrupted: {args.command} stopped before it finished. Its files are written through temporary "
-            "files and renamed when complete, so nothing half-written was left: run the command again (training: "
-            "with --resume to continue from the last checkpoint)",
+            f"interrupted: {args.command} stopped before it finished (Ctrl-C). Its outputs are written "
+            "through temporary files and renamed only when complete, so none is half-written: run the command "
+            "again (training: --resume continues from the last checkpoint)",
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
