@@ -108,6 +108,16 @@ def test_a_truncated_gzip_catalogue_is_named(world, tmp_path, capsys):
     assert str(path) in line and "cannot be read" in line
 
 
+def test_an_encoder_path_that_does_not_exist_is_named(world, tmp_path, capsys):
+    out = tmp_path / "sids"
+    args = build_sids_args(world, world["catalogue"], out, "--no-cache", "--encoder", f"lm:{tmp_path / 'lm'}")
+    line = refused(capsys, *args)
+    assert (
+        f"--encoder lm:{tmp_path / 'lm'}" in line and "is not a directory" in line and "Repo id" not in line
+    )
+    assert not out.exists()
+
+
 # ----------------------------------------------------------------------------------------- SID indices
 
 
@@ -309,6 +319,14 @@ def test_a_corrupted_adapter_config_names_the_file(world, tmp_path, capsys):
     (adapter / "adapter_config.json").write_text('{"peft_type": "GROUNDED_TOKENS", ')
     line = refuse_adapter(capsys, world, tmp_path, adapter)
     assert str(adapter / "adapter_config.json") in line and "not valid JSON" in line
+
+
+def test_an_adapter_of_another_peft_type_is_named(world, tmp_path, capsys):
+    adapter = copy_adapter(world, tmp_path)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps(config | {"peft_type": "LORA"}))
+    line = refuse_adapter(capsys, world, tmp_path, adapter)
+    assert "holds a LORA adapter, not a grounded-token adapter" in line
 
 
 def test_diagnose_on_a_truncated_adapter_names_the_file(world, tmp_path, capsys):
