@@ -27,6 +27,7 @@ from peft_grounded.pipeline.side_by_side import (
     strategy_row,
     summarise_rows,
 )
+from peft_grounded.precision import script_precision
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.recommend import Budget, Experiment, run_strategy
 from peft_grounded.runs import write_json_atomic
@@ -61,6 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--users", type=int, default=0, help="test users scored (0: all)")
     p.add_argument("--reference", default="sasrec", help="row the paired differences are taken against")
     p.add_argument("--fp32", action="store_true", help="float32 even on a CPU with native bf16")
+    p.add_argument("--bf16", action="store_true", help="bf16 even where the CPU emulates it (slow)")
     p.add_argument("--layers", type=int, default=0, help="keep the base's first N decoder blocks (0: all)")
     p.add_argument("--keep-history", action="store_true", help="let the LLM rows recommend history items")
     p.add_argument("--sft-steps", type=int, default=0, help="step cap on SFT (0: the time alone)")
@@ -78,7 +80,8 @@ def main(argv=None) -> int:
         index = SIDIndex.load(out / "sids")
     else:
         index = build_sids(catalogue, out / "sids", levels=3, codes=codes, show_progress=False)
-    bf16 = native_bf16() and not args.fp32
+    precision = script_precision(args.fp32, args.bf16)
+    bf16 = precision.bf16
     budget = Budget(
         sft_steps=4 if args.smoke else args.sft_steps,
         grounding_steps=2 if args.smoke else 0,

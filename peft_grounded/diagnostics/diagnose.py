@@ -73,9 +73,13 @@ def diagnose(
     Raises ``ValueError`` before writing anything when a checkpoint holds other tokens than the
     index, was trained with another index, or the base model is not the adapters' base.
     """
+    from peft_grounded import checks
     from peft_grounded.sids.index import SIDIndex
 
     config = config or ReportConfig()
+    checks.raise_problems(
+        "diagnose", [checks.int_at_least("category_depth", category_depth, 0, flag="--category-depth")]
+    )
     sid_index = index if isinstance(index, SIDIndex) else SIDIndex.load(index)
     tokens = sid_index.token_strings
     points = _label(checkpoints, names, stages)
@@ -181,12 +185,12 @@ def _label(
 
 def _check_index_fingerprints(points: list[Checkpoint], index: Any) -> None:
     """The runner's manifest, and the adapter itself, record which SID index the tokens belong to."""
-    import json
+    from .._io import read_json
 
     own = index.fingerprint()
     wrong = []
     for point in points:
-        config = json.loads((point.path / ADAPTER_CONFIG).read_text())
+        config = read_json(point.path / ADAPTER_CONFIG)
         recorded = {point.index_fingerprint, config.get("sid_index_fingerprint")} - {None}
         if recorded - {own}:
             wrong.append(point.name)

@@ -57,7 +57,6 @@ def run(args) -> int:
     from .evaluator import evaluate_adapter
     from .users import EvalSettings
 
-    catalogue, index = load_data(args)
     settings = EvalSettings(
         ks=tuple(args.ks),
         users=args.users,
@@ -68,7 +67,8 @@ def run(args) -> int:
         bf16=args.bf16,
         new_item_share=args.new_item_share,
         match_levels=args.match_levels,
-    )
+    )  # checked before anything loads
+    catalogue, index = load_data(args)
     evaluation = evaluate_adapter(
         args.adapter, index, catalogue, settings, model_path=args.model, parts=tuple(args.splits)
     )

@@ -24,13 +24,16 @@ def run(args) -> int:
     import torch
 
     from ..cli_common import load_data, trainer_kwargs
+    from ..training import check_max_examples
     from .trainer import GroundingConfig, ground
 
+    config = GroundingConfig(**trainer_kwargs(args))  # settings checked before anything loads
+    check_max_examples(args.max_examples)
     catalogue, index = load_data(args)
     ground(
         catalogue,
         index,
-        GroundingConfig(**trainer_kwargs(args)),
+        config,
         model_path=args.model,
         init=args.init,
         centroid_variant=args.centroid_variant,

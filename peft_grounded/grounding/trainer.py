@@ -107,9 +107,10 @@ def ground(
     adapter lands in ``<args.output_dir>/adapter``.
     """
     from ..models import model_for
-    from ..training import sample_rows
+    from ..training import check_max_examples, sample_rows
     from .data import grounding_dataset
 
+    check_max_examples(max_examples)
     tokenizer, model = model_for(
         index,
         model,

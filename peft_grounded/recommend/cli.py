@@ -34,25 +34,28 @@ def add_cli(subparsers: Any) -> None:
 def run(args) -> int:
     import torch
 
+    from ..adapter.lora import lora_settings
     from ..cli_common import load_data, prompt_format, trainer_kwargs
+    from ..training import check_max_examples
     from .trainer import RecommendationConfig, train_recommender
 
-    catalogue, index = load_data(args)
+    config = RecommendationConfig(**trainer_kwargs(args))  # settings checked before anything loads
     targets = args.lora_target_modules
     targets = targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
-    lora = dict(
-        r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=targets
-    )
+    lora = lora_settings(args.lora_r, args.lora_alpha, args.lora_dropout, targets)
+    check_max_examples(args.max_examples)
+    fmt = prompt_format(args)
+    catalogue, index = load_data(args)
     train_recommender(
         catalogue,
         index,
-        RecommendationConfig(**trainer_kwargs(args)),
+        config,
         model_path=args.model,
         grounded=args.grounded,
         init=args.init,
         centroid_variant=args.centroid_variant,
         lora=lora,
-        fmt=prompt_format(args),
+        fmt=fmt,
         max_examples=args.max_examples,
         resume=args.resume,
         dtype=getattr(torch, args.weights_dtype),

@@ -14,7 +14,6 @@ its last checkpoint, and a stage whose settings changed is refused (see :mod:`pe
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -24,7 +23,8 @@ from typing import Any
 
 import torch
 
-from .. import runs
+from .. import checks, runs
+from .._io import read_json
 from ..evaluation.evaluator import evaluate
 from ..evaluation.users import EvalSettings, item_token_ids
 from ..models import sid_model
@@ -145,13 +145,40 @@ class Budget:
         self.weights_dtype = name
         for field_name in ("minutes", "grounding_minutes"):
             value = getattr(self, field_name)
-            if value is not None and value <= 0:
+            if value is not None and not (checks.is_number(value) and value > 0):
                 raise ValueError(f"{field_name}={value}: a time budget must be positive (or None for none).")
         unknown = set(self.eval_parts or ()) - {"valid", "test"}
         if unknown or (self.eval_parts is not None and not self.eval_parts):
             raise ValueError(
                 f"eval_parts={self.eval_parts!r}: name 'valid' and/or 'test' (or None for both)."
             )
+        checks.raise_problems("Budget", self._problems())
+        self.eval_settings()  # the evaluation settings it implies, checked now rather than after training
+
+    def _problems(self) -> list[str | None]:
+        """Every field out of range (a stage's steps may be 0 when its minutes end it)."""
+        least, number = checks.int_at_least, checks.number_in
+        return [
+            least("grounding_steps", self.grounding_steps, 0 if self.grounding_minutes else 1),
+            least("sft_steps", self.sft_steps, 0 if self.minutes else 1),
+            least("batch_size", self.batch_size, 1),
+            least("gradient_accumulation_steps", self.gradient_accumulation_steps, 1),
+            number("grounding_lr", self.grounding_lr, 0, low_open=True),
+            number("sft_lr", self.sft_lr, 0, low_open=True),
+            least("lora_r", self.lora_r, 1),
+            number("lora_alpha", self.lora_alpha, 0, low_open=True),
+            number("lora_dropout", self.lora_dropout, 0, 1, high_open=True),
+            least("max_length", self.max_length, 1),
+            checks.seed("seed", self.seed),
+            least("eval_every", self.eval_every, 0),
+            least("curve_every", self.curve_every, 0, none_ok=True),
+            least("curve_users", self.curve_users, 1),
+            checks.one_of("centroid_variant", self.centroid_variant, ("items", "codebook")),
+            least("max_train_examples", self.max_train_examples, 1, none_ok=True),
+            least("max_grounding_examples", self.max_grounding_examples, 1, none_ok=True),
+            least("logging_steps", self.logging_steps, 1),
+            least("save_steps", self.save_steps, 1),
+        ]
 
     @property
     def parts(self) -> tuple[str, ...]:
@@ -433,7 +460,7 @@ def _lora(budget: Budget) -> dict:
 def _log_history(stage: Path) -> list[dict]:
     """The loss log a stage's trainer wrote (empty when there is none)."""
     path = stage / LOG_FILE
-    return json.loads(path.read_text()) if path.is_file() else []
+    return read_json(path) if path.is_file() else []
 
 
 def _add_likelihood(record: dict, experiment: Experiment, budget: Budget, out: Path) -> dict:
@@ -489,7 +516,7 @@ def _recorded_results(path: Path, manifest: dict, name: str) -> dict | None:
     there (``peft-grounded evaluate --output`` and ``diagnose --out`` also write a ``metrics.json``)."""
     if not path.is_file():
         return None
-    record = json.loads(path.read_text())
+    record = read_json(path, fix="move it away to re-evaluate this run")
     fingerprint = runs.fingerprint(manifest)
     ours = isinstance(record, dict) and record.get("strategy") == name and "metrics" in record
     if not ours or record.get("run", fingerprint) != fingerprint:
