@@ -12,7 +12,8 @@ SIDs for MovieLens-100K (all-MiniLM-L6-v2 + RQ-KMeans 3 x 64 + a disambiguation 
 (r 8, all linear), the seeded test users' inference prompts, 20 beams, top 20. Each engine decodes the
 same users; the table gives seconds per user (wall, best of the interleaved rounds, and the process's CPU
 time, which other jobs on a shared machine disturb less) and the share of users whose top-20 list equals
-the first engine's. bf16 weights and autocast (as the demo and the quality benchmark) unless ``--fp32``.
+the first engine's. bf16 weights and autocast where the CPU runs bf16 natively, else float32 (as the demo and the quality
+benchmark; ``--fp32`` / ``--bf16`` force one).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from peft_grounded.adapter import add_lora
 from peft_grounded.adapter.loading import sid_model
 from peft_grounded.decoding import SIDTrie, recommend
 from peft_grounded.evaluation import item_token_ids
+from peft_grounded.precision import script_precision
 from peft_grounded.prompts import PromptFormat, inference_prompts
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
@@ -46,6 +48,7 @@ def main() -> None:
     parser.add_argument("--beams", type=int, default=20)
     parser.add_argument("--max-history", type=int, default=8)
     parser.add_argument("--fp32", action="store_true", help="fp32 weights, no autocast")
+    parser.add_argument("--bf16", action="store_true", help="bf16 weights and autocast even where emulated")
     parser.add_argument("--likelihood", action="store_true", help="also time target_log_likelihood")
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds per engine, interleaved")
     parser.add_argument(
@@ -55,6 +58,7 @@ def main() -> None:
     )
     parser.add_argument("--output", type=Path, default=Path("runs/bench_decoding"))
     args = parser.parse_args()
+    args.fp32 = not script_precision(args.fp32, args.bf16).bf16
 
     catalogue = load_catalogue("movielens-100k")
     sid_dir = args.output / "sids"

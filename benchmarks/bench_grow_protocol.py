@@ -56,6 +56,7 @@ from peft_grounded.growth import add_items, grow_adapter
 from peft_grounded.growth.grounding import ground_new_items
 from peft_grounded.peers import TextKNN
 from peft_grounded.pipeline import Budget, Experiment, run_strategy, strategy
+from peft_grounded.precision import script_precision
 from peft_grounded.prompts import PromptFormat, inference_prompts
 from peft_grounded.sids import build_sids, load_catalogue
 from peft_grounded.sids.encoders import encode_texts, load_encoder
@@ -219,7 +220,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-3, help="SFT and grounding learning rate")
     parser.add_argument("--lora-r", type=int, default=8)
     parser.add_argument("--lora-alpha", type=int, default=16)
-    parser.add_argument("--no-bf16", action="store_true", help="float32 base, no autocast")
+    parser.add_argument(
+        "--no-bf16", action="store_true", help="float32 base, no autocast (default: the machine's choice)"
+    )
+    parser.add_argument("--bf16", action="store_true", help="bf16 base and autocast even where emulated")
     parser.add_argument("--incremental-steps", type=int, default=30)
     parser.add_argument(
         "--incremental-lr",
@@ -292,6 +296,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.max_history = 19 if args.objective == "sequence" else 10
     if args.max_length is None:
         args.max_length = 128 if args.objective == "sequence" else 256
+    args.no_bf16 = not script_precision(args.no_bf16, args.bf16).bf16
     return args
 
 

@@ -33,6 +33,7 @@ from peft_grounded.evaluation import (
     popularity_users,
 )
 from peft_grounded.pipeline import STRATEGIES, Budget, Experiment, run_strategy
+from peft_grounded.precision import script_precision
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
@@ -245,9 +246,15 @@ def main() -> None:
         help="seeded sample of the SFT sliding windows (tokenising all of them costs minutes)",
     )
     parser.add_argument(
-        "--fp32", action="store_true", help="fp32 base and no autocast (default: bf16, as the demo)"
+        "--fp32",
+        action="store_true",
+        help="fp32 base and no autocast (default: the machine's choice, as the demo)",
+    )
+    parser.add_argument(
+        "--bf16", action="store_true", help="bf16 base and autocast even where bf16 is emulated"
     )
     args = parser.parse_args()
+    bf16 = script_precision(args.fp32, args.bf16).bf16
 
     name = Path(args.dataset).name or args.dataset
     out = args.output or Path("runs/bench_quality") / name
@@ -266,7 +273,7 @@ def main() -> None:
     training = dict(
         per_device_train_batch_size=args.batch_size,
         max_length=args.max_length,
-        bf16=not args.fp32,
+        bf16=bf16,
         save_steps=max(args.sft_steps // 2, 1),
         logging_steps=10,
     )
@@ -277,8 +284,8 @@ def main() -> None:
         ),
         sft=dict(max_steps=args.sft_steps, learning_rate=1e-3, max_minutes=args.minutes),
         lora=dict(r=8, lora_alpha=16),
-        evaluation=EvalSettings(users=args.eval_users, bf16=not args.fp32),
-        weights_dtype="float32" if args.fp32 else "bfloat16",
+        evaluation=EvalSettings(users=args.eval_users, bf16=bf16),
+        weights_dtype="bfloat16" if bf16 else "float32",
         eval_every=args.eval_every,
         curve_every=args.curve_every,
         curve_users=args.curve_users,

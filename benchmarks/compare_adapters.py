@@ -32,6 +32,7 @@ from peft_grounded.evaluation import (
     popularity_users,
     rank_metrics,
 )
+from peft_grounded.precision import script_precision
 from peft_grounded.sids import SIDIndex, load_catalogue
 from peft_grounded.training import runs
 
@@ -95,7 +96,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the user sample")
     parser.add_argument("--num-beams", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--fp32", action="store_true", help="fp32 base and decoding (default: bf16)")
+    parser.add_argument(
+        "--fp32", action="store_true", help="fp32 base and decoding (default: the machine's choice)"
+    )
+    parser.add_argument(
+        "--bf16", action="store_true", help="bf16 base and decoding even where bf16 is emulated"
+    )
     parser.add_argument("--resamples", type=int, default=10_000)
     parser.add_argument(
         "--subsets", nargs="+", default=["all", "cold"], help="user subsets (cold: a rarely seen target)"
@@ -104,6 +110,7 @@ def main() -> None:
         "--pair", action="append", default=[], help="A:B, compare adapter A with adapter B too (repeat)"
     )
     args = parser.parse_args()
+    bf16 = script_precision(args.fp32, args.bf16).bf16
 
     adapters = _named(args.adapter)
     catalogue, index = load_catalogue(args.catalogue), SIDIndex.load(args.sid_index)
@@ -113,7 +120,7 @@ def main() -> None:
         seed=args.seed,
         num_beams=args.num_beams,
         batch_size=args.batch_size,
-        bf16=not args.fp32,
+        bf16=bf16,
     )
     args.out.mkdir(parents=True, exist_ok=True)
     users: dict[str, dict[int, list[dict]]] = {}
@@ -184,7 +191,7 @@ def main() -> None:
     text = "\n".join(
         [
             f"## {catalogue.name}: {len(_in(popularity, 'all'))} test users, {args.num_beams} beams "
-            f"({'fp32' if args.fp32 else 'bf16'}); evaluation time: {timing}",
+            f"({'bf16' if bf16 else 'fp32'}); evaluation time: {timing}",
             "",
             *table,
             "",

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from peft_grounded import assets
@@ -29,19 +28,11 @@ from peft_grounded.pipeline.side_by_side import (
     strategy_row,
     summarise_rows,
 )
+from peft_grounded.precision import script_precision
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
 from peft_grounded.training.runs import write_json_atomic
-
-
-def native_bf16() -> bool:
-    import torch
-
-    return (
-        torch.backends.cpu.get_cpu_capability() in ("AVX512", "AVX512_BF16", "AMX")
-        or torch.cuda.is_available()
-    )
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -62,6 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--users", type=int, default=0, help="test users scored (0: all)")
     p.add_argument("--reference", default="sasrec", help="row the paired differences are taken against")
     p.add_argument("--fp32", action="store_true", help="float32 even on a CPU with native bf16")
+    p.add_argument("--bf16", action="store_true", help="bf16 even where the CPU emulates it (slow)")
     p.add_argument("--layers", type=int, default=0, help="keep the base's first N decoder blocks (0: all)")
     p.add_argument("--keep-history", action="store_true", help="let the LLM rows recommend history items")
     p.add_argument("--sft-steps", type=int, default=0, help="step cap on SFT (0: the time alone)")
@@ -79,7 +71,8 @@ def main(argv=None) -> int:
         index = SIDIndex.load(out / "sids")
     else:
         index = build_sids(catalogue, out / "sids", levels=3, codes=codes, show_progress=False)
-    bf16 = native_bf16() and not args.fp32
+    precision = script_precision(args.fp32, args.bf16)
+    bf16 = precision.bf16
     users = (8 if args.smoke else None) if not args.users else args.users
     budget = Budget.from_training(
         dict(
@@ -122,7 +115,7 @@ def main(argv=None) -> int:
         flush=True,
     )
     rows: dict[str, dict] = {}
-    settings = {seed: replace(budget, seed=seed).eval_settings() for seed in args.seeds}
+    settings = {seed: budget.with_seed(seed).eval_settings() for seed in args.seeds}
     sasrec = None
     if "sasrec" in args.peers:
         from peft_grounded.peers.sasrec import SASRecConfig
@@ -156,7 +149,7 @@ def main(argv=None) -> int:
                 run_strategy(
                     name,
                     experiment,
-                    replace(budget, seed=seed),
+                    budget.with_seed(seed),
                     out / "strategies" / f"{name}-seed{seed}",
                     resume=True,
                 )

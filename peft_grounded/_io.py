@@ -7,11 +7,12 @@ filled beside their target (:func:`make_temp_dir`) those of ``mkdir``, not the `
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 
 def _read_umask() -> int:
@@ -58,3 +59,24 @@ def make_temp_dir(target: str | os.PathLike[str]) -> Path:
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     """UTF-8 ``text`` to ``path``, atomically."""
     return atomic_write(path, text.encode("utf-8"))
+
+
+class FileFormatError(ValueError):
+    """A file that cannot be parsed (bad bytes, bad JSON); the message names the file."""
+
+
+def read_json(path: str | os.PathLike[str], fix: str = "fix the file, or restore a good copy") -> Any:
+    """The JSON value in ``path``; bad UTF-8 or bad JSON raise :class:`FileFormatError` naming the file and
+    the place (a missing or unreadable file raises the ``OSError``, which names it too)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise FileFormatError(f"{path} is not UTF-8 text (byte {err.start}: {err.reason}); {fix}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise FileFormatError(
+            f"{path} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg}; truncated or "
+            f"corrupted?); {fix}"
+        ) from None

@@ -73,6 +73,28 @@ class PromptFormat:
         if self.max_history is not None and self.max_history < 0:
             raise ValueError(f"max_history={self.max_history} must be >= 0 (0 or None: the whole history).")
 
+    @classmethod
+    def from_record(cls, record: Any, source: str = "the adapter config") -> PromptFormat:
+        """The format recorded as a dict (``asdict`` of one) in ``source``; a clear error naming ``source``
+        for a record that is not a dict, has keys this version does not know, or values out of range."""
+        from dataclasses import fields
+
+        if not isinstance(record, dict):
+            raise ValueError(
+                f"{source}: prompt_format must be a JSON object of PromptFormat fields, got {type(record).__name__}"
+            )
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(record) - known)
+        if unknown:
+            raise ValueError(
+                f"{source}: prompt_format has keys this peft_grounded does not know: {unknown} (known: "
+                f"{sorted(known)}); it was written by another version: upgrade peft_grounded, or remove those keys"
+            )
+        try:
+            return cls(**record)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{source}: its prompt_format cannot be used: {err}") from None
+
     def _check(self, history: Sequence[str], index) -> None:
         missing = [i for i in history if i not in index]
         if missing:

@@ -96,7 +96,7 @@ def test_stage_defaults_are_the_configs_own():
     """No second set of defaults in the command line: a bare command gives the dataclasses' defaults."""
     model, config = ground.parse(["--sid-index", "s", "--output", "o"])
     assert _as_dict([config]) == _as_dict([GroundingConfig(output_dir="o")])
-    assert config.max_steps == 200 and config.learning_rate == 1e-3 and config.bf16 is False
+    assert config.max_steps == 200 and config.learning_rate == 1e-3
     assert RecommendationConfig(output_dir="o").max_steps == 400
     assert GroundingConfig(output_dir="o", max_minutes=2).max_steps == -1  # time alone, as --minutes gave
     assert model == ModelArguments(sid_index="s")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -10,10 +11,33 @@ import torch
 from ..prompts import PromptFormat
 
 
+def check_model_dir(model_path: Any, flag: str = "--model") -> str:
+    """``model_path`` if it is a local model directory with safetensors weights; else a clear error (a
+    missing path would otherwise reach the Hub client as a malformed repo id)."""
+    path = Path(str(model_path)).expanduser()
+    fix = "pass a local model directory (config.json, *.safetensors and the tokenizer files)"
+    if not path.exists():
+        raise FileNotFoundError(f"{flag} {model_path}: no such directory; {fix}")
+    if not path.is_dir():
+        raise ValueError(f"{flag} {model_path} is a file, not a model directory; {fix}")
+    if not (path / "config.json").is_file():
+        hint = ""
+        if (path / "adapter_config.json").is_file():
+            hint = " (it holds an adapter: pass it as the adapter and its base model here)"
+        raise FileNotFoundError(f"{flag} {model_path} holds no config.json{hint}; {fix}")
+    if not any(path.glob("*.safetensors")):
+        raise FileNotFoundError(
+            f"{flag} {model_path} holds no *.safetensors weights (pickled *.bin weights are never loaded); "
+            "convert them with transformers' save_pretrained(safe_serialization=True)"
+        )
+    return str(path)
+
+
 def load_base(model_path: str, dtype: torch.dtype = torch.float32):
     """A fresh tokenizer and base model from a local checkpoint (safetensors only)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    model_path = check_model_dir(model_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, use_safetensors=True)
     return tokenizer, model
@@ -41,11 +65,27 @@ def sid_model(
 
     from . import GroundedTokenConfig, add_tokens
 
+    if adapter is not None:  # the adapter's files and its index are checked before the base loads
+        from types import SimpleNamespace
+
+        from .saved import read_adapter
+
+        saved = read_adapter(adapter)
+        index.check_adapter(SimpleNamespace(**saved.config), where=f"the adapter at {adapter}")
     tokenizer, base = load_base(model_path, dtype)
     added = add_tokens(tokenizer, base, index.token_strings)
     if adapter is not None:
-        model = PeftModel.from_pretrained(base, adapter, is_trainable=is_trainable)
-        index.check_adapter(model.peft_config[model.active_adapter])
+        try:
+            model = PeftModel.from_pretrained(base, adapter, is_trainable=is_trainable)
+        except RuntimeError as err:  # e.g. a LoRA whose shapes are not this base's
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            first = next((line for line in lines if "size mismatch" in line), lines[0] if lines else "")
+            raise ValueError(
+                f"the adapter at {adapter} does not fit the base model {model_path} ({first[:300]}); pass the base "
+                f"it was trained on with --model (its config records "
+                f"{saved.config.get('base_model_name_or_path')!r}), or restore the adapter's files if that is it"
+            ) from None
+        index.check_adapter(model.peft_config[model.active_adapter], where=f"the adapter at {adapter}")
         return tokenizer, model
     vectors = None
     if init == "centroid":
@@ -69,13 +109,10 @@ def sid_model(
 def base_model_path(adapter: str) -> str:
     """The local base model of a saved adapter: its recorded base if that is a directory here, else the
     packaged SmolLM2-135M when the adapter was made on it."""
-    from pathlib import Path
-
-    from peft import PeftConfig
-
     from .. import assets
+    from .saved import read_adapter_config
 
-    recorded = PeftConfig.from_pretrained(adapter).base_model_name_or_path or ""
+    recorded = read_adapter_config(adapter).get("base_model_name_or_path") or ""
     if recorded and Path(recorded).is_dir():
         return recorded
     local = assets.smollm2()
@@ -91,7 +128,7 @@ def prompt_format_of(model, default: PromptFormat | None = None) -> PromptFormat
     """The prompt format recorded in the model's adapter config (else ``default`` or the standard one)."""
     recorded = getattr(model.peft_config[model.active_adapter], "prompt_format", None)
     if recorded:
-        return PromptFormat(**recorded)
+        return PromptFormat.from_record(recorded)
     return default or PromptFormat()
 
 

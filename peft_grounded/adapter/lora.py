@@ -10,6 +10,19 @@ from .config import GroundedTokenConfig
 from .lora_settings import checked_lora
 
 
+def lora_settings(
+    r: int = 16,
+    lora_alpha: int = 32,
+    lora_dropout: float = 0.0,
+    target_modules: str | list[str] = "all-linear",
+    **lora_kwargs: Any,
+) -> dict[str, Any]:
+    """:func:`add_lora`'s arguments as the checked ``peft.LoraConfig`` keyword arguments it records; raises
+    on a value out of range, so an entry point can check them before loading a model."""
+    lora = {"r": r, "lora_alpha": lora_alpha, "lora_dropout": lora_dropout, "target_modules": target_modules}
+    return checked_lora(lora | lora_kwargs)
+
+
 def add_lora(
     model: PeftModel,
     r: int = 16,
@@ -34,14 +47,7 @@ def add_lora(
         raise TypeError(f"Adapter {name!r} is not a grounded-token adapter; add_lora stacks onto those.")
     if config.has_lora:
         raise ValueError(f"Adapter {name!r} already has a LoRA ({config.lora}).")
-    lora = {
-        "r": r,
-        "lora_alpha": lora_alpha,
-        "lora_dropout": lora_dropout,
-        "target_modules": target_modules,
-        **lora_kwargs,
-    }
-    config.lora = checked_lora(lora)
+    config.lora = lora_settings(r, lora_alpha, lora_dropout, target_modules, **lora_kwargs)
     try:
         model.base_model.inject_lora(name)
     except Exception:

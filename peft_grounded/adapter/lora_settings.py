@@ -58,6 +58,18 @@ def checked_lora(lora: Any) -> dict[str, Any] | None:
         )
     if not lora.get("target_modules"):
         raise ValueError("lora needs target_modules (e.g. 'all-linear' or ['q_proj', 'v_proj']).")
+    from .. import checks
+
+    checks.raise_problems(
+        "lora",
+        [
+            checks.int_at_least("r", lora.get("r", 8), 1, flag="--lora-r"),
+            checks.number_in("lora_alpha", lora.get("lora_alpha", 8), 0, low_open=True, flag="--lora-alpha"),
+            checks.number_in(
+                "lora_dropout", lora.get("lora_dropout", 0.0), 0, 1, high_open=True, flag="--lora-dropout"
+            ),
+        ],
+    )
     out = dict(lora)
     if isinstance(out["target_modules"], (set, frozenset, tuple)):
         out["target_modules"] = sorted(out["target_modules"])

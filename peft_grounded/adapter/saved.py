@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,32 +46,80 @@ class SavedAdapter:
         return torch.as_tensor([where[t] for t in wanted], dtype=torch.long)
 
 
-def read_adapter(path: str | Path) -> SavedAdapter:
-    """Config and rows of the grounded adapter saved at ``path`` (safetensors only); clear errors otherwise."""
-    from safetensors import safe_open
+FIX = "save it again, or restore a good copy (a run's adapter/ is written by its training stage)"
 
+
+def adapter_files(path: str | Path) -> tuple[Path, Path]:
+    """``(adapter_config.json, adapter_model.safetensors)`` of the adapter folder ``path``; a clear error
+    for a missing folder, a file, a folder without them, or pickled weights only (never loaded)."""
     directory = Path(path)
     config_file, weights = directory / ADAPTER_CONFIG, directory / ADAPTER_WEIGHTS
-    if not config_file.is_file() or not weights.is_file():
+    if not directory.exists():
+        raise FileNotFoundError(f"no adapter folder {directory}: pass the folder that save_pretrained wrote")
+    if not directory.is_dir():
+        raise ValueError(f"{directory} is a file; pass the adapter's folder (it holds {ADAPTER_CONFIG})")
+    if not config_file.is_file():
         raise FileNotFoundError(
-            f"{directory} does not hold a saved adapter ({ADAPTER_CONFIG} + {ADAPTER_WEIGHTS})."
+            f"{directory} holds no {ADAPTER_CONFIG}, so it is not a saved adapter: pass the folder that "
+            "save_pretrained wrote (e.g. <run>/adapter)"
         )
-    config = json.loads(config_file.read_text())
+    if not weights.is_file():
+        pickled = [p.name for p in directory.glob("*.bin")] + [p.name for p in directory.glob("*.pt")]
+        extra = f" ({', '.join(pickled)} are pickles, never loaded)" if pickled else ""
+        raise FileNotFoundError(f"{directory} has {ADAPTER_CONFIG} but no {ADAPTER_WEIGHTS}{extra}; {FIX}")
+    return config_file, weights
+
+
+def read_adapter_config(path: str | Path) -> dict[str, Any]:
+    """The adapter config (a dict) of the adapter folder ``path``, with errors naming the file."""
+    from .._io import read_json
+
+    config_file, _ = adapter_files(path)
+    config = read_json(config_file, fix=FIX)
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_file} holds a JSON {type(config).__name__}, not an adapter config; {FIX}")
     if config.get("peft_type") not in (None, PEFT_TYPE):
         raise ValueError(
-            f"{directory} holds a {config.get('peft_type')} adapter, not a grounded-token adapter."
+            f"{Path(path)} holds a {config.get('peft_type')} adapter, not a grounded-token adapter."
         )
-    with safe_open(str(weights), framework="pt") as handle:
-        keys = list(handle.keys())
-        inputs = [k for k in keys if k.endswith("grounded_embedding")]
-        outputs = [k for k in keys if k.endswith("grounded_head")]
-        if len(inputs) != 1 or len(outputs) > 1:
-            raise ValueError(
-                f"{weights} holds {len(inputs)} grounded embeddings and {len(outputs)} heads; "
-                "expected one adapter."
-            )
-        input_rows = handle.get_tensor(inputs[0])
-        output_rows = handle.get_tensor(outputs[0]) if outputs else None
+    return config
+
+
+def recorded_metadata(config: dict[str, Any], key: str) -> Any:
+    """What a saved config's application metadata holds under ``key`` (``sid_index_fingerprint``,
+    ``prompt_format``): in ``metadata`` since 0.2, at the top level before."""
+    return (config.get("metadata") or {}).get(key, config.get(key))
+
+
+def read_tensors(weights: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file; a truncated or corrupted file is a clear error naming it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(weights))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        raise ValueError(f"{weights} cannot be read ({err}): truncated or corrupted; {FIX}") from None
+
+
+def read_adapter(path: str | Path) -> SavedAdapter:
+    """Config and rows of the grounded adapter saved at ``path`` (safetensors only), checked: every tensor
+    finite, the rows' shapes those the config lists, a recorded prompt format this version reads."""
+    from ..prompts import PromptFormat
+
+    directory = Path(path)
+    config = read_adapter_config(directory)
+    _, weights = adapter_files(directory)
+    tensors = read_tensors(weights)
+    inputs = [k for k in tensors if k.endswith("grounded_embedding")]
+    outputs = [k for k in tensors if k.endswith("grounded_head")]
+    if len(inputs) != 1 or len(outputs) > 1:
+        raise ValueError(
+            f"{weights} holds {len(inputs)} grounded embeddings and {len(outputs)} heads; "
+            "expected one adapter."
+        )
+    input_rows = tensors[inputs[0]]
+    output_rows = tensors[outputs[0]] if outputs else None
     count = len(config.get("token_indices") or [])
     for name, rows in (("grounded_embedding", input_rows), ("grounded_head", output_rows)):
         if rows is None:
@@ -82,8 +129,13 @@ def read_adapter(path: str | Path) -> SavedAdapter:
                 f"{weights}: {name} has shape {tuple(rows.shape)} but the config lists {count} tokens; "
                 "the files come from two different saves or are corrupted."
             )
-        if not torch.isfinite(rows).all():
-            raise ValueError(f"{weights}: {name} holds NaN or Inf rows.")
+    bad = [k for k, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        what = "grounded_embedding" if any(k.endswith("grounded_embedding") for k in bad) else bad[0]
+        raise ValueError(f"{weights}: {what} holds NaN or Inf rows (tensors {bad[:3]}); {FIX}")
+    recorded_format = recorded_metadata(config, "prompt_format")
+    if recorded_format:
+        PromptFormat.from_record(recorded_format, str(directory / ADAPTER_CONFIG))
     return SavedAdapter(directory, config, input_rows, output_rows)
 
 

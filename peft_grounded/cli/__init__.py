@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run a command; bad input (``ValueError``, a missing file) prints ``error: ...`` and returns 2.
+    """Run a command; a user's error (bad input, a file, the Hub: see :mod:`.errors`) prints ``error: ...`` and
+    returns 2, Ctrl-C prints what was kept and returns 130.
 
     Set ``PEFT_GROUNDED_DEBUG=1`` to see the traceback instead.
     """
@@ -68,18 +69,33 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(help_text(argv[0]), end="")
             return 0
-        module = importlib.import_module(SETTINGS_COMMANDS[argv[0]])
+        name = argv[0]
+        module = importlib.import_module(SETTINGS_COMMANDS[name])
         command = partial(module.main, argv[1:])
     else:
         args = build_parser().parse_args(argv)
+        name = args.command
         command = partial(args.func, args)
+    from .errors import EXIT_INTERRUPTED, EXIT_USAGE, describe
+
     try:
         return int(command() or 0)
-    except (ValueError, OSError) as err:
+    except KeyboardInterrupt:
         if os.environ.get("PEFT_GROUNDED_DEBUG"):
             raise
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        print(
+            f"interrupted: {name} stopped before it finished (Ctrl-C). Its outputs are written "
+            "through temporary files and renamed only when complete, so none is half-written: run the command "
+            "again (training: --resume continues from the last checkpoint)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    except Exception as err:
+        message = describe(err)
+        if message is None or os.environ.get("PEFT_GROUNDED_DEBUG"):
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

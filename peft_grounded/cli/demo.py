@@ -24,6 +24,13 @@ def add_cli(subparsers: Any) -> None:
     p.add_argument("--catalogue", default="movielens-100k", help="another catalogue (path)")
     p.add_argument("--no-resume", action="store_true", help="refuse to reuse an existing output folder")
     p.add_argument("--no-diagnostics", action="store_true", help="skip the geometry report")
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=["auto", "bf16", "fp32"],
+        help="auto (default): the preset's bf16 where the CPU or GPU runs bf16 natively, float32 where it is "
+        "emulated (many times slower); bf16 / fp32: force one",
+    )
     p.set_defaults(func=run)
 
 
@@ -39,5 +46,6 @@ def run(args) -> int:
         catalogue=args.catalogue,
         resume=not args.no_resume,
         diagnostics=not args.no_diagnostics,
+        precision=args.precision,
     )
     return 0

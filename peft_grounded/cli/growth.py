@@ -129,12 +129,20 @@ def run(args: argparse.Namespace) -> int:
 
     from ..adapter.loading import base_model_path, sid_model
     from ..growth.adapter import check_lineage, grow_adapter
-    from ..growth.grounding import ground_new_items, new_item_ids
+    from ..growth.grounding import check_settings, ground_new_items, new_item_ids
     from ..sids import SIDIndex, load_catalogue
     from ..training.trainer import save_adapter_atomic
 
     output, adapter = Path(args.output), Path(args.adapter)
     check_output(output, adapter, args.overwrite)
+    check_settings(  # before anything loads (checked with or without --ground: a typo is a typo)
+        rows=args.rows,
+        replay=args.replay,
+        steps=args.ground_steps,
+        learning_rate=args.lr,
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
     parent, child = SIDIndex.load(args.parent_index), SIDIndex.load(args.sid_index)
     check_lineage(parent, child)  # the refusal grow_adapter gives, before the model is loaded
     catalogue = None
@@ -170,6 +178,10 @@ def run(args: argparse.Namespace) -> int:
     }
     if catalogue is not None:
         device = next(grown.parameters()).device.type
+        if args.bf16:
+            from ..precision import warn_if_emulated
+
+            warn_if_emulated("bf16 grounding (--bf16)", device)
         autocast = torch.autocast(device, dtype=torch.bfloat16) if args.bf16 else nullcontext()
         with autocast:
             result = ground_new_items(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -49,11 +48,15 @@ def _json_arg(value: str | None, what: str) -> dict[str, Any]:
     """A JSON object given inline (``{...}``) or as a file path."""
     if value is None:
         return {}
-    text = value if value.lstrip().startswith("{") else Path(value).read_text(encoding="utf-8")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{what}: not valid JSON ({err})") from None
+    if not value.lstrip().startswith("{"):
+        from .._io import read_json
+
+        data = read_json(value, fix=f"give {what} a JSON file or inline JSON")
+    else:
+        try:
+            data = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{what}: not valid JSON ({err})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{what}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -72,31 +75,34 @@ def flatten_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, A
 
 
 def _push(args: argparse.Namespace) -> int:
+    """Errors (bad files, the Hub's refusals, no network) reach ``peft_grounded.cli.main``, which prints them."""
     from ..hub.push import DEFAULT_COMMIT_MESSAGE, push_grounded
 
-    try:
-        facts = _json_arg(args.card_facts, "--card-facts")
-        if args.metrics is not None:
-            facts["metrics"] = flatten_metrics(_json_arg(args.metrics, "--metrics"))
-        if args.base_model:
-            facts["base_model"] = args.base_model
-        tokenizer = None
-        if args.tokenizer is not None:
-            from transformers import AutoTokenizer
+    facts = _json_arg(args.card_facts, "--card-facts")
+    if args.metrics is not None:
+        facts["metrics"] = flatten_metrics(_json_arg(args.metrics, "--metrics"))
+    if args.base_model:
+        facts["base_model"] = args.base_model
+    tokenizer = None
+    if args.tokenizer is not None:
+        from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer), local_files_only=True)
-        info = push_grounded(
-            args.adapter_dir,
-            args.repo_id,
-            tokenizer=tokenizer,
-            index=args.sid_index,
-            card_facts=facts,
-            private=args.private,
-            commit_message=args.message or DEFAULT_COMMIT_MESSAGE,
-            revision=args.revision,
-        )
-    except _ERRORS as err:
-        return _fail(err)
+        if not args.tokenizer.is_dir():
+            raise FileNotFoundError(
+                f"--tokenizer {args.tokenizer}: no such folder; give the folder the extended tokenizer was "
+                "saved to (tokenizer.save_pretrained)"
+            )
+        tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer), local_files_only=True)
+    info = push_grounded(
+        args.adapter_dir,
+        args.repo_id,
+        tokenizer=tokenizer,
+        index=args.sid_index,
+        card_facts=facts,
+        private=args.private,
+        commit_message=args.message or DEFAULT_COMMIT_MESSAGE,
+        revision=args.revision,
+    )
     print(info.commit_url)
     return 0
 
@@ -104,24 +110,6 @@ def _push(args: argparse.Namespace) -> int:
 def _pull(args: argparse.Namespace) -> int:
     from ..hub.pull import pull_grounded
 
-    try:
-        folder = pull_grounded(
-            args.repo_id, args.output_dir, revision=args.revision, overwrite=args.overwrite
-        )
-    except _ERRORS as err:
-        return _fail(err)
+    folder = pull_grounded(args.repo_id, args.output_dir, revision=args.revision, overwrite=args.overwrite)
     print(folder)
     return 0
-
-
-_ERRORS = (ValueError, OSError)  # GroundedHubError, IndexFileError and bad JSON are ValueErrors
-
-
-def _fail(err: Exception) -> int:
-    from huggingface_hub.errors import HfHubHTTPError
-
-    if isinstance(err, HfHubHTTPError):
-        print(f"error: the Hub refused the request: {err}", file=sys.stderr)
-    else:
-        print(f"error: {err}", file=sys.stderr)
-    return 2

@@ -49,7 +49,7 @@ def _is_adapter(path: Path) -> bool:
 def _run_manifest(strategy_dir: Path) -> dict[str, Any]:
     try:
         manifest = json.loads((strategy_dir / RUN_MANIFEST).read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):  # bad JSON or bytes: no manifest to go by
         return {}
     return manifest if isinstance(manifest, dict) and "strategy" in manifest else {}
 
@@ -199,7 +199,7 @@ def _stage_dirs(strategy: _Strategy) -> list[tuple[str, Path]]:
     recorded: dict[str, str] = {}
     try:
         recorded = json.loads((strategy.directory / RESULTS_FILE).read_text()).get("stages") or {}
-    except (OSError, json.JSONDecodeError, AttributeError):
+    except (OSError, ValueError, AttributeError):
         recorded = {}
     names = set(recorded) or {s for s in STAGES if (strategy.directory / s).is_dir()}
     names = sorted(names, key=lambda s: (STAGES.index(s) if s in STAGES else len(STAGES), s))

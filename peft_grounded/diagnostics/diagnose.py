@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from peft_grounded.adapter.saved import ADAPTER_CONFIG
+from peft_grounded.adapter.saved import ADAPTER_CONFIG, recorded_metadata
 from peft_grounded.diagnostics.checkpoints import (
     AdapterRows,
     Checkpoint,
@@ -74,9 +74,13 @@ def diagnose(
     Raises ``ValueError`` before writing anything when a checkpoint holds other tokens than the
     index, was trained with another index, or the base model is not the adapters' base.
     """
+    from peft_grounded import checks
     from peft_grounded.sids.index import SIDIndex
 
     config = config or ReportConfig()
+    checks.raise_problems(
+        "diagnose", [checks.int_at_least("category_depth", category_depth, 0, flag="--category-depth")]
+    )
     sid_index = index if isinstance(index, SIDIndex) else SIDIndex.load(index)
     tokens = sid_index.token_strings
     points = _label(checkpoints, names, stages)
@@ -182,15 +186,14 @@ def _label(
 
 def _check_index_fingerprints(points: list[Checkpoint], index: Any) -> None:
     """The runner's manifest, and the adapter itself, record which SID index the tokens belong to."""
-    import json
+    from .._io import read_json
 
     own = index.fingerprint()
     wrong = []
     for point in points:
-        config = json.loads((point.path / ADAPTER_CONFIG).read_text())
-        saved = (config.get("metadata") or {}).get("sid_index_fingerprint", config.get("sid_index_fingerprint"))
-        recorded = {point.index_fingerprint, saved} - {None}
-        if recorded - {own}:
+        config = read_json(point.path / ADAPTER_CONFIG)
+        fingerprints = {point.index_fingerprint, recorded_metadata(config, "sid_index_fingerprint")} - {None}
+        if fingerprints - {own}:
             wrong.append(point.name)
     if wrong:
         raise ValueError(

@@ -43,6 +43,26 @@ class ReportConfig:
     html: bool = False  # also write report.html
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        from .. import checks
+
+        least = checks.int_at_least
+        checks.raise_problems(
+            "ReportConfig",
+            [
+                least("n_text", self.n_text, 0, flag="--n-text"),
+                least("n_sid", self.n_sid, 1, flag="--n-sid"),
+                least("purity_m", self.purity_m, 1, flag="--purity-m"),
+                least("r2_q", self.r2_q, 1, flag="--r2-q"),
+                least("r2_max_q", self.r2_max_q, 1),
+                None if self.cv_folds == 0 else least("cv_folds", self.cv_folds, 2),
+                checks.one_of("popularity_transform", self.popularity_transform, ("none", "log1p")),
+                least("nearest_k", self.nearest_k, 1, flag="--nearest-k"),
+                least("nearest_shown", self.nearest_shown, 0),
+                checks.seed("seed", self.seed),
+            ],
+        )
+
 
 @dataclass
 class SnapshotMetrics:

@@ -8,7 +8,6 @@ the whole model. Other checkpoints (``.bin`` files, Hub ids in the local cache) 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +55,9 @@ def _safetensors_rows(directory: Path, matrix: str, n_rows: int | None) -> tuple
     from safetensors import safe_open
 
     if (directory / SAFETENSORS_INDEX).is_file():
-        weight_map: dict[str, str] = json.loads((directory / SAFETENSORS_INDEX).read_text())["weight_map"]
+        from .._io import read_json
+
+        weight_map: dict[str, str] = read_json(directory / SAFETENSORS_INDEX)["weight_map"]
     elif (directory / SAFETENSORS).is_file():
         with safe_open(str(directory / SAFETENSORS), framework="pt") as handle:
             weight_map = dict.fromkeys(handle.keys(), SAFETENSORS)

@@ -69,6 +69,7 @@ def evaluate(
                 "new_item_share serves items a grown index added, but this index added none (a fresh build): "
                 "grow it with SIDIndex.add_items / `peft-grounded add-items`, or leave new_item_share unset"
             )
+    check_items_indexed(split, parts, index)
     result = Evaluation()
     for part in parts:
         (chosen, cold_chosen, cold_pool), (users, prompts, targets) = _part_prompts(
@@ -140,6 +141,25 @@ def evaluate(
 def _full_histories(split: Any, part: str) -> dict[str, set[str]]:
     """Each user's items before the ``part``'s target (the whole history, not the prompt's tail)."""
     return {u.user_id: set(u.history) if part == "valid" else {*u.history, u.valid} for u in split.users}
+
+
+def check_items_indexed(split: Any, parts: tuple[str, ...], index: Any) -> None:
+    """Refuse, before any decoding, users whose target or history items have no SID in ``index``."""
+    from ..prompts import HistoryError
+
+    missing: dict[str, None] = {}
+    for part in parts:
+        for _, history, target in getattr(split, f"{part}_examples")(None):
+            for item in (*history, target):
+                if item not in index:
+                    missing[item] = None
+    if missing:
+        names = list(missing)
+        raise HistoryError(
+            f"{len(names)} items of the {'/'.join(parts)} users (targets or histories) have no SID in the index "
+            f"(e.g. {names[:5]}): evaluate on the catalogue the index was built from, or add the items to the "
+            "index (peft-grounded add-items) and grow the adapter (peft-grounded grow-adapter)"
+        )
 
 
 def _means(records: list[dict[str, Any]]) -> dict[str, float | int | None]:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from .metrics import DEFAULT_KS
 
@@ -47,32 +46,27 @@ class EvalSettings:
     )
 
     def __post_init__(self) -> None:
-        problems = []
-        for name in ("num_beams", "batch_size"):
-            value = getattr(self, name)
-            if not _positive_int(value):
-                problems.append(f"{name} must be a positive integer, got {value!r}")
-        if self.users is not None and not _positive_int(self.users):
-            problems.append(f"users must be a positive integer or None (every user), got {self.users!r}")
-        if (
-            not isinstance(self.cold_max_count, int)
-            or isinstance(self.cold_max_count, bool)
-            or self.cold_max_count < 0
-        ):
-            problems.append(f"cold_max_count must be an integer >= 0, got {self.cold_max_count!r}")
-        if isinstance(self.ks, (str, bytes)) or not self.ks or not all(_positive_int(k) for k in self.ks):
-            problems.append(f"ks must be positive integers, got {self.ks!r}")
-        if self.new_item_share is not None and not (
-            isinstance(self.new_item_share, (int, float)) and 0 <= self.new_item_share <= 1
-        ):
-            problems.append(
-                f"new_item_share must be a fraction between 0 and 1 or None, got {self.new_item_share!r}"
-            )
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            problems.append(f"seed must be an integer, got {self.seed!r}")
-        if problems:
-            raise ValueError("EvalSettings: " + "; ".join(problems))
+        from .. import checks
 
-
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        ks_ok = (
+            not isinstance(self.ks, (str, bytes))
+            and bool(self.ks)
+            and all(checks.is_int(k) and k >= 1 for k in self.ks)
+        )
+        checks.raise_problems(
+            "EvalSettings",
+            [
+                checks.int_at_least("num_beams", self.num_beams, 1, flag="--num-beams"),
+                checks.int_at_least("batch_size", self.batch_size, 1, flag="--batch-size"),
+                checks.int_at_least("users", self.users, 1, flag="--users", none_ok=True),
+                checks.int_at_least("cold_max_count", self.cold_max_count, 0, flag="--cold-max-count"),
+                None if ks_ok else f"ks must be positive integers, got {self.ks!r} (--ks)",
+                checks.number_in(
+                    "new_item_share", self.new_item_share, 0, 1, flag="--new-item-share", none_ok=True
+                ),
+                checks.int_at_least(
+                    "match_levels", self.match_levels, 1, flag="--match-levels", none_ok=True
+                ),
+                None if checks.is_int(self.seed) else f"seed must be an integer, got {self.seed!r} (--seed)",
+            ],
+        )

@@ -45,6 +45,10 @@ def _part_prompts(split, part, settings, cold_items, index, tokenizer, catalogue
 
 def _autocast(model: Any, settings: EvalSettings):
     device = next(model.parameters()).device.type
+    if settings.bf16:
+        from ..precision import warn_if_emulated
+
+        warn_if_emulated("bf16 decoding (bf16=True, --bf16)", device)
     return torch.autocast(device, dtype=torch.bfloat16) if settings.bf16 else nullcontext()
 
 

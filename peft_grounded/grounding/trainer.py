@@ -112,9 +112,10 @@ def ground(
     adapter lands in ``<args.output_dir>/adapter``.
     """
     from ..adapter.loading import model_for
-    from ..training.trainer import sample_rows
+    from ..training.trainer import check_max_examples, sample_rows
     from .data import grounding_dataset
 
+    check_max_examples(max_examples)
     tokenizer, model = model_for(
         index,
         model,

@@ -94,6 +94,33 @@ def _batch(
     return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "labels": labels.to(device)}
 
 
+def check_settings(
+    *,
+    rows: str = "used",
+    replay: float = 1.0,
+    steps: int = 30,
+    learning_rate: float = 1e-3,
+    batch_size: int = 8,
+    seed: int = 0,
+) -> None:
+    """Refuse :func:`ground_new_items` settings out of range (entry points call it before loading a model)."""
+    from .. import checks
+
+    checks.raise_problems(
+        "incremental grounding",
+        [
+            checks.one_of("rows", rows, ("used", "new"), flag="--rows"),
+            None
+            if checks.is_number(replay) and replay >= 0
+            else f"replay must be >= 0 (old items per new item; 0: the new items alone), got {replay!r} (--replay)",
+            checks.int_at_least("steps", steps, 0, flag="--ground-steps; 0: count the pairs, take no step"),
+            checks.number_in("learning_rate", learning_rate, 0, low_open=True, flag="--lr"),
+            checks.int_at_least("batch_size", batch_size, 1, flag="--batch-size"),
+            checks.seed("seed", seed, flag="--seed"),
+        ],
+    )
+
+
 def ground_new_items(
     model: Any,
     tokenizer: Any,
@@ -118,12 +145,9 @@ def ground_new_items(
     the old items' text that ``replay`` samples from. ``replay``: old items per new item whose pairs are
     mixed in (0: the new items alone).
     """
-    if rows not in ("used", "new"):
-        raise ValueError(f"rows must be 'used' or 'new', got {rows!r}")
-    if not replay >= 0:
-        raise ValueError(
-            f"replay must be >= 0 (old items per new item; 0: the new items alone), got {replay}"
-        )
+    check_settings(
+        rows=rows, replay=replay, steps=steps, learning_rate=learning_rate, batch_size=batch_size, seed=seed
+    )
     name = adapter_name or model.active_adapter
     config = model.peft_config[name]
     child_index.check_adapter(config)

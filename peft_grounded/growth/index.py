@@ -124,8 +124,36 @@ def _checked_batch(
         elif item in seen:
             keep[row] = False  # the first occurrence is added
         seen.add(item)
-    report.already_indexed, report.duplicates = present, duplicated
+    report.already_indexed = present
+    report.duplicates = sorted(set(report.duplicates) | set(duplicated))
     return keep
+
+
+def _loader_drops(catalogue: Catalogue, on_problem: str, empty_text: str, report: GrowthReport) -> None:
+    """Refuse (or, with ``skip`` / ``drop``, report) what the catalogue's loader left out: repeated ids
+    (it kept the first record) and items with no text at all. A file gets the checks a list of items gets."""
+    source = catalogue.report.source or catalogue.name
+    repeated = sorted(set(catalogue.report.duplicate_item_ids))
+    conflicting = sorted(set(catalogue.report.conflicting_item_ids))
+    no_text = list(catalogue.report.no_text_item_ids)
+    if repeated and on_problem == "error":
+        differing = (
+            f", {len(conflicting)} of them with different records (e.g. {conflicting[:5]})"
+            if conflicting
+            else ""
+        )
+        raise GrowthError(
+            f"{len(repeated)} item ids appear more than once in {source} (e.g. {repeated[:5]}){differing}. An "
+            "item's SID never changes once given: keep one record per id, or pass on_problem='skip' "
+            "(--skip-problems) to add the first record of each and report them."
+        )
+    if no_text and empty_text == "error":
+        raise CatalogueError(
+            f"{len(no_text)} new items in {source} have no text in any field (e.g. {no_text[:5]}); give them "
+            "text, or pass empty_text='drop' (--drop-empty-text) to leave them out"
+        )
+    report.duplicates = sorted(set(report.duplicates) | set(repeated))
+    report.empty_text = [*report.empty_text, *no_text]
 
 
 def _next_disambiguation(
@@ -349,11 +377,20 @@ def add_items(
     encoding. ``on_problem`` / ``empty_text``: ``"error"`` (default) or ``"skip"`` / ``"drop"`` to add the
     rest and list the others in ``report``.
     """
+    from .. import checks
     from ..sids.encoders import encode_texts, load_encoder
     from ..sids.text import TextTemplate
 
-    if empty_text not in ("error", "drop"):
-        raise ValueError(f"empty_text must be 'error' or 'drop', got {empty_text!r}")
+    checks.raise_problems(
+        "add_items",
+        [
+            checks.one_of("empty_text", empty_text, ("error", "drop")),
+            checks.one_of("on_problem", on_problem, ("error", "skip")),
+            checks.int_at_least("batch_size", batch_size, 1, flag="--batch-size"),
+        ],
+    )
+    if vectors is None:
+        checks.check_device(device)
     report = report if report is not None else GrowthReport()
     counts: Mapping[str, int] = {}
     if isinstance(catalogue, (str, Path)):
@@ -363,6 +400,7 @@ def add_items(
     if isinstance(catalogue, Catalogue):
         items = list(catalogue.items.values())
         counts = catalogue.item_counts()
+        _loader_drops(catalogue, on_problem, empty_text, report)
     else:
         items = list(catalogue)
     if not items:
@@ -377,7 +415,7 @@ def add_items(
                 f"(e.g. {empty[:5]}); give them text, or pass empty_text='drop' (--drop-empty-text) to leave them out"
             )
         if empty:
-            report.empty_text = empty
+            report.empty_text = [*report.empty_text, *empty]
             keep = [bool(t) for t in texts]
             items = [it for it, k in zip(items, keep, strict=True) if k]
             texts = [t for t, k in zip(texts, keep, strict=True) if k]

@@ -26,7 +26,9 @@ def pull_grounded(
     """
     target = Path(local_dir).expanduser()
     if target.exists() and (not target.is_dir() or (any(target.iterdir()) and not overwrite)):
-        raise GroundedHubError(f"{str(target)!r} exists and is not empty; pass overwrite=True to replace it.")
+        raise GroundedHubError(
+            f"{str(target)!r} exists and is not empty; pass overwrite=True (--overwrite) to replace it, or another folder."
+        )
     source = open_source(repo_id, revision=revision, token=token)
     if source.folder is not None:
         raise GroundedHubError(f"{repo_id!r} is a local folder already; pull takes a Hub repo id.")

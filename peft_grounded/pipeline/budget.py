@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .. import checks
 from ..adapter.lora_settings import checked_lora
 from ..evaluation.settings import EvalSettings
 from ..grounding.trainer import GroundingConfig
@@ -34,11 +35,13 @@ class Budget:
     """The settings every strategy of a comparison shares (see the module doc).
 
     Each stage's ``output_dir`` is set per run by the runner. ``seed`` is the sft config's: the runner's
-    initialisation and sampling use it; :meth:`with_seed` sets it on every part.
+    initialisation and sampling use it; :meth:`with_seed` sets it on every part. The precision is explicit
+    (float32 unless given; :meth:`with_precision` sets it on every part), not the machine's choice of a bare
+    config: a comparison runs as its budget says.
     """
 
-    grounding: GroundingConfig = field(default_factory=GroundingConfig)
-    sft: RecommendationConfig = field(default_factory=RecommendationConfig)
+    grounding: GroundingConfig = field(default_factory=lambda: GroundingConfig(bf16=False))
+    sft: RecommendationConfig = field(default_factory=lambda: RecommendationConfig(bf16=False))
     lora: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_LORA))
     evaluation: EvalSettings = field(default_factory=EvalSettings)
     # dtype the frozen base is loaded in ("bfloat16" halves its memory traffic); adapter weights stay float32
@@ -67,6 +70,18 @@ class Budget:
                 f"eval_parts={self.eval_parts!r}: name 'valid' and/or 'test' (or None for both)."
             )
         self.lora = checked_lora(self.lora)
+        least = checks.int_at_least
+        checks.raise_problems(
+            "Budget",
+            [
+                least("eval_every", self.eval_every, 0),
+                least("curve_every", self.curve_every, 0, none_ok=True),
+                least("curve_users", self.curve_users, 1),
+                checks.one_of("centroid_variant", self.centroid_variant, ("items", "codebook")),
+                least("max_train_examples", self.max_train_examples, 1, none_ok=True),
+                least("max_grounding_examples", self.max_grounding_examples, 1, none_ok=True),
+            ],
+        )  # the stages' configs, the LoRA and the evaluation settings check their own fields
 
     @classmethod
     def from_training(
@@ -82,7 +97,7 @@ class Budget:
         """A budget whose stages share the ``training`` fields (``SFTConfig`` names: batch size, max_length,
         bf16, save_steps, ...), ``grounding`` and ``sft`` adding each stage's own (max_steps, learning_rate,
         max_minutes, ...); ``lora`` overrides fields of the default LoRA; ``runner``: the other fields."""
-        training = training or {}
+        training = {"bf16": False, **(training or {})}  # a budget's precision is explicit (see with_precision)
         return cls(
             grounding=GroundingConfig(**training, **(grounding or {})),
             sft=RecommendationConfig(**training, **(sft or {})),
@@ -102,6 +117,21 @@ class Budget:
             grounding=replace(self.grounding, seed=seed),
             sft=replace(self.sft, seed=seed),
             evaluation=replace(self.evaluation, seed=seed),
+        )
+
+    @property
+    def bf16(self) -> bool:
+        """Whether the stages train under bf16 autocast."""
+        return bool(self.sft.bf16)
+
+    def with_precision(self, bf16: bool) -> Budget:
+        """This budget in bf16 (autocast in training and decoding, a bfloat16 base) or in float32."""
+        return replace(
+            self,
+            grounding=replace(self.grounding, bf16=bf16),
+            sft=replace(self.sft, bf16=bf16),
+            evaluation=replace(self.evaluation, bf16=bf16),
+            weights_dtype="bfloat16" if bf16 else "float32",
         )
 
     @property

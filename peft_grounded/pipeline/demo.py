@@ -8,7 +8,6 @@ CPU in well under 20 minutes (it says what it cut), ``full`` is sized for a GPU,
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -72,7 +71,7 @@ PRESETS: dict[str, Preset] = {
         fmt=PromptFormat(objective="sequence", max_history=19),
         note="CPU-sized (about 15 minutes on 2 cores, setup included): the sequence objective (a user's history "
         "as SIDs, every item a target), 3 minutes of SFT per strategy (centroid_gti grounds for 1.5 minutes "
-        "first), bf16 base and autocast, 150 test users. That is the very start of training: the learning "
+        "first), bf16 base and autocast where the CPU has native bf16 (float32 where it emulates bf16), 150 test users. That is the very start of training: the learning "
         "curves show which start learns faster; Recall@K over 150 users is a handful of hits and the final "
         "NLL still moves fast, so read the intervals. benchmarks/bench_quality.py and "
         "benchmarks/compare_adapters.py run the longer comparison on every test user.",
@@ -125,6 +124,32 @@ def preset_of(preset: str | Preset) -> Preset:
     return PRESETS[preset]
 
 
+def machine_precision(
+    spec: Preset, precision: str = "auto", device: str | None = None, choice: Any = None
+) -> tuple[Preset, str]:
+    """``spec`` with the precision this machine should run (see :func:`run_demo`), and why; ``choice`` (a
+    :class:`~peft_grounded.precision.PrecisionChoice`) replaces the machine's own, e.g. to show what another
+    CPU gets."""
+    from ..precision import choose_precision, warn_if_emulated
+
+    budget = spec.budget
+    if precision == "fp32":
+        return replace(spec, budget=budget.with_precision(False)), "float32 (--precision fp32)"
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if precision == "bf16":
+        warn_if_emulated("the demo's bf16 (--precision bf16)", device)
+        return replace(spec, budget=budget.with_precision(True)), "bf16 (--precision bf16)"
+    if not (budget.bf16 or budget.weights_dtype == "bfloat16"):
+        return spec, f"float32 (the {spec.name} preset's)"
+    choice = choice or choose_precision(device)
+    if choice.bf16:
+        return spec, f"the {spec.name} preset's bf16; {choice.reason}"
+    return replace(spec, budget=budget.with_precision(False)), choice.reason
+
+
 def _model_path(model: str | None) -> str:
     if model is not None:
         return str(model)
@@ -143,8 +168,13 @@ def run_demo(
     catalogue: Any = "movielens-100k",
     resume: bool = True,
     diagnostics: bool = True,
+    precision: str = "auto",
 ) -> dict:
-    """Run the demo; returns the summary also written to ``<output_dir>/summary.json`` and ``report.md``."""
+    """Run the demo; returns the summary also written to ``<output_dir>/summary.json`` and ``report.md``.
+
+    ``precision``: ``"auto"`` keeps the preset's bf16 only where the machine runs bf16 natively (float32 where
+    the CPU emulates it, see :mod:`peft_grounded.precision`), ``"bf16"`` or ``"fp32"`` force one."""
+    from .. import checks
     from ..evaluation import (
         LIKELIHOOD_METRICS,
         POPULARITY_LABEL,
@@ -157,16 +187,26 @@ def run_demo(
     from ..sids.index import JSON_NAME
     from .headline import headline
     from .plots import curves_section
+    from .strategies import strategy
 
     spec = preset_of(preset)
     if strategies:
         spec = replace(spec, strategies=tuple(strategies))
     if seeds:
         spec = replace(spec, seeds=tuple(seeds))
+    for name in spec.strategies:  # every name and seed checked before the SIDs are built
+        strategy(name)
+    checks.raise_problems(
+        "demo",
+        [checks.seed("seed", s, flag="--seeds") for s in spec.seeds]
+        + [checks.one_of("precision", precision, ("auto", "bf16", "fp32"), flag="--precision")],
+    )
+    spec, why = machine_precision(spec, precision)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     print(f"[demo] preset {spec.name}: {spec.note}", flush=True)
+    print(f"[demo] precision: {why}", flush=True)
     model_path = _model_path(model)
     data = load_catalogue(catalogue) if isinstance(catalogue, str) else catalogue
     sid_dir = out / "sids"
@@ -314,4 +354,6 @@ def _diagnostics(out: Path, index, catalogue, experiment, model_path) -> str:
 
 
 def load_summary(output_dir: str | Path) -> dict:
-    return json.loads((Path(output_dir) / "summary.json").read_text())
+    from .._io import read_json
+
+    return read_json(Path(output_dir) / "summary.json")

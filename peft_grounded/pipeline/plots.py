@@ -5,11 +5,11 @@ the validation users' target NLL, against training steps.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from .._io import read_json
 from ..training.runs import CURVE_FILE
 
 # (name, y-axis label, curve part, value field): the SFT stage's progressive loss (first-epoch training
@@ -26,7 +26,7 @@ def read_curve(run_dir: str | Path, stage: str = "sft") -> dict[str, dict[int, f
     path = Path(run_dir) / CURVE_FILE
     if not path.is_file():
         return None
-    data = json.loads(path.read_text())
+    data = read_json(path)
     part = data.get(stage) if isinstance(data, dict) else None
     if not isinstance(part, dict) or not all(isinstance(part.get(k, []), list) for k in ("train", "valid")):
         raise ValueError(

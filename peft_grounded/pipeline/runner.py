@@ -14,7 +14,6 @@ its last checkpoint, and a stage whose settings changed is refused (see :mod:`pe
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import asdict, replace
@@ -23,6 +22,7 @@ from typing import Any
 
 import torch
 
+from .._io import read_json
 from ..adapter.loading import sid_model
 from ..adapter.saved import ADAPTER_WEIGHTS
 from ..evaluation.evaluator import evaluate
@@ -237,7 +237,7 @@ def run_strategy(
 def _log_history(stage: Path) -> list[dict]:
     """The loss log a stage's trainer wrote (empty when there is none)."""
     path = stage / LOG_FILE
-    return json.loads(path.read_text()) if path.is_file() else []
+    return read_json(path) if path.is_file() else []
 
 
 def _add_likelihood(record: dict, experiment: Experiment, budget: Budget, out: Path) -> dict:
@@ -293,7 +293,7 @@ def _recorded_results(path: Path, manifest: dict, name: str) -> dict | None:
     there (``peft-grounded evaluate --output`` and ``diagnose --out`` also write a ``metrics.json``)."""
     if not path.is_file():
         return None
-    record = json.loads(path.read_text())
+    record = read_json(path, fix="move it away to re-evaluate this run")
     fingerprint = runs.fingerprint(manifest)
     ours = isinstance(record, dict) and record.get("strategy") == name and "metrics" in record
     if not ours or record.get("run", fingerprint) != fingerprint:

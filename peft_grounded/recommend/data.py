@@ -27,7 +27,10 @@ def recommendation_examples(
     rows = []
     for user, history, target in examples:
         if target not in index:
-            raise HistoryError(f"Target item {target!r} of user {user!r} has no SID in the index.")
+            raise HistoryError(
+                f"Target item {target!r} of user {user!r} has no SID in the index: train on the catalogue the index "
+                "was built from, or add the item to the index (peft-grounded add-items)."
+            )
         sid = index.sid_text(target)
         completion: Any = [{"role": "assistant", "content": sid}] if chat else sid
         rows.append(

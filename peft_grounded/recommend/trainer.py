@@ -80,9 +80,13 @@ def train_recommender(
     """
     from ..adapter import add_lora
     from ..adapter.loading import model_for
-    from ..training.trainer import sample_rows
+    from ..adapter.lora import lora_settings
+    from ..training.trainer import check_max_examples, sample_rows
     from .data import training_dataset
 
+    check_max_examples(max_examples)
+    lora_given = bool(lora)
+    lora = lora_settings(**(lora or {}))  # checked before the model loads
     fmt = fmt or PromptFormat()
     tokenizer, model = model_for(
         index,
@@ -99,8 +103,8 @@ def train_recommender(
     )
     if isinstance(model.peft_config[model.active_adapter], GroundedTokenConfig):
         model.peft_config[model.active_adapter].prompt_format = asdict(fmt)
-        add_lora(model, **(lora or {}))
-    elif lora:
+        add_lora(model, **lora)
+    elif lora_given:
         raise ValueError(
             "lora= stacks a LoRA on a grounded adapter; this model carries PEFT's own LoRA already"
         )

@@ -188,11 +188,14 @@ def _codes_per_level(levels: int | None, codes: int | Sequence[int]) -> tuple[in
     if isinstance(codes, int):
         levels = 3 if levels is None else levels
         if levels < 1:
-            raise ValueError(f"levels must be >= 1, got {levels}")
+            raise ValueError(f"levels must be >= 1, got {levels} (--levels)")
         return (codes,) * levels
     per_level = tuple(int(c) for c in codes)
     if levels is not None and levels != len(per_level):
-        raise ValueError(f"levels={levels} but codes lists {len(per_level)} levels ({list(per_level)})")
+        raise ValueError(
+            f"levels={levels} but codes lists {len(per_level)} levels ({list(per_level)}): give one of --levels "
+            "and a list in --codes"
+        )
     return per_level
 
 
@@ -240,6 +243,19 @@ def build_sids(
     """
     if dedup not in DEDUP_MODES:
         raise ValueError(f"dedup must be one of {DEDUP_MODES}, got {dedup!r}")
+    if quantizer not in QUANTIZERS:
+        raise ValueError(f"quantizer must be one of {QUANTIZERS}, got {quantizer!r}")
+    from .. import checks
+
+    checks.raise_problems(
+        "build_sids",
+        [
+            checks.int_at_least("batch_size", batch_size, 1, flag="--batch-size"),
+            checks.int_at_least("k_core", k_core, 0, flag="--k-core"),
+            checks.int_at_least("rqvae_epochs", rqvae_epochs, 1, flag="--rqvae-epochs"),
+            checks.one_of("empty_text", empty_text, ("error", "drop")),
+        ],
+    )
     if output is not None and not overwrite:
         check_no_index(output)
     config = RQKMeansConfig(

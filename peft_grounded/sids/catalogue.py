@@ -65,6 +65,10 @@ class LoadReport:
     interactions_unknown_item: int = 0
     malformed_rows: int = 0
     notes: list[str] = field(default_factory=list)
+    # the ids behind the counts, for callers that must refuse rather than drop (add_items)
+    duplicate_item_ids: list[str] = field(default_factory=list)  # repeated ids (the first record was kept)
+    conflicting_item_ids: list[str] = field(default_factory=list)  # repeated with another text
+    no_text_item_ids: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         parts = [f"{self.items_read} items", f"{self.interactions_read} interactions read from {self.source}"]

@@ -16,6 +16,7 @@ dimension) identifies it; the SID index records it and refuses vectors from anot
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -218,6 +219,9 @@ def load_encoder(spec: str | TextEncoder | None = None, device: str = "cpu", **k
     object is returned as it is."""
     if spec is not None and not isinstance(spec, str):
         return spec
+    from ..checks import check_device
+
+    check_device(device)
     if spec in (None, "", "minilm"):
         return SentenceTransformerEncoder(None, device=device, **kwargs)
     if spec in ("smollm2", "smollm2-emb"):
@@ -226,6 +230,11 @@ def load_encoder(spec: str | TextEncoder | None = None, device: str = "cpu", **k
         pooling = "mean_embeddings" if spec.endswith("-emb") else "mean_hidden"
         return LMEncoder(assets.smollm2(), pooling=pooling, device=device, **kwargs)
     kind, sep, rest = spec.partition(":")
+    if sep and kind in ("lm", "lm-emb") and not Path(rest).expanduser().is_dir():
+        raise FileNotFoundError(
+            f"--encoder {spec}: {rest!r} is not a directory; lm:PATH and lm-emb:PATH take a local transformers "
+            "model directory (config.json + *.safetensors + tokenizer)"
+        )
     if sep and kind == "lm":
         return LMEncoder(rest, pooling="mean_hidden", device=device, **kwargs)
     if sep and kind == "lm-emb":
@@ -238,8 +247,11 @@ def load_encoder(spec: str | TextEncoder | None = None, device: str = "cpu", **k
 class EmbeddingCache:
     """Vectors of one encoder, keyed by text hash, in append-only shards (``*.keys.npy`` + ``*.vecs.npy``).
 
-    A shard's vectors are written first and its keys last (each atomically), so a shard whose keys exist is
-    complete; a crash leaves at most an orphan vectors file, ignored and overwritten by later runs.
+    A shard's vectors are written first, then its checksums (``*.sum.json``: SHA-256 of both files), then
+    its keys (each atomically), so a shard whose keys exist is complete; a crash leaves at most an orphan
+    vectors file, ignored and overwritten by later runs. Every shard is verified on load: one that fails
+    its checksum (a zeroed or damaged file) or has none (an older cache) is deleted with a warning and its
+    texts are encoded again, never used.
     """
 
     def __init__(self, root: str | Path, fingerprint: dict[str, Any]) -> None:
@@ -251,21 +263,48 @@ class EmbeddingCache:
         self._index: dict[bytes, tuple[int, int]] = {}
         self._shards: list[np.ndarray] = []
         for keys_file in sorted(self.dir.glob("*.keys.npy")):
-            vecs_file = keys_file.with_name(keys_file.name.replace(".keys.npy", ".vecs.npy"))
-            try:
-                keys = np.load(keys_file)
-                vecs = np.load(vecs_file, mmap_mode="r")
-            except (OSError, ValueError) as err:
-                logger.warning("ignoring unreadable embedding-cache shard %s (%s)", keys_file, err)
+            loaded = self._load_shard(keys_file)
+            if loaded is None:
                 continue
-            if len(keys) != len(vecs):
-                logger.warning("ignoring inconsistent embedding-cache shard %s", keys_file)
-                continue
+            keys, vecs = loaded
             shard = len(self._shards)
             self._shards.append(vecs)
             raw = keys.tobytes()
             for row in range(len(keys)):
                 self._index[raw[16 * row : 16 * row + 16]] = (shard, row)
+
+    @staticmethod
+    def _files(keys_file: Path) -> tuple[Path, Path]:
+        stem = keys_file.name.removesuffix(".keys.npy")
+        return keys_file.with_name(f"{stem}.vecs.npy"), keys_file.with_name(f"{stem}.sum.json")
+
+    def _load_shard(self, keys_file: Path) -> tuple[np.ndarray, np.ndarray] | None:
+        """A shard's ``(keys, vectors)`` if it passes its checksums; else it is deleted (a warning says why)."""
+        vecs_file, sum_file = self._files(keys_file)
+        problem = None
+        try:
+            sums = json.loads(sum_file.read_text()) if sum_file.is_file() else None
+            if not isinstance(sums, dict):
+                problem = "it has no checksum (written by an older peft_grounded)"
+            elif sums.get("vecs") != _sha256(vecs_file) or sums.get("keys") != _sha256(keys_file):
+                problem = "it fails its SHA-256 check (a damaged or zeroed file)"
+            else:
+                keys = np.load(keys_file)
+                vecs = np.load(vecs_file, mmap_mode="r")
+                if len(keys) != len(vecs):
+                    problem = "its keys and vectors differ in length"
+        except (OSError, ValueError) as err:
+            problem = f"it cannot be read ({err})"
+        if problem is None:
+            return keys, vecs
+        logger.warning(
+            "ignoring unreadable embedding-cache shard %s: %s; its texts are encoded again",
+            keys_file,
+            problem,
+        )
+        for path in (keys_file, vecs_file, sum_file):
+            path.unlink(missing_ok=True)
+        return None
 
     def __len__(self) -> int:
         return len(self._index)
@@ -280,13 +319,32 @@ class EmbeddingCache:
     def put(self, keys: Sequence[bytes], vectors: np.ndarray) -> None:
         name = uuid.uuid4().hex
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        atomic_write(self.dir / f"{name}.vecs.npy", lambda f: np.save(f, vectors))
         keys_array = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(-1, 16)
-        atomic_write(self.dir / f"{name}.keys.npy", lambda f: np.save(f, keys_array))
+        keys_file = self.dir / f"{name}.keys.npy"
+        vecs_file, sum_file = self._files(keys_file)
+        vecs_bytes, keys_bytes = _npy_bytes(vectors), _npy_bytes(keys_array)
+        atomic_write(vecs_file, vecs_bytes)
+        sums = {
+            "vecs": hashlib.sha256(vecs_bytes).hexdigest(),
+            "keys": hashlib.sha256(keys_bytes).hexdigest(),
+        }
+        atomic_write(sum_file, json.dumps(sums).encode())
+        atomic_write(keys_file, keys_bytes)  # last: a shard with keys is complete
         shard = len(self._shards)
         self._shards.append(vectors)
         for row, key in enumerate(keys):
             self._index[key] = (shard, row)
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def text_key(text: str) -> bytes:
@@ -308,6 +366,15 @@ def encode_texts(
     """
     from tqdm.auto import tqdm
 
+    from .. import checks
+
+    checks.raise_problems(
+        "encode_texts",
+        [
+            checks.int_at_least("batch_size", batch_size, 1, flag="--batch-size"),
+            checks.int_at_least("flush_every", flush_every, 1),
+        ],
+    )
     keys = [text_key(t) for t in texts]
     cache = None
     if use_cache:

@@ -37,9 +37,12 @@ from typing import Any
 import numpy as np
 
 from .index_files import (  # the file format; JSON_NAME, IndexFileError and tensors_path are read from here too
+    CENTROID_VARIANTS,
     FORMAT_VERSION,
     JSON_NAME,
+    REBUILD,
     IndexFileError,
+    fields_source,
     read_index,
     save_index,
     tensors_path,
@@ -55,11 +58,18 @@ __all__ = [
     "tensors_path",
 ]
 
-CENTROID_VARIANTS = ("items", "codebook")
-
 
 class EncoderMismatchError(ValueError):
     """Vectors from another encoder than the one the index was built with."""
+
+
+def recorded_index(config: Any) -> str | None:
+    """The SID index fingerprint an adapter config records (a GroundedTokenConfig, or a saved config's fields:
+    ``metadata`` since 0.2, top-level before)."""
+    recorded = getattr(config, "sid_index_fingerprint", None)
+    if recorded is None:
+        recorded = (getattr(config, "metadata", None) or {}).get("sid_index_fingerprint")
+    return recorded
 
 
 @dataclass(eq=False)
@@ -184,24 +194,30 @@ class SIDIndex:
         digest.update(np.ascontiguousarray(self.codes, dtype=np.int64).tobytes())
         return digest.hexdigest()[:16]
 
-    def check_adapter(self, config: Any) -> None:
-        """Raise unless the adapter ``config`` was made for this index's tokens (and, when recorded, codes)."""
+    def check_adapter(self, config: Any, where: str = "the adapter") -> None:
+        """Raise unless the adapter ``config`` was made for this index's tokens (and, when recorded, codes);
+        ``where`` names the adapter in the message. An adapter of an index this one grew from is told to
+        grow first."""
+        recorded = recorded_index(config)
+        grow = (
+            f"{where} was trained with an earlier version of this SID index (fingerprint {recorded}); this "
+            "version added items. Grow the adapter first: peft-grounded grow-adapter --adapter ADAPTER "
+            "--parent-index PARENT_INDEX --sid-index THIS_INDEX --output GROWN (in Python: "
+            "peft_grounded.growth.grow_adapter(model, tokenizer, parent_index, this_index))."
+        )
+        older = recorded is not None and recorded in self.lineage
         strings = getattr(config, "token_strings", None)
         if strings is not None and list(strings) != self.token_strings:
             raise ValueError(
-                f"The adapter's {len(strings)} tokens are not this SID index's {self.n_tokens} tokens (in order): "
-                "use the index the adapter was trained with."
+                f"{where} has {len(strings)} tokens that are not this SID index's {self.n_tokens} tokens (in "
+                "order): "
+                + (grow[0].lower() + grow[1:] if older else "use the index the adapter was trained with.")
             )
-        recorded = getattr(config, "sid_index_fingerprint", None)
-        if recorded is not None and recorded in self.lineage:
-            raise ValueError(
-                f"The adapter was trained with an earlier version of this SID index (fingerprint {recorded}); "
-                "this version added items. Grow the adapter first: "
-                "peft_grounded.growth.grow_adapter(model, tokenizer, parent_index, this_index)."
-            )
+        if older:
+            raise ValueError(grow)
         if recorded is not None and recorded != self.fingerprint():
             raise ValueError(
-                f"The adapter was trained with another SID index (fingerprint {recorded}, this one is "
+                f"{where} was trained with another SID index (fingerprint {recorded}, this one is "
                 f"{self.fingerprint()}): its tokens carry other items' codes. Use the index it was trained with."
             )
 
@@ -323,4 +339,12 @@ class SIDIndex:
     @classmethod
     def load(cls, path: str | Path, verify: bool = True) -> SIDIndex:
         """Read an index saved by :meth:`save` (``path``: its directory or its ``sid_index.json``)."""
-        return cls(**read_index(path, verify))
+        fields = read_index(path, verify)
+        try:
+            return cls(**fields)
+        except IndexFileError as err:  # the arrays disagree with each other or with the JSON
+            raise IndexFileError(
+                f"{fields_source(path)}: {err} (a damaged or foreign index); {REBUILD}"
+            ) from None
+        except (TypeError, ValueError) as err:
+            raise IndexFileError(f"{fields_source(path)} cannot be used ({err}); {REBUILD}") from None

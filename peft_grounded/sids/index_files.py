@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .._io import atomic_write
+from .._io import atomic_write, read_json
 
 FORMAT = "peft_grounded.sid_index"  # the "format" field of every index JSON
 FORMAT_VERSION = 1
@@ -36,12 +36,94 @@ def tensor_file_name(sha256: str) -> str:
 def tensors_path(directory: str | Path) -> Path:
     """The tensor file the index saved in ``directory`` uses (named in its ``sid_index.json``)."""
     directory = Path(directory)
-    name = json.loads((directory / JSON_NAME).read_text())["tensors"]["file"]
+    meta = read_json(directory / JSON_NAME, fix=REBUILD)
+    record = meta.get("tensors") if isinstance(meta, dict) else None
+    name = record.get("file") if isinstance(record, dict) else None
     if not isinstance(name, str) or not TENSOR_FILE_PATTERN.fullmatch(name):
         raise IndexFileError(
             f"{directory / JSON_NAME} names the tensor file {name!r}, not a content-named file"
         )
     return directory / name
+
+
+CENTROID_VARIANTS = ("items", "codebook")
+REBUILD = "rebuild it with `peft-grounded build-sids` (or restore a good copy)"
+
+# sid_index.json fields: (type(s), required); older saves lack the optional ones
+_META_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "version": ((int,), True),
+    "item_ids": ((list,), True),
+    "codes_per_level": ((list,), True),
+    "disambiguation_level": ((bool,), True),
+    "normalize_residuals": ((bool,), True),
+    "token_template": ((str,), True),
+    "centroid_variants": ((list,), True),
+    "encoder": ((dict,), True),
+    "text_template": ((dict, type(None)), True),
+    "quality": ((dict,), True),
+    "build_config": ((dict,), True),
+    "quantizer": ((str,), False),
+    "item_categories": ((list, type(None)), False),
+    "parent": ((str, type(None)), False),
+    "lineage": ((list, type(None)), False),
+}
+
+
+def _check_meta(meta: dict[str, Any], json_path: Path) -> None:
+    """Raise :class:`IndexFileError` naming every field of ``sid_index.json`` that is missing or of the
+    wrong type (a hand-edited or foreign file would otherwise fail deep inside the loader)."""
+    problems = []
+    for key, (types, required) in _META_FIELDS.items():
+        if key not in meta:
+            if required:
+                problems.append(f"{key!r} is missing")
+            continue
+        value = meta[key]
+        wrong_bool = isinstance(value, bool) and bool not in types  # JSON true is not a version number
+        if not isinstance(value, types) or wrong_bool:
+            wanted = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            problems.append(f"{key!r} must be {wanted}, got {value!r:.60}")
+    if not problems:
+        if not all(isinstance(i, str) for i in meta["item_ids"]):
+            problems.append("'item_ids' must be a list of strings")
+        if not all(
+            isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in meta["codes_per_level"]
+        ):
+            problems.append(
+                f"'codes_per_level' must be positive integers, got {meta['codes_per_level']!r:.60}"
+            )
+        unknown = [v for v in meta["centroid_variants"] if v not in CENTROID_VARIANTS]
+        if unknown:
+            problems.append(f"'centroid_variants' holds unknown variants {unknown!r:.60}")
+        if meta.get("quantizer", "rqkmeans") not in ("rqkmeans", "rqvae"):
+            problems.append(f"'quantizer' must be 'rqkmeans' or 'rqvae', got {meta['quantizer']!r:.60}")
+    if problems:
+        raise IndexFileError(
+            f"{json_path}: " + "; ".join(problems) + f" (a damaged or foreign index); {REBUILD}"
+        )
+
+
+def _hub_cache_blobs(directory: Path) -> Path | None:
+    """The ``blobs`` folder of the Hugging Face cache repo ``directory`` is a snapshot folder of, if it is one
+    (the cache links ``snapshots/<commit>/...`` files to ``blobs/<hash>``)."""
+    for parent in directory.resolve().parents:
+        if parent.name == "snapshots":
+            blobs = parent.parent / "blobs"
+            return blobs.resolve() if blobs.is_dir() else None
+    return None
+
+
+def _own_file(path: Path, directory: Path) -> Path:
+    """``path`` if it is a file of ``directory`` itself, not a link out of it (an index reads only its own
+    files: a link could make it read, and checksum-accept, any file on the machine); the Hugging Face
+    cache's links from a snapshot to its repo's blobs are its own files."""
+    resolved = path.resolve()
+    if resolved.parent not in (directory.resolve(), _hub_cache_blobs(directory)):
+        raise IndexFileError(
+            f"{path} is a link to {resolved}, outside the index folder {directory}; an index reads only its own "
+            f"files: copy the file into the folder (replacing the link), or {REBUILD}"
+        )
+    return path
 
 
 class IndexFileError(ValueError):
@@ -133,24 +215,33 @@ def save_index(index: Any, directory: str | Path) -> Path:
     return directory
 
 
+def fields_source(path: str | Path) -> Path:
+    """The ``sid_index.json`` that ``path`` (a folder or the JSON itself) names, for messages."""
+    path = Path(path)
+    return path if path.suffix == ".json" else path / JSON_NAME
+
+
 def read_index(path: str | Path, verify: bool = True) -> dict[str, Any]:
-    """The constructor arguments of the index saved at ``path`` (its directory or its ``sid_index.json``)."""
+    """The constructor arguments of the index saved at ``path`` (its directory or its ``sid_index.json``);
+    the JSON's fields, the tensor file's size and SHA-256 checked, links out of the folder refused."""
     from safetensors import SafetensorError
     from safetensors.numpy import load
 
     path = Path(path)
     directory = path.parent if path.suffix == ".json" else path
     json_path = directory / JSON_NAME
-    fix = "rebuild it with `peft-grounded build-sids` (or restore a good copy)"
+    fix = REBUILD
     if not json_path.is_file():
         raise IndexFileError(f"no SID index at {directory} (missing {JSON_NAME}); {fix}")
+    _own_file(json_path, directory)
     try:
-        meta = json.loads(json_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise IndexFileError(f"{json_path} is truncated or corrupted ({err}); {fix}") from None
+        meta = read_json(json_path, fix=fix)
+    except ValueError as err:
+        raise IndexFileError(str(err)) from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise IndexFileError(f"{json_path} is not a peft_grounded SID index; {fix}")
-    if int(meta.get("version", 0)) > FORMAT_VERSION:
+    _check_meta(meta, json_path)
+    if meta["version"] > FORMAT_VERSION:
         raise IndexFileError(
             f"{json_path} has format version {meta['version']}, newer than this peft_grounded reads "
             f"({FORMAT_VERSION}); upgrade peft_grounded"
@@ -167,6 +258,7 @@ def read_index(path: str | Path, verify: bool = True) -> dict[str, Any]:
     tensor_path = directory / name
     if not tensor_path.is_file():
         raise IndexFileError(f"{tensor_path} is missing; {fix}")
+    _own_file(tensor_path, directory)
     payload = tensor_path.read_bytes()
     if len(payload) != record["bytes"]:
         raise IndexFileError(

@@ -26,6 +26,7 @@ import json
 import logging
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,10 @@ def clean_text(value: Any) -> str:
 def _categories(value: Any, separator: str | None = ", ") -> tuple[str, ...]:
     if value is None or value == "":
         return ()
+    if not isinstance(value, (str, list, tuple)):
+        raise CatalogueError(
+            f"categories must be a string or a list of strings, got {type(value).__name__} {value!r}"
+        )
     if not isinstance(value, str):
         return tuple(c for c in (clean_text(p) for p in value) if c)
     parts = value.split(separator) if separator else [value]
@@ -65,6 +70,36 @@ def _open_text(path: Path, encoding: str = "utf-8-sig") -> io.TextIOBase:
     if path.suffix == ".gz":
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding=encoding)
     return open(path, encoding=encoding, newline="")
+
+
+@contextmanager
+def reading(path: Path, item_id: str | None = None) -> Iterator[None]:
+    """Name ``path`` (and the item) in the errors raised while reading it: bad bytes, bad JSON, bad CSV,
+    a bad field; a catalogue file is never half-read in silence."""
+    where = f"{path}: item {item_id!r}" if item_id is not None else str(path)
+    try:
+        yield
+    except UnicodeDecodeError as err:
+        raise CatalogueError(
+            f"{path} is not UTF-8 text (byte {err.start}: {err.reason}); save it as UTF-8 (e.g. iconv -f latin1 "
+            "-t utf-8)"
+        ) from None
+    except json.JSONDecodeError as err:
+        raise CatalogueError(
+            f"{path} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg}); fix or re-export it"
+        ) from None
+    except (csv.Error, gzip.BadGzipFile, EOFError) as err:
+        raise CatalogueError(f"{path} cannot be read ({err}); fix or re-export it") from None
+    except CatalogueError as err:
+        if str(err).startswith(str(path)):
+            raise
+        raise CatalogueError(f"{where}: {err}") from None
+
+
+def _read_json(path: Path) -> Any:
+    """A whole JSON file; errors name the file."""
+    with reading(path), open(path, encoding="utf-8-sig") as f:
+        return json.load(f)
 
 
 def assemble(
@@ -84,9 +119,13 @@ def assemble(
         report.items_read += 1
         if item.item_id in table:
             report.duplicate_items += 1
+            report.duplicate_item_ids.append(item.item_id)
+            if item != table[item.item_id]:
+                report.conflicting_item_ids.append(item.item_id)
             continue
         if not item.has_text():
             report.items_without_text += 1
+            report.no_text_item_ids.append(item.item_id)
             continue
         table[item.item_id] = item
     per_user: dict[str, list[tuple[float, int, str]]] = {}
@@ -149,8 +188,7 @@ def load_lcrec(path: str | Path) -> Catalogue:
     ", " splits too) or a list.
     """
     item_file, inter_file, stem = _lcrec_files(Path(path))
-    with open(item_file, encoding="utf-8-sig") as f:
-        raw = json.load(f)
+    raw = _read_json(item_file)
     if not isinstance(raw, dict):
         raise CatalogueError(f"{item_file} should map item ids to records, got a {type(raw).__name__}")
     report = LoadReport(source=str(item_file))
@@ -161,20 +199,23 @@ def load_lcrec(path: str | Path) -> Catalogue:
                 report.malformed_rows += 1
                 continue
             known = {"title", "description", "brand", "categories"}
-            yield Item(
-                item_id=str(item_id),
-                title=clean_text(rec.get("title")),
-                description=clean_text(rec.get("description")),
-                brand=clean_text(rec.get("brand")),
-                categories=_categories(rec.get("categories")),
-                extra={k: clean_text(v) for k, v in rec.items() if k not in known and v not in (None, "")},
-            )
+            with reading(item_file, str(item_id)):
+                item = Item(
+                    item_id=str(item_id),
+                    title=clean_text(rec.get("title")),
+                    description=clean_text(rec.get("description")),
+                    brand=clean_text(rec.get("brand")),
+                    categories=_categories(rec.get("categories")),
+                    extra={
+                        k: clean_text(v) for k, v in rec.items() if k not in known and v not in (None, "")
+                    },
+                )
+            yield item
 
     def interactions() -> Iterator[Interaction]:
         if inter_file is None:
             return
-        with open(inter_file, encoding="utf-8-sig") as f:
-            seqs = json.load(f)
+        seqs = _read_json(inter_file)
         if not isinstance(seqs, dict):
             raise CatalogueError(
                 f'{inter_file} should map user ids to lists of item ids ({{"user": ["item", ...]}}), got a '
@@ -198,7 +239,7 @@ def load_lcrec(path: str | Path) -> Catalogue:
 
 def _json_lines(path: Path, report: LoadReport) -> Iterator[dict]:
     """JSON lines; the 2014 metadata's Python-literal lines are read with ``ast.literal_eval``."""
-    with _open_text(path) as f:
+    with reading(path), _open_text(path) as f:
         for line in f:
             line = line.strip()
             if not line:
@@ -266,7 +307,8 @@ def load_amazon(
 
     def items() -> Iterator[Item]:
         for rec in _json_lines(meta, report):
-            item = _amazon_item(rec)
+            with reading(meta, str(rec.get("parent_asin") or rec.get("asin"))):
+                item = _amazon_item(rec)
             if item is None:
                 report.malformed_rows += 1
             else:
@@ -381,7 +423,7 @@ _RECBOLE_ROLES = {
 
 
 def _atomic_rows(path: Path, report: LoadReport) -> Iterator[dict[str, str]]:
-    with open(path, encoding="utf-8", newline="") as f:
+    with reading(path), open(path, encoding="utf-8", newline="") as f:
         header = f.readline().rstrip("\n").split("\t")
         names = [h.split(":")[0] for h in header]
         for line in f:
@@ -406,7 +448,7 @@ def load_recbole(path: str | Path, name: str | None = None) -> Catalogue:
     if not item_file.is_file():
         raise CatalogueError(f"no RecBole item file {item_file}; pass the directory and the dataset name")
     report = LoadReport(source=str(item_file))
-    with open(item_file, encoding="utf-8") as f:
+    with reading(item_file), open(item_file, encoding="utf-8") as f:
         header = f.readline().rstrip("\n").split("\t")
     types = dict(h.split(":", 1) if ":" in h else (h, "token") for h in header)
     roles = {role: next((c for c in cands if c in types), None) for role, cands in _RECBOLE_ROLES.items()}
@@ -457,7 +499,7 @@ def _table_rows(path: Path, report: LoadReport, delimiter: str | None) -> Iterat
         return
     if delimiter is None:
         delimiter = "\t" if name.endswith(".tsv") else ","
-    with _open_text(path) as f:
+    with reading(path), _open_text(path) as f:
         yield from csv.DictReader(f, delimiter=delimiter)
 
 
@@ -500,19 +542,21 @@ def load_table(
             if item_id in (None, ""):
                 report.malformed_rows += 1
                 continue
-            extra = {
-                ours: clean_text(row.get(theirs))
-                for ours, theirs in icols.items()
-                if ours not in standard and row.get(theirs) not in (None, "")
-            }
-            yield Item(
-                str(item_id),
-                title=clean_text(row.get(icols["title"])),
-                description=clean_text(row.get(icols["description"])),
-                brand=clean_text(row.get(icols["brand"])),
-                categories=_categories(row.get(icols["categories"]), category_separator),
-                extra=extra,
-            )
+            with reading(items, str(item_id)):
+                extra = {
+                    ours: clean_text(row.get(theirs))
+                    for ours, theirs in icols.items()
+                    if ours not in standard and row.get(theirs) not in (None, "")
+                }
+                item = Item(
+                    str(item_id),
+                    title=clean_text(row.get(icols["title"])),
+                    description=clean_text(row.get(icols["description"])),
+                    brand=clean_text(row.get(icols["brand"])),
+                    categories=_categories(row.get(icols["categories"]), category_separator),
+                    extra=extra,
+                )
+            yield item
 
     def interaction_rows() -> Iterator[Interaction]:
         if interactions is None:

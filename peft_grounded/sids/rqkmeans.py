@@ -50,9 +50,28 @@ class RQKMeansConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "codes_per_level", tuple(int(k) for k in self.codes_per_level))
         if not self.codes_per_level or min(self.codes_per_level) < 1:
-            raise QuantizationError(f"codes_per_level must be >= 1 each, got {self.codes_per_level}")
+            raise QuantizationError(
+                f"codes_per_level must be >= 1 each, got {self.codes_per_level} (--codes)"
+            )
         if self.balanced not in BALANCE_MODES:
             raise QuantizationError(f"balanced must be one of {BALANCE_MODES}, got {self.balanced!r}")
+        from .. import checks
+
+        problems = [
+            checks.int_at_least("max_iter", self.max_iter, 1, flag="--max-iter"),
+            checks.int_at_least("balanced_iter", self.balanced_iter, 0),
+            checks.number_in("tol", self.tol, 0),
+            checks.seed("seed", self.seed, flag="--seed"),
+            checks.int_at_least("init_sample_per_code", self.init_sample_per_code, 1),
+            checks.number_in("dead_fraction", self.dead_fraction, 0, 1, high_open=True),
+            checks.int_at_least("sample_size", self.sample_size, 1, flag="--sample-size", none_ok=True),
+            checks.int_at_least("chunk_size", self.chunk_size, 1),
+        ]
+        try:
+            checks.raise_problems("RQKMeansConfig", problems)
+        except checks.SettingsError as err:
+            raise QuantizationError(str(err)) from None
+        checks.check_device(self.device)
 
     def balanced_at(self, level: int) -> bool:
         last = len(self.codes_per_level) - 1

@@ -55,6 +55,23 @@ class RQVAEConfig:
         object.__setattr__(self, "hidden", tuple(int(h) for h in self.hidden))
         if not self.codes_per_level or min(self.codes_per_level) < 1:
             raise QuantizationError(f"codes_per_level must be >= 1 each, got {self.codes_per_level}")
+        from .. import checks
+
+        problems = [
+            checks.int_at_least("latent_dim", self.latent_dim, 1),
+            None if all(h >= 1 for h in self.hidden) else f"hidden sizes must be >= 1, got {self.hidden}",
+            checks.int_at_least("epochs", self.epochs, 1, flag="--rqvae-epochs"),
+            checks.int_at_least("batch_size", self.batch_size, 1),
+            checks.number_in("lr", self.lr, 0, low_open=True),
+            checks.number_in("weight_decay", self.weight_decay, 0),
+            checks.number_in("beta", self.beta, 0),
+            checks.seed("seed", self.seed, flag="--seed"),
+        ]
+        try:
+            checks.raise_problems("RQVAEConfig", problems)
+        except checks.SettingsError as err:
+            raise QuantizationError(str(err)) from None
+        checks.check_device(self.device)
 
 
 def _mlp(sizes: list[int]) -> nn.Sequential:

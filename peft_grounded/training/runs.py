@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write_text
+from .._io import atomic_write_text, read_json
 
 # The layout of a run's folder (every stage and tool names its files from here)
 MANIFEST = "run.json"  # what the run is (checked on resume)
@@ -87,7 +87,7 @@ def check_run(output_dir: str | Path, manifest: dict, resume_from: str | Path | 
                 f"{source.parent} holds checkpoints without a {MANIFEST}: they were not written by this run. "
                 "Choose an empty output directory."
             )
-        recorded = json.loads(source.read_text())
+        recorded = read_json(source, fix="move the folder away and start the run in a new output directory")
         diff = _differences(recorded, manifest)
         if diff:
             raise RunMismatchError(

@@ -19,7 +19,7 @@ import warnings
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from accelerate.utils import extract_model_from_parallel
@@ -44,7 +44,7 @@ class RunConfig(SFTConfig):
     Every field is a command-line flag under its own name (``peft-grounded ground --learning_rate 1e-3``) and a
     key of a ``--config stage.yaml``; the flags of earlier releases stay as aliases (``--lr``, ``--steps``,
     ``--batch-size``, ``--grad-accum``, ``--output``, ``--minutes``, ``--lr-scheduler``, ``--resume``).
-    Differences from TRL's defaults: ``bf16`` off (pass it on a GPU or a CPU with native bf16), the CPU unless
+    Differences from TRL's defaults: ``bf16`` chosen by the CPU (off where bf16 is emulated), the CPU unless
     CUDA is available (``use_cpu``), the stage's own ``max_steps`` (:attr:`default_steps`), a cosine schedule with
     3% warm-up, no gradient checkpointing, no logging integrations.
     """
@@ -80,8 +80,13 @@ class RunConfig(SFTConfig):
         default=256, metadata={"help": "Longest training row in tokens; longer rows are refused."}
     )
     bf16: bool | None = field(
-        default=False,
-        metadata={"help": "bf16 mixed precision (a GPU, or a CPU with native bf16); off by default."},
+        default=None,
+        metadata={
+            "help": "bf16 mixed precision; None: the machine's choice on a CPU (on where it has native bf16, off "
+            "where bf16 is emulated, see peft_grounded.precision), TRL's (on) on a GPU.",
+            "nargs": "?",
+            "const": True,
+        },
     )
     use_cpu: bool | None = field(
         default=None, metadata={"help": "Train on the CPU. None: the CPU unless CUDA is available."}
@@ -129,12 +134,16 @@ class RunConfig(SFTConfig):
     )
 
     def __post_init__(self) -> None:
-        if self.max_minutes is not None and not self.max_minutes > 0:
-            raise ValueError(f"max_minutes={self.max_minutes}: a time budget must be positive (or None for none).")
         if self.max_steps is None:
             self.max_steps = -1 if self.max_minutes is not None else self.default_steps
         if self.use_cpu is None:
             self.use_cpu = not torch.cuda.is_available()
+        check_run_config(self)
+        if not self.fp16 and (self.use_cpu or not torch.cuda.is_available()):
+            from ..precision import resolve_bf16
+
+            # TRL turns bf16 on when it is not set; on a CPU that emulates bf16 that is many times slower
+            self.bf16 = resolve_bf16(self.bf16, "cpu", "bf16 mixed precision (bf16=True, --bf16)")
         super().__post_init__()
 
     @property
@@ -146,8 +155,60 @@ class RunConfig(SFTConfig):
         return True if str(value).lower() in ("last", "true", "yes") else value
 
 
+def check_run_config(args: Any) -> None:
+    """Refuse a training budget out of range before anything loads (transformers would quietly train
+    ``num_train_epochs`` epochs for ``max_steps <= 0``, and fail deep in the loop on a zero batch size)."""
+    from .. import checks
+
+    minutes = getattr(args, "max_minutes", None)
+    steps = args.max_steps
+    if minutes is None:
+        steps_problem = None
+        if not checks.is_int(steps) or (steps < 1 and steps != -1):
+            steps_problem = (
+                f"max_steps must be a positive number of optimisation steps, got {steps!r} (--steps), which "
+                "transformers does not take as a step count (it falls back to training epochs); give --steps "
+                "N >= 1, or --minutes M for a time budget (-1: num_train_epochs epochs, on purpose)"
+            )
+    else:
+        steps_problem = checks.int_at_least(
+            "max_steps", steps, -1, flag="--steps; 0 or -1 with --minutes: time alone"
+        )
+    checks.raise_problems(
+        type(args).__name__,
+        [
+            steps_problem,
+            checks.number_in("max_minutes", minutes, 0, low_open=True, flag="--minutes", none_ok=True),
+            checks.int_at_least(
+                "per_device_train_batch_size", args.per_device_train_batch_size, 1, flag="--batch-size"
+            ),
+            checks.int_at_least(
+                "gradient_accumulation_steps", args.gradient_accumulation_steps, 1, flag="--grad-accum"
+            ),
+            checks.number_in("learning_rate", args.learning_rate, 0, low_open=True, flag="--lr"),
+            checks.int_at_least("max_length", args.max_length, 1, flag="--max-length", none_ok=True),
+            checks.number_in("save_steps", args.save_steps, 0, low_open=True, flag="--save-steps"),
+            checks.number_in("logging_steps", args.logging_steps, 0, low_open=True),
+            checks.number_in("warmup_ratio", args.warmup_ratio, 0, 1, none_ok=True),
+            checks.number_in("num_train_epochs", args.num_train_epochs, 0, low_open=True),
+            checks.number_in("weight_decay", args.weight_decay, 0),
+            checks.seed("seed", args.seed, flag="--seed"),
+        ],
+    )
+
+
+def check_max_examples(n: int | None) -> None:
+    """Refuse a sample size that would leave no training rows (``None``: every row)."""
+    from .. import checks
+
+    checks.raise_problems(
+        "training data", [checks.int_at_least("max_examples", n, 1, flag="--max-examples", none_ok=True)]
+    )
+
+
 def sample_rows(dataset, n: int | None, seed: int):
     """A seeded sample of ``n`` rows (all rows when ``n`` is None or larger than the dataset)."""
+    check_max_examples(n)
     if n is None or n >= len(dataset):
         return dataset
     return dataset.shuffle(seed=seed).select(range(n))

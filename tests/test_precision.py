@@ -1,0 +1,113 @@
+"""bf16 or float32 chosen by the machine: the decision for every kind of CPU (capability strings and flag
+sets given as arguments), the demo's presets under it, RunConfig's unset bf16, and the warning an explicit
+bf16 gets where the CPU emulates it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from peft_grounded.pipeline import PRESETS
+from peft_grounded.pipeline.demo import machine_precision
+from peft_grounded.precision import (
+    bf16_slowdown,
+    choose_cpu_precision,
+    choose_precision,
+    cpu_capability,
+    cpu_flags,
+    cpu_has_native_bf16,
+    emulation_warning,
+    script_precision,
+)
+
+EPYC_AVX2 = ("AVX2", frozenset({"fpu", "sse4_2", "avx", "avx2", "fma"}))
+SAPPHIRE_RAPIDS = ("AVX512", frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}))
+SKYLAKE_X = ("AVX512", frozenset({"avx2", "avx512f", "avx512bw"}))  # AVX-512 without its bf16 extension
+GRAVITON3 = ("SVE256", frozenset({"fp", "asimd", "sve", "bf16", "i8mm"}))
+
+
+@pytest.mark.parametrize(
+    "capability, flags, native",
+    [
+        (*EPYC_AVX2, False),
+        (*SAPPHIRE_RAPIDS, True),
+        (*SKYLAKE_X, False),
+        (*GRAVITON3, True),
+        ("AVX512", None, True),  # flags unknown (no /proc/cpuinfo): torch's capability decides
+        ("AVX2", None, False),
+        ("DEFAULT", None, False),
+        ("NO AVX", None, False),
+    ],
+    ids=[
+        "avx2",
+        "avx512_bf16_amx",
+        "avx512_without_bf16",
+        "arm_bf16",
+        "avx512_no_flags",
+        "avx2_no_flags",
+        "default",
+        "no_avx",
+    ],
+)
+def test_native_bf16_by_capability_and_flags(capability, flags, native):
+    assert cpu_has_native_bf16(capability, flags) is native
+    choice = choose_cpu_precision(capability, flags)
+    assert choice.bf16 is native and capability in choice.reason
+    assert choice.weights_dtype == ("bfloat16" if native else "float32")
+    assert ("emulates bf16" in choice.reason) is (not native)
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
+    x86 = tmp_path / "x86"
+    x86.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512_bf16\n\n")
+    assert cpu_flags(x86) == {"fpu", "avx2", "avx512f", "avx512_bf16"}
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nFeatures\t: fp asimd sve bf16\nCPU implementer\t: 0x41\n")
+    assert "bf16" in cpu_flags(arm)
+    assert cpu_flags(tmp_path / "missing") is None
+
+
+def test_this_machine_follows_the_same_decision():
+    choice = choose_precision("cpu")
+    assert choice.bf16 is cpu_has_native_bf16(cpu_capability(), cpu_flags())
+    ratio = bf16_slowdown()
+    assert math.isfinite(ratio) and ratio > 0
+
+
+def test_the_demo_runs_float32_where_bf16_is_emulated():
+    default = PRESETS["default"]
+    assert default.budget.bf16 and default.budget.weights_dtype == "bfloat16"
+    spec, why = machine_precision(default, choice=choose_cpu_precision(*EPYC_AVX2))
+    assert not spec.budget.bf16 and spec.budget.weights_dtype == "float32"
+    assert "emulates bf16" in why and "AVX2" in why
+    assert spec.budget.with_precision(True) == default.budget  # nothing else changed
+    spec, why = machine_precision(default, choice=choose_cpu_precision(*SAPPHIRE_RAPIDS))
+    assert spec is default and "native bf16" in why
+    smoke = PRESETS["smoke"]  # a float32 preset stays float32 on any machine
+    assert machine_precision(smoke, choice=choose_cpu_precision(*SAPPHIRE_RAPIDS))[0] is smoke
+    assert machine_precision(default, "fp32")[0].budget.bf16 is False
+    forced = machine_precision(smoke, "bf16", device="cuda")[0].budget  # forced, whatever the machine
+    assert forced.bf16 and forced.weights_dtype == "bfloat16"
+
+
+def test_an_explicit_bf16_on_an_emulating_cpu_warns_with_the_measured_ratio():
+    message = emulation_warning("bf16 (--bf16)", choose_cpu_precision(*EPYC_AVX2), 20.0)
+    assert "bf16 (--bf16) on a CPU without native bf16" in message and "AVX2" in message
+    assert "20.0x the time of a float32 one" in message and "leave bf16 off" in message
+    assert emulation_warning("bf16", choose_cpu_precision(*SAPPHIRE_RAPIDS), 0.3) is None
+
+
+def test_run_config_leaves_an_unset_bf16_to_the_machine(tmp_path):
+    from peft_grounded.grounding import GroundingConfig
+
+    unset = GroundingConfig(output_dir=str(tmp_path), max_steps=1, use_cpu=True)
+    assert unset.bf16 is choose_precision("cpu").bf16  # TRL alone would turn bf16 on everywhere
+    assert GroundingConfig(output_dir=str(tmp_path), max_steps=1, use_cpu=True, bf16=False).bf16 is False
+
+
+def test_a_script_cannot_ask_for_both_precisions(capsys):
+    with pytest.raises(ValueError, match="--fp32 and --bf16 contradict"):
+        script_precision(fp32=True, bf16=True)
+    assert script_precision(fp32=True).bf16 is False
+    assert "precision: float32 (--fp32)" in capsys.readouterr().out
