@@ -111,7 +111,7 @@ def test_format_errors():
     assert Budget(weights_dtype="bf16").weights_dtype == "bfloat16"
     with pytest.raises(ValueError, match="weights_dtype"):
         Budget(weights_dtype="int8")
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match="max_minutes must be a finite number > 0"):
         Budget.from_training(sft=dict(max_minutes=0))
     assert Budget().parts == ("valid", "test") and Budget(eval_parts=("test",)).parts == ("test",)
     with pytest.raises(ValueError, match="eval_parts"):
