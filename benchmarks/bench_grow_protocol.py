@@ -50,7 +50,7 @@ from peft_grounded.decoding.new_items import default_match_levels
 from peft_grounded.decoding.semantic_mixture import SemanticMixture
 from peft_grounded.evaluation import EvalSettings
 from peft_grounded.evaluation.intervals import bootstrap_interval
-from peft_grounded.evaluation.metrics import ranking_metrics
+from peft_grounded.evaluation.metrics import metric_value, ranking_metrics, target_rank
 from peft_grounded.evaluation.users import item_token_ids
 from peft_grounded.growth import add_items, grow_adapter
 from peft_grounded.growth.grounding import ground_new_items
@@ -107,11 +107,11 @@ def interval(values: np.ndarray, seed: int, rounds: int) -> tuple[float, float]:
 
 def per_user(predictions: list[list[str]], targets: list[str], k: int) -> dict[str, np.ndarray]:
     """Per-user hit (Recall@k) and NDCG@k, and the target's rank (0 = not in the top k)."""
-    ranks = [p[:k].index(t) + 1 if t in p[:k] else 0 for p, t in zip(predictions, targets, strict=True)]
+    ranks = [target_rank(p[:k], t) for p, t in zip(predictions, targets, strict=True)]
     return {
-        f"recall@{k}": np.array([float(r > 0) for r in ranks]),
-        f"ndcg@{k}": np.array([1.0 / math.log2(r + 1) if r else 0.0 for r in ranks]),
-        "rank": np.array(ranks),
+        f"recall@{k}": np.array([metric_value(r, f"recall@{k}") for r in ranks]),
+        f"ndcg@{k}": np.array([metric_value(r, f"ndcg@{k}") for r in ranks]),
+        "rank": np.array([0 if r is None else r + 1 for r in ranks]),  # 1-based; 0: not in the top k
     }
 
 

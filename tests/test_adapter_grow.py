@@ -141,17 +141,11 @@ def test_a_new_item_is_served_by_constrained_beam_search(tokenizer, tiny_model_f
     produced = set(result.items[0])
     assert {"new0", "new1", "new2"} <= produced and result.num_invalid == 0
     # evaluation takes the grown index: a new-item target is scored (a cold target, reachable)
-    from peft_grounded.evaluation.reports import evaluate_recommender
+    from peft_grounded.evaluation import evaluate_split
 
     n = child.n_items
-    results = evaluate_recommender(
-        grown,
-        tokenizer,
-        {"test": (["Recommend an item:"], ["new1"])},
-        catalogue,
-        cold_items={"new0", "new1", "new2"},
-        ks=(n,),
-    )
+    ranked = recommend(grown, tokenizer, ["Recommend an item:"], catalogue, k=n, num_beams=n).items
+    results = {"test": evaluate_split(ranked, ["new1"], {"new0", "new1", "new2"}, ks=(n,), items=catalogue)}
     assert results["test"]["cold"][f"recall@{n}"] == 1.0
 
 

@@ -12,7 +12,6 @@ from peft_grounded.decoding import recommend
 from peft_grounded.evaluation import (
     comparison_table,
     evaluate_predictions,
-    evaluate_recommender,
     evaluate_split,
     markdown_table,
     write_json,
@@ -78,9 +77,9 @@ def test_evaluation_through_constrained_decoding(tokenizer, tiny_model_factory):
     ranked = recommend(model, tokenizer, prompts, catalogue, k=20).items
     missed = next(item for item in catalogue if item not in ranked[2])
     targets = [ranked[0][0], ranked[1][3], missed]  # ranks 0, 3 and outside the top 20
-    results = evaluate_recommender(
-        model, tokenizer, {"valid": (prompts, targets)}, catalogue, cold_items={targets[1]}, ks=ks
-    )
+    decoded = recommend(model, tokenizer, prompts, catalogue, k=max(ks), num_beams=max(ks))
+    results = {"valid": evaluate_split(decoded.items, targets, {targets[1]}, ks, items=catalogue)}
+    results["valid"]["decoding"] = decoded.stats()
     valid = results["valid"]
     assert valid["all"]["recall@1"] == pytest.approx(1 / 3)
     assert valid["all"]["recall@5"] == pytest.approx(2 / 3) == valid["all"]["recall@20"]
@@ -89,7 +88,7 @@ def test_evaluation_through_constrained_decoding(tokenizer, tiny_model_factory):
     assert valid["decoding"]["invalid"] == 0 and valid["decoding"]["num_beams"] == 20
     json.dumps(results, allow_nan=False)
     with pytest.raises(ValueError, match="not in the catalogue"):
-        evaluate_recommender(model, tokenizer, {"test": (prompts, ["nope", *targets[1:]])}, catalogue, ks=ks)
+        evaluate_split(decoded.items, ["nope", *targets[1:]], ks=ks, items=catalogue)
 
 
 def test_every_atomic_writer_gives_ordinary_permissions(tmp_path):

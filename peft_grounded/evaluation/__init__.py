@@ -4,11 +4,19 @@ per-user records, paired bootstrap intervals, JSON and markdown."""
 from .evaluator import Evaluation, evaluate, evaluate_adapter
 from .intervals import bootstrap_interval, compare_users, intervals_table, paired_intervals, user_values
 from .likelihood import LIKELIHOOD_METRICS, target_log_likelihood
-from .metrics import DEFAULT_KS, metric_names, ndcg_at_k, ranking_metrics, recall_at_k, target_rank
+from .metrics import (
+    DEFAULT_KS,
+    metric_names,
+    metric_value,
+    ndcg_at_k,
+    rank_metrics,
+    ranking_metrics,
+    recall_at_k,
+    target_rank,
+)
 from .reports import (
     comparison_table,
     evaluate_predictions,
-    evaluate_recommender,
     evaluate_split,
     markdown_table,
     write_json,
@@ -21,7 +29,6 @@ from .users import (
     evaluate_popularity,
     item_token_ids,
     popularity_users,
-    rank_metrics,
 )
 
 __all__ = [
@@ -37,12 +44,12 @@ __all__ = [
     "evaluate_adapter",
     "evaluate_popularity",
     "evaluate_predictions",
-    "evaluate_recommender",
     "evaluate_split",
     "intervals_table",
     "item_token_ids",
     "markdown_table",
     "metric_names",
+    "metric_value",
     "ndcg_at_k",
     "paired_intervals",
     "popularity_users",

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from .likelihood import LIKELIHOOD_METRICS, target_log_likelihood
-from .metrics import target_rank
+from .metrics import rank_metrics, target_rank
 from .reports import Results
-from .users import EvalSettings, _autocast, _part_prompts, item_token_ids, rank_metrics, user_records
+from .users import EvalSettings, _autocast, _part_prompts, item_token_ids, user_records
 
 
 @dataclass

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from .metrics import metric_value
+
 RESAMPLES = 10_000
 _CHUNK = 4_000_000  # resample x user entries drawn at once (32 MB of int64)
 
@@ -30,13 +32,9 @@ _CHUNK = 4_000_000  # resample x user entries drawn at once (32 MB of int64)
 def user_value(record: Mapping[str, Any], metric: str) -> float:
     """One user's value of ``metric`` (``recall@K``, ``ndcg@K``, or a NLL field) from its record."""
     if metric.startswith(("recall@", "ndcg@")):
-        kind, k = metric.split("@")
         if "rank" not in record:
             raise KeyError(f"record of user {record.get('user')!r} has no rank: evaluate with ranking=True")
-        rank = record["rank"]
-        if rank is None or rank >= int(k):
-            return 0.0
-        return 1.0 if kind == "recall" else 1.0 / math.log2(rank + 2)
+        return metric_value(record["rank"], metric)
     value = record.get(metric)
     if value is None:
         raise KeyError(

@@ -2,6 +2,9 @@
 
 With a single relevant item the ideal DCG is 1, so for a target at 0-based rank ``r < K``
 ``NDCG@K = 1 / log2(r + 2)`` (and 0 otherwise), and ``Recall@K = HitRate@K = 1[r < K]``.
+:func:`metric_value` is that formula, the only one: every mean (:func:`rank_metrics`, from ranks;
+:func:`ranking_metrics`, from ranked lists) and every per-user value of the paired intervals
+(:func:`~.intervals.user_value`) goes through it.
 """
 
 from __future__ import annotations
@@ -20,16 +23,37 @@ def target_rank(predicted: Sequence[Hashable], target: Hashable) -> int | None:
     return None
 
 
+def metric_value(rank: int | None, metric: str) -> float:
+    """One user's ``recall@K`` (1.0 when the 0-based ``rank`` < K) or ``ndcg@K`` (``1 / log2(rank + 2)`` when
+    ``rank`` < K); 0.0 otherwise, or when the target is absent (``rank`` None)."""
+    kind, _, k = metric.partition("@")
+    if kind not in ("recall", "ndcg") or not k.isdigit():
+        raise ValueError(f"unknown ranking metric {metric!r}: use recall@K or ndcg@K")
+    if rank is None or rank >= int(k):
+        return 0.0
+    return 1.0 if kind == "recall" else 1.0 / math.log2(rank + 2)
+
+
 def recall_at_k(predicted: Sequence[Hashable], target: Hashable, k: int) -> float:
     """1.0 when ``target`` is among the first ``k`` predictions, else 0.0."""
-    rank = target_rank(predicted[:k], target)
-    return 0.0 if rank is None else 1.0
+    return metric_value(target_rank(predicted[:k], target), f"recall@{k}")
 
 
 def ndcg_at_k(predicted: Sequence[Hashable], target: Hashable, k: int) -> float:
     """``1 / log2(rank + 2)`` when ``target`` is among the first ``k`` predictions, else 0.0."""
-    rank = target_rank(predicted[:k], target)
-    return 0.0 if rank is None else 1.0 / math.log2(rank + 2)
+    return metric_value(target_rank(predicted[:k], target), f"ndcg@{k}")
+
+
+def rank_metrics(ranks: Sequence[int | None], ks: Sequence[int]) -> dict[str, float | int | None]:
+    """Mean Recall@K and NDCG@K over users from their targets' 0-based ranks (``None``: absent), plus
+    ``users`` (their number); with no users the metrics are ``None``."""
+    ks = _check_ks(ks)
+    n = len(ranks)
+    result: dict[str, float | int | None] = {}
+    for name in metric_names(ks):
+        result[name] = math.fsum(metric_value(r, name) for r in ranks) / n if n else None
+    result["users"] = n
+    return result
 
 
 def metric_names(ks: Sequence[int] = DEFAULT_KS) -> list[str]:
@@ -63,20 +87,11 @@ def ranking_metrics(
             )
         if len(set(predicted)) != len(predicted):
             raise ValueError(f"user {user}: the predicted list repeats an item; rank each item once")
-    result: dict[str, float | int | None] = {}
     ranks = [
         target_rank(predicted[: ks[-1]], target)
         for predicted, target in zip(predictions, targets, strict=True)
     ]
-    n = len(ranks)
-    for k in ks:
-        hits = [r for r in ranks if r is not None and r < k]
-        result[f"recall@{k}"] = len(hits) / n if n else None
-    for k in ks:
-        gains = [1.0 / math.log2(r + 2) for r in ranks if r is not None and r < k]
-        result[f"ndcg@{k}"] = math.fsum(gains) / n if n else None
-    result["users"] = n
-    return result
+    return rank_metrics(ranks, ks)
 
 
 def _check_ks(ks: Sequence[int]) -> list[int]:

@@ -24,8 +24,21 @@ def evaluate_split(
     targets: Sequence[Hashable],
     cold_items: Collection[Hashable] | None = None,
     ks: Sequence[int] = DEFAULT_KS,
+    items: Collection[Hashable] | None = None,
 ) -> Results:
-    """Metrics on all users and, when ``cold_items`` is given, on the users whose target is cold."""
+    """Metrics on all users and, when ``cold_items`` is given, on the users whose target is cold.
+
+    ``predictions`` are ranked lists, e.g. ``peft_grounded.decoding.recommend(...).items``; with the catalogue's
+    ``items``, a target outside it (which no decoding can produce) is refused. To sample a split's users,
+    render their prompts, decode and score them in one pass, use :func:`~.evaluator.evaluate`.
+    """
+    if items is not None:
+        unknown = [t for t in targets if t not in items]
+        if unknown:
+            raise ValueError(
+                f"{len(unknown)} targets are not in the catalogue (first: {unknown[0]!r}); every target item "
+                "needs a SID"
+            )
     result: Results = {"all": ranking_metrics(predictions, targets, ks)}
     if cold_items is not None:
         cold = set(cold_items)
@@ -38,54 +51,12 @@ def evaluate_predictions(
     splits: Mapping[str, tuple[Sequence[Sequence[Hashable]], Sequence[Hashable]]],
     cold_items: Collection[Hashable] | None = None,
     ks: Sequence[int] = DEFAULT_KS,
+    items: Collection[Hashable] | None = None,
 ) -> Results:
     """:func:`evaluate_split` for each ``split name -> (predictions, targets)``."""
-    return {name: evaluate_split(preds, targets, cold_items, ks) for name, (preds, targets) in splits.items()}
-
-
-def evaluate_recommender(
-    model: Any,
-    tokenizer: Any,
-    splits: Mapping[str, tuple[Sequence[Any], Sequence[Hashable]]],
-    catalogue: Any,
-    cold_items: Collection[Hashable] | None = None,
-    ks: Sequence[int] = DEFAULT_KS,
-    num_beams: int | None = None,
-    batch_size: int = 16,
-    end_token_id: int | None = None,
-    show_progress: bool = False,
-) -> Results:
-    """Decode the top ``max(ks)`` items for each ``split name -> (prompts, targets)`` and score them.
-
-    ``catalogue`` is what :func:`~peft_grounded.decoding.recommend` takes (item id -> SID token ids, or a
-    ``SIDTrie``); every target must be one of its items. Each split also gets the decoding counters
-    (invalid and duplicate beams, always 0, and their rate) under ``"decoding"``.
-    """
-    from peft_grounded.decoding import SIDTrie, recommend
-
-    trie = catalogue if isinstance(catalogue, SIDTrie) else SIDTrie(catalogue, end_token_id=end_token_id)
-    k = max(ks)
-    results: Results = {}
-    for name, (prompts, targets) in splits.items():
-        unknown = [t for t in targets if t not in trie]
-        if unknown:
-            raise ValueError(
-                f"split {name!r}: {len(unknown)} targets are not in the catalogue (first: {unknown[0]!r}); "
-                "every target item needs a SID"
-            )
-        recs = recommend(
-            model,
-            tokenizer,
-            prompts,
-            trie,
-            k=k,
-            num_beams=num_beams or k,
-            batch_size=batch_size,
-            show_progress=show_progress,
-        )
-        results[name] = evaluate_split(recs.items, targets, cold_items, ks)
-        results[name]["decoding"] = recs.stats()
-    return results
+    return {
+        name: evaluate_split(preds, targets, cold_items, ks, items) for name, (preds, targets) in splits.items()
+    }
 
 
 # -- rendering ------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .metrics import rank_metrics
 from .reports import Results
 from .settings import EvalSettings
 
@@ -136,21 +137,6 @@ def user_records(chosen: list, cold_chosen: list) -> list[dict[str, Any]]:
         {"user": user, "target": e[2], "all": user in in_all, "cold": user in in_cold}
         for user, e in unique.items()
     ]
-
-
-def rank_metrics(ranks: Sequence[int | None], ks: Sequence[int]) -> dict[str, float | int | None]:
-    """Mean Recall@K and NDCG@K from 0-based target ranks (``None``: absent), as
-    :func:`~.metrics.ranking_metrics` computes them from ranked lists, plus ``users``."""
-    ks = sorted(set(ks))
-    n = len(ranks)
-    result: dict[str, float | int | None] = {}
-    for k in ks:
-        result[f"recall@{k}"] = sum(1 for r in ranks if r is not None and r < k) / n if n else None
-    for k in ks:
-        gains = [1.0 / math.log2(r + 2) for r in ranks if r is not None and r < k]
-        result[f"ndcg@{k}"] = math.fsum(gains) / n if n else None
-    result["users"] = n
-    return result
 
 
 def item_token_ids(tokenizer: Any, index: Any) -> dict[str, list[int]]:

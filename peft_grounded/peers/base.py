@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from ..evaluation.metrics import target_rank
+from ..evaluation.metrics import rank_metrics, target_rank
 from ..evaluation.reports import Results
-from ..evaluation.users import EvalSettings, rank_metrics, sampled_users, user_records
+from ..evaluation.users import EvalSettings, sampled_users, user_records
 
 
 @runtime_checkable
