@@ -255,10 +255,11 @@ class RunTrainer(SFTTrainer):
     def create_optimizer(self, model=None):
         """The optimizer; under FSDP2 the grounded layers are first sharded as one unit (accelerate shards
         the rest when it prepares the model, right after: see :mod:`peft_grounded.adapter.sharding`)."""
-        if self.is_fsdp_enabled and getattr(self.accelerator.state.fsdp_plugin, "fsdp_version", 1) == 2:
-            from .adapter.sharding import shard_grounded_layers
+        plugin = self.accelerator.state.fsdp_plugin if self.is_fsdp_enabled else None
+        if getattr(plugin, "fsdp_version", 1) == 2:
+            from .adapter.sharding import fsdp_mesh, shard_grounded_layers
 
-            shard_grounded_layers(self.model if model is None else model, self.accelerator)
+            shard_grounded_layers(self.model if model is None else model, plugin, fsdp_mesh(self.accelerator))
         return super().create_optimizer(model)
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):

@@ -46,7 +46,7 @@ def _is_sharded(tensor: torch.Tensor) -> bool:
     return type(tensor).__name__ == "DTensor"
 
 
-def _offloaded(module: nn.Module) -> bool:
+def is_offloaded(module: nn.Module) -> bool:
     """Whether accelerate loads ``module``'s weights only inside its forward (CPU/disk offload)."""
     return bool(getattr(getattr(module, "_hf_hook", None), "offload", False))
 
@@ -196,7 +196,7 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
             return head(hidden)
         weight, bias = head.weight, getattr(head, "bias", None)
         # An offloaded head: accelerate brings its weight in, and the hidden states to it, inside its forward.
-        offloaded = _offloaded(head)
+        offloaded = is_offloaded(head)
         if not offloaded:
             # The head computes where its weight lives (a device_map may put it on another device than the
             # embedding, which holds the rows): hidden states, rows and index go there; `.to` is differentiable,

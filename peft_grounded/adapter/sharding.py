@@ -34,8 +34,9 @@ def grounded_modules(model: nn.Module) -> list[nn.Module]:
     return layers + readers
 
 
-def shard_grounded_layers(model: nn.Module, accelerator) -> bool:
-    """``fully_shard`` the grounded layers of ``model`` as one unit, with the FSDP2 plugin's settings.
+def shard_grounded_layers(model: nn.Module, plugin, mesh=None) -> bool:
+    """``fully_shard`` the grounded layers of ``model`` as one unit, with the settings of ``plugin`` (accelerate's
+    ``FullyShardedDataParallelPlugin``, version 2) over ``mesh`` (None: all processes).
 
     Call it before accelerate prepares ``model`` (its preparation leaves modules that are already sharded
     alone). Returns whether it sharded anything (False: no grounded layer, or already sharded).
@@ -45,23 +46,27 @@ def shard_grounded_layers(model: nn.Module, accelerator) -> bool:
     modules = grounded_modules(model)
     if not modules or any(isinstance(m, FSDPModule) for m in modules):
         return False
-    plugin = accelerator.state.fsdp_plugin
     if plugin.cpu_ram_efficient_loading:
         raise ValueError(
             "fsdp_cpu_ram_efficient_loading is not supported with a grounded-token adapter: accelerate would "
-            "broadcast rank 0's unsharded weights into the unit of the grounded rows, which is sharded before "
-            "accelerate's preparation. Set fsdp_cpu_ram_efficient_loading: false in the accelerate config "
-            "(every process then loads the base model, as the package's commands do anyway)."
+            "broadcast the first process's unsharded weights into the unit of the grounded rows, which is sharded "
+            "before accelerate's preparation. Set fsdp_cpu_ram_efficient_loading: false in the accelerate config "
+            "(every process then loads the base model, which the adapter needs anyway: docs/distributed.md)."
         )
-    mesh = getattr(accelerator, "torch_device_mesh", None)
     fully_shard(
         modules,
         reshard_after_forward=False,
         offload_policy=plugin.cpu_offload,
         mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy(),
-        mesh=mesh[tuple(accelerator.parallelism_config.fsdp_dim_names)] if mesh is not None else None,
+        mesh=mesh,
     )
     return True
+
+
+def fsdp_mesh(accelerator):
+    """The device mesh accelerate shards over (None: the default one over all processes), as it computes it."""
+    mesh = getattr(accelerator, "torch_device_mesh", None)
+    return None if mesh is None else mesh[tuple(accelerator.parallelism_config.fsdp_dim_names)]
 
 
 def gathered_trainable_state(model: nn.Module, *, fsdp: bool, deepspeed: bool) -> dict[str, torch.Tensor]:
