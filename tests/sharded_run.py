@@ -9,10 +9,11 @@ optional fourth field only renames the output folder. Run alone (one process), u
 or ``torchrun``; the jobs run one after the other in the same processes. Each writes into ``OUT/<job>/``,
 besides the trainer's checkpoints and ``adapter/``:
 
-* ``trained_rank{R}.pt``: the trainable tensors (rows, LoRA) at full size, as rank R sees them after training;
+* ``initial.pt`` (rank 0): the trainable tensors (rows, LoRA) before training;
+* ``trained_rank{R}.pt``: the same tensors at full size, as rank R sees them after training;
 * ``probe_logits.pt`` (rank 0): the trained model's logits on :data:`PROBE`;
-* ``memory_rank{R}.json``: bytes rank R holds of the trainable tensors, their optimiser state and the frozen
-  weights, and the process's peak RSS.
+* ``rank{R}.json``: bytes rank R holds of the trainable tensors, their optimiser state and the frozen weights,
+  the process's peak RSS, and where the launcher placed it (rank, local rank, node).
 
 ``--kill-at STEP``: rank 0 of the last job SIGKILLs itself at the start of the step after checkpoint STEP.
 ``--resume``: every job resumes from its last checkpoint (or starts, if it has none).
@@ -180,9 +181,11 @@ def memory(trainer) -> dict:
         "master_bytes": sum(_local_bytes(p) for p in held if _local(p).data_ptr() not in own),
         "frozen_bytes": sum(_local_bytes(p) for p in params if not p.requires_grad),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "world_size": trainer.args.world_size,
         "fsdp": bool(trainer.is_fsdp_enabled),
         "deepspeed": bool(trainer.is_deepspeed_enabled),
+        # where the launcher put this process: RANK, LOCAL_RANK, GROUP_RANK (the node), WORLD_SIZE
+        **{k.lower(): int(os.environ.get(k, "0")) for k in ("RANK", "LOCAL_RANK", "GROUP_RANK")},
+        "world_size": trainer.args.world_size,
     }
 
 
@@ -260,11 +263,15 @@ def run_job(
             processing_class=tokenizer,
             callbacks=[Kill()],
         )
+    if rank == 0 and not resume:
+        initial = {n: p.detach().cpu().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+        directory.mkdir(parents=True, exist_ok=True)
+        torch.save(initial, directory / "initial.pt")
     trainer.train(resume_from_checkpoint=True if resume else None)
 
     trained = {n: _full(p).detach().cpu().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     torch.save(trained, directory / f"trained_rank{rank}.pt")
-    (directory / f"memory_rank{rank}.json").write_text(json.dumps(memory(trainer)))
+    (directory / f"rank{rank}.json").write_text(json.dumps(memory(trainer)))
     logits = probe_logits(trainer.model, tokenizer)  # every rank: the forward is collective under sharding
     if rank == 0:
         torch.save(logits, directory / "probe_logits.pt")
