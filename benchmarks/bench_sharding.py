@@ -44,13 +44,28 @@ def free_port() -> int:
 
 
 def command(setup: str, out: Path, args) -> list[str]:
-    runner = [str(RUNNER), str(out), args.job, "--max-steps", str(args.steps), "--index", *map(str, args.index)]
+    runner = [
+        str(RUNNER),
+        str(out),
+        args.job,
+        "--max-steps",
+        str(args.steps),
+        "--index",
+        *map(str, args.index),
+    ]
     if SETUPS[setup] is None:
         return [sys.executable, *runner, "--batch", str(2 * args.batch)]
     accelerate = shutil.which("accelerate", path=os.path.dirname(sys.executable)) or "accelerate"
-    return [accelerate, "launch", "--config_file", str(CONFIGS / SETUPS[setup]), "--num_processes", "2",
-            "--mixed_precision", "no", "--main_process_port", str(free_port()), *runner,
-            "--batch", str(args.batch)]  # fmt: skip
+    config = [
+        "--config_file",
+        str(CONFIGS / SETUPS[setup]),
+        "--num_processes",
+        "2",
+        "--mixed_precision",
+        "no",
+    ]
+    port = ["--main_process_port", str(free_port())]
+    return [accelerate, "launch", *config, *port, *runner, "--batch", str(args.batch)]
 
 
 def measure(setup: str, args) -> dict:
@@ -94,10 +109,14 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--job", default="grounding:smollm2:tied", help="tests/sharded_run.py's JOB")
     parser.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
-    parser.add_argument("--index", type=int, nargs=3, default=(1024, 3, 256), metavar=("ITEMS", "LEVELS", "CODES"))
+    parser.add_argument(
+        "--index", type=int, nargs=3, default=(1024, 3, 256), metavar=("ITEMS", "LEVELS", "CODES")
+    )
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--batch", type=int, default=2, help="per process (one process: twice that)")
     parser.add_argument("--json", type=Path, default=None)
@@ -108,7 +127,9 @@ def main() -> None:
         print(f"{setup}: {rows[-1]['seconds']:.0f} s", file=sys.stderr)
     print(table(rows))
     if args.json:
-        args.json.write_text(json.dumps({"args": {**vars(args), "json": str(args.json)}, "rows": rows}, indent=1))
+        args.json.write_text(
+            json.dumps({"args": {**vars(args), "json": str(args.json)}, "rows": rows}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -15,18 +15,19 @@ Tolerances (trained rows and LoRA, sharded vs one process with the same global b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+import sharded_run
 import torch
 from safetensors.torch import load_file
-
-import sharded_run
 
 HERE = Path(__file__).parent
 CONFIGS = HERE.parent / "examples" / "accelerate"
@@ -52,8 +53,8 @@ def launch_args(config: str, out: Path, jobs: list[str], *runner_args: str, **op
     """``accelerate launch --config_file examples/accelerate/<config> [--option value ...] sharded_run.py ...``:
     the shipped file, with only what a 2-CPU machine needs overridden (process count, port, precision)."""
     flags = [f"--{k}={v}" for k, v in {"num_processes": 2, "mixed_precision": "no", **options}.items()]
-    return [launcher(), "launch", "--config_file", str(CONFIGS / config), *flags, str(RUNNER), str(out), *jobs,
-            "--batch", "2", *runner_args]  # fmt: skip
+    runner = [str(RUNNER), str(out), *jobs, "--batch", "2", *runner_args]
+    return [launcher(), "launch", "--config_file", str(CONFIGS / config), *flags, *runner]
 
 
 def run(args: list[str]) -> subprocess.CompletedProcess:
@@ -61,29 +62,38 @@ def run(args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT, env=env)
 
 
-def launch(config: str, out: Path, jobs: list[str], *runner_args: str, **options) -> subprocess.CompletedProcess:
+def launch(
+    config: str, out: Path, jobs: list[str], *runner_args: str, **options
+) -> subprocess.CompletedProcess:
     return run(launch_args(config, out, jobs, *runner_args, main_process_port=free_port(), **options))
 
 
-def launch_two_nodes(config: str, out: Path, jobs: list[str], *runner_args: str) -> list[subprocess.CompletedProcess]:
+def _read(log) -> str:
+    log.seek(0)
+    return log.read()
+
+
+def launch_two_nodes(
+    config: str, out: Path, jobs: list[str], *runner_args: str
+) -> list[subprocess.CompletedProcess]:
     """One ``accelerate launch`` per simulated node (``--num_machines 2``, one process each) on loopback."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    nodes = [
-        subprocess.Popen(
-            launch_args(config, out, jobs, *runner_args, num_machines=2, machine_rank=rank,
-                        main_process_ip="127.0.0.1", main_process_port=port),  # fmt: skip
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for rank in (0, 1)
-    ]
-    results = []
-    for node in nodes:
-        stdout, stderr = node.communicate(timeout=TIMEOUT)
-        results.append(subprocess.CompletedProcess(node.args, node.returncode, stdout, stderr))
+    with contextlib.ExitStack() as files:
+        nodes = []
+        for rank in (0, 1):
+            args = launch_args(
+                config, out, jobs, *runner_args,
+                num_machines=2, machine_rank=rank, main_process_ip="127.0.0.1", main_process_port=port,
+            )  # fmt: skip
+            # files, not pipes: a full pipe would block one node while the other waits for it
+            logs = [files.enter_context(tempfile.TemporaryFile("w+")) for _ in range(2)]
+            nodes.append((subprocess.Popen(args, stdout=logs[0], stderr=logs[1], text=True, env=env), logs))
+        results = []
+        for node, logs in nodes:
+            node.wait(timeout=TIMEOUT)
+            stdout, stderr = (_read(log) for log in logs)
+            results.append(subprocess.CompletedProcess(node.args, node.returncode, stdout, stderr))
     return results
 
 
@@ -143,7 +153,9 @@ def assert_sharded_memory(run_dir: Path, single: Path) -> None:
     """Each rank holds about half of the trainable tensors, of their optimiser state and of the frozen weights."""
     alone = json.loads((single / "rank0.json").read_text())
     for field in ("trainable_bytes", "optimizer_state_bytes", "frozen_bytes"):
-        held = [r[field] + (r["master_bytes"] if field == "optimizer_state_bytes" else 0) for r in ranks(run_dir)]
+        held = [
+            r[field] + (r["master_bytes"] if field == "optimizer_state_bytes" else 0) for r in ranks(run_dir)
+        ]
         assert alone[field] > 0 and all(0 < h < 0.6 * alone[field] for h in held), (field, held, alone[field])
 
 

@@ -49,8 +49,9 @@ def enable_fsdp_on_cpu() -> None:
     if getattr(original, "cpu_fsdp", False):
         return
 
-    def __init__(self, mixed_precision=None, cpu=False, dynamo_plugin=None, deepspeed_plugin=None, fsdp_plugin=None, **kwargs):  # fmt: skip  # noqa: E501
-        original(self, mixed_precision, cpu, dynamo_plugin, deepspeed_plugin, fsdp_plugin, **kwargs)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        fsdp_plugin = kwargs.get("fsdp_plugin", args[4] if len(args) > 4 else None)
         if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
             self.distributed_type = DistributedType.FSDP
             if self._mixed_precision != "no":
@@ -81,7 +82,9 @@ def job_dir(out: Path, job: str) -> Path:
 def parse_job(job: str) -> tuple[str, str, bool]:
     stage, model, head, *_ = job.split(":")
     if stage not in ("grounding", "sft") or model not in ("llama", "qwen3", "smollm2"):
-        raise SystemExit(f"bad job {job!r}: stage:model:head with grounding|sft, llama|qwen3|smollm2, tied|untied")
+        raise SystemExit(
+            f"bad job {job!r}: stage:model:head with grounding|sft, llama|qwen3|smollm2, tied|untied"
+        )
     if head not in ("tied", "untied"):
         raise SystemExit(f"bad job {job!r}: head is tied or untied")
     return stage, model, head == "tied"
@@ -264,12 +267,16 @@ def run_job(
             callbacks=[Kill()],
         )
     if rank == 0 and not resume:
-        initial = {n: p.detach().cpu().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+        initial = {
+            n: p.detach().cpu().clone() for n, p in trainer.model.named_parameters() if p.requires_grad
+        }
         directory.mkdir(parents=True, exist_ok=True)
         torch.save(initial, directory / "initial.pt")
     trainer.train(resume_from_checkpoint=True if resume else None)
 
-    trained = {n: _full(p).detach().cpu().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trained = {
+        n: _full(p).detach().cpu().clone() for n, p in trainer.model.named_parameters() if p.requires_grad
+    }
     torch.save(trained, directory / f"trained_rank{rank}.pt")
     (directory / f"rank{rank}.json").write_text(json.dumps(memory(trainer)))
     logits = probe_logits(trainer.model, tokenizer)  # every rank: the forward is collective under sharding
@@ -287,7 +294,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--kill-at", type=int, default=None, help="kill the last job after this checkpoint")
     parser.add_argument("--resume", action="store_true")
-    parser.add_argument("--index", type=int, nargs=3, default=(16, 2, 4), metavar=("ITEMS", "LEVELS", "CODES"))
+    parser.add_argument(
+        "--index", type=int, nargs=3, default=(16, 2, 4), metavar=("ITEMS", "LEVELS", "CODES")
+    )
     args = parser.parse_args()
     for job in args.jobs:
         parse_job(job)
