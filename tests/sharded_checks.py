@@ -159,8 +159,8 @@ def assert_sharded_memory(run_dir: Path, single: Path) -> None:
         assert alone[field] > 0 and all(0 < h < 0.6 * alone[field] for h in held), (field, held, alone[field])
 
 
-def checkpoint_bytes(checkpoint: Path) -> int:
-    return sum(p.stat().st_size for p in checkpoint.rglob("*") if p.is_file())
+def checkpoint_bytes(*parts: Path) -> int:
+    return sum(p.stat().st_size for part in parts for p in part.rglob("*") if p.is_file())
 
 
 def assert_killed(result: subprocess.CompletedProcess, directory: Path) -> None:
@@ -175,3 +175,27 @@ def assert_resumed_like_uninterrupted(resumed: Path, uninterrupted: Path) -> Non
     assert got.keys() == expected.keys()
     for key in expected:
         torch.testing.assert_close(got[key], expected[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
+def check_sharded_training(
+    config: str, out: Path, tmp_path_factory, jobs: list[str], *, kind: str, weights: list[str]
+) -> None:
+    """Every check of a sharded launcher (``kind``: "fsdp" or "deepspeed") on ``jobs``, in two launches.
+
+    The first runs ``jobs`` and then ``jobs[-1]`` again, killed after its checkpoint at step 2; the second
+    resumes that one. ``weights``: the parts of a checkpoint that hold the weights and optimiser state."""
+    killed = f"{jobs[-1]}:killed"
+    first = launch(config, out, [*jobs, killed], "--kill-at", "2")
+    assert_killed(first, sharded_run.job_dir(out, killed))
+    resumed = launch(config, out, [killed], "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for job in jobs:
+        run_dir, single = sharded_run.job_dir(out, job), reference(job, tmp_path_factory)
+        assert all(r[kind] and r["world_size"] == 2 for r in ranks(run_dir)), job
+        assert_matches_single(run_dir, single)
+        assert_saved_adapter_is_the_gathered_rows_and_lora(run_dir, single, job)
+        assert_sharded_memory(run_dir, single)
+        # checkpoints hold the adapter's shards and their optimiser state, never the frozen weights
+        frozen = sum(r["frozen_bytes"] for r in ranks(run_dir))
+        assert checkpoint_bytes(*(run_dir / "checkpoint-2" / w for w in weights)) < frozen / 20
+    assert_resumed_like_uninterrupted(sharded_run.job_dir(out, killed), sharded_run.job_dir(out, jobs[-1]))
