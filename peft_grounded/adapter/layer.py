@@ -41,7 +41,12 @@ def on_device_of(rows: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return rows.to(target.device, target.dtype)
 
 
-def _offloaded(module: nn.Module) -> bool:
+def _is_sharded(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a parameter shard of FSDP2 (a ``DTensor``), i.e. read outside its unit's forward."""
+    return type(tensor).__name__ == "DTensor"
+
+
+def is_offloaded(module: nn.Module) -> bool:
     """Whether accelerate loads ``module``'s weights only inside its forward (CPU/disk offload)."""
     return bool(getattr(getattr(module, "_hf_hook", None), "offload", False))
 
@@ -191,7 +196,7 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
             return head(hidden)
         weight, bias = head.weight, getattr(head, "bias", None)
         # An offloaded head: accelerate brings its weight in, and the hidden states to it, inside its forward.
-        offloaded = _offloaded(head)
+        offloaded = is_offloaded(head)
         if not offloaded:
             # The head computes where its weight lives (a device_map may put it on another device than the
             # embedding, which holds the rows): hidden states, rows and index go there; `.to` is differentiable,
@@ -217,8 +222,13 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
         return logits.index_copy(-1, index, new.to(logits.dtype))
 
     def head_weight(self, head: nn.Module) -> torch.Tensor:
-        """The head's weight with the adapter rows written in (differentiable w.r.t. those rows)."""
+        """The head's weight with the adapter rows written in (differentiable w.r.t. those rows).
+
+        Outside the forward of a model sharded by FSDP2 the weight and the rows are shards (``DTensor``):
+        then it is the head's own sharded weight, as FSDP gives for any parameter there."""
         weight = head.weight
+        if _is_sharded(weight):
+            return weight
         for name in self._adapters_in_effect():
             rows = self._output_rows(name)
             if rows is not None:

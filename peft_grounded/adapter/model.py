@@ -21,7 +21,7 @@ from torch import nn
 from .compact_head import compact_fused_forward, supports_compact_head
 from .config import GroundedTokenConfig
 from .initialize import initializer_range, start_rows
-from .layer import GroundedHead, GroundedTiedEmbedding, GroundedTokenLayer
+from .layer import GroundedHead, GroundedTiedEmbedding, GroundedTokenLayer, is_offloaded
 
 SIGNATURE_ROWS = 8
 SIGNATURE_RTOL = 2e-2
@@ -204,6 +204,15 @@ class GroundedTokenModel(BaseTuner):
         layer.update_layer(adapter_name, config.token_indices, input_rows, output_rows)
 
     def _check_fits(self, config: GroundedTokenConfig, layer: GroundedTokenLayer) -> None:
+        for module in (layer.base_layer, layer.head):
+            weight = getattr(module, "weight", None)
+            if weight is not None and weight.is_meta and not is_offloaded(module):
+                raise ValueError(
+                    "The base model's embedding (or head) is on the meta device, i.e. not loaded: the adapter reads "
+                    "its rows to check the base and to place and initialise the new tokens. Under FSDP this is "
+                    "accelerate's cpu_ram_efficient_loading, which loads the weights in the first process only: set "
+                    "fsdp_cpu_ram_efficient_loading: false in the accelerate config (docs/distributed.md)."
+                )
         rows = layer.num_embeddings
         if config.num_embeddings is not None and config.num_embeddings != rows:
             raise ValueError(

@@ -224,12 +224,13 @@ def dataset_fingerprint(dataset) -> str:
     return str(getattr(dataset, "_fingerprint", len(dataset)))
 
 
-def save_adapter_atomic(model: PeftModel, directory: str | Path) -> Path:
-    """``model.save_pretrained(directory)`` through a temporary sibling directory, swapped in at the end."""
+def save_adapter_atomic(model: PeftModel, directory: str | Path, state_dict: dict | None = None) -> Path:
+    """``model.save_pretrained(directory)`` through a temporary sibling directory, swapped in at the end
+    (``state_dict``: the weights to take them from, e.g. gathered from shards)."""
     directory = Path(directory)
     tmp = make_temp_dir(directory)
     try:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, **({} if state_dict is None else {"state_dict": state_dict}))
         _swap_into_place(tmp, directory)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -393,6 +394,16 @@ class RunTrainer(SFTTrainer):
         self._since_log = [self._since_log[0] + tokens, self._since_log[1] + items]
         self.clock.items += items
 
+    def create_optimizer(self, model=None):
+        """The optimizer; under FSDP2 the grounded layers are first sharded as one unit (accelerate shards
+        the rest when it prepares the model, right after: see :mod:`peft_grounded.adapter.sharding`)."""
+        plugin = self.accelerator.state.fsdp_plugin if self.is_fsdp_enabled else None
+        if getattr(plugin, "fsdp_version", 1) == 2:
+            from ..adapter.sharding import fsdp_mesh, shard_grounded_layers
+
+            shard_grounded_layers(self.model if model is None else model, plugin, fsdp_mesh(self.accelerator))
+        return super().create_optimizer(model)
+
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         """The configured schedule, or with ``max_minutes`` a schedule over the time budget
         (:func:`~peft_grounded.training.clock.time_schedule`)."""
@@ -478,11 +489,12 @@ class RunTrainer(SFTTrainer):
             if self.is_world_process_zero():
                 save_adapter_atomic(self.model, directory)
             return
-        staging = directory.with_name(f".{directory.name}.gathered")
+        from ..adapter.sharding import gathered_trainable_state
+
+        model = self.accelerator.unwrap_model(self.model)
+        state = gathered_trainable_state(
+            model, fsdp=self.is_fsdp_enabled, deepspeed=self.is_deepspeed_enabled
+        )  # every rank takes part in gathering; the main one writes
         if self.is_world_process_zero():
-            shutil.rmtree(staging, ignore_errors=True)
-        self.accelerator.wait_for_everyone()
-        self.save_model(str(staging))  # every rank takes part in gathering; the main one writes
-        if self.is_world_process_zero():
-            _swap_into_place(staging, directory)
+            save_adapter_atomic(model, directory, state_dict=state)
         self.accelerator.wait_for_everyone()
