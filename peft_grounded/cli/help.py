@@ -25,8 +25,8 @@ SNAPSHOTS = Path(__file__).resolve().parent / "help"
 LIBRARIES = ("trl", "transformers", "peft")
 # The modules that declare a settings command's flags (paths inside the package)
 SOURCES = {
-    "ground": ("cli/common.py", "cli/ground.py", "training/trainer.py", "grounding/trainer.py"),
-    "sft": ("cli/common.py", "cli/sft.py", "training/trainer.py", "recommend/trainer.py"),
+    "ground": ("cli/common.py", "cli/ground.py", "training/config.py", "grounding/trainer.py"),
+    "sft": ("cli/common.py", "cli/sft.py", "training/config.py", "recommend/trainer.py"),
     "evaluate": ("cli/common.py", "cli/evaluate.py", "evaluation/settings.py"),
 }
 KEY_PREFIX = "# help key: "

@@ -21,7 +21,8 @@ import torch
 from peft import PeftModel, get_peft_model
 
 from ..adapter import GroundedTokenConfig
-from ..training.trainer import RunConfig, RunTrainer
+from ..training.config import RunConfig
+from ..training.trainer import RunTrainer
 
 
 @dataclass
@@ -112,7 +113,8 @@ def ground(
     adapter lands in ``<args.output_dir>/adapter``.
     """
     from ..adapter.loading import model_for
-    from ..training.trainer import check_max_examples, sample_rows
+    from ..training.config import check_max_examples
+    from ..training.trainer import sample_rows
     from .data import grounding_dataset
 
     check_max_examples(max_examples)

@@ -10,7 +10,8 @@ from peft import PeftModel
 
 from ..adapter import GroundedTokenConfig
 from ..prompts import PromptFormat
-from ..training.trainer import RunConfig, RunTrainer
+from ..training.config import RunConfig
+from ..training.trainer import RunTrainer
 from .callbacks import ValidationRecall
 
 __all__ = ["RecommendationConfig", "RecommendationTrainer", "ValidationRecall", "train_recommender"]
@@ -81,7 +82,8 @@ def train_recommender(
     from ..adapter import add_lora
     from ..adapter.loading import model_for
     from ..adapter.lora import lora_settings
-    from ..training.trainer import check_max_examples, sample_rows
+    from ..training.config import check_max_examples
+    from ..training.trainer import sample_rows
     from .data import training_dataset
 
     check_max_examples(max_examples)

@@ -1,5 +1,6 @@
-"""The trainer core every stage shares: an ``SFTTrainer`` that knows its run (:mod:`.trainer`), the training
-clock of time budgets (:mod:`.clock`) and the run manifests and folder layout (:mod:`.runs`).
+"""The trainer core every stage shares: the stage settings (:mod:`.config`), an ``SFTTrainer`` that knows its
+run (:mod:`.trainer`), the training clock of time budgets (:mod:`.clock`) and the run manifests and folder
+layout (:mod:`.runs`).
 
 ``from peft_grounded.training import runs`` stays light; the trainer (TRL, torch) loads on first use of its
 names.
@@ -11,7 +12,9 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "RunConfig": "trainer",
+    "RunConfig": "config",
+    "check_max_examples": "config",
+    "check_run_config": "config",
     "RunTrainer": "trainer",
     "save_adapter_atomic": "trainer",
     "upcast_trainable": "trainer",

@@ -16,10 +16,8 @@ from __future__ import annotations
 import logging
 import shutil
 import warnings
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
 
 import torch
 from accelerate.utils import extract_model_from_parallel
@@ -27,183 +25,15 @@ from peft import PeftModel, PeftModelForCausalLM
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_utils import get_last_checkpoint
-from trl import SFTConfig, SFTTrainer
+from trl import SFTTrainer
 
 from .._io import make_temp_dir
 from . import runs
 from .clock import TimeProgressCallback, TrainingClock, time_schedule
+from .config import check_max_examples
 from .runs import ADAPTER_DIR, LOG_FILE
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class RunConfig(SFTConfig):
-    """``SFTConfig`` with the defaults every stage of this package shares; the settings of a training stage.
-
-    Every field is a command-line flag under its own name (``peft-grounded ground --learning_rate 1e-3``) and a
-    key of a ``--config stage.yaml``; the flags of earlier releases stay as aliases (``--lr``, ``--steps``,
-    ``--batch-size``, ``--grad-accum``, ``--output``, ``--minutes``, ``--lr-scheduler``, ``--resume``).
-    Differences from TRL's defaults: ``bf16`` chosen by the CPU (off where bf16 is emulated), the CPU unless
-    CUDA is available (``use_cpu``), the stage's own ``max_steps`` (:attr:`default_steps`), a cosine schedule with
-    3% warm-up, no gradient checkpointing, no logging integrations.
-    """
-
-    default_steps: ClassVar[int] = -1  # max_steps when none is given (-1: TRL's epochs)
-
-    output_dir: str | None = field(
-        default=None,
-        metadata={
-            "help": "Output directory: checkpoints, adapter/, run.json, log_history.json.",
-            "aliases": ["--output", "--out"],
-        },
-    )
-    max_steps: int | None = field(
-        default=None,
-        metadata={
-            "help": "Optimisation steps. None: the stage's default, or with max_minutes no step limit; -1: epochs.",
-            "aliases": ["--steps"],
-        },
-    )
-    learning_rate: float = field(default=2e-5, metadata={"help": "Learning rate.", "aliases": ["--lr"]})
-    per_device_train_batch_size: int = field(
-        default=16, metadata={"help": "Batch size per device.", "aliases": ["--batch-size"]}
-    )
-    gradient_accumulation_steps: int = field(
-        default=1, metadata={"help": "Batches accumulated per optimisation step.", "aliases": ["--grad-accum"]}
-    )
-    lr_scheduler_type: str = field(
-        default="cosine", metadata={"help": "Learning-rate schedule.", "aliases": ["--lr-scheduler"]}
-    )
-    warmup_ratio: float = field(default=0.03, metadata={"help": "Share of the steps spent warming up."})
-    max_length: int | None = field(
-        default=256, metadata={"help": "Longest training row in tokens; longer rows are refused."}
-    )
-    bf16: bool | None = field(
-        default=None,
-        metadata={
-            "help": "bf16 mixed precision; None: the machine's choice on a CPU (on where it has native bf16, off "
-            "where bf16 is emulated, see peft_grounded.precision), TRL's (on) on a GPU.",
-            "nargs": "?",
-            "const": True,
-        },
-    )
-    use_cpu: bool | None = field(
-        default=None, metadata={"help": "Train on the CPU. None: the CPU unless CUDA is available."}
-    )
-    seed: int = field(default=0, metadata={"help": "Seed of the run (initialisation, data order, sampling)."})
-    save_steps: float = field(default=100, metadata={"help": "Steps between checkpoints."})
-    resume_from_checkpoint: str | None = field(
-        default=None,
-        metadata={
-            "help": "Continue a run: 'last' (what --resume alone gives) from the last checkpoint in output_dir, "
-            "or start it when there is none yet; or the path of a checkpoint.",
-            "aliases": ["--resume"],
-            "nargs": "?",
-            "const": "last",
-        },
-    )
-    completion_only_loss: bool | None = field(default=True, metadata={"help": "Loss on the completion only."})
-    gradient_checkpointing: bool = field(
-        default=False,
-        metadata={"help": "Recompute activations in the backward pass (saves memory, costs time)."},
-    )
-    save_total_limit: int | None = field(default=2, metadata={"help": "Checkpoints kept on disk."})
-    report_to: str | None = field(
-        default="none", metadata={"help": "Logging integrations, e.g. tensorboard, wandb (none by default)."}
-    )
-    compact_loss: bool = field(
-        default=True,
-        metadata={
-            "help": "Project only the labelled (completion) positions through the LM head, on every device; "
-            "TRL does so on CUDA only (see peft_grounded.adapter.compact_head)."
-        },
-    )
-    max_minutes: float | None = field(
-        default=None,
-        metadata={
-            "help": "Stop after this many minutes of training (evaluation excluded), or at max_steps if that "
-            "comes first; the learning rate then warms up over warmup_ratio of the time and decays linearly "
-            "to 0 at the time limit (lr_scheduler_type is not used).",
-            "aliases": ["--minutes"],
-        },
-    )
-    allow_truncation: bool = field(
-        default=False,
-        metadata={"help": "Train on rows that max_length cuts (with a warning) instead of refusing them."},
-    )
-
-    def __post_init__(self) -> None:
-        if self.max_steps is None:
-            self.max_steps = -1 if self.max_minutes is not None else self.default_steps
-        if self.use_cpu is None:
-            self.use_cpu = not torch.cuda.is_available()
-        check_run_config(self)
-        if not self.fp16 and (self.use_cpu or not torch.cuda.is_available()):
-            from ..precision import resolve_bf16
-
-            # TRL turns bf16 on when it is not set; on a CPU that emulates bf16 that is many times slower
-            self.bf16 = resolve_bf16(self.bf16, "cpu", "bf16 mixed precision (bf16=True, --bf16)")
-        super().__post_init__()
-
-    @property
-    def resume(self) -> str | bool | None:
-        """``resume_from_checkpoint`` as :meth:`RunTrainer.train` takes it (``True``: the last checkpoint)."""
-        value = self.resume_from_checkpoint
-        if value is None or str(value).lower() in ("", "false", "no", "none"):
-            return None
-        return True if str(value).lower() in ("last", "true", "yes") else value
-
-
-def check_run_config(args: Any) -> None:
-    """Refuse a training budget out of range before anything loads (transformers would quietly train
-    ``num_train_epochs`` epochs for ``max_steps <= 0``, and fail deep in the loop on a zero batch size)."""
-    from .. import checks
-
-    minutes = getattr(args, "max_minutes", None)
-    steps = args.max_steps
-    if minutes is None:
-        steps_problem = None
-        if not checks.is_int(steps) or (steps < 1 and steps != -1):
-            steps_problem = (
-                f"max_steps must be a positive number of optimisation steps, got {steps!r} (--steps), which "
-                "transformers does not take as a step count (it falls back to training epochs); give --steps "
-                "N >= 1, or --minutes M for a time budget (-1: num_train_epochs epochs, on purpose)"
-            )
-    else:
-        steps_problem = checks.int_at_least(
-            "max_steps", steps, -1, flag="--steps; 0 or -1 with --minutes: time alone"
-        )
-    checks.raise_problems(
-        type(args).__name__,
-        [
-            steps_problem,
-            checks.number_in("max_minutes", minutes, 0, low_open=True, flag="--minutes", none_ok=True),
-            checks.int_at_least(
-                "per_device_train_batch_size", args.per_device_train_batch_size, 1, flag="--batch-size"
-            ),
-            checks.int_at_least(
-                "gradient_accumulation_steps", args.gradient_accumulation_steps, 1, flag="--grad-accum"
-            ),
-            checks.number_in("learning_rate", args.learning_rate, 0, low_open=True, flag="--lr"),
-            checks.int_at_least("max_length", args.max_length, 1, flag="--max-length", none_ok=True),
-            checks.number_in("save_steps", args.save_steps, 0, low_open=True, flag="--save-steps"),
-            checks.number_in("logging_steps", args.logging_steps, 0, low_open=True),
-            checks.number_in("warmup_ratio", args.warmup_ratio, 0, 1, none_ok=True),
-            checks.number_in("num_train_epochs", args.num_train_epochs, 0, low_open=True),
-            checks.number_in("weight_decay", args.weight_decay, 0),
-            checks.seed("seed", args.seed, flag="--seed"),
-        ],
-    )
-
-
-def check_max_examples(n: int | None) -> None:
-    """Refuse a sample size that would leave no training rows (``None``: every row)."""
-    from .. import checks
-
-    checks.raise_problems(
-        "training data", [checks.int_at_least("max_examples", n, 1, flag="--max-examples", none_ok=True)]
-    )
 
 
 def sample_rows(dataset, n: int | None, seed: int):
