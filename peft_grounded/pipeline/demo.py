@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import runs
+from .._locks import locks_output
 from ..prompts import PromptFormat
 from ..recommend.runner import STRATEGIES, Budget, Experiment, run_strategy
 
@@ -147,6 +148,7 @@ def _model_path(model: str | None) -> str:
     return str(assets.smollm2())
 
 
+@locks_output("output_dir", "demo")
 def run_demo(
     preset: str | Preset = "default",
     output_dir: str | Path = "runs/demo",

@@ -429,10 +429,17 @@ class SIDIndex:
     # ------------------------------------------------------------------------------------------ files
 
     def save(self, directory: str | Path) -> Path:
-        """Write ``sid_index.json`` + ``sid_index.safetensors`` into ``directory`` atomically; returns it."""
+        """Write ``sid_index.json`` + ``sid_index.safetensors`` into ``directory`` atomically; returns it.
+
+        The folder is locked while it is written (a concurrent save there stops with an error)."""
+        from .._locks import output_lock
+
+        with output_lock(directory, "SID index save"):
+            return self._save(Path(directory))
+
+    def _save(self, directory: Path) -> Path:
         from safetensors.numpy import save
 
-        directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         tensors: dict[str, np.ndarray] = {"codes": self.codes.astype(np.int64)}
         for level, book in enumerate(self.codebooks):
