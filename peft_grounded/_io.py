@@ -21,9 +21,10 @@ DISK_FULL_WORDS = (
     "no space left",
     "file too large",
     "disk quota",
-    "os error 28",
-    "os error 27",
-    "file write failed",
+    "os error 28",  # Rust (safetensors, tokenizers): ENOSPC
+    "os error 27",  # Rust: EFBIG
+    "file write failed",  # torch.save's zip writer on a failed write
+    "unexpected pos",  # torch.save's zip writer on a short write
 )
 
 
@@ -62,10 +63,19 @@ _UMASK = _read_umask()
 def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object] | bytes) -> Path:
     """Write ``path`` atomically from bytes or a ``write(file)`` callback; creates the parent folders.
 
-    A full disk raises :class:`DiskFullError` naming ``path``, which keeps its previous content."""
+    A full disk raises :class:`DiskFullError` naming ``path``, which keeps its previous content; a folder that
+    cannot be written, a ``PermissionError`` naming it."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:
+        if err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        raise PermissionError(
+            f"cannot write {path}: {path.parent} is not writable ({err.strerror}); choose a folder you can "
+            "write, or fix its permissions"
+        ) from err
     try:
         with os.fdopen(fd, "wb") as f:
             if isinstance(write, bytes):

@@ -48,9 +48,11 @@ class OutputBusyError(OSError):
 def lock_path(folder: str | os.PathLike[str]) -> Path:
     """Where the lock of ``folder`` lives: beside it, or inside it when its parent is not writable."""
     folder = Path(folder).expanduser().resolve()
-    beside = folder.parent / f".{folder.name}{LOCK_SUFFIX}"
-    if folder.parent != folder and os.access(folder.parent, os.W_OK):
-        return beside
+    existing = folder.parent  # the parent may not exist yet: the command creates it
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if folder.parent != folder and os.access(existing, os.W_OK):
+        return folder.parent / f".{folder.name}{LOCK_SUFFIX}"
     return folder / LOCK_SUFFIX
 
 
@@ -72,7 +74,7 @@ def _read_owner(path: Path, attempts: int = 20) -> dict:
     """The holder's record; an empty file (the holder is writing it right now) is read again briefly."""
     for _ in range(attempts):
         try:
-            text = path.read_text(encoding="utf-8")
+            text = path.read_text(encoding="utf-8", errors="replace")
         except OSError:
             return {}
         if text.strip():
@@ -198,7 +200,9 @@ def output_lock(folder: str | os.PathLike[str], command: str) -> Iterator[Path]:
 
 
 def locks_output(parameter: str, command: str) -> Callable[[F], F]:
-    """Decorator: call the function under :func:`output_lock` of its argument ``parameter`` (when not None)."""
+    """Decorator: call the function under :func:`output_lock` of its argument ``parameter`` (when not None);
+    ``"args.output_dir"`` names an attribute of an argument."""
+    name, _, attribute = parameter.partition(".")
 
     def decorate(function: F) -> F:
         signature = inspect.signature(function)
@@ -207,7 +211,9 @@ def locks_output(parameter: str, command: str) -> Callable[[F], F]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
-            folder = bound.arguments.get(parameter)
+            folder = bound.arguments.get(name)
+            if attribute and folder is not None:
+                folder = getattr(folder, attribute, None)
             if folder is None:
                 return function(*args, **kwargs)
             with output_lock(folder, command):
