@@ -224,6 +224,7 @@ class RunTrainer(SFTTrainer):
     stage = "sft"
 
     def __init__(self, model, args=None, **kwargs) -> None:
+        _refuse_cloned_chat_template(args)
         train_dataset = kwargs.get("train_dataset")
         data = dataset_fingerprint(train_dataset)
         upcast_trainable(model)
@@ -552,6 +553,22 @@ class RunTrainer(SFTTrainer):
         if self.is_world_process_zero():
             swap_dir_into_place(staging, directory)
         self.accelerator.wait_for_everyone()
+
+
+def _refuse_cloned_chat_template(args) -> None:
+    """TRL's ``chat_template_path`` naming a tokenizer adds its tokens by resizing the model, which a grounded
+    adapter cannot follow (docs/peft_trl_limitations.md): refuse it with the workaround, before any work."""
+    path = getattr(args, "chat_template_path", None)
+    if path is None or str(path).endswith((".jinja", ".j2")):
+        return
+    raise ValueError(
+        f"chat_template_path={path!r} names a tokenizer: TRL would copy its chat template and add its special "
+        "tokens by resizing the model, which the grounded-token adapter already wraps (and PEFT's "
+        "trainable_token_indices, which TRL sets for them, does not exist on GroundedTokenConfig). Pass the "
+        "template as a .jinja file instead (it adds no tokens), or set tokenizer.chat_template yourself and add "
+        "the template's new tokens together with the SID tokens (peft_grounded.add_tokens) before wrapping the "
+        "model, so that their rows train with the SIDs. See docs/peft_trl_limitations.md."
+    )
 
 
 def _checkpoint_state(checkpoint: str | None) -> TrainerState | None:
