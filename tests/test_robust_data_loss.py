@@ -275,3 +275,19 @@ def test_a_full_disk_during_ground_is_reported_and_resume_finishes_the_run(cli_w
     state = json.loads((out / "checkpoint-6" / "trainer_state.json").read_text())
     assert state["global_step"] == 6 and not (out / "checkpoint-7").exists()
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
+
+
+# --- the demo into a folder of the user's ----------------------------------------------------------------
+
+
+def test_the_demo_refuses_a_folder_holding_a_report_of_the_users(cli_world, tmp_path):
+    from toy_catalogue import toy_catalogue
+
+    from peft_grounded.pipeline import run_demo
+
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "report.md").write_text("# My report\n")
+    with pytest.raises(ValueError, match=r"holds report.md but no demo run \(run.json\)"):
+        run_demo("smoke", out, model=cli_world["base"], catalogue=toy_catalogue(), diagnostics=False)
+    assert sorted(os.listdir(out)) == ["report.md"] and (out / "report.md").read_text() == "# My report\n"

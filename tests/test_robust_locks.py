@@ -230,3 +230,13 @@ def test_index_save_refuses_a_folder_another_process_writes(tmp_path, holder):
     with pytest.raises(OutputBusyError, match=f"pid {holder.pid}"):
         index.save(tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_demo_into_a_folder_another_process_writes_stops_before_any_work(tmp_path, holder):
+    from peft_grounded.pipeline import run_demo
+
+    with pytest.raises(OutputBusyError, match=f"pid {holder.pid}"):
+        run_demo(
+            "smoke", tmp_path / "out", model="/nonexistent", catalogue=toy_catalogue(), diagnostics=False
+        )
+    assert not (tmp_path / "out").exists()

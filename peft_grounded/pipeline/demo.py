@@ -180,6 +180,7 @@ def run_demo(
     if seeds:
         spec = replace(spec, seeds=tuple(seeds))
     out = Path(output_dir)
+    _check_demo_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     print(f"[demo] preset {spec.name}: {spec.note}", flush=True)
@@ -293,6 +294,21 @@ def run_demo(
     print("\n".join(report[2:]), flush=True)
     print(f"[demo] done in {summary['wall_s']:.0f} s; report: {out / 'report.md'}", flush=True)
     return summary
+
+
+DEMO_FILES = ("report.md", "summary.json", "sids", "strategies", "diagnostics")  # what a demo writes
+
+
+def _check_demo_folder(out: Path) -> None:
+    """Refuse a folder that holds files of the demo's names but no demo run (they are the user's)."""
+    if not out.is_dir() or (out / runs.MANIFEST).is_file():
+        return
+    clashing = [name for name in DEMO_FILES if (out / name).exists()]
+    if clashing:
+        raise ValueError(
+            f"{out} holds {', '.join(clashing)} but no demo run ({runs.MANIFEST}); the demo would replace "
+            "them. Choose another --output (nothing was written)."
+        )
 
 
 def _summarise(spec: Preset, records: dict[str, list[dict]], wall: float) -> dict:

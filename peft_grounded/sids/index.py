@@ -482,7 +482,9 @@ class SIDIndex:
         atomic_write(directory / meta["tensors"]["file"], payload)
         atomic_write(directory / JSON_NAME, json.dumps(meta, ensure_ascii=False).encode("utf-8"))
         remove_unnamed_tensor_files(directory)  # a file another index JSON there names stays
-        for stale in directory.glob(".sid_index*.tmp"):  # a killed save's temporary files (the folder is locked)
+        for stale in directory.glob(
+            ".sid_index*.tmp"
+        ):  # a killed save's temporary files (the folder is locked)
             stale.unlink(missing_ok=True)
         return directory
 
