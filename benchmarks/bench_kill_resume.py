@@ -2,12 +2,14 @@
 uninterrupted run ends?
 
 Each iteration starts ``peft-grounded ground`` on a tiny model (a checkpoint every step, so kills land in
-checkpoint writes, checkpoint rotation and the final adapter write as often as in training), SIGKILLs it at
-an instant drawn uniformly over an uninterrupted run's duration, starts it again with ``--resume`` and kills
-that too (``--kills`` times in all), then resumes it to the end. It checks that the last resume succeeds,
-stops at the step limit, leaves every checkpoint complete and no temporary file or lock behind, and that the
-adapter equals the uninterrupted run's. A markdown table goes to stdout; the exit code is 1 if any iteration
-failed.
+checkpoint writes, checkpoint rotation and the final adapter write as often as in training steps), SIGKILLs
+it at a random point, starts it again with ``--resume`` and kills that too (``--kills`` times in all), then
+resumes it to the end. A kill point is drawn per attempt: a checkpoint still to come, drawn uniformly (or
+the attempt's start: model loading and data preparation), plus a delay drawn uniformly within one step of
+the uninterrupted run; the points follow the attempt's own progress, so a loaded machine does not push every
+kill into the set-up. It checks that the last resume succeeds, stops at the step limit, leaves every
+checkpoint complete and no temporary file or lock behind, and that the adapter equals the uninterrupted
+run's. A markdown table goes to stdout; the exit code is 1 if any iteration failed.
 
     python benchmarks/bench_kill_resume.py                      # 20 iterations, 2 kills each, seed 0
     python benchmarks/bench_kill_resume.py -n 50 --kills 3 --steps 10 --seed 1
@@ -147,6 +149,36 @@ def interrupted_at(out: Path) -> str:
     return f"after checkpoint-{steps[-1]}" if steps else "before the first checkpoint"
 
 
+def newest_checkpoint(out: Path) -> int:
+    """The step of the newest ``checkpoint-N`` (published whole: they appear by a rename), 0 if none."""
+    steps = [int(p.name.split("-")[1]) for p in out.glob("checkpoint-*") if p.name.split("-")[1].isdigit()]
+    return max(steps, default=0)
+
+
+def kill_somewhere(
+    attempt: Attempt, out: Path, rng: random.Random, steps: int, setup_s: float, step_s: float
+) -> tuple[str, str]:
+    """SIGKILL ``attempt`` after a random checkpoint still to come (0: from its start) plus a random delay
+    within a step; returns the point and what the kill interrupted."""
+    start = newest_checkpoint(out)
+    target = rng.randint(start, steps)
+    if target > start:
+        while newest_checkpoint(out) < target:
+            if attempt.wait(0) is not None:
+                return f"after checkpoint-{target}", "finished before the kill"
+            time.sleep(0.002)
+        delay = rng.uniform(0, step_s)
+        point = f"checkpoint-{target} + {delay:.2f} s"
+    else:
+        delay = rng.uniform(0, setup_s + step_s)  # model loading, data preparation, or the first step
+        point = f"start + {delay:.2f} s"
+    if attempt.wait(delay) is not None:
+        return point, "finished before the kill"
+    attempt.kill()
+    attempt.wait()
+    return point, interrupted_at(out)
+
+
 def adapter_rows(out: Path) -> dict:
     from safetensors.torch import load_file
 
@@ -183,14 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         "--kills", type=int, default=2, help="killed attempts per iteration before the last resume"
     )
     parser.add_argument("--steps", type=int, default=8, help="training steps (a checkpoint after each)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the kill instants")
-    parser.add_argument(
-        "--window",
-        choices=["training", "run"],
-        default="training",
-        help="draw kill instants over the training (from one step before the first checkpoint to the end, "
-        "default) or over the whole run (model loading and data preparation included)",
-    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the kill points")
     parser.add_argument("--subprocess", action="store_true", help="fresh interpreters instead of forks")
     parser.add_argument("--workdir", help="keep the runs here (default: a temporary folder)")
     args = parser.parse_args(argv)
@@ -220,30 +245,24 @@ def main(argv: list[str] | None = None) -> int:
     duration = time.perf_counter() - t
     first_checkpoint = first_checkpoint or 0.0
     step = (duration - first_checkpoint) / args.steps
-    low = 0.0 if args.window == "run" else max(0.0, first_checkpoint - step)
     reference = adapter_rows(root / "straight")
     rng = random.Random(args.seed)
-    print(f"uninterrupted run: {duration:.1f} s ({args.steps} steps, a checkpoint each; the first checkpoint "
-          f"at {first_checkpoint:.1f} s); kills drawn in [{low:.1f}, {duration:.1f}] s; {args.iterations} "
-          f"iterations x {args.kills} kills\n")  # fmt: skip
+    print(f"uninterrupted run: {duration:.1f} s ({args.steps} steps of {step:.2f} s, a checkpoint each; the "
+          f"first checkpoint at {first_checkpoint:.1f} s); {args.iterations} iterations x {args.kills} "
+          "kills\n")  # fmt: skip
     print(
-        "| # | kill instants (s) | what each kill interrupted | last resume | final step | adapter max abs diff | ok |"
+        "| # | kill points | what each kill interrupted | last resume | final step | adapter max abs diff | ok |"
     )
     print("|---:|---|---|---:|---:|---:|---|")
     failures = 0
     for i in range(1, args.iterations + 1):
         out, log = root / f"run{i:03d}", root / f"run{i:03d}.log"
-        instants, states = [], []
+        points, states = [], []
         for k in range(args.kills):
             attempt = Attempt(command(out, resume=k > 0), log, args.subprocess)
-            instant = rng.uniform(low, duration)
-            if attempt.wait(instant) is None:
-                attempt.kill()
-                attempt.wait()
-                states.append(interrupted_at(out))
-            else:
-                states.append("finished before the kill")
-            instants.append(f"{instant:.2f}")
+            point, state = kill_somewhere(attempt, out, rng, args.steps, first_checkpoint, step)
+            points.append(point)
+            states.append(state)
         t = time.perf_counter()
         code = Attempt(command(out, resume=True), log, args.subprocess).wait()
         resume_s = time.perf_counter() - t
@@ -256,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             if ok
             else "-"
         )
-        print(f"| {i} | {', '.join(instants)} | {'; '.join(states)} | {code} ({resume_s:.1f} s) | {state} | "
+        print(f"| {i} | {'; '.join(points)} | {'; '.join(states)} | {code} ({resume_s:.1f} s) | {state} | "
               f"{diff:.1e} | {'yes' if ok else 'NO: ' + note} |", flush=True)  # fmt: skip
     total = time.perf_counter() - started
     print(f"\n{args.iterations - failures}/{args.iterations} iterations resumed to the uninterrupted run's "
