@@ -193,8 +193,6 @@ def remove_leftovers(output_dir: Path) -> list[str]:
     removed = []
     for pattern in LEFTOVER_PATTERNS:
         for path in output_dir.glob(pattern):
-            if path.name.endswith(INCOMPLETE):
-                continue
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
             else:
