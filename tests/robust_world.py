@@ -7,14 +7,27 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import build_tiny_model
 from safetensors.torch import load_file
 from toy_catalogue import toy_catalogue, toy_index
 
 WEIGHTS = "adapter_model.safetensors"
+NOBODY = 65534  # the uid the tests of other users' permissions run as
+
+
+@pytest.fixture
+def public_tmp():
+    """A folder another user can reach (pytest's own tmp_path is private to root)."""
+    folder = Path(tempfile.mkdtemp(prefix="robust-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @functools.cache

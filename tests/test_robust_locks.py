@@ -7,23 +7,20 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 from forked import run, start, wait_for
-from toy_catalogue import toy_catalogue, toy_vectors
+from robust_world import NOBODY
+from toy_catalogue import toy_catalogue, toy_index, toy_vectors
 
 from peft_grounded._locks import OutputBusyError, lock_path, output_lock
 from peft_grounded.cli import main
 from peft_grounded.sids import SIDIndex, build_sids
 
 pytestmark = pytest.mark.multiproc
-
-NOBODY = 65534
 
 
 def hold(folder, release: Path, command: str = "build-sids") -> int:
@@ -135,15 +132,6 @@ def as_nobody_lock(folder) -> int:
         return 0
 
 
-@pytest.fixture
-def public_tmp():
-    """A folder another user can reach (pytest's own tmp_path is private to root)."""
-    folder = Path(tempfile.mkdtemp(prefix="robust-"))
-    folder.chmod(0o755)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
-
-
 def test_an_output_folder_in_an_unwritable_parent_is_locked_inside(public_tmp):
     (public_tmp / "mine").mkdir()
     os.chown(public_tmp / "mine", NOBODY, NOBODY)  # the user's own folder in a folder they cannot write
@@ -198,16 +186,7 @@ def test_build_sids_cli_refuses_a_busy_folder_before_any_work(tmp_path, holder, 
 
 
 def test_add_items_cli_refuses_a_busy_folder(tmp_path, holder, capsys):
-    catalogue = toy_catalogue()
-    parent = build_sids(
-        catalogue,
-        vectors=toy_vectors(catalogue),
-        levels=2,
-        codes=4,
-        encoder_fingerprint={"kind": "toy", "model": "clusters"},
-        show_progress=False,
-    )
-    parent.save(tmp_path / "parent")
+    toy_index(toy_catalogue()).save(tmp_path / "parent")
     new = tmp_path / "new.jsonl"
     new.write_text('{"item_id": "n1", "title": "New"}\n')
     argv = ["add-items", "--sid-index", str(tmp_path / "parent"), "--catalogue", str(new)]
@@ -218,15 +197,7 @@ def test_add_items_cli_refuses_a_busy_folder(tmp_path, holder, capsys):
 
 
 def test_index_save_refuses_a_folder_another_process_writes(tmp_path, holder):
-    catalogue = toy_catalogue()
-    index = build_sids(
-        catalogue,
-        vectors=toy_vectors(catalogue),
-        levels=2,
-        codes=4,
-        encoder_fingerprint={"kind": "toy", "model": "clusters"},
-        show_progress=False,
-    )
+    index = toy_index(toy_catalogue())
     with pytest.raises(OutputBusyError, match=f"pid {holder.pid}"):
         index.save(tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -5,14 +5,13 @@ cannot write is named in a clear error. Faults happen in forked children (tests/
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 from forked import run
+from robust_world import NOBODY
 from toy_catalogue import toy_catalogue, toy_vectors
 
 from peft_grounded._io import atomic_write, atomic_write_text
@@ -21,8 +20,6 @@ from peft_grounded.cli import main
 from peft_grounded.sids import SIDIndex, build_sids
 
 pytestmark = pytest.mark.multiproc
-
-NOBODY = 65534
 
 
 def toy_build(seed: int = 0) -> SIDIndex:
@@ -147,15 +144,6 @@ def test_build_sids_cli_on_a_full_disk_says_so(tmp_path):
 
 
 # --- folders the user cannot write --------------------------------------------------------------------
-
-
-@pytest.fixture
-def public_tmp():
-    """A folder another user can reach (pytest's own tmp_path is private to root)."""
-    folder = Path(tempfile.mkdtemp(prefix="robust-"))
-    folder.chmod(0o755)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_a_read_only_output_folder_is_named_in_the_error(public_tmp):
