@@ -71,7 +71,7 @@ def test_torch_save_of_the_whole_model_works():
 
 @pytest.mark.parametrize(
     ("tied", "backend"),
-    [(True, "eager"), (False, "eager"), (False, "aot_eager")],
+    [(True, "eager"), (False, "eager"), pytest.param(False, "aot_eager", marks=pytest.mark.slow)],
     ids=["tied", "untied", "aot"],
 )
 def test_fullgraph_compile_traces_the_forward_without_graph_breaks(tied, backend):
