@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,6 +20,10 @@ from toy_catalogue import toy_catalogue, toy_index
 
 WEIGHTS = "adapter_model.safetensors"
 NOBODY = 65534  # the uid the tests of other users' permissions run as
+as_another_user = pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason="runs a child as another user (setuid needs root); root ignores permissions itself",
+)
 
 
 @pytest.fixture

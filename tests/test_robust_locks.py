@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from forked import run, start, wait_for
-from robust_world import NOBODY
+from robust_world import NOBODY, as_another_user
 from toy_catalogue import toy_catalogue, toy_index, toy_vectors
 
 from peft_grounded._locks import OutputBusyError, lock_path, output_lock
@@ -132,6 +132,7 @@ def as_nobody_lock(folder) -> int:
         return 0
 
 
+@as_another_user
 def test_an_output_folder_in_an_unwritable_parent_is_locked_inside(public_tmp):
     (public_tmp / "mine").mkdir()
     os.chown(public_tmp / "mine", NOBODY, NOBODY)  # the user's own folder in a folder they cannot write

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from forked import run
-from robust_world import NOBODY
+from robust_world import NOBODY, as_another_user
 from toy_catalogue import toy_catalogue, toy_vectors
 
 from peft_grounded._io import atomic_write, atomic_write_text
@@ -146,6 +146,7 @@ def test_build_sids_cli_on_a_full_disk_says_so(tmp_path):
 # --- folders the user cannot write --------------------------------------------------------------------
 
 
+@as_another_user
 def test_a_read_only_output_folder_is_named_in_the_error(public_tmp):
     public_tmp.chmod(0o777)  # the user may write beside it (the lock goes there), not into it
     (public_tmp / "sids").mkdir(mode=0o755)
@@ -155,6 +156,7 @@ def test_a_read_only_output_folder_is_named_in_the_error(public_tmp):
     assert list((public_tmp / "sids").iterdir()) == []
 
 
+@as_another_user
 def test_an_output_folder_nowhere_writable_is_refused_before_any_work(public_tmp):
     (public_tmp / "sids").mkdir(mode=0o755)  # neither the folder nor its parent is the user's
     child = run(reported, toy_build(0).save, public_tmp / "sids", user=NOBODY)
