@@ -37,6 +37,12 @@ LORA_OPTIONS_REFUSED = (
     "megatron_config",
 )
 LORA_INITS = (True, False, "gaussian")
+# Saved in adapter_config.json next to "peft_type" (sorted keys), for whoever opens it after PEFT failed
+# without the plugin: PEFT raises a bare KeyError: 'GROUNDED_TOKENS' then (see docs/peft_trl_limitations.md).
+LOAD_HINT = (
+    "A peft_grounded adapter (peft_type GROUNDED_TOKENS): `pip install peft-grounded`, then `import "
+    "peft_grounded` before PEFT loads it; without that import PEFT raises KeyError: 'GROUNDED_TOKENS'."
+)
 
 
 def describe_tensor(value: torch.Tensor | np.ndarray) -> str:
@@ -218,6 +224,12 @@ class GroundedTokenConfig(PeftConfig):
             "(e.g. {'r': 16, 'lora_alpha': 32, 'target_modules': 'all-linear'}; what `add_lora` records); None: "
             "no LoRA. The LM head and embeddings are never targeted: their new rows are this adapter's own."
         },
+    )
+    peft_grounded: str = field(
+        default=LOAD_HINT,
+        repr=False,
+        compare=False,
+        metadata={"help": "How to load this adapter (a note for readers of adapter_config.json; not used)."},
     )
     # Adapters saved before `lora` replaced these four fields carry them in adapter_config.json: accepted at
     # construction (hence by every loader) and mapped onto `lora`, never stored or saved.

@@ -11,7 +11,7 @@ from .evaluate import (
     write_markdown,
     write_text_atomic,
 )
-from .evaluator import Evaluation, evaluate, evaluate_adapter
+from .evaluator import Evaluation, evaluate, evaluate_adapter, evaluate_adapter_into
 from .intervals import bootstrap_interval, compare_users, intervals_table, paired_intervals, user_values
 from .likelihood import LIKELIHOOD_METRICS, target_log_likelihood
 from .metrics import DEFAULT_KS, metric_names, ndcg_at_k, ranking_metrics, recall_at_k, target_rank
@@ -35,6 +35,7 @@ __all__ = [
     "comparison_table",
     "evaluate",
     "evaluate_adapter",
+    "evaluate_adapter_into",
     "evaluate_popularity",
     "evaluate_predictions",
     "evaluate_recommender",

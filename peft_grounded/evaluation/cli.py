@@ -50,11 +50,9 @@ def add_cli(subparsers: Any) -> None:
 
 
 def run(args) -> int:
-    from pathlib import Path
-
     from ..cli_common import load_data
-    from . import markdown_table, write_json, write_markdown
-    from .evaluator import evaluate_adapter
+    from . import markdown_table
+    from .evaluator import evaluate_adapter_into
     from .users import EvalSettings
 
     settings = EvalSettings(
@@ -69,15 +67,14 @@ def run(args) -> int:
         match_levels=args.match_levels,
     )  # checked before anything loads
     catalogue, index = load_data(args)
-    evaluation = evaluate_adapter(
-        args.adapter, index, catalogue, settings, model_path=args.model, parts=tuple(args.splits)
+    evaluation = evaluate_adapter_into(
+        args.output,
+        args.adapter,
+        index,
+        catalogue,
+        settings,
+        model_path=args.model,
+        parts=tuple(args.splits),
     )
-    results = evaluation.metrics
-    out = Path(args.output)
-    title = f"Evaluation of {args.adapter}"
-    write_json(out / "metrics.json", results)
-    write_json(out / "likelihood.json", evaluation.likelihood)
-    write_json(out / "users.json", evaluation.users)
-    write_markdown(out / "metrics.md", results, title=title)
-    print(markdown_table(results, title=title))
+    print(markdown_table(evaluation.metrics, title=f"Evaluation of {args.adapter}"))
     return 0

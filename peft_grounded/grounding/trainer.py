@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from peft import PeftModel, get_peft_model
 
+from .._locks import locks_output
 from ..adapter import GroundedTokenConfig
 from ..training import RunConfig, RunTrainer
 
@@ -84,6 +85,7 @@ class GroundingTrainer(RunTrainer):
         super().__init__(model, args or GroundingConfig(output_dir="grounding"), **kwargs)
 
 
+@locks_output("args.output_dir", "ground")
 def ground(
     catalogue,
     index,
@@ -104,7 +106,8 @@ def ground(
     A fresh base model (``model_path``, default: the packaged SmolLM2-135M, loaded in ``dtype``) gets the tokens and ``init``
     starts their rows; or ``model`` (with its ``tokenizer``), a model already wrapped for ``index``, is
     grounded in place (the strategy runner's path). Only the rows train, on the six GTI templates; the
-    adapter lands in ``<args.output_dir>/adapter``.
+    adapter lands in ``<args.output_dir>/adapter``. The output folder is locked from the start, before the
+    model is loaded.
     """
     from ..models import model_for
     from ..training import check_max_examples, sample_rows

@@ -25,13 +25,14 @@ import torch
 
 from .. import checks, runs
 from .._io import read_json
+from .._locks import locks_output
 from ..evaluation.evaluator import evaluate
 from ..evaluation.users import EvalSettings, item_token_ids
 from ..models import sid_model
 from ..prompts import PromptFormat
 from ..runs import ADAPTER_DIR, CURVE_FILE, LOG_FILE, RESULTS_FILE
 from ..saved_adapter import ADAPTER_WEIGHTS
-from ..training import save_adapter_atomic, upcast_trainable
+from ..training import load_adapter_weights, save_adapter_atomic, upcast_trainable
 
 logger = logging.getLogger(__name__)
 
@@ -220,18 +221,6 @@ class Experiment:
             self.split = self.catalogue.leave_one_out()
 
 
-def _load_rows(model, directory: Path) -> None:
-    """Load a finished stage's adapter weights into the live adapter (same structure)."""
-    from peft.utils import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    state = load_file(str(directory / ADAPTER_WEIGHTS))
-    result = set_peft_model_state_dict(model, state)
-    unexpected = getattr(result, "unexpected_keys", [])
-    if unexpected:
-        raise ValueError(f"{directory} does not fit this adapter (unexpected keys {unexpected[:3]}).")
-
-
 def _stage_done(directory: Path) -> bool:
     return (directory / ADAPTER_DIR / ADAPTER_WEIGHTS).is_file() and (directory / runs.MANIFEST).is_file()
 
@@ -258,6 +247,7 @@ def _write_json(path: Path, value: Any) -> None:
         runs.write_json_atomic(path, value)
 
 
+@locks_output("output_dir", "strategy run")
 def run_strategy(
     name: str, experiment: Experiment, budget: Budget, output_dir: str | Path, resume: bool = False
 ) -> dict:
@@ -265,7 +255,7 @@ def run_strategy(
 
     Training goes through the same :func:`~peft_grounded.grounding.ground` and
     :func:`~.trainer.train_recommender` the CLI uses, on one live model. Under a distributed launch every
-    process trains and evaluates; only the main one writes files.
+    process trains and evaluates; only the main one writes files (and holds ``output_dir``'s lock).
     """
     from ..decoding import SIDTrie
     from ..grounding import GroundingConfig, ground
@@ -323,7 +313,7 @@ def run_strategy(
         stage = out / "grounding"
         t = time.perf_counter()
         if resume and _stage_done(stage):
-            _load_rows(model, stage / ADAPTER_DIR)
+            load_adapter_weights(model, stage / ADAPTER_DIR)
         else:
             args = GroundingConfig(
                 output_dir=str(stage),
@@ -380,7 +370,7 @@ def run_strategy(
         if spec.adapter != "peft":
             add_lora(model, **_lora(budget))
         upcast_trainable(model)  # the LoRA in float32, as it trained
-        _load_rows(model, stage / ADAPTER_DIR)
+        load_adapter_weights(model, stage / ADAPTER_DIR)
     else:
         args = RecommendationConfig(
             output_dir=str(stage),

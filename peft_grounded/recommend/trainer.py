@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from peft import PeftModel
 
+from .._locks import locks_output
 from ..adapter import GroundedTokenConfig
 from ..prompts import PromptFormat
 from ..training import RunConfig, RunTrainer
@@ -47,6 +48,7 @@ class RecommendationTrainer(RunTrainer):
         super().__init__(model, args, **kwargs)
 
 
+@locks_output("args.output_dir", "sft")
 def train_recommender(
     catalogue,
     index,
@@ -73,7 +75,8 @@ def train_recommender(
     already wrapped for ``index`` (the strategy runner's path), trains in place. ``lora`` holds
     :func:`~peft_grounded.add_lora`'s arguments; every adapter weight trains in float32. The rows follow
     ``fmt.objective`` (see :func:`~.data.training_dataset`) on ``split`` (default: the catalogue's
-    leave-one-out split), and ``fmt`` is recorded in the adapter. Writes ``<args.output_dir>/adapter``.
+    leave-one-out split), and ``fmt`` is recorded in the adapter. Writes ``<args.output_dir>/adapter``
+    (the folder is locked from the start, before the model is loaded).
     """
     from ..adapter import add_lora
     from ..adapter.lora import lora_settings

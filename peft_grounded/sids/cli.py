@@ -210,32 +210,18 @@ def run_add_items(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .catalogue import CatalogueError
-    from .grow import GrowthError, GrowthReport, add_items, encoder_spec
-    from .index import JSON_NAME, SIDIndex
+    from .grow import GrowthError, GrowthReport, add_items_to
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    parent_dir, output = Path(args.sid_index).resolve(), Path(args.output).resolve()
-    if parent_dir == output:
-        print(
-            "error: --output is the parent index's directory; write the new version elsewhere (the parent "
-            "stays loadable for the adapters trained on it)",
-            file=sys.stderr,
-        )
-        return 2
-    if (output / JSON_NAME).is_file() and not args.overwrite:
-        print(
-            f"error: {output} already holds a SID index; adapters trained on it would no longer match. "
-            "Choose another --output, or pass --overwrite to replace it",
-            file=sys.stderr,
-        )
-        return 2
+    output = Path(args.output).resolve()
     report = GrowthReport()
     try:
-        parent = SIDIndex.load(parent_dir)
-        child = add_items(
-            parent,
+        child = add_items_to(
+            args.sid_index,
             args.catalogue,
-            encoder=args.encoder or encoder_spec(parent),
+            output,
+            overwrite=args.overwrite,
+            encoder=args.encoder,
             on_problem="skip" if args.skip_problems else "error",
             empty_text="drop" if args.drop_empty_text else "error",
             batch_size=args.batch_size,
@@ -250,7 +236,6 @@ def run_add_items(args: argparse.Namespace) -> int:
     except (CatalogueError, GrowthError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    child.save(output)
     print(report.summary())
     print(json.dumps({"parent": child.parent, "fingerprint": child.fingerprint(), "n_items": child.n_items}))
     print(f"saved to {output}")
