@@ -7,12 +7,48 @@ filled beside their target (:func:`make_temp_dir`) those of ``mkdir``, not the `
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
+
+# errors of a full disk or a file-size limit, as errno values and as the words other layers (Rust, torch) use
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
+DISK_FULL_WORDS = (
+    "no space left",
+    "file too large",
+    "disk quota",
+    "os error 28",  # Rust (safetensors, tokenizers): ENOSPC
+    "os error 27",  # Rust: EFBIG
+    "file write failed",  # torch.save's zip writer on a failed write
+    "unexpected pos",  # torch.save's zip writer on a short write
+)
+
+
+class DiskFullError(OSError):
+    """A write failed for lack of space (a full disk, a quota, a file-size limit); the message says what was
+    kept and how to go on (``errno`` is the original one)."""
+
+    def __init__(self, message: str, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.errno = getattr(cause, "errno", None) or errno.ENOSPC
+
+
+def is_disk_full(error: BaseException | None) -> bool:
+    """Whether ``error`` (or an exception it was raised from) is a full disk, a quota or a file-size limit."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS:
+            return True
+        if any(word in str(error).lower() for word in DISK_FULL_WORDS):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _read_umask() -> int:
@@ -26,10 +62,21 @@ _UMASK = _read_umask()
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object] | bytes) -> Path:
-    """Write ``path`` atomically from bytes or a ``write(file)`` callback; creates the parent folders."""
+    """Write ``path`` atomically from bytes or a ``write(file)`` callback; creates the parent folders.
+
+    A full disk raises :class:`DiskFullError` naming ``path``, which keeps its previous content; a folder that
+    cannot be written, a ``PermissionError`` naming it."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:
+        if err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        raise PermissionError(
+            f"cannot write {path}: {path.parent} is not writable ({err.strerror}); choose a folder you can "
+            "write, or fix its permissions"
+        ) from err
     try:
         with os.fdopen(fd, "wb") as f:
             if isinstance(write, bytes):
@@ -40,8 +87,14 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if is_disk_full(err) and not isinstance(err, DiskFullError):
+            raise DiskFullError(
+                f"no space to write {path} ({err}); it was left as it was before. Free disk space (or raise "
+                "the quota), then run the command again",
+                err,
+            ) from err
         raise
     return path
 
@@ -80,3 +133,14 @@ def read_json(path: str | os.PathLike[str], fix: str = "fix the file, or restore
             f"{path} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg}; truncated or "
             f"corrupted?); {fix}"
         ) from None
+
+
+def swap_dir_into_place(new: Path, directory: Path) -> None:
+    """Replace ``directory`` by the finished ``new`` one (the old copy survives as ``.<name>.old`` until the
+    new one is in place)."""
+    old = directory.with_name(f".{directory.name}.old")
+    if directory.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        directory.rename(old)
+    new.rename(directory)
+    shutil.rmtree(old, ignore_errors=True)

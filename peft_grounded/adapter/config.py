@@ -17,6 +17,12 @@ from .lora_settings import checked_lora, legacy_lora
 from .registration import GROUNDED_TOKENS
 
 RUNTIME_TENSOR_FIELDS = ("init_vectors", "init_anchors")
+# Saved in adapter_config.json next to "peft_type" (sorted keys), for whoever opens it after PEFT failed
+# without the plugin: PEFT raises a bare KeyError: 'GROUNDED_TOKENS' then (see docs/peft_trl_limitations.md).
+LOAD_HINT = (
+    "A peft_grounded adapter (peft_type GROUNDED_TOKENS): `pip install peft-grounded`, then `import "
+    "peft_grounded` before PEFT loads it; without that import PEFT raises KeyError: 'GROUNDED_TOKENS'."
+)
 
 
 def describe_tensor(value: torch.Tensor | np.ndarray) -> str:
@@ -202,6 +208,12 @@ class GroundedTokenConfig(PeftConfig):
             "index whose codes the tokens stand for (evaluation, further training and diagnostics refuse another "
             "index), and prompt_format, how recommendation prompts were written (reused by evaluation)."
         },
+    )
+    peft_grounded: str = field(
+        default=LOAD_HINT,
+        repr=False,
+        compare=False,
+        metadata={"help": "How to load this adapter (a note for readers of adapter_config.json; not used)."},
     )
     # Fields of earlier releases, found in the adapter_config.json they saved: accepted at construction (hence by
     # every loader), mapped onto `lora` and `metadata` (tokenizer_name_or_path: dropped), never stored or saved.

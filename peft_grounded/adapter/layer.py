@@ -30,7 +30,9 @@ from torch import nn
 
 def _master(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Trainable copy of ``rows`` on ``weight``'s device: float32 for half-precision bases (the rows are the
-    optimiser's master weights; the forward casts them to the base dtype), else ``weight``'s dtype."""
+    optimiser's master weights; the forward casts them to the base dtype), else ``weight``'s dtype. This is
+    PEFT's default ``autocast_adapter_dtype=True``; with False, :meth:`GroundedTokenLayer.cast_rows_to_base`
+    puts them back in the base's dtype, like the LoRA."""
     dtype = torch.float32 if weight.dtype in (torch.float16, torch.bfloat16) else weight.dtype
     return rows.detach().to(weight.device, dtype).clone()
 
@@ -106,6 +108,18 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
             self.grounded_head[adapter_name] = nn.Parameter(_master(output_rows, head_weight))
         self._lookup.clear()
         self.set_adapter(self.active_adapters)
+
+    def cast_rows_to_base(self, adapter_name: str) -> None:
+        """Keep the adapter's rows in the dtype of the matrices they overlay (``autocast_adapter_dtype=False``)."""
+        for rows, weight in (
+            (self.grounded_embedding, self.base_layer.weight),
+            (self.grounded_head, None if self.head is None else self.head.weight),
+        ):
+            if adapter_name in rows and weight is not None and rows[adapter_name].dtype != weight.dtype:
+                old = rows[adapter_name]
+                rows[adapter_name] = nn.Parameter(
+                    old.detach().to(weight.dtype), requires_grad=old.requires_grad
+                )
 
     def delete_adapter(self, adapter_name: str) -> None:
         super().delete_adapter(adapter_name)
@@ -187,11 +201,11 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
     def head_forward(self, head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of the frozen head with the new tokens' columns computed from the adapter rows."""
         self._check_size()
-        pairs = [
-            (self.grounded_indices[n], rows)
-            for n in self._adapters_in_effect()
-            if (rows := self._output_rows(n)) is not None
-        ]
+        pairs = []  # a plain loop: torch.compile(fullgraph=True) cannot trace a walrus in a comprehension
+        for name in self._adapters_in_effect():
+            rows = self._output_rows(name)
+            if rows is not None:
+                pairs.append((self.grounded_indices[name], rows))
         if not pairs:
             return head(hidden)
         weight, bias = head.weight, getattr(head, "bias", None)

@@ -56,6 +56,7 @@ class GroundedTokenModel(BaseTuner):
     def __init__(self, model, config, adapter_name, low_cpu_mem_usage: bool = False, state_dict=None) -> None:
         self._lora_configs: dict[int, LoraConfig] = {}
         self._no_lora: set[str] = set()
+        self._autocast: dict[str, bool] = {}  # adapter -> the autocast_adapter_dtype it was created with
         super().__init__(
             model, config, adapter_name, low_cpu_mem_usage=low_cpu_mem_usage, state_dict=state_dict
         )
@@ -306,10 +307,26 @@ class GroundedTokenModel(BaseTuner):
             parent = self.model.get_submodule(parent_name) if parent_name else self.model
             self._add_lora(config, adapter_name, self.model.get_submodule(key), child, parent, key)
         self.targeted_module_names.extend(n for n in names if n not in self.targeted_module_names)
-        self._cast_adapter_dtype(adapter_name)  # float32 LoRA on half-precision bases, as get_peft_model does
+        # the stacked LoRA follows the rule the rows were created with (get_peft_model's autocast_adapter_dtype)
+        self._cast_adapter_dtype(adapter_name, self.adapter_autocast(adapter_name))
         self.set_adapter(self.active_adapters, inference_mode=config.inference_mode)
         self._mark_only_adapters_as_trainable(self.model)
         return names
+
+    def _cast_adapter_dtype(self, adapter_name: str, autocast_adapter_dtype: bool = True) -> None:
+        """PEFT's rule for every adapter weight, the rows included: ``autocast_adapter_dtype=True`` (the default)
+        upcasts float16/bfloat16 weights to float32; False keeps them in the base's dtype. Recorded, so that a
+        LoRA stacked later (:meth:`inject_lora`) follows the same rule: one adapter, one dtype."""
+        self._autocast[adapter_name] = autocast_adapter_dtype
+        super()._cast_adapter_dtype(adapter_name, autocast_adapter_dtype=autocast_adapter_dtype)
+        if not autocast_adapter_dtype:  # the rows start as float32 masters (see layer._master)
+            for module in self.model.modules():
+                if isinstance(module, GroundedTokenLayer):
+                    module.cast_rows_to_base(adapter_name)
+
+    def adapter_autocast(self, adapter_name: str) -> bool:
+        """The ``autocast_adapter_dtype`` the adapter was created with (True when PEFT did not say)."""
+        return self._autocast.get(adapter_name, True)
 
     def set_adapter(self, adapter_name: str | list[str], inference_mode: bool = False) -> None:
         """Activate adapters on the rows and on the stacked LoRA layers alike (PEFT's own switches only the
@@ -368,14 +385,18 @@ class GroundedTokenModel(BaseTuner):
         return self.model(*args, **kwargs)
 
 
-def _guard_resize(model: nn.Module) -> None:
-    """Make ``resize_token_embeddings`` on the wrapped model fail loudly instead of detaching the adapter."""
+class ResizeGuard:
+    """Stands in for ``resize_token_embeddings`` on a wrapped model and refuses (a module-level class, so that
+    the model still pickles, and ``torch.save(model)`` works)."""
 
-    def resize_token_embeddings(*args, **kwargs):
+    def __call__(self, *args, **kwargs):
         raise RuntimeError(
             "This model carries a grounded-token adapter: resizing its embeddings now would misplace or drop the "
             "adapter's rows. Add tokens and resize before get_peft_model; to extend an adapted model, "
             "merge_and_unload() it first, add the tokens, and wrap it again."
         )
 
-    model.resize_token_embeddings = resize_token_embeddings
+
+def _guard_resize(model: nn.Module) -> None:
+    """Make ``resize_token_embeddings`` on the wrapped model fail loudly instead of detaching the adapter."""
+    model.resize_token_embeddings = ResizeGuard()

@@ -79,23 +79,20 @@ def main(argv: Sequence[str]) -> int:
 
 
 def run(args: EvaluateArguments, settings: EvalSettings) -> int:
-    """Evaluate as the settings say and write the result files."""
-    from pathlib import Path
-
-    from ..evaluation import markdown_table, write_json, write_markdown
-    from ..evaluation.evaluator import evaluate_adapter
+    """Evaluate as the settings say and write the result files (locked, checked before decoding)."""
+    from ..evaluation import markdown_table
+    from ..evaluation.evaluator import evaluate_adapter_into
     from .common import load_data
 
     catalogue, index = load_data(args.catalogue, args.sid_index)
-    evaluation = evaluate_adapter(
-        args.adapter, index, catalogue, settings, model_path=args.model_name_or_path, parts=tuple(args.splits)
+    evaluation = evaluate_adapter_into(
+        args.output_dir,
+        args.adapter,
+        index,
+        catalogue,
+        settings,
+        model_path=args.model_name_or_path,
+        parts=tuple(args.splits),
     )
-    results = evaluation.metrics
-    out = Path(args.output_dir)
-    title = f"Evaluation of {args.adapter}"
-    write_json(out / "metrics.json", results)
-    write_json(out / "likelihood.json", evaluation.likelihood)
-    write_json(out / "users.json", evaluation.users)
-    write_markdown(out / "metrics.md", results, title=title)
-    print(markdown_table(results, title=title))
+    print(markdown_table(evaluation.metrics, title=f"Evaluation of {args.adapter}"))
     return 0

@@ -3,18 +3,16 @@
 * ``peft-grounded add-items``: a new version of a SID index with new items (:func:`~peft_grounded.growth.add_items`);
 * ``peft-grounded grow-adapter``: a saved adapter grown onto that version
   (:func:`~peft_grounded.growth.grow_adapter`), optionally grounding the new items
-  (:func:`~peft_grounded.growth.ground_new_items`).
+  (:func:`~peft_grounded.growth.ground_new_items`); :func:`peft_grounded.growth.run.grow_adapter_into` is the
+  command as a function.
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from .common import column_mapping
-
-ADAPTER_CONFIG = "adapter_config.json"  # what PEFT's save_pretrained writes first
 
 
 def add_cli(subparsers: Any) -> None:
@@ -91,123 +89,40 @@ def add_cli(subparsers: Any) -> None:
     g.add_argument(
         "--bf16", action="store_true", help="ground under bf16 autocast (CPU with AVX-512 bf16, or GPU)"
     )
-    p.add_argument("--overwrite", action="store_true", help="replace an adapter already in --output")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an adapter already in --output (its config, weights and PEFT's card; other files are kept)",
+    )
     p.set_defaults(func=run)
-
-
-def check_output(output: Path, adapter: Path, overwrite: bool) -> None:
-    """Raise ``ValueError`` unless ``output`` may receive the grown adapter (before anything is loaded)."""
-    if output.resolve() == adapter.resolve():
-        raise ValueError(
-            f"--output is the trained adapter's directory ({adapter}); write the grown adapter elsewhere "
-            "(the trained one stays loadable with the parent index)"
-        )
-    if not output.exists():
-        return
-    if not output.is_dir():
-        raise ValueError(f"--output {output} is a file, not a directory; choose another --output")
-    if (output / ADAPTER_CONFIG).is_file():
-        if not overwrite:
-            raise ValueError(
-                f"{output} already holds an adapter; choose another --output, or pass --overwrite to "
-                "replace it"
-            )
-    elif any(output.iterdir()):
-        raise ValueError(
-            f"{output} holds files but no adapter, and writing there would replace them; choose a new or "
-            "empty --output"
-        )
 
 
 def run(args: argparse.Namespace) -> int:
     """Grow, optionally ground, save; prints a JSON summary and the output path."""
     import json
-    import sys
-    from contextlib import nullcontext
 
-    import torch
+    from ..growth.run import grow_adapter_into
 
-    from ..adapter.loading import base_model_path, sid_model
-    from ..growth.adapter import check_lineage, grow_adapter
-    from ..growth.grounding import check_settings, ground_new_items, new_item_ids
-    from ..sids import SIDIndex, load_catalogue
-    from ..training.trainer import save_adapter_atomic
-
-    output, adapter = Path(args.output), Path(args.adapter)
-    check_output(output, adapter, args.overwrite)
-    check_settings(  # before anything loads (checked with or without --ground: a typo is a typo)
-        rows=args.rows,
+    summary = grow_adapter_into(
+        args.adapter,
+        args.parent_index,
+        args.sid_index,
+        args.output,
+        model=args.model,
+        init=args.init,
+        weights_dtype=args.weights_dtype,
+        overwrite=args.overwrite,
+        ground=args.ground,
+        ground_steps=args.ground_steps,
         replay=args.replay,
-        steps=args.ground_steps,
-        learning_rate=args.lr,
+        rows=args.rows,
+        lr=args.lr,
         batch_size=args.batch_size,
         seed=args.seed,
+        bf16=args.bf16,
     )
-    parent, child = SIDIndex.load(args.parent_index), SIDIndex.load(args.sid_index)
-    check_lineage(parent, child)  # the refusal grow_adapter gives, before the model is loaded
-    catalogue = None
-    if args.ground is not None:
-        catalogue = load_catalogue(args.ground)
-        new_ids = new_item_ids(parent, child)
-        missing = [i for i in new_ids if i not in catalogue.items]
-        if new_ids and len(missing) == len(new_ids):
-            raise ValueError(
-                f"--ground {args.ground} holds none of the {len(new_ids)} new items (e.g. {missing[0]!r}); "
-                "pass the catalogue with their text (the one given to add-items, plus the old items for "
-                "--replay)"
-            )
-        if missing:
-            print(
-                f"warning: {len(missing)} new items have no text in --ground; they are not grounded",
-                file=sys.stderr,
-            )
-
-    tokenizer, model = sid_model(
-        args.model or base_model_path(str(adapter)),
-        parent,
-        adapter=str(adapter),
-        dtype=getattr(torch, args.weights_dtype),
-    )
-    grown = grow_adapter(model, tokenizer, parent, child, init=args.init)
-    summary: dict[str, Any] = {
-        "new_tokens": child.n_tokens - parent.n_tokens,
-        "new_items": child.n_items - parent.n_items,
-        "rows": child.n_tokens,
-        "init": args.init,
-        "fingerprint": child.fingerprint(),
-    }
-    if catalogue is not None:
-        device = next(grown.parameters()).device.type
-        if args.bf16:
-            from ..precision import warn_if_emulated
-
-            warn_if_emulated("bf16 grounding (--bf16)", device)
-        autocast = torch.autocast(device, dtype=torch.bfloat16) if args.bf16 else nullcontext()
-        with autocast:
-            result = ground_new_items(
-                grown,
-                tokenizer,
-                parent,
-                child,
-                catalogue,
-                rows=args.rows,
-                replay=args.replay,
-                steps=args.ground_steps,
-                learning_rate=args.lr,
-                batch_size=args.batch_size,
-                seed=args.seed,
-            )
-        summary["grounding"] = {
-            "seconds": round(result.seconds, 3),
-            "steps": len(result.losses),
-            "examples": result.n_examples,
-            "replayed": result.n_replayed,
-            "trained_rows": len(result.trained_rows),
-            "loss": [round(result.losses[0], 4), round(result.losses[-1], 4)] if result.losses else None,
-        }
-    save_adapter_atomic(grown, output)
     print(json.dumps(summary))
-    print(f"saved to {output}")
+    print(f"saved to {args.output}")
     return 0
 
 
@@ -255,33 +170,19 @@ def run_add_items(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from ..growth.index import GrowthError, GrowthReport, add_items, encoder_spec
+    from ..growth.index import GrowthError, GrowthReport, add_items_to
     from ..sids.catalogue import CatalogueError
-    from ..sids.index import JSON_NAME, SIDIndex
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    parent_dir, output = Path(args.sid_index).resolve(), Path(args.output).resolve()
-    if parent_dir == output:
-        print(
-            "error: --output is the parent index's directory; write the new version elsewhere (the parent "
-            "stays loadable for the adapters trained on it)",
-            file=sys.stderr,
-        )
-        return 2
-    if (output / JSON_NAME).is_file() and not args.overwrite:
-        print(
-            f"error: {output} already holds a SID index; adapters trained on it would no longer match. "
-            "Choose another --output, or pass --overwrite to replace it",
-            file=sys.stderr,
-        )
-        return 2
+    output = Path(args.output).resolve()
     report = GrowthReport()
     try:
-        parent = SIDIndex.load(parent_dir)
-        child = add_items(
-            parent,
+        child = add_items_to(
+            args.sid_index,
             args.catalogue,
-            encoder=args.encoder or encoder_spec(parent),
+            output,
+            overwrite=args.overwrite,
+            encoder=args.encoder,
             on_problem="skip" if args.skip_problems else "error",
             empty_text="drop" if args.drop_empty_text else "error",
             batch_size=args.batch_size,
@@ -296,7 +197,6 @@ def run_add_items(args: argparse.Namespace) -> int:
     except (CatalogueError, GrowthError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    child.save(output)
     print(report.summary())
     print(json.dumps({"parent": child.parent, "fingerprint": child.fingerprint(), "n_items": child.n_items}))
     print(f"saved to {output}")

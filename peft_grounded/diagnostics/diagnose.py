@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from peft_grounded._locks import locks_output
 from peft_grounded.adapter.saved import ADAPTER_CONFIG, recorded_metadata
 from peft_grounded.diagnostics.checkpoints import (
     AdapterRows,
@@ -32,13 +33,14 @@ from peft_grounded.diagnostics.checkpoints import (
 )
 from peft_grounded.diagnostics.codes import majority_labels, token_frequencies
 from peft_grounded.diagnostics.measure import ReportConfig
-from peft_grounded.diagnostics.report import ReportFiles, write_report
+from peft_grounded.diagnostics.report import ReportFiles, check_report_output, write_report
 from peft_grounded.diagnostics.snapshot import GeometrySnapshot
 
 FREQUENCY_SOURCES = ("auto", "targets", "interactions", "items", "none")
 MISSING_CATEGORY = "<none>"  # Catalogue.category_labels' placeholder for an item without categories
 
 
+@locks_output("out_dir", "diagnose")
 def diagnose(
     checkpoints: Sequence[str | os.PathLike[str] | Checkpoint],
     index: Any,
@@ -72,11 +74,14 @@ def diagnose(
     out a checkpoint whose rows equal an earlier one's (e.g. two strategies sharing one init).
 
     Raises ``ValueError`` before writing anything when a checkpoint holds other tokens than the
-    index, was trained with another index, or the base model is not the adapters' base.
+    index, was trained with another index, or the base model is not the adapters' base, or when
+    ``out_dir`` is a training run's folder or holds another tool's files of the report's names.
+    ``out_dir`` is locked from that check to the last write.
     """
     from peft_grounded import checks
     from peft_grounded.sids.index import SIDIndex
 
+    check_report_output(out_dir)  # before the (slow) loading of the adapters and the base
     config = config or ReportConfig()
     checks.raise_problems(
         "diagnose", [checks.int_at_least("category_depth", category_depth, 0, flag="--category-depth")]

@@ -27,6 +27,21 @@ from peft_grounded.diagnostics.measure import (
 )
 from peft_grounded.diagnostics.snapshot import GeometrySnapshot
 
+# what write_report writes; metrics.json first: it tells an earlier report of its own from another tool's files
+REPORT_FILES = ("metrics.json", "report.md", "report.html", "nearest_vocabulary.json", "figures")
+
+
+def _is_report_metrics(value: Any) -> bool:
+    return isinstance(value, dict) and {"config", "heatmap", "snapshots"} <= set(value)
+
+
+def check_report_output(out_dir: str | os.PathLike[str]) -> None:
+    """Raise ``ValueError`` unless ``out_dir`` may receive a report: a training run's folder, or files of the
+    report's names that another tool wrote, are refused (see :func:`peft_grounded._owned.check_report_folder`)."""
+    from peft_grounded._owned import check_report_folder
+
+    check_report_folder(Path(out_dir), "`peft-grounded diagnose`", REPORT_FILES, _is_report_metrics, "--out")
+
 
 @dataclass
 class ReportFiles:
@@ -55,9 +70,22 @@ def write_report(
     Writes ``report.md`` (and ``report.html`` if ``config.html``), ``figures/*.png``,
     ``metrics.json`` (every number; undefined values as null) and ``nearest_vocabulary.json`` (when
     vocabulary rows were given), each atomically. Mismatched snapshots raise ``ValueError`` before
-    anything is written.
+    anything is written; so does an ``out_dir`` holding a training run or another tool's files of those
+    names (:func:`check_report_output`). ``out_dir`` is locked while the report is written.
     """
-    config = config or ReportConfig()
+    from peft_grounded._locks import output_lock
+
+    with output_lock(out_dir, "diagnose"):
+        check_report_output(out_dir)
+        return _write_report(out_dir, snapshots, config or ReportConfig(), intro)
+
+
+def _write_report(
+    out_dir: str | os.PathLike[str],
+    snapshots: Sequence[GeometrySnapshot],
+    config: ReportConfig,
+    intro: Sequence[str],
+) -> ReportFiles:
     selection, metrics = measure_snapshots(snapshots, config)
     report = _Report(Path(out_dir), list(snapshots), metrics, selection, config)
     if intro:

@@ -1,7 +1,7 @@
 """Evaluation: leave-one-out Recall@K / NDCG@K and target likelihood on all users and cold-item targets,
 per-user records, paired bootstrap intervals, JSON and markdown."""
 
-from .evaluator import Evaluation, evaluate, evaluate_adapter
+from .evaluator import Evaluation, evaluate, evaluate_adapter, evaluate_adapter_into
 from .intervals import bootstrap_interval, compare_users, intervals_table, paired_intervals, user_values
 from .likelihood import LIKELIHOOD_METRICS, target_log_likelihood
 from .metrics import (
@@ -42,6 +42,7 @@ __all__ = [
     "comparison_table",
     "evaluate",
     "evaluate_adapter",
+    "evaluate_adapter_into",
     "evaluate_popularity",
     "evaluate_predictions",
     "evaluate_split",

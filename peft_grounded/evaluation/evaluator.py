@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -201,3 +202,51 @@ def evaluate_adapter(
         settings,
         likelihood=likelihood,
     )
+
+
+EVALUATION_FILES = ("metrics.json", "metrics.md", "likelihood.json", "users.json")  # metrics.json first
+
+
+def _is_evaluation_metrics(value: Any) -> bool:
+    """Whether a ``metrics.json`` holds :func:`evaluate_adapter_into`'s results (``{part: {...}}``)."""
+    return isinstance(value, dict) and bool(value) and set(value) <= {"valid", "test"}
+
+
+def check_evaluation_output(output: str | Path) -> None:
+    """Raise ``ValueError`` unless ``output`` may receive the evaluation files (see
+    :func:`peft_grounded._owned.check_report_folder`): a training run's folder, or files of that name
+    another tool wrote, are refused before anything is loaded."""
+    from .._owned import check_report_folder
+
+    check_report_folder(Path(output), "`peft-grounded evaluate`", EVALUATION_FILES, _is_evaluation_metrics)
+
+
+def write_evaluation(output: str | Path, evaluation: Evaluation, title: str) -> Path:
+    """Write ``metrics.json``, ``likelihood.json``, ``users.json`` and ``metrics.md`` into ``output``."""
+    from .reports import write_json, write_markdown
+
+    out = Path(output)
+    write_json(out / "metrics.json", evaluation.metrics)
+    write_json(out / "likelihood.json", evaluation.likelihood)
+    write_json(out / "users.json", evaluation.users)
+    write_markdown(out / "metrics.md", evaluation.metrics, title=title)
+    return out
+
+
+def evaluate_adapter_into(
+    output: str | Path,
+    adapter: str,
+    index: Any,
+    catalogue: Any,
+    settings: EvalSettings | None = None,
+    **kwargs: Any,
+) -> Evaluation:
+    """:func:`evaluate_adapter` (``kwargs`` go there) with its files written into ``output`` (the
+    ``evaluate`` command): the folder is locked and checked first, so a refusal costs no decoding."""
+    from .._locks import output_lock
+
+    with output_lock(output, "evaluate"):
+        check_evaluation_output(output)
+        evaluation = evaluate_adapter(adapter, index, catalogue, settings, **kwargs)
+        write_evaluation(output, evaluation, title=f"Evaluation of {adapter}")
+    return evaluation

@@ -20,6 +20,7 @@ from typing import ClassVar
 import torch
 from peft import PeftModel, get_peft_model
 
+from .._locks import locks_output
 from ..adapter import GroundedTokenConfig
 from ..training.config import RunConfig
 from ..training.trainer import RunTrainer
@@ -90,6 +91,7 @@ class GroundingTrainer(RunTrainer):
         super().__init__(model, args or GroundingConfig(output_dir="grounding"), **kwargs)
 
 
+@locks_output("args.output_dir", "ground")
 def ground(
     catalogue,
     index,
@@ -110,7 +112,8 @@ def ground(
     A fresh base model (``model_path``, default: the packaged SmolLM2-135M, loaded in ``dtype``) gets the tokens and ``init``
     starts their rows; or ``model`` (with its ``tokenizer``), a model already wrapped for ``index``, is
     grounded in place (the strategy runner's path). Only the rows train, on the six GTI templates; the
-    adapter lands in ``<args.output_dir>/adapter``.
+    adapter lands in ``<args.output_dir>/adapter``. The output folder is locked from the start, before the
+    model is loaded.
     """
     from ..adapter.loading import model_for
     from ..training.config import check_max_examples

@@ -29,9 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from .._locks import locks_output
 from ..sids.catalogue import Catalogue, CatalogueError, Item
 from ..sids.collisions import collision_stats, group_ids
-from ..sids.index import SIDIndex
+from ..sids.index import JSON_NAME, SIDIndex
 
 logger = logging.getLogger(__name__)
 
@@ -447,6 +448,40 @@ def add_items(
         report=report,
     )
     child.quality["growth"][-1]["encode_seconds"] = round(report.encode_seconds, 3)
+    return child
+
+
+@locks_output("output", "add-items")
+def add_items_to(
+    parent: str | Path,
+    catalogue: Catalogue | Sequence[Item] | str | Path,
+    output: str | Path,
+    *,
+    overwrite: bool = False,
+    **options: Any,
+) -> SIDIndex:
+    """:func:`add_items` on the index saved in ``parent``, saved as a new version in ``output`` (the
+    ``add-items`` command); ``options`` go to :func:`add_items` (``encoder`` defaults to the parent's).
+
+    ``output`` is locked from its check to the save; it must not be ``parent`` (adapters trained on the
+    parent need it) nor hold an index already, unless ``overwrite`` (which replaces the index's own files
+    only). Everything is checked before the new items are encoded."""
+    parent_dir, out = Path(parent).resolve(), Path(output).resolve()
+    if parent_dir == out:
+        raise GrowthError(
+            "--output is the parent index's directory; write the new version elsewhere (the parent stays "
+            "loadable for the adapters trained on it)"
+        )
+    if (out / JSON_NAME).is_file() and not overwrite:
+        raise GrowthError(
+            f"{out} already holds a SID index; adapters trained on it would no longer match. Choose another "
+            "--output, or pass --overwrite to replace it"
+        )
+    index = SIDIndex.load(parent_dir)
+    if options.get("encoder") is None and options.get("vectors") is None:
+        options["encoder"] = encoder_spec(index)
+    child = add_items(index, catalogue, **options)
+    child.save(out)
     return child
 
 

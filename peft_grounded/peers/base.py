@@ -2,7 +2,7 @@
 
 A peer is anything with ``name`` and ``recommend(histories, k)``: for each history (item ids, oldest
 first) the ``k`` item ids it would show, best first. :func:`peer_records` scores a peer on exactly the users
-:func:`~peft_grounded.evaluation.evaluate` samples with the same :class:`~peft_grounded.evaluation.EvalSettings`
+:func:`~peft_grounded.evaluation.reports` samples with the same :class:`~peft_grounded.evaluation.EvalSettings`
 (the same seeded "all" and "cold" samples of each part), and returns the same per-user records (``user``,
 ``target``, ``all``, ``cold``, 0-based ``rank`` or ``None``), so that peers and LLM strategies go into one
 table with paired bootstrap intervals (:func:`~peft_grounded.evaluation.compare_users`).

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .._locks import locks_output
 from ..evaluation.settings import EvalSettings
 from ..prompts import PromptFormat
 from ..training import runs
@@ -158,6 +159,7 @@ def _model_path(model: str | None) -> str:
     return str(assets.smollm2())
 
 
+@locks_output("output_dir", "demo")
 def run_demo(
     preset: str | Preset = "default",
     output_dir: str | Path = "runs/demo",
@@ -203,6 +205,7 @@ def run_demo(
     )
     spec, why = machine_precision(spec, precision)
     out = Path(output_dir)
+    _check_demo_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     print(f"[demo] preset {spec.name}: {spec.note}", flush=True)
@@ -317,6 +320,21 @@ def run_demo(
     print("\n".join(report[2:]), flush=True)
     print(f"[demo] done in {summary['wall_s']:.0f} s; report: {out / 'report.md'}", flush=True)
     return summary
+
+
+DEMO_FILES = ("report.md", "summary.json", "sids", "strategies", "diagnostics")  # what a demo writes
+
+
+def _check_demo_folder(out: Path) -> None:
+    """Refuse a folder that holds files of the demo's names but no demo run (they are the user's)."""
+    if not out.is_dir() or (out / runs.MANIFEST).is_file():
+        return
+    clashing = [name for name in DEMO_FILES if (out / name).exists()]
+    if clashing:
+        raise ValueError(
+            f"{out} holds {', '.join(clashing)} but no demo run ({runs.MANIFEST}); the demo would replace "
+            "them. Choose another --output (nothing was written)."
+        )
 
 
 def _summarise(spec: Preset, records: dict[str, list[dict]], wall: float) -> dict:

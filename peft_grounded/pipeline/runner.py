@@ -23,29 +23,20 @@ from typing import Any
 import torch
 
 from .._io import read_json
+from .._locks import locks_output
 from ..adapter.loading import sid_model
 from ..adapter.saved import ADAPTER_WEIGHTS
 from ..evaluation.evaluator import evaluate
 from ..evaluation.users import item_token_ids
 from ..training import runs
 from ..training.runs import ADAPTER_DIR, CURVE_FILE, LOG_FILE, RESULTS_FILE
-from ..training.trainer import save_adapter_atomic, upcast_trainable
+from ..training.trainer import load_adapter_weights, save_adapter_atomic, upcast_trainable
 from .budget import Budget, Experiment
 from .strategies import Strategy, strategy
 
 logger = logging.getLogger(__name__)
 
 
-def _load_rows(model, directory: Path) -> None:
-    """Load a finished stage's adapter weights into the live adapter (same structure)."""
-    from peft.utils import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    state = load_file(str(directory / ADAPTER_WEIGHTS))
-    result = set_peft_model_state_dict(model, state)
-    unexpected = getattr(result, "unexpected_keys", [])
-    if unexpected:
-        raise ValueError(f"{directory} does not fit this adapter (unexpected keys {unexpected[:3]}).")
 
 
 def _stage_done(directory: Path) -> bool:
@@ -71,6 +62,7 @@ def _write_json(path: Path, value: Any) -> None:
         runs.write_json_atomic(path, value)
 
 
+@locks_output("output_dir", "strategy run")
 def run_strategy(
     name: str, experiment: Experiment, budget: Budget, output_dir: str | Path, resume: bool = False
 ) -> dict:
@@ -78,7 +70,7 @@ def run_strategy(
 
     Training goes through the same :func:`~peft_grounded.grounding.ground` and
     :func:`~.trainer.train_recommender` the CLI uses, on one live model. Under a distributed launch every
-    process trains and evaluates; only the main one writes files.
+    process trains and evaluates; only the main one writes files (and holds ``output_dir``'s lock).
     """
     from ..decoding import SIDTrie
     from ..grounding import ground
@@ -123,7 +115,7 @@ def run_strategy(
         stage = out / "grounding"
         t = time.perf_counter()
         if resume and _stage_done(stage):
-            _load_rows(model, stage / ADAPTER_DIR)
+            load_adapter_weights(model, stage / ADAPTER_DIR)
         else:
             ground(
                 experiment.catalogue,
@@ -173,7 +165,7 @@ def run_strategy(
         if spec.adapter != "peft":
             add_lora(model, **budget.lora)
         upcast_trainable(model)  # the LoRA in float32, as it trained
-        _load_rows(model, stage / ADAPTER_DIR)
+        load_adapter_weights(model, stage / ADAPTER_DIR)
     else:
         train_recommender(
             experiment.catalogue,

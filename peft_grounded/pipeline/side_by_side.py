@@ -1,6 +1,6 @@
 """Peers and LLM strategies side by side: one split, one sample of users, one table with paired intervals.
 
-Every row is scored on the users :func:`~peft_grounded.evaluation.evaluate` samples with the same
+Every row is scored on the users :func:`~peft_grounded.evaluation.reports` samples with the same
 :class:`~peft_grounded.evaluation.EvalSettings` (test part: all users, and the users whose target is a cold
 item), so differences are paired per user. Rows carry their training minutes and threads. The peers are
 what a shop could run without this package (:mod:`peft_grounded.peers`): the most-popular ranking, text KNN

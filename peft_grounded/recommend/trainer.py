@@ -8,6 +8,7 @@ from typing import ClassVar
 import torch
 from peft import PeftModel
 
+from .._locks import locks_output
 from ..adapter import GroundedTokenConfig
 from ..prompts import PromptFormat
 from ..training.config import RunConfig
@@ -51,6 +52,7 @@ class RecommendationTrainer(RunTrainer):
         super().__init__(model, args, **kwargs)
 
 
+@locks_output("args.output_dir", "sft")
 def train_recommender(
     catalogue,
     index,
@@ -77,7 +79,8 @@ def train_recommender(
     already wrapped for ``index`` (the strategy runner's path), trains in place. ``lora`` holds
     :func:`~peft_grounded.add_lora`'s arguments; every adapter weight trains in float32. The rows follow
     ``fmt.objective`` (see :func:`~.data.training_dataset`) on ``split`` (default: the catalogue's
-    leave-one-out split), and ``fmt`` is recorded in the adapter. Writes ``<args.output_dir>/adapter``.
+    leave-one-out split), and ``fmt`` is recorded in the adapter. Writes ``<args.output_dir>/adapter``
+    (the folder is locked from the start, before the model is loaded).
     """
     from ..adapter import add_lora
     from ..adapter.loading import model_for

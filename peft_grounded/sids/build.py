@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._locks import locks_output
 from .catalogue import Catalogue, CatalogueError
 from .collisions import DEDUP_MODES, add_disambiguation_level, collision_stats, reassign_last_level
 from .encoders import TextEncoder, encode_texts, load_encoder
@@ -199,6 +200,7 @@ def _codes_per_level(levels: int | None, codes: int | Sequence[int]) -> tuple[in
     return per_level
 
 
+@locks_output("output", "build-sids")
 def build_sids(
     catalogue: Catalogue | str | Path = "movielens-100k",
     output: str | Path | None = None,
@@ -239,7 +241,8 @@ def build_sids(
         ``"error"`` or ``"drop"`` for items whose rendered text is empty. ``quantizer="rqvae"`` trains an RQ-VAE
     for ``rqvae_epochs`` instead of RQ-KMeans (then ``balanced``, ``normalize_residuals``, ``max_iter`` and
     ``sample_size`` do not apply). ``output`` holding an index already is an error (adapters trained on it
-    need it) unless ``overwrite=True``. See ``docs/sids.md``.
+    need it) unless ``overwrite=True``. ``output`` is locked from the check to the save: a second build
+    aimed at it stops at once (:class:`~peft_grounded._locks.OutputBusyError`). See ``docs/sids.md``.
     """
     if dedup not in DEDUP_MODES:
         raise ValueError(f"dedup must be one of {DEDUP_MODES}, got {dedup!r}")

@@ -333,7 +333,8 @@ class SIDIndex:
 
     def save(self, directory: str | Path) -> Path:
         """Write ``sid_index.json`` + its content-named tensor file into ``directory`` atomically; returns it
-        (see :mod:`.index_files`)."""
+        (see :mod:`.index_files`). The folder is locked while it is written (a concurrent save there stops
+        with an error)."""
         return save_index(self, directory)
 
     @classmethod

@@ -166,10 +166,17 @@ def remove_unnamed_tensor_files(directory: str | Path) -> list[Path]:
 
 
 def save_index(index: Any, directory: str | Path) -> Path:
-    """Write ``sid_index.json`` + ``sid_index.safetensors`` into ``directory`` atomically; returns it."""
+    """Write ``index`` into ``directory``: the tensor file, then ``sid_index.json``, both atomically; the folder
+    is locked while it is written (a concurrent save there stops with an error)."""
+    from .._locks import output_lock
+
+    with output_lock(directory, "SID index save"):
+        return _save(index, Path(directory))
+
+
+def _save(index: Any, directory: Path) -> Path:
     from safetensors.numpy import save
 
-    directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, np.ndarray] = {"codes": index.codes.astype(np.int64)}
     for level, book in enumerate(index.codebooks):
@@ -212,6 +219,8 @@ def save_index(index: Any, directory: str | Path) -> Path:
     atomic_write(directory / meta["tensors"]["file"], payload)
     atomic_write(directory / JSON_NAME, json.dumps(meta, ensure_ascii=False).encode("utf-8"))
     remove_unnamed_tensor_files(directory)  # a file another index JSON there names stays
+    for stale in directory.glob(".sid_index*.tmp"):  # a killed save's temporary files (the folder is locked)
+        stale.unlink(missing_ok=True)
     return directory
 
 

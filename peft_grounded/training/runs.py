@@ -23,6 +23,9 @@ LOG_FILE = "log_history.json"  # a stage's loss log
 RESULTS_FILE = "metrics.json"  # the strategy runner's results
 CURVE_FILE = "curve.json"  # the strategy runner's learning curves per stage
 STAGES = ("init", "grounding", "sft")  # the strategy runner's stage folders, in order
+TRAINER_STATE = "trainer_state.json"  # written last by transformers into a checkpoint
+# what a checkpoint holds its weights in (PEFT adapters, full models)
+WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin", "model.safetensors", "pytorch_model.bin")
 
 
 class RunMismatchError(ValueError):
@@ -63,6 +66,55 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
 
 
+def checkpoint_problem(checkpoint: str | Path) -> str | None:
+    """Why ``checkpoint`` cannot be resumed from (a kill or a full disk during its write), or None.
+
+    A complete checkpoint holds its weights, a readable ``trainer_state.json`` and the run manifest."""
+    checkpoint = Path(checkpoint)
+    if not any((checkpoint / name).is_file() for name in WEIGHT_FILES):
+        return "no weights file"
+    state = checkpoint / TRAINER_STATE
+    if not state.is_file():
+        return f"no {TRAINER_STATE}"
+    try:
+        json.loads(state.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+        return f"a truncated {TRAINER_STATE}"
+    if not (checkpoint / MANIFEST).is_file():
+        return f"no {MANIFEST}"
+    return None
+
+
+def last_complete_checkpoint(output_dir: str | Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint of ``output_dir`` that can be resumed from, and the newer, incomplete ones
+    (each with what it lacks), which ``transformers`` would otherwise pick."""
+    incomplete = []
+    for checkpoint in reversed(checkpoints(output_dir)):
+        problem = checkpoint_problem(checkpoint)
+        if problem is None:
+            return checkpoint, incomplete
+        incomplete.append((checkpoint, problem))
+    return None, incomplete
+
+
+def check_manifest(source: Path, manifest: dict) -> None:
+    """Raise :class:`RunMismatchError` unless the manifest file ``source`` records ``manifest``."""
+    if not source.is_file():
+        raise RunMismatchError(
+            f"{source.parent} holds checkpoints without a {MANIFEST}: they were not written by this run. "
+            "Choose an empty output directory."
+        )
+    recorded = read_json(source, fix="move the folder away and start the run in a new output directory")
+    diff = _differences(recorded, manifest) if isinstance(recorded, dict) else ["(not a run manifest)"]
+    if diff:
+        raise RunMismatchError(
+            f"{source.parent} belongs to another run or configuration; differing fields: "
+            + "; ".join(diff)
+            + ". Resume with the same settings, or start the new run in another output directory "
+            "(the existing checkpoints were left untouched)."
+        )
+
+
 def check_and_write(output_dir: str | Path, manifest: dict, resume_from: str | Path | None) -> None:
     """Refuse to mix runs, then record ``manifest`` in ``output_dir`` (and nothing else)."""
     check_run(output_dir, manifest, resume_from)
@@ -82,17 +134,4 @@ def check_run(output_dir: str | Path, manifest: dict, resume_from: str | Path | 
     if checkpoints(output_dir):
         sources.append(output_dir / MANIFEST)
     for source in sources:
-        if not source.is_file():
-            raise RunMismatchError(
-                f"{source.parent} holds checkpoints without a {MANIFEST}: they were not written by this run. "
-                "Choose an empty output directory."
-            )
-        recorded = read_json(source, fix="move the folder away and start the run in a new output directory")
-        diff = _differences(recorded, manifest)
-        if diff:
-            raise RunMismatchError(
-                f"{source.parent} belongs to another run or configuration; differing fields: "
-                + "; ".join(diff)
-                + ". Resume with the same settings, or start the new run in another output directory "
-                "(the existing checkpoints were left untouched)."
-            )
+        check_manifest(source, manifest)

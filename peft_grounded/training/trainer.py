@@ -2,7 +2,17 @@
 
 :class:`RunTrainer` records a run manifest (see :mod:`peft_grounded.training.runs`), copies it into every checkpoint,
 refuses to resume from or write next to another run's checkpoints (or a finished run's adapter), keeps the
-loss log as JSON and writes the final adapter atomically to ``<output_dir>/adapter``. It also
+loss log as JSON and writes the final adapter atomically to ``<output_dir>/adapter``. Nothing is lost:
+
+* the output folder is locked (:mod:`peft_grounded._locks`): a second trainer aimed at it stops at once;
+* every checkpoint is written into ``.checkpoint-N.partial`` and renamed into place when complete, so a
+  kill or a full disk at any instant leaves the last complete checkpoint; a resume skips (and moves
+  aside) a checkpoint left incomplete by older code, saying so;
+* resuming a finished run is a no-op that says so (the adapter and the log are left as they are), and a
+  run killed after its last checkpoint but before its adapter is finished from that checkpoint;
+* TRL's draft model card does not replace a ``README.md`` of the user's in the output folder.
+
+It also
 
 * trains every adapter weight in float32 (master weights), whatever the base's dtype;
 * refuses rows that ``max_length`` would cut (TRL truncates silently, and a cut SID trains on garbage);
@@ -13,6 +23,7 @@ loss log as JSON and writes the final adapter atomically to ``<output_dir>/adapt
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import warnings
@@ -22,12 +33,14 @@ from pathlib import Path
 import torch
 from accelerate.utils import extract_model_from_parallel
 from peft import PeftModel, PeftModelForCausalLM
-from transformers import TrainerCallback
-from transformers.trainer_callback import ProgressCallback
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_callback import ProgressCallback, TrainerState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, rotate_checkpoints
 from trl import SFTTrainer
 
-from .._io import make_temp_dir
+from .._io import DiskFullError, is_disk_full, make_temp_dir, read_json, swap_dir_into_place
+from .._locks import output_lock
+from .._owned import TRL_CARD_MARKER, is_generated_card
+from ..adapter.saved import ADAPTER_WEIGHTS
 from . import runs
 from .clock import TimeProgressCallback, TrainingClock, time_schedule
 from .config import check_max_examples
@@ -61,22 +74,37 @@ def save_adapter_atomic(model: PeftModel, directory: str | Path, state_dict: dic
     tmp = make_temp_dir(directory)
     try:
         model.save_pretrained(tmp, **({} if state_dict is None else {"state_dict": state_dict}))
-        _swap_into_place(tmp, directory)
+        swap_dir_into_place(tmp, directory)
+    except Exception as err:
+        if is_disk_full(err):
+            raise DiskFullError(
+                f"no space to write the adapter {directory} ({err}); "
+                + ("the previous one was left as it was" if directory.exists() else "nothing was written")
+                + ". Free disk space, then run the command again",
+                err,
+            ) from err
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return directory
 
 
-def _swap_into_place(new: Path, directory: Path) -> None:
-    """Replace ``directory`` by the finished ``new`` one (the old copy survives as ``.<name>.old`` until then)."""
-    old = directory.with_name(f".{directory.name}.old")
-    if directory.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        directory.rename(old)
-    new.rename(directory)
-    shutil.rmtree(old, ignore_errors=True)
+def load_adapter_weights(model, directory: str | Path) -> None:
+    """Load the weights a saved adapter (or a checkpoint) holds into the live adapter of the same structure."""
+    from peft.utils import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    state = load_file(str(directory / ADAPTER_WEIGHTS))
+    adapter = getattr(model, "active_adapter", "default")
+    result = set_peft_model_state_dict(model, state, adapter_name=adapter)
+    unexpected = getattr(result, "unexpected_keys", [])
+    if unexpected:
+        raise ValueError(f"{directory} does not fit this adapter (unexpected keys {unexpected[:3]}).")
 
 
+# adapter-config fields that do not define a run (older manifests, written without them, stay resumable)
+NOT_IN_MANIFEST = ("inference_mode", "peft_version", "peft_grounded")
 UNLIMITED_STEPS = 10**9  # max_steps when only a time budget ends the run
 
 
@@ -95,7 +123,16 @@ def count_targets(labels: torch.Tensor) -> torch.Tensor:
 def upcast_trainable(model) -> list[str]:
     """Cast every trainable half-precision parameter to float32 in place (master weights: bf16/fp16 updates
     of small adapter weights round away); returns their names. PEFT's layers cast their inputs to the
-    adapter's dtype and the result back, so a half-precision base keeps running in its dtype."""
+    adapter's dtype and the result back, so a half-precision base keeps running in its dtype.
+
+    An adapter created with ``autocast_adapter_dtype=False`` (PEFT's switch for adapters in the base's dtype,
+    e.g. under DeepSpeed ZeRO-3) is left as it is: rows and LoRA stay in one dtype, as asked."""
+    tuner = getattr(model, "base_model", None)
+    if hasattr(tuner, "adapter_autocast") and not tuner.adapter_autocast(model.active_adapter):
+        logger.info(
+            "autocast_adapter_dtype=False: the adapter weights train in the dtype they were created in"
+        )
+        return []
     cast = []
     for name, param in model.named_parameters():
         if param.requires_grad and param.dtype in (torch.float16, torch.bfloat16):
@@ -108,24 +145,48 @@ def upcast_trainable(model) -> list[str]:
     return cast
 
 
+PARTIAL = ".partial"  # suffix of a checkpoint being written (``.checkpoint-N.partial``)
+INCOMPLETE = ".incomplete"  # suffix of an incomplete checkpoint moved aside on resume
+LEFTOVER_PATTERNS = (  # what a killed run of this trainer can leave behind, all of it its own
+    f".{PREFIX_CHECKPOINT_DIR}-*{PARTIAL}",
+    f".{ADAPTER_DIR}.*",
+    f".{runs.MANIFEST}.*.tmp",
+    f".{LOG_FILE}.*.tmp",
+)
+
+
 def _head_wrapped_by_peft(model) -> bool:
     """Whether PEFT's ``TrainableTokensWrapper`` replaced the output embedding (trainable tokens, tied head)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     return type(head).__name__ == "TrainableTokensWrapper"
 
 
-class _CopyManifest(TrainerCallback):
-    """Store the run manifest in every checkpoint so a resume can be checked against it."""
+def remove_leftovers(output_dir: Path) -> list[str]:
+    """Delete the temporary files and folders a killed run left in ``output_dir``; returns their names."""
+    removed = []
+    for pattern in LEFTOVER_PATTERNS:
+        for path in output_dir.glob(pattern):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
 
-    def __init__(self, manifest: dict) -> None:
-        self.manifest = manifest
 
-    def on_save(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
-            checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if checkpoint.is_dir():
-                runs.write_json_atomic(checkpoint / runs.MANIFEST, self.manifest)
-        return control
+def _check_own_file(path: Path, expected: type, what: str) -> None:
+    """Refuse to replace ``path`` unless it is this trainer's own ``what`` (a JSON ``expected``)."""
+    if not path.exists():
+        return
+    try:
+        ours = isinstance(json.loads(path.read_text(encoding="utf-8")), expected)
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+        ours = False
+    if not ours:
+        raise runs.RunMismatchError(
+            f"{path} is not a {what} a peft_grounded trainer wrote, and training would replace it. Move it "
+            "away, or choose another output directory (nothing was changed)."
+        )
 
 
 class RunTrainer(SFTTrainer):
@@ -134,6 +195,7 @@ class RunTrainer(SFTTrainer):
     stage = "sft"
 
     def __init__(self, model, args=None, **kwargs) -> None:
+        _refuse_cloned_chat_template(args)
         train_dataset = kwargs.get("train_dataset")
         data = dataset_fingerprint(train_dataset)
         upcast_trainable(model)
@@ -142,7 +204,8 @@ class RunTrainer(SFTTrainer):
         super().__init__(model=model, args=args, **kwargs)
         self._check_truncation(train_dataset)
         self.manifest = self.build_manifest(data)
-        self.add_callback(_CopyManifest(self.manifest))
+        self._staging: Path | None = None  # while a checkpoint is written: its .partial folder
+        self._card_kept = False  # the output folder holds the user's README.md: TRL's card is not written
         self.clock = TrainingClock(getattr(self.args, "max_minutes", None), self.args.device)
         self.add_callback(self.clock)
         if self.clock.minutes is not None and self.pop_callback(ProgressCallback) is not None:
@@ -176,9 +239,7 @@ class RunTrainer(SFTTrainer):
         return {
             "stage": self.stage,
             "base_model": config.get("base_model_name_or_path"),
-            "adapter": runs.fingerprint(
-                {k: v for k, v in config.items() if k not in ("inference_mode", "peft_version")}
-            ),
+            "adapter": runs.fingerprint({k: v for k, v in config.items() if k not in NOT_IN_MANIFEST}),
             "dataset": data_fingerprint,
             "learning_rate": a.learning_rate,
             "lr_scheduler_type": str(getattr(a.lr_scheduler_type, "value", a.lr_scheduler_type)),
@@ -283,35 +344,201 @@ class RunTrainer(SFTTrainer):
         )
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
-        """Train; ``resume_from_checkpoint=True`` continues from the last checkpoint, or starts afresh if the
-        run was interrupted before its first one (default: the config's ``resume_from_checkpoint``)."""
+        """Train; ``resume_from_checkpoint=True`` continues from the last complete checkpoint, starts afresh
+        if the run was interrupted before its first one, and does nothing (saying so) for a finished run
+        (default: the config's ``resume_from_checkpoint``)."""
         output_dir = Path(self.args.output_dir)
         if resume_from_checkpoint is None:
             resume_from_checkpoint = getattr(self.args, "resume", None)
+        with output_lock(output_dir, f"{self.stage} training"):  # the main process only (see _locks)
+            return self._train_locked(output_dir, resume_from_checkpoint, **kwargs)
+
+    def _train_locked(self, output_dir: Path, resume_from_checkpoint: str | bool | None, **kwargs):
+        main = self.is_world_process_zero()
+        if main and output_dir.is_dir():
+            removed = remove_leftovers(output_dir)
+            if removed:
+                logger.warning("%s: removed what a killed run left: %s", output_dir, ", ".join(removed))
+        if resume_from_checkpoint is True and (output_dir / runs.MANIFEST).is_file():
+            # a resume reads the manifest: an unreadable one is refused before anything is moved aside
+            read_json(
+                output_dir / runs.MANIFEST, fix="move it away, or start the run in a new output directory"
+            )
         if resume_from_checkpoint is True:
-            last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
-            if last is None:
-                logger.info("%s holds no checkpoint yet: starting the run from the beginning", output_dir)
-            resume_from_checkpoint = last
+            if self._finished(output_dir):
+                return self._already_finished(output_dir)
+            resume_from_checkpoint = self._last_complete(output_dir, move_aside=main)
         # every rank checks (a refusal on the main process alone would leave the others hanging in DDP's
         # first collective); only the main one writes
         runs.check_run(output_dir, self.manifest, resume_from_checkpoint)
         if resume_from_checkpoint is None and (output_dir / ADAPTER_DIR).exists():
             raise runs.RunMismatchError(
                 f"{output_dir} already holds a finished run's adapter ({output_dir / ADAPTER_DIR}); training "
-                "again would replace it and its run.json. Choose another output directory, or delete that "
-                "adapter first."
+                "again would replace it and its run.json. Resume it (a no-op: --resume), choose another "
+                "output directory, or delete that adapter first."
             )
-        if self.is_world_process_zero():
+        if resume_from_checkpoint is None:
+            _check_own_file(output_dir / runs.MANIFEST, dict, "run manifest")
+            _check_own_file(output_dir / LOG_FILE, list, "loss log")
+        if main:
             runs.write_json_atomic(output_dir / runs.MANIFEST, self.manifest)
-        result = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        checkpoint_state = _checkpoint_state(resume_from_checkpoint)
+        if checkpoint_state is not None and _stopped(checkpoint_state):
+            # killed after its last checkpoint, before its adapter: finish from that checkpoint (training on
+            # would add a step an uninterrupted run never took)
+            logger.warning(
+                "%s ended training at step %d; writing its adapter from that checkpoint (no further step)",
+                resume_from_checkpoint,
+                checkpoint_state.global_step,
+            )
+            load_adapter_weights(self.model, resume_from_checkpoint)
+            self.state = checkpoint_state
+            result = TrainOutput(checkpoint_state.global_step, _train_loss(checkpoint_state), {})
+        else:
+            result = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
         # accelerate leaves the forward wrapped in its mixed-precision autocast: unwrap it, so that what
         # follows (evaluation, merging) runs at the precision the caller asks for, resumed or not
         extract_model_from_parallel(self.model, keep_fp32_wrapper=False)
-        if self.is_world_process_zero():
-            runs.write_json_atomic(output_dir / LOG_FILE, self.state.log_history)
-        self._save_final_adapter(output_dir / ADAPTER_DIR)
+        try:
+            if main:
+                runs.write_json_atomic(output_dir / LOG_FILE, self.state.log_history)
+            self._save_final_adapter(output_dir / ADAPTER_DIR)
+        except Exception as err:
+            if not is_disk_full(err):
+                raise
+            raise DiskFullError(
+                f"the run in {output_dir} finished training, but the disk filled while writing its loss log or "
+                f"adapter ({err}). Its last checkpoint holds the trained state: free disk space, then resume "
+                "(--resume / resume_from_checkpoint=True) to write them without training again.",
+                err,
+            ) from err
         return result
+
+    # --- resuming --------------------------------------------------------------------------------------
+
+    def _finished(self, output_dir: Path) -> bool:
+        """Whether ``output_dir`` holds this run, finished (its adapter is written last); another run's
+        adapter raises :class:`~peft_grounded.training.runs.RunMismatchError`."""
+        if not (output_dir / ADAPTER_DIR / ADAPTER_WEIGHTS).is_file():
+            return False
+        runs.check_manifest(output_dir / runs.MANIFEST, self.manifest)
+        return True
+
+    def _already_finished(self, output_dir: Path) -> TrainOutput:
+        """Resuming a finished run: load its adapter into the model, leave every file as it is."""
+        adapter = output_dir / ADAPTER_DIR
+        load_adapter_weights(self.model, adapter)
+        log = output_dir / LOG_FILE
+        history = json.loads(log.read_text()) if log.is_file() else []
+        steps = [entry["step"] for entry in history if isinstance(entry, dict) and "step" in entry]
+        self.state.log_history = history
+        self.state.global_step = max(steps, default=0)
+        logger.warning(
+            "%s holds this run finished (step %d): nothing to resume; %s was left as it was and loaded",
+            output_dir,
+            self.state.global_step,
+            adapter,
+        )
+        return TrainOutput(self.state.global_step, _train_loss(self.state), {"already_finished": True})
+
+    def _last_complete(self, output_dir: Path, move_aside: bool) -> str | None:
+        """The last checkpoint a resume can use; newer incomplete ones are reported (and moved aside by the
+        main process, out of ``transformers``' sight)."""
+        if not output_dir.is_dir():
+            logger.info("%s holds no checkpoint yet: starting the run from the beginning", output_dir)
+            return None
+        last, incomplete = runs.last_complete_checkpoint(output_dir)
+        for checkpoint, problem in incomplete:
+            aside = checkpoint.with_name(f".{checkpoint.name}{INCOMPLETE}")
+            if move_aside:
+                shutil.rmtree(aside, ignore_errors=True)
+                checkpoint.rename(aside)
+            logger.warning(
+                "%s is incomplete (%s: a kill or a full disk during its write); moved aside to %s. Resuming "
+                "from %s instead.",
+                checkpoint,
+                problem,
+                aside.name,
+                last.name if last is not None else "the beginning (no complete checkpoint)",
+            )
+        if last is None and not incomplete:
+            logger.info("%s holds no checkpoint yet: starting the run from the beginning", output_dir)
+        return None if last is None else str(last)
+
+    # --- checkpoints -----------------------------------------------------------------------------------
+
+    def _get_output_dir(self, trial):
+        """Where ``transformers`` writes checkpoints: the ``.partial`` folder while one is being written."""
+        return str(self._staging) if self._staging is not None else super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """Write the checkpoint into ``.checkpoint-N.partial`` (with the run manifest), then rename it to
+        ``checkpoint-N``: a kill or a full disk at any instant leaves the previous checkpoints complete."""
+        root = Path(super()._get_output_dir(trial))
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        staging = root / f".{name}{PARTIAL}"
+        main = self.args.should_save
+        if main:
+            shutil.rmtree(staging, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        self._staging = staging
+        try:
+            super()._save_checkpoint(model, trial)  # rotates within the staging folder: nothing to delete
+            self.accelerator.wait_for_everyone()  # every rank wrote its part (RNG states, shards)
+            if main:
+                self._publish(staging / name, root / name)
+        except Exception as err:
+            if main:
+                shutil.rmtree(staging, ignore_errors=True)
+            if is_disk_full(err):
+                last, _ = runs.last_complete_checkpoint(root)
+                kept = (
+                    f"the last complete checkpoint, {last.name}, is kept"
+                    if last
+                    else "no checkpoint is complete yet"
+                )
+                raise DiskFullError(
+                    f"no space to write checkpoint {root / name} ({err}); the partial checkpoint was removed and "
+                    f"{kept}. Free disk space, then resume (--resume / resume_from_checkpoint=True).",
+                    err,
+                ) from err
+            raise
+        finally:
+            self._staging = None
+        if main:
+            shutil.rmtree(staging, ignore_errors=True)
+            rotate_checkpoints(
+                output_dir=str(root),
+                save_total_limit=self.args.save_total_limit,
+                best_model_checkpoint=self.state.best_model_checkpoint,
+                use_mtime=True,
+            )
+
+    def _publish(self, written: Path, final: Path) -> None:
+        """Record the manifest in the written checkpoint, point its paths at ``final``, and rename it there."""
+        runs.write_json_atomic(written / runs.MANIFEST, self.manifest)
+        best = self.state.best_model_checkpoint
+        if best is not None and Path(best).parent == written.parent:  # set while the .partial folder was used
+            self.state.best_model_checkpoint = str(final.parent / Path(best).name)
+            state_file = written / runs.TRAINER_STATE
+            if state_file.is_file():
+                self.state.save_to_json(str(state_file))
+        if final.exists():  # an earlier, incomplete copy (older code): replaced as a whole
+            swap_dir_into_place(written, final)
+        else:
+            written.rename(final)
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        """TRL's draft card, unless ``README.md`` in the output folder is the user's (then it is kept)."""
+        readme = Path(self.args.output_dir) / "README.md"
+        if readme.exists() and not is_generated_card(readme, TRL_CARD_MARKER):
+            if not self._card_kept and self.is_world_process_zero():
+                logger.warning(
+                    "%s is not a card TRL wrote: kept as it is (TRL's draft card is not written)", readme
+                )
+            self._card_kept = True
+            return None
+        return super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
 
     def _save_final_adapter(self, directory: Path) -> None:
         """The trained adapter, written atomically; sharded (FSDP, DeepSpeed) states are gathered first."""
@@ -328,3 +555,40 @@ class RunTrainer(SFTTrainer):
         if self.is_world_process_zero():
             save_adapter_atomic(model, directory, state_dict=state)
         self.accelerator.wait_for_everyone()
+
+
+def _refuse_cloned_chat_template(args) -> None:
+    """TRL's ``chat_template_path`` naming a tokenizer adds its tokens by resizing the model, which a grounded
+    adapter cannot follow (docs/peft_trl_limitations.md): refuse it with the workaround, before any work."""
+    path = getattr(args, "chat_template_path", None)
+    if path is None or str(path).endswith((".jinja", ".j2")):
+        return
+    raise ValueError(
+        f"chat_template_path={path!r} names a tokenizer: TRL would copy its chat template and add its special "
+        "tokens by resizing the model, which the grounded-token adapter already wraps (and PEFT's "
+        "trainable_token_indices, which TRL sets for them, does not exist on GroundedTokenConfig). Pass the "
+        "template as a .jinja file instead (it adds no tokens), or set tokenizer.chat_template yourself and add "
+        "the template's new tokens together with the SID tokens (peft_grounded.add_tokens) before wrapping the "
+        "model, so that their rows train with the SIDs. See docs/peft_trl_limitations.md."
+    )
+
+
+def _checkpoint_state(checkpoint: str | None) -> TrainerState | None:
+    if checkpoint is None:
+        return None
+    path = Path(checkpoint) / runs.TRAINER_STATE
+    return TrainerState.load_from_json(str(path)) if path.is_file() else None
+
+
+def _stopped(state: TrainerState) -> bool:
+    """Whether the checkpoint was written at the end of training (its step limit, or a time budget)."""
+    if state.max_steps and state.max_steps > 0 and state.global_step >= state.max_steps:
+        return True
+    control = (state.stateful_callbacks or {}).get("TrainerControl")
+    control = control[-1] if isinstance(control, list) and control else control
+    return bool(isinstance(control, dict) and control.get("args", {}).get("should_training_stop"))
+
+
+def _train_loss(state: TrainerState) -> float:
+    losses = [entry["loss"] for entry in state.log_history if isinstance(entry, dict) and "loss" in entry]
+    return float(sum(losses) / len(losses)) if losses else float("nan")

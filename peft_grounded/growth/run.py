@@ -1,0 +1,176 @@
+"""The ``grow-adapter`` command as a function: grow a saved adapter onto an ``add-items`` index, optionally
+ground the new items, and save it into a folder, replacing only what the command owns there."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+from .._locks import locks_output
+from .._owned import PEFT_CARD_MARKER, is_generated_card, replace_keeping_others
+
+ADAPTER_CONFIG = "adapter_config.json"  # what PEFT's save_pretrained writes first
+ADAPTER_FILES = (ADAPTER_CONFIG, "adapter_model.safetensors", "adapter_model.bin")  # an adapter's own files
+
+
+def check_output(output: Path, adapter: Path, overwrite: bool) -> None:
+    """Raise ``ValueError`` unless ``output`` may receive the grown adapter (before anything is loaded)."""
+    if output.resolve() == adapter.resolve():
+        raise ValueError(
+            f"--output is the trained adapter's directory ({adapter}); write the grown adapter elsewhere "
+            "(the trained one stays loadable with the parent index)"
+        )
+    if not output.exists():
+        return
+    if not output.is_dir():
+        raise ValueError(f"--output {output} is a file, not a directory; choose another --output")
+    if (output / ADAPTER_CONFIG).is_file():
+        if not overwrite:
+            raise ValueError(
+                f"{output} already holds an adapter; choose another --output, or pass --overwrite to "
+                "replace it (its other files are kept)"
+            )
+    elif any(output.iterdir()):
+        raise ValueError(
+            f"{output} holds files but no adapter, and writing there would replace them; choose a new or "
+            "empty --output"
+        )
+
+
+def owned_by_adapter(path: Path) -> bool:
+    """Whether ``path`` in an adapter folder is the adapter's own (replaced by a new save): its config,
+    weights and PEFT's model card; anything else (a README of the user's, notes, data) is kept."""
+    if path.name in ADAPTER_FILES:
+        return True
+    return path.name == "README.md" and is_generated_card(path, PEFT_CARD_MARKER)
+
+
+def save_adapter_keeping_others(model, output: Path) -> list[str]:
+    """Save ``model``'s adapter into ``output`` through a temporary sibling folder, carrying over the files
+    of ``output`` the adapter does not own; returns their names."""
+    import shutil
+
+    from .._io import DiskFullError, is_disk_full, make_temp_dir
+
+    tmp = make_temp_dir(output)
+    try:
+        model.save_pretrained(tmp)
+        return replace_keeping_others(tmp, output, owned_by_adapter)
+    except Exception as err:
+        if is_disk_full(err):
+            raise DiskFullError(
+                f"no space to write the adapter {output} ({err}); it was left as it was. Free disk space, then "
+                "run the command again",
+                err,
+            ) from err
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@locks_output("output", "grow-adapter")
+def grow_adapter_into(
+    adapter: str | Path,
+    parent_index: str | Path,
+    sid_index: str | Path,
+    output: str | Path,
+    *,
+    model: str | None = None,
+    init: str = "centroid",
+    weights_dtype: str = "float32",
+    overwrite: bool = False,
+    ground: str | None = None,
+    ground_steps: int = 30,
+    replay: float = 1.0,
+    rows: str = "used",
+    lr: float = 1e-3,
+    batch_size: int = 8,
+    seed: int = 0,
+    bf16: bool = False,
+) -> dict[str, Any]:
+    """Grow the adapter saved in ``adapter`` (trained on ``parent_index``) onto ``sid_index``, ground the new
+    items on the catalogue ``ground`` when given, and save it to ``output``; returns a summary.
+
+    ``output`` is locked and checked before anything is loaded; with ``overwrite`` an adapter there is
+    replaced, its other files kept."""
+    import torch
+
+    from ..adapter.loading import base_model_path, sid_model
+    from ..sids import SIDIndex, load_catalogue
+    from .adapter import check_lineage, grow_adapter
+    from .grounding import check_settings, ground_new_items, new_item_ids
+
+    output, adapter = Path(output), Path(adapter)
+    check_output(output, adapter, overwrite)
+    check_settings(  # before anything loads (checked with or without ground: a typo is a typo)
+        rows=rows, replay=replay, steps=ground_steps, learning_rate=lr, batch_size=batch_size, seed=seed
+    )
+    parent, child = SIDIndex.load(parent_index), SIDIndex.load(sid_index)
+    check_lineage(parent, child)  # the refusal grow_adapter gives, before the model is loaded
+    catalogue = None
+    if ground is not None:
+        catalogue = load_catalogue(ground)
+        new_ids = new_item_ids(parent, child)
+        missing = [i for i in new_ids if i not in catalogue.items]
+        if new_ids and len(missing) == len(new_ids):
+            raise ValueError(
+                f"--ground {ground} holds none of the {len(new_ids)} new items (e.g. {missing[0]!r}); "
+                "pass the catalogue with their text (the one given to add-items, plus the old items for "
+                "--replay)"
+            )
+        if missing:
+            print(
+                f"warning: {len(missing)} new items have no text in --ground; they are not grounded",
+                file=sys.stderr,
+            )
+
+    tokenizer, peft_model = sid_model(
+        model or base_model_path(str(adapter)),
+        parent,
+        adapter=str(adapter),
+        dtype=getattr(torch, weights_dtype),
+    )
+    grown = grow_adapter(peft_model, tokenizer, parent, child, init=init)
+    summary: dict[str, Any] = {
+        "new_tokens": child.n_tokens - parent.n_tokens,
+        "new_items": child.n_items - parent.n_items,
+        "rows": child.n_tokens,
+        "init": init,
+        "fingerprint": child.fingerprint(),
+    }
+    if catalogue is not None:
+        device = next(grown.parameters()).device.type
+        if bf16:
+            from ..precision import warn_if_emulated
+
+            warn_if_emulated("bf16 grounding (--bf16)", device)
+        autocast = torch.autocast(device, dtype=torch.bfloat16) if bf16 else nullcontext()
+        with autocast:
+            result = ground_new_items(
+                grown,
+                tokenizer,
+                parent,
+                child,
+                catalogue,
+                rows=rows,
+                replay=replay,
+                steps=ground_steps,
+                learning_rate=lr,
+                batch_size=batch_size,
+                seed=seed,
+            )
+        summary["grounding"] = {
+            "seconds": round(result.seconds, 3),
+            "steps": len(result.losses),
+            "examples": result.n_examples,
+            "replayed": result.n_replayed,
+            "trained_rows": len(result.trained_rows),
+            "loss": [round(result.losses[0], 4), round(result.losses[-1], 4)] if result.losses else None,
+        }
+    check_output(output, adapter, overwrite)  # again: the folder may have changed while this ran
+    kept = save_adapter_keeping_others(grown, output)
+    if kept:
+        summary["kept"] = kept
+    return summary
