@@ -29,8 +29,9 @@ from ..adapter.saved import ADAPTER_WEIGHTS
 from ..evaluation.evaluator import evaluate
 from ..evaluation.users import item_token_ids
 from ..training import runs
+from ..training.adapter_files import load_adapter_weights, save_adapter_atomic
 from ..training.runs import ADAPTER_DIR, CURVE_FILE, LOG_FILE, RESULTS_FILE
-from ..training.trainer import load_adapter_weights, save_adapter_atomic, upcast_trainable
+from ..training.trainer import upcast_trainable
 from .budget import Budget, Experiment
 from .strategies import Strategy, strategy
 
