@@ -1,11 +1,13 @@
 """Growing a catalogue: new items after training, without retraining, in one place.
 
-1. :func:`add_items` (:mod:`.index`): a new version of a :class:`~peft_grounded.sids.SIDIndex` holding the new
-   items, coded with the frozen codebooks; every existing SID stays bit for bit (``peft-grounded add-items``).
+1. :func:`add_items` (:mod:`.index`, the codes in :mod:`.codes`): a new version of a
+   :class:`~peft_grounded.sids.SIDIndex` holding the new items, coded with the frozen codebooks; every existing
+   SID stays bit for bit (``peft-grounded add-items``: :func:`add_items_to`).
 2. :func:`grow_adapter` (:mod:`.adapter`): a trained adapter onto the grown index; trained rows and LoRA carried
    over, the new tokens' rows started from their centroids (``peft-grounded grow-adapter``).
 3. :func:`ground_new_items` (:mod:`.grounding`): a few steps of grounding on the new items' text, training only
-   the rows their SIDs use (``grow-adapter --ground``).
+   the rows their SIDs use (``grow-adapter --ground``); :func:`grow_adapter_into` (:mod:`.run`) is the
+   ``grow-adapter`` command as a function.
 4. At evaluation, :func:`peft_grounded.decoding.mix_new_items` gives new items slots in each top-K
    (``evaluate --new-item-share``): a decoding rule, so it lives with the decoding.
 
@@ -21,6 +23,7 @@ _LAZY = {
     "GrowthError": "index",
     "GrowthReport": "index",
     "add_items": "index",
+    "add_items_to": "index",
     "add_vectors": "index",
     "encoder_spec": "index",
     "GROW_INITS": "adapter",
@@ -30,6 +33,7 @@ _LAZY = {
     "ground_new_items": "grounding",
     "new_item_ids": "grounding",
     "rows_used": "grounding",
+    "grow_adapter_into": "run",
 }
 
 __all__ = list(_LAZY)

@@ -31,8 +31,9 @@ import numpy as np
 
 from .._locks import locks_output
 from ..sids.catalogue import Catalogue, CatalogueError, Item
-from ..sids.collisions import collision_stats, group_ids
+from ..sids.collisions import collision_stats
 from ..sids.index import JSON_NAME, SIDIndex
+from .codes import dedup_mode, grown_centroids, next_disambiguation, reassign_new
 
 logger = logging.getLogger(__name__)
 
@@ -88,12 +89,6 @@ class GrowthReport:
                 else ""
             )
         )
-
-
-def _dedup_mode(index: SIDIndex) -> str:
-    if index.disambiguation_level:
-        return "level"
-    return str(index.build_config.get("dedup") or index.quality.get("dedup") or "none")
 
 
 def _checked_batch(
@@ -157,95 +152,6 @@ def _loader_drops(catalogue: Catalogue, on_problem: str, empty_text: str, report
     report.empty_text = [*report.empty_text, *no_text]
 
 
-def _next_disambiguation(
-    parent_codes: np.ndarray, new_prefix: np.ndarray, residual_sq: np.ndarray
-) -> np.ndarray:
-    """Disambiguation codes for the new items: each group's next free codes, best-fitting first."""
-    n_old = len(parent_codes)
-    prefixes = np.concatenate([parent_codes[:, :-1], new_prefix])
-    group, _ = group_ids(prefixes)
-    used = np.full(group.max() + 1, -1, dtype=np.int64)
-    np.maximum.at(used, group[:n_old], parent_codes[:, -1])
-    new_group = group[n_old:]
-    order = np.lexsort((np.arange(len(new_group)), residual_sq, new_group))
-    out = np.empty(len(new_group), dtype=np.int64)
-    sorted_groups = new_group[order]
-    starts = np.searchsorted(sorted_groups, sorted_groups, "left")
-    out[order] = used[sorted_groups] + 1 + (np.arange(len(order)) - starts)
-    return out
-
-
-def _reassign_new(
-    parent_codes: np.ndarray, new_codes: np.ndarray, entering: np.ndarray, last_book: np.ndarray
-) -> tuple[np.ndarray, int]:
-    """Last-level codes for new items: the nearest codes still free within their prefix group."""
-    from scipy.optimize import linear_sum_assignment
-
-    codes = new_codes.copy()
-    k = last_book.shape[0]
-    taken: dict[tuple[int, ...], set[int]] = {}
-    for row in parent_codes.tolist():
-        taken.setdefault(tuple(row[:-1]), set()).add(row[-1])
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for i, row in enumerate(codes.tolist()):
-        groups.setdefault(tuple(row[:-1]), []).append(i)
-    cost = (entering**2).sum(1)[:, None] - 2 * entering @ last_book.T + (last_book**2).sum(1)[None, :]
-    unresolved = 0
-    for prefix, rows in groups.items():
-        free = np.array(sorted(set(range(k)) - taken.get(prefix, set())), dtype=np.int64)
-        rows_a = np.asarray(rows)
-        if len(free) == 0:
-            codes[rows_a, -1] = cost[rows_a].argmin(1)
-            unresolved += len(rows)
-            continue
-        sub = cost[np.ix_(rows_a, free)]
-        r, c = linear_sum_assignment(sub)
-        codes[rows_a[r], -1] = free[c]
-        rest = np.setdiff1d(np.arange(len(rows)), r)
-        if len(rest):
-            codes[rows_a[rest], -1] = cost[rows_a[rest]].argmin(1)
-            unresolved += len(rest)
-    return codes, unresolved
-
-
-def _running_means(
-    old: np.ndarray, old_counts: np.ndarray, values: np.ndarray, labels: np.ndarray, n_rows: int
-) -> np.ndarray:
-    """Rows ``old`` (means over ``old_counts`` items, padded to ``n_rows``) updated with ``values`` by label."""
-    sums = np.zeros((n_rows, values.shape[1]), dtype=np.float64)
-    np.add.at(sums, labels, values.astype(np.float64))
-    counts = np.bincount(labels, minlength=n_rows).astype(np.float64)
-    before = np.zeros(n_rows, dtype=np.float64)
-    before[: len(old_counts)] = old_counts
-    out = np.zeros((n_rows, old.shape[1]), dtype=np.float64)
-    out[: len(old)] = old
-    touched = counts > 0
-    total = before[touched] + counts[touched]
-    out[touched] = (out[touched] * before[touched, None] + sums[touched]) / total[:, None]
-    return out
-
-
-def _grown_centroids(
-    index: SIDIndex, codes: np.ndarray, vectors: np.ndarray, residual: np.ndarray, per_level: Sequence[int]
-) -> dict[str, np.ndarray]:
-    """The centroid variants of the child, rows in the child's token order."""
-    out: dict[str, np.ndarray] = {}
-    old_offsets = np.cumsum((0, *index.codes_per_level[:-1]))
-    n_books = len(index.codebooks)
-    for variant, matrix in index.centroids.items():
-        rows = []
-        for level, k in enumerate(per_level):
-            old = matrix[old_offsets[level] : old_offsets[level] + index.codes_per_level[level]]
-            if variant == "codebook" and level < n_books:
-                rows.append(old.astype(np.float64))  # a k-means codebook: unchanged
-                continue
-            values = residual if variant == "codebook" else vectors
-            counts = np.bincount(index.codes[:, level], minlength=index.codes_per_level[level])
-            rows.append(_running_means(old, counts, values, codes[:, level], k))
-        out[variant] = np.concatenate(rows).astype(np.float32)
-    return out
-
-
 def add_vectors(
     index: SIDIndex,
     item_ids: Sequence[str],
@@ -282,17 +188,17 @@ def add_vectors(
     index.quantize(x[:1], encoder=encoder)  # the index's checks: encoder, width, quantizer (one row)
     codes_t, residual_t = quantize(x, index.codebooks, index.normalize_residuals)
     k_codes, residual = codes_t.numpy(), residual_t.numpy()
-    mode = _dedup_mode(index)
+    mode = dedup_mode(index)
     per_level = list(index.codes_per_level)
     if mode == "level":
-        extra = _next_disambiguation(index.codes, k_codes, (residual**2).sum(1))
+        extra = next_disambiguation(index.codes, k_codes, (residual**2).sum(1))
         new_codes = np.concatenate([k_codes, extra[:, None]], axis=1)
         per_level[-1] = max(per_level[-1], int(extra.max()) + 1)
         report.shared_sid_groups = int((extra > 0).sum())
     elif mode == "reassign":
         last_book = np.asarray(index.codebooks[-1], dtype=np.float32)
         entering = residual + last_book[k_codes[:, -1]]
-        new_codes, report.unresolved_collisions = _reassign_new(index.codes, k_codes, entering, last_book)
+        new_codes, report.unresolved_collisions = reassign_new(index.codes, k_codes, entering, last_book)
         residual = entering - last_book[new_codes[:, -1]]
     else:
         new_codes = k_codes
@@ -305,7 +211,7 @@ def add_vectors(
         logger.warning("%d new items share a SID with another item", report.unresolved_collisions)
     parent_tokens = index.token_strings
     child_counts = tuple(per_level)
-    centroids = _grown_centroids(index, new_codes, x, residual, child_counts)
+    centroids = grown_centroids(index, new_codes, x, residual, child_counts)
     interactions = None
     if index.item_interactions is not None:
         added = np.zeros(len(ids), dtype=np.int64)
