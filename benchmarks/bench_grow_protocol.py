@@ -153,6 +153,26 @@ def random_slots(
     return lists
 
 
+def cached_decode(
+    path: Path, adapter: Path | None, decode_fn, examples: list[tuple], beams: int
+) -> Recommendations:
+    """``decode_fn()``, or the beams a previous run of the same adapter, users and width wrote to ``path``
+    (so that serving rules can be re-scored without decoding again); ``adapter=None``: never cached."""
+    import hashlib
+
+    if adapter is None:
+        return decode_fn()
+    digest = hashlib.sha256((adapter / "adapter_model.safetensors").read_bytes()).hexdigest()
+    key = {"adapter": digest, "users": [e[0] for e in examples], "beams": beams}
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        if saved.get("key") == key:
+            return Recommendations(items=saved["items"], scores=saved["scores"], k=beams, num_beams=beams)
+    recs = decode_fn()
+    path.write_text(json.dumps({"key": key, "items": recs.items, "scores": recs.scores}))
+    return recs
+
+
 def full_histories(split, examples: list[tuple]) -> list[tuple[str, ...]]:
     """Each example's whole history (the prompt shows only its last ``max_history`` items)."""
     by_user = {u.user_id: u for u in split.users}
@@ -425,12 +445,21 @@ def main(argv=None) -> None:
     mixture_fit = {"temperature": mixture.temperature, "weights": mixture.weights.tolist()}
     print(f"semantic mixture calibrated: {mixture_fit}", flush=True)
 
-    def score_both(name: str, model, index) -> None:
+    def score_both(name: str, model, index, adapter: Path | None = None) -> None:
         model.eval()
         t = time.perf_counter()
+        slug = name.replace(" ", "_").replace("(", "").replace(")", "")
         lists = {
-            "new": decode(model, tokenizer, examples, index, catalogue, fmt, args.num_beams, bf16),
-            "old": decode(model, tokenizer, old_examples, index, catalogue, fmt, args.num_beams, bf16),
+            part: cached_decode(
+                out / f"beams-{slug}-{part}.json",
+                adapter,
+                lambda chosen=chosen: decode(
+                    model, tokenizer, chosen, index, catalogue, fmt, args.num_beams, bf16
+                ),
+                chosen,
+                args.num_beams,
+            )
+            for part, chosen in (("new", examples), ("old", old_examples))
         }
         timings[f"decode_{name}_s"] = round(time.perf_counter() - t, 1)
         variants = {name: lambda recs, part: recs.items}
@@ -450,6 +479,9 @@ def main(argv=None) -> None:
                 )
             variants["grown + semantic mixture"] = lambda recs, part: (
                 mixture.mix(recs, histories[part], args.k).items
+            )
+            variants["grown + semantic mixture (share)"] = lambda recs, part: (
+                mixture.mix(recs, histories[part], args.k, mode="share").items
             )
         for label, rule in variants.items():
             for part, table, wanted in (("new", results, targets), ("old", old_results, old_targets)):
@@ -484,14 +516,14 @@ def main(argv=None) -> None:
                 "replayed_items": inc.n_replayed,
                 "examples": inc.n_examples,
             }
-        score_both(name, grown, child)
+        score_both(name, grown, child, out / "old" / "sft" / "adapter" if replay is None else None)
         del grown, model
 
     if not args.no_retrained:
         tokenizer, full = sid_model(
             model_path, full_index, adapter=str(out / "full" / "sft" / "adapter"), dtype=dtype
         )
-        score_both("retrained (full catalogue)", full, full_index)
+        score_both("retrained (full catalogue)", full, full_index, out / "full" / "sft" / "adapter")
     for profile in ("last", "recency"):  # the peers a shop has without any model: no training at all
         knn = TextKNN(item_ids, vectors, profile=profile)
         results[knn.name] = score(knn.recommend(histories["new"], args.k), targets, new, args.k)
@@ -507,10 +539,11 @@ def main(argv=None) -> None:
     pairs = {} if args.no_retrained else {"grown - retrained": ("grown", "retrained (full catalogue)")}
     pairs |= {
         f"{name.removeprefix('grown + ')} - grown": (name, "grown")
-        for name in [*incremental, *(n for n in results if "new-item slots" in n), "grown + semantic mixture"]
+        for name in [*incremental, *(n for n in results if "new-item slots" in n or "mixture" in n)]
     }
     pairs |= {
-        f"semantic mixture - {knn}": ("grown + semantic mixture", knn)
+        f"{mix.removeprefix('grown + ')} - {knn}": (mix, knn)
+        for mix in ("grown + semantic mixture", "grown + semantic mixture (share)")
         for knn in ("text KNN (last item)", "text KNN (recency)")
     }
     for label, (a, b) in pairs.items():

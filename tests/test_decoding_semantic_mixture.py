@@ -92,3 +92,24 @@ def test_mixture_probability_adds_both_experts_for_a_new_item_the_model_also_ran
     p_text = mixture.text_probabilities(histories)[0][new.index("n2")]
     assert mixed.items[0][0] == "n2"
     assert math.exp(mixed.scores[0][0]) == pytest.approx(0.5 * 0.5 + 0.5 * p_text)
+
+
+def test_share_mode_keeps_the_models_first_places_for_unlikely_users():
+    ids, vectors, new = catalogue()
+    mixture = SemanticMixture.fit(ids, vectors, new, calibration())
+    histories = [["o1", "o2"], ["o2", "n1"]]
+    pi = mixture.new_item_prior(histories)
+    tiny = [[-30.0, -31.0, -32.0, -33.0]] * 2  # a weak model: the probability mode would serve new items
+    recs = Recommendations(
+        items=[["o3", "o0", "o1", "o2"], ["o3", "o0", "o1", "o2"]], scores=tiny, k=4, num_beams=4
+    )
+    by_probability = mixture.mix(recs, histories, k=4)
+    assert by_probability.items[0][0] in new
+    shared = mixture.mix(recs, histories, k=4, mode="share")
+    quota = [round(4 * p) for p in pi]
+    assert quota[0] == 0 and quota[1] >= 3
+    assert shared.items[0][:2] == ["o3", "o0"]  # the unlikely user keeps the model's list (history left out)
+    assert shared.items[1][: 4 - quota[1]] == ["o3", "o0", "o1"][: 4 - quota[1]]
+    assert all(i in new for i in shared.items[1][4 - quota[1] :]) and "n1" not in shared.items[1]
+    with pytest.raises(ValueError, match="mode"):
+        mixture.mix(recs, histories, mode="slots")

@@ -14,6 +14,14 @@ probability, a two-expert mixture::
 * ``pi_u``: the probability that ``u``'s next item is a new one, a logistic model of the history (is
   the last item new, the share of new items among the last five, a bias).
 
+Two ways to serve it (``mode``):
+
+* ``"probability"``: every candidate ranked by ``p(i | u)``: the most expected hits over all users, at
+  the price of users who stay with old items when the model is weak (its probabilities are then small);
+* ``"share"``: the model's own list keeps its first ``k - round(k * pi_u)`` places, in its order, and the
+  remaining places go to the new items of highest ``p_text``: a user unlikely to pick a new item keeps
+  almost all of the model's list.
+
 ``temperature`` and the logistic weights are fitted by maximum likelihood on *calibration* examples: the
 interactions logged since the model was trained, typically each user's most recent one (the validation
 position when the test position is scored). They never see the scored targets. Nothing trains the LLM:
@@ -139,14 +147,20 @@ class SemanticMixture:
     # ------------------------------------------------------------------ serving
 
     def mix(
-        self, recommendations: Recommendations, histories: Sequence[Sequence[str]], k: int | None = None
+        self,
+        recommendations: Recommendations,
+        histories: Sequence[Sequence[str]],
+        k: int | None = None,
+        mode: str = "probability",
     ) -> Recommendations:
-        """Top-``k`` lists ranked by the mixture probability (history items left out); ``scores`` hold its
-        log; ``extra["new_items_per_list"]`` counts new items per list and ``extra["new_item_prior"]``
-        holds ``pi_u``."""
+        """Top-``k`` lists (history items left out) by ``mode`` (see the module); ``scores`` hold the log of
+        the mixture probability; ``extra["new_items_per_list"]`` counts new items per list and
+        ``extra["new_item_prior"]`` holds ``pi_u``."""
         k = recommendations.k if k is None else k
         if len(histories) != len(recommendations.items):
             raise ValueError(f"{len(histories)} histories for {len(recommendations.items)} lists")
+        if mode not in ("probability", "share"):
+            raise ValueError(f"mode must be 'probability' or 'share', got {mode!r}")
         prior = self.new_item_prior(histories)
         text = self.text_probabilities(histories)
         top = min(k, len(self.new_items))
@@ -163,7 +177,15 @@ class SemanticMixture:
                 if text[u, j] > 0:
                     item = self.new_items[j]
                     prob[item] = prob.get(item, 0.0) + prior[u] * float(text[u, j])
-            ranked = sorted(prob.items(), key=lambda kv: -kv[1])[:k]
+            if mode == "share":
+                quota = min(k, round(k * float(prior[u])))
+                model_items = [i for i in items if i in prob and str(i) not in self._new][: k - quota]
+                by_text = sorted(
+                    (i for i in prob if str(i) in self._new and i not in model_items), key=lambda i: -prob[i]
+                )
+                ranked = [(i, prob[i]) for i in model_items + by_text[: k - len(model_items)]]
+            else:
+                ranked = sorted(prob.items(), key=lambda kv: -kv[1])[:k]
             items_out.append([i for i, _ in ranked])
             scores_out.append([math.log(p) for _, p in ranked])
             counts.append(sum(str(i) in self._new for i, _ in ranked))
