@@ -45,7 +45,6 @@ SID_SETTINGS = dict(
     levels=3, codes=64, text_template=["title", "brand", "categories", "release_year", "description"]
 )
 OUT_FILES = ("summary.md", "summary.json", "cuda_tests.txt", "runs.tar.gz")  # run.sh adds run.log
-T95 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365}
 
 
 @dataclass
@@ -459,7 +458,9 @@ def interval(values: list[float]) -> str:
     mean = statistics.fmean(values)
     if len(values) < 2:
         return f"{mean:.4f} (n=1)"
-    half = T95.get(len(values), 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+    from scipy.stats import t as student_t
+
+    half = student_t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
     return f"{mean:.4f} ± {half:.4f} (n={len(values)})"
 
 
