@@ -1,4 +1,5 @@
-"""The grounded-adapter model card: template in model_cards/, renderer in peft_grounded.hub.card."""
+"""The grounded-adapter model card: template packaged in peft_grounded/hub/templates/ (model_cards/ links to it),
+renderer in peft_grounded.hub.card."""
 
 from __future__ import annotations
 
@@ -148,3 +149,15 @@ def test_card_pushed_to_the_loopback_hub_reads_back_as_metadata(hub_endpoint):
     assert info.library_name == "peft" and "peft_grounded" in info.tags
     assert info.card_data["base_model"] == BASE
     assert ModelCard.load("user/ml100k-sid").text == render_model_card(FULL).text
+
+
+def test_the_template_is_package_data_and_model_cards_links_to_it():
+    """One copy: importlib.resources finds it in the package; model_cards/grounded_adapter.md, the folder people
+    browse, is a link to that file, so the two cannot drift apart."""
+    from importlib import resources
+    from pathlib import Path
+
+    packaged = resources.files("peft_grounded.hub") / "templates" / "grounded_adapter.md"
+    assert Path(str(packaged)) == TEMPLATE_PATH and TEMPLATE_PATH.is_file()
+    browsed = Path(__file__).resolve().parent.parent / "model_cards" / "grounded_adapter.md"
+    assert browsed.is_symlink() and browsed.resolve() == TEMPLATE_PATH.resolve()

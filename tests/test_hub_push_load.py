@@ -369,8 +369,9 @@ def test_cli_push_and_pull(tokenizer, tiny_model_factory, index, hub_endpoint, t
 
 
 @pytest.mark.slow  # builds a wheel and installs it into a new virtual environment (~20 s)
-def test_installed_wheel_renders_the_card_from_its_data_files(tmp_path):
-    """The template lives in model_cards/ only; a (non-editable) wheel ships it as a data file."""
+def test_installed_wheel_renders_the_card_from_its_package_data(tmp_path):
+    """The template is package data (peft_grounded/hub/templates/); a (non-editable) wheel ships it there and
+    importlib.resources finds it in site-packages."""
     import shutil
     import site
     import subprocess
@@ -383,7 +384,6 @@ def test_installed_wheel_renders_the_card_from_its_data_files(tmp_path):
     shutil.copytree(
         root / "peft_grounded", src / "peft_grounded", ignore=shutil.ignore_patterns("__pycache__")
     )
-    shutil.copytree(root / "model_cards", src / "model_cards")
     for name in ("pyproject.toml", "README.md"):
         if (root / name).exists():
             shutil.copy(root / name, src / name)
@@ -392,8 +392,8 @@ def test_installed_wheel_renders_the_card_from_its_data_files(tmp_path):
     subprocess.run(build, check=True, capture_output=True, timeout=300)
     wheel = next(tmp_path.glob("peft_grounded-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    assert any(n.endswith(".data/data/share/peft_grounded/model_cards/grounded_adapter.md") for n in names)
-    assert not any(n.startswith("model_cards/") for n in names)
+    assert "peft_grounded/hub/templates/grounded_adapter.md" in names
+    assert not any(n.startswith("model_cards/") or ".data/" in n for n in names)
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
@@ -417,5 +417,5 @@ def test_installed_wheel_renders_the_card_from_its_data_files(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     template, tagged = out.stdout.split()[-2:]
-    assert template == str(venv / "share" / "peft_grounded" / "model_cards" / "grounded_adapter.md")
+    assert template.endswith("site-packages/peft_grounded/hub/templates/grounded_adapter.md"), template
     assert tagged == "True"

@@ -1,4 +1,5 @@
-"""Model card of a grounded adapter, rendered from ``model_cards/grounded_adapter.md`` with ``huggingface_hub``.
+"""Model card of a grounded adapter, rendered from the package's template (``peft_grounded/hub/templates/
+grounded_adapter.md``, also linked from ``model_cards/``) with ``huggingface_hub``.
 
 >>> card = render_model_card({"base_model": "HuggingFaceTB/SmolLM2-135M", "repo_id": "user/sid-adapter",
 ...                           "sid": {"codes_per_level": [256, 256, 256]}, "init": {"name": "centroid"}})
@@ -7,13 +8,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 import re
-import sysconfig
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -22,24 +21,16 @@ from huggingface_hub import ModelCard, ModelCardData
 from ..sids.tokens import DEFAULT_TEMPLATE, sid_string, sid_token
 
 TEMPLATE_NAME = "grounded_adapter.md"
-# Where an installed wheel puts the template: pyproject's [tool.setuptools.data-files] entry.
-DATA_SUBDIR = ("share", "peft_grounded", "model_cards")
 
 
 def template_candidates() -> list[Path]:
-    """Where the template may be: the source tree (checkout, editable install), then the data directory
-    of an installed wheel (its environment's scheme, then the user scheme)."""
-    source = Path(__file__).resolve().parents[2] / "model_cards" / TEMPLATE_NAME
-    candidates = [source]
-    for scheme in (None, f"{os.name}_user"):
-        with contextlib.suppress(KeyError, ValueError):
-            data = sysconfig.get_path("data", scheme) if scheme else sysconfig.get_path("data")
-            candidates.append(Path(data, *DATA_SUBDIR, TEMPLATE_NAME))
-    return list(dict.fromkeys(candidates))
+    """Where the template is: package data of :mod:`peft_grounded.hub` (``templates/``), found by
+    ``importlib.resources`` in a checkout, an editable install or a wheel alike."""
+    return [Path(str(resources.files(__package__) / "templates" / TEMPLATE_NAME))]
 
 
 def find_template() -> Path:
-    """The first existing template candidate, else the source-tree path (so that errors name it)."""
+    """The first existing template candidate, else the first candidate (so that errors name it)."""
     candidates = template_candidates()
     return next((path for path in candidates if path.is_file()), candidates[0])
 
