@@ -126,14 +126,14 @@ def test_shared_prompt_and_repeated_cache_steps_agree(
     tokenizer, tiny_model_factory, attention, shared_prompt
 ):
     from peft_grounded.decoding.beam import constrained_beam_search
-    from peft_grounded.decoding.generation import _left_pad
+    from peft_grounded.decoding.generation import left_pad
 
     model = tiny_model_factory(arch="qwen3", tied=True)
     model.config._attn_implementation = attention
     add_sid_tokens(tokenizer, model)
     trie = SIDTrie(make_catalogue(tokenizer))
     prompts = chat_prompts(tokenizer) + chat_prompts(tokenizer, MORE[:2])
-    ids, mask = _left_pad([tokenizer(p)["input_ids"] for p in prompts], 2, torch.device("cpu"))
+    ids, mask = left_pad([tokenizer(p)["input_ids"] for p in prompts], 2, torch.device("cpu"))
     tokens, scores, _ = constrained_beam_search(model, ids, mask, trie, 7, shared_prompt=shared_prompt)
     model.config._attn_implementation = "sdpa"
     old = recommend(model, tokenizer, prompts, trie, k=7, num_beams=7, engine="generate")

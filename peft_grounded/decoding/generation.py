@@ -208,7 +208,7 @@ def recommend(
         batches = tqdm(batches, desc="constrained beam search", unit="batch")
     with isolated_generation(model), torch.no_grad():
         for batch in batches:
-            input_ids, attention_mask = _left_pad([encoded[i] for i in batch], pad_id, device)
+            input_ids, attention_mask = left_pad([encoded[i] for i in batch], pad_id, device)
             if engine == "fast":
                 batch_targets = None
                 if targets is not None:
@@ -367,15 +367,18 @@ def _encode_prompts(
     return encoded
 
 
-def _left_pad(
-    sequences: list[list[int]], pad_id: int, device: torch.device
+def left_pad(
+    sequences: list[list[int]], pad_id: int, device: torch.device | str = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(s) for s in sequences)
-    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        input_ids[row, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
-        attention_mask[row, width - len(seq) :] = 1
+    """``(input_ids, attention_mask)`` of token-id lists padded on the left with ``pad_id`` (torch's
+    ``pad_sequence``: any in-vocabulary id works, padded positions are masked; a tokenizer needs no pad token)."""
+    from torch.nn.utils.rnn import pad_sequence
+
+    rows = [torch.tensor(s, dtype=torch.long) for s in sequences]
+    input_ids = pad_sequence(rows, batch_first=True, padding_value=pad_id, padding_side="left")
+    attention_mask = pad_sequence(
+        [torch.ones_like(r) for r in rows], batch_first=True, padding_value=0, padding_side="left"
+    )
     return input_ids.to(device), attention_mask.to(device)
 
 

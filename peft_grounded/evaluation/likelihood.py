@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..decoding.generation import left_pad
 from ..decoding.scoring import target_nlls
 
 LIKELIHOOD_METRICS = ("nll", "constrained_nll", "uniform_nll")
@@ -56,12 +57,8 @@ def target_log_likelihood(
             seqs = [
                 tokenizer(prompts[i], add_special_tokens=False)["input_ids"] + list(targets[i]) for i in chunk
             ]
-            width, keep = max(map(len, seqs)), max(len(targets[i]) for i in chunk) + 1
-            input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-            mask = torch.zeros_like(input_ids)
-            for row, seq in enumerate(seqs):  # left padding: every target ends in the last column
-                input_ids[row, width - len(seq) :] = torch.tensor(seq)
-                mask[row, width - len(seq) :] = 1
+            keep = max(len(targets[i]) for i in chunk) + 1
+            input_ids, mask = left_pad(seqs, pad)  # every target ends in the last column
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
             logits = model(
                 input_ids=input_ids.to(device),

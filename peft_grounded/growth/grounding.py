@@ -82,15 +82,16 @@ def _encode(tokenizer: Any, rows: list[dict], chat: bool) -> list[tuple[list[int
 def _batch(
     pairs: list[tuple[list[int], list[int]]], pad: int, device: torch.device
 ) -> dict[str, torch.Tensor]:
-    length = max(len(p) + len(c) for p, c in pairs)
-    ids = torch.full((len(pairs), length), pad, dtype=torch.long)
-    labels = torch.full((len(pairs), length), -100, dtype=torch.long)
-    mask = torch.zeros((len(pairs), length), dtype=torch.long)
-    for i, (p, c) in enumerate(pairs):
-        n = len(p) + len(c)
-        ids[i, :n] = torch.tensor(p + c)
-        labels[i, len(p) : n] = torch.tensor(c)
-        mask[i, :n] = 1
+    from torch.nn.utils.rnn import pad_sequence
+
+    def padded(rows: list[list[int]], value: int) -> torch.Tensor:
+        return pad_sequence(
+            [torch.tensor(r, dtype=torch.long) for r in rows], batch_first=True, padding_value=value
+        )
+
+    ids = padded([p + c for p, c in pairs], pad)
+    labels = padded([[-100] * len(p) + c for p, c in pairs], -100)  # the completion only
+    mask = padded([[1] * (len(p) + len(c)) for p, c in pairs], 0)
     return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "labels": labels.to(device)}
 
 
