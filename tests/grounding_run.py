@@ -8,10 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 def main() -> None:

@@ -26,10 +26,7 @@ import json
 import os
 import resource
 import signal
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 PROBE = "The Comedy Story 0 is <a_1><b_2>, and <a_0><b_3> is"
 

@@ -8,6 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
+from peft_grounded.sids.build import index_from_vectors
+from peft_grounded.sids.index import SIDIndex
+from peft_grounded.sids.rqkmeans import RQKMeansConfig
+
 # Five items; "i5" has no text at all; the interactions name "ghost", which is not in the catalogue.
 ITEMS = {
     "i1": {
@@ -214,3 +218,28 @@ def office_dir() -> Path | None:
         if (candidate / "Office.item.json").is_file():
             return candidate
     return None
+
+
+ENCODER = {"kind": "toy", "model": "clusters", "dim": 32}
+
+
+def growth_vectors(n_old: int = 60):
+    """Old and new item vectors (80 items, 32-d; the parent holds a collision group of 3)."""
+    x, _, _ = clustered_vectors(n_clusters=4, sub=2, per_sub=10, seed=0)  # 80 items, 32-d
+    x[1] = x[2] = x[0]  # a collision group of 3 in the parent
+    return x[:n_old], x[n_old:]
+
+
+def parent_index(dedup: str = "level", codes=(4, 4)) -> SIDIndex:
+    """A parent SID index of the old vectors, with encoder, template, interactions and categories recorded."""
+    old, _ = growth_vectors()
+    return index_from_vectors(
+        old,
+        [f"old{i}" for i in range(len(old))],
+        RQKMeansConfig(codes_per_level=codes, seed=0),
+        dedup=dedup,
+        encoder=ENCODER,
+        text_template={"fields": ["title"]},
+        item_interactions=np.arange(len(old)),
+        item_categories=[("c",)] * len(old),
+    )

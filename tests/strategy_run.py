@@ -10,8 +10,6 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
 
 def main() -> None:
     model_dir, out, results = sys.argv[1:4]

@@ -7,13 +7,11 @@ import json
 
 import pytest
 import torch
+from growth_fixtures import grow, grow_world
 from safetensors.torch import load_file
-from test_adapter_grow import grown_indices, trained
 from toy_catalogue import toy_catalogue, toy_index
 
 from peft_grounded.adapter.loading import sid_model
-from peft_grounded.cli import main
-from peft_grounded.growth import grow_adapter
 from peft_grounded.growth.grounding import rows_used
 
 WEIGHTS = "adapter_model.safetensors"
@@ -21,38 +19,8 @@ WEIGHTS = "adapter_model.safetensors"
 
 @pytest.fixture
 def world(tmp_path, tokenizer, tiny_model_factory):
-    """A saved tiny base, parent and child indices, an adapter "trained" on the parent (untied head, LoRA)
-    that records the base's directory, and the in-process grown adapter (saved) to compare with."""
-    parent, child = grown_indices()
-    parent.save(tmp_path / "sids")
-    child.save(tmp_path / "sids-v2")
-    base = tmp_path / "base"
-    tiny_model_factory("llama", False).save_pretrained(base)
-    tokenizer.save_pretrained(base)
-    model = trained(tokenizer, tiny_model_factory, parent, "llama", False, True)
-    model.peft_config["default"].base_model_name_or_path = str(base)
-    model.save_pretrained(tmp_path / "adapter")
-    reference = grow_adapter(model, tokenizer, parent, child)
-    reference.save_pretrained(tmp_path / "reference")
-    return {"root": tmp_path, "parent": parent, "child": child, "base": str(base)}
-
-
-def grow(world, output: str, *extra: str, child: str = "sids-v2") -> int:
-    root = world["root"]
-    return main(
-        [
-            "grow-adapter",
-            "--adapter",
-            str(root / "adapter"),
-            "--parent-index",
-            str(root / "sids"),
-            "--sid-index",
-            str(root / child),
-            "--output",
-            str(root / output),
-            *extra,
-        ]
-    )
+    """The grow-adapter world (see growth_fixtures.grow_world)."""
+    return grow_world(tmp_path, tokenizer, tiny_model_factory)
 
 
 def write_catalogue(world) -> str:

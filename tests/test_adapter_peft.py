@@ -128,17 +128,16 @@ def test_save_then_load_in_a_new_process_gives_identical_logits(
     with torch.no_grad():
         expected = model(input_ids=inputs).logits
     torch.save({"inputs": inputs, "logits": expected}, tmp_path / "expected.pt")
+    tiny_model_factory(arch, tied, extra_rows=64 if arch == "qwen3" else 0).save_pretrained(tmp_path / "base")
     script = textwrap.dedent(
         f"""
-        import sys, torch
-        sys.path.insert(0, {os.path.dirname(__file__)!r})
-        from conftest import build_tiny_model
-        from transformers import AutoTokenizer
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
         from peft import PeftModel
         import peft_grounded
         from peft_grounded import assets
         tokenizer = AutoTokenizer.from_pretrained(assets.smollm2())
-        base = build_tiny_model({arch!r}, {tied}, extra_rows={64 if arch == "qwen3" else 0})
+        base = AutoModelForCausalLM.from_pretrained({str(tmp_path / "base")!r}).eval()
         peft_grounded.add_sid_tokens(tokenizer, base, [8, 8])
         model = PeftModel.from_pretrained(base, {str(tmp_path / "adapter")!r})
         expected = torch.load({str(tmp_path / "expected.pt")!r})

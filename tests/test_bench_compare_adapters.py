@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "compare_adapters.py"
-
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("compare_adapters", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks import compare_adapters
+
+    return compare_adapters
 
 
 def test_names_carry_their_seed(script):

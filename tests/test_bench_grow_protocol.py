@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_grow_protocol.py"
-
 
 @pytest.fixture(scope="module")
 def protocol():
-    spec = importlib.util.spec_from_file_location("bench_grow_protocol", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks import bench_grow_protocol
+
+    return bench_grow_protocol
 
 
 def test_defaults_are_the_cpu_protocol(protocol):
@@ -86,15 +80,11 @@ def test_new_item_examples_one_per_user_at_untrained_positions(protocol):
     assert protocol.parse_args(["--out", "x"]).positions == "test"
 
 
-POOL = SCRIPT.with_name("pool_grow_protocol.py")
-
-
 @pytest.fixture(scope="module")
 def pooling():
-    spec = importlib.util.spec_from_file_location("pool_grow_protocol", POOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks import pool_grow_protocol
+
+    return pool_grow_protocol
 
 
 def _run(tmp_path, seed, ranks, users=("u1", "u2", "u3", "u4")):

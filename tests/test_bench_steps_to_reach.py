@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "steps_to_reach.py"
-
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("steps_to_reach", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks import steps_to_reach
+
+    return steps_to_reach
 
 
 def _run(tmp_path: Path, name: str, losses: list[float]) -> Path:

@@ -191,7 +191,7 @@ def test_save_on_cuda_load_on_cpu_bit_identical(tokenizer, tiny_model_factory, t
 
 @pytest.mark.parametrize(("arch", "tied"), [("llama", True), ("qwen3", False)])
 def test_constrained_beam_search_on_cuda_gives_the_cpu_ranking(tokenizer, tiny_model_factory, arch, tied):
-    from test_decoding_beam import N_ITEMS, add_sid_tokens, chat_prompts, make_catalogue
+    from decoding_fixtures import N_ITEMS, add_sid_tokens, chat_prompts, make_catalogue
 
     from peft_grounded.decoding import recommend
 

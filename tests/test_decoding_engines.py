@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_decoding_beam import add_sid_tokens, chat_prompts, make_catalogue
+from decoding_fixtures import add_sid_tokens, chat_prompts, make_catalogue
 
 from peft_grounded.decoding import SIDTrie, recommend
 

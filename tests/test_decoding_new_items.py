@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_sids_grow import ENCODER, _data, _parent
+from sids_fixtures import ENCODER, growth_vectors, parent_index
 from toy_catalogue import toy_catalogue, toy_vectors
 
 from peft_grounded.adapter import add_tokens
@@ -19,8 +19,8 @@ from peft_grounded.sids import build_sids
 
 @pytest.fixture(scope="module")
 def grown():
-    parent = _parent(codes=(8, 8))  # 60 old items, 8 x 8 codes + a disambiguation level
-    _, new = _data()  # 20 new items from the same clusters: many share an old item's semantic codes
+    parent = parent_index(codes=(8, 8))  # 60 old items, 8 x 8 codes + a disambiguation level
+    _, new = growth_vectors()  # 20 new items from the same clusters: many share an old item's semantic codes
     child = add_vectors(parent, [f"new{i}" for i in range(len(new))], new, encoder=ENCODER)
     return parent, child, child.item_ids[parent.n_items :]
 
@@ -112,7 +112,7 @@ def test_mixes_the_lists_that_constrained_beam_search_returns(grown, tokenizer, 
 def test_added_items_name_what_each_growth_appended(grown):
     parent, child, new = grown
     assert parent.added_items() == [] and child.added_items() == new
-    grand = add_vectors(child, ["g0", "g1"], _data()[1][:2] + 0.01)
+    grand = add_vectors(child, ["g0", "g1"], growth_vectors()[1][:2] + 0.01)
     assert grand.added_items() == ["g0", "g1"]  # the last growth
     assert grand.added_items(since=parent.fingerprint()) == [*new, "g0", "g1"]  # every growth since the build
     assert grand.added_items(since=child.fingerprint()) == ["g0", "g1"]

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+from benchmarks.gpu import gpu_run
+from benchmarks.gpu.transfer import TransferError, reassemble, sha256_file, split_file, write_manifest
 
-import gpu_run  # noqa: E402
-from transfer import TransferError, reassemble, sha256_file, split_file, write_manifest  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 DEVICE_LIMIT = 64 * 2**20  # bytes one device command may send (benchmarks/gpu/README.md)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from growth_fixtures import grown_indices, trained
 from huggingface_hub import HfApi
-from test_adapter_grow import grown_indices, trained
 from transformers import AutoTokenizer
 
 from peft_grounded.growth import grow_adapter

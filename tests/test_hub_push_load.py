@@ -102,13 +102,13 @@ def test_push_then_load_in_a_fresh_process_gives_identical_logits(
     tokenizer, tiny_model_factory, index, hub_endpoint, hub_env, tmp_path
 ):
     torch.save(push_variants(tokenizer, tiny_model_factory, index, VARIANTS), tmp_path / "expected.pt")
+    for _, arch, tied, extra in [v[:4] for v in VARIANTS]:  # the fresh process loads the same bases from disk
+        tiny_model_factory(arch, tied, extra_rows=extra).save_pretrained(tmp_path / f"base-{arch}-{tied}-{extra}")
     script = textwrap.dedent(
         f"""
-        import json, sys, torch
-        sys.path.insert(0, {TESTS_DIR!r})
-        from conftest import build_tiny_model
+        import json, torch
         from peft import PeftConfig, PeftModel
-        from transformers import AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoTokenizer
         import peft_grounded
         from peft_grounded import assets
         from peft_grounded.hub import load_grounded, load_sid_index
@@ -116,6 +116,10 @@ def test_push_then_load_in_a_fresh_process_gives_identical_logits(
         expected = torch.load({str(tmp_path / "expected.pt")!r})
         variants = {[v[:4] for v in VARIANTS]!r}
         out = {{}}
+
+        def build_tiny_model(arch, tied, extra_rows):
+            path = {str(tmp_path)!r} + f"/base-{{arch}}-{{tied}}-{{extra_rows}}"
+            return AutoModelForCausalLM.from_pretrained(path).eval()
 
         def same(model, repo):
             with torch.no_grad():

@@ -11,8 +11,8 @@ import os
 
 import pytest
 from forked import limit_file_size, run, start, wait_for
+from growth_fixtures import grow, grow_world
 from robust_faults import TINY, fresh_tokenizer, ground_args, make_world, snapshot
-from test_adapter_grow_cli import grow, world  # noqa: F401  (the grow-adapter world fixture)
 
 from peft_grounded._locks import lock_path
 from peft_grounded.cli import main
@@ -20,6 +20,12 @@ from peft_grounded.sids import SIDIndex
 from peft_grounded.training.runs import checkpoint_problem
 
 pytestmark = pytest.mark.multiproc
+
+
+@pytest.fixture
+def world(tmp_path, tokenizer, tiny_model_factory):
+    """The grow-adapter world (see growth_fixtures.grow_world)."""
+    return grow_world(tmp_path, tokenizer, tiny_model_factory)
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +218,7 @@ def test_resume_on_a_finished_run_is_a_no_op_that_says_so(cli_world, tmp_path, c
 # --- 6. grow-adapter --overwrite ------------------------------------------------------------------------
 
 
-def test_grow_adapter_overwrite_replaces_the_adapter_and_keeps_the_users_files(world, capsys):  # noqa: F811
+def test_grow_adapter_overwrite_replaces_the_adapter_and_keeps_the_users_files(world, capsys):
     root = world["root"]
     assert grow(world, "grown", "--model", world["base"]) == 0
     grown = root / "grown"
@@ -233,7 +239,7 @@ def test_grow_adapter_overwrite_replaces_the_adapter_and_keeps_the_users_files(w
     assert not list(root.glob(".grown*"))  # no temporary or old copy left
 
 
-def test_grow_adapter_overwrite_keeps_a_readme_the_user_wrote(world, capsys):  # noqa: F811
+def test_grow_adapter_overwrite_keeps_a_readme_the_user_wrote(world, capsys):
     root = world["root"]
     assert grow(world, "grown", "--model", world["base"]) == 0
     (root / "grown" / "README.md").write_text("# Grown for the spring catalogue\n")

@@ -341,7 +341,7 @@ def test_diagnose_on_a_truncated_adapter_names_the_file(world, tmp_path, capsys)
 
 
 def test_an_adapter_older_than_its_grown_index_says_grow_it_first(world, tmp_path, capsys):
-    from test_adapter_grow import grown_indices
+    from growth_fixtures import grown_indices
 
     parent, child = grown_indices()
     from peft_grounded.sids import SIDIndex

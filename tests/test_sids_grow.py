@@ -7,42 +7,19 @@ import json
 
 import numpy as np
 import pytest
-from sids_fixtures import clustered_vectors
+from sids_fixtures import ENCODER, growth_vectors, parent_index
 
 from peft_grounded.diagnostics.codes import token_frequencies
 from peft_grounded.growth.index import GrowthError, GrowthReport, add_items, add_vectors
 from peft_grounded.sids import Item
-from peft_grounded.sids.build import index_from_vectors, token_centroids
+from peft_grounded.sids.build import token_centroids
 from peft_grounded.sids.catalogue import CatalogueError
 from peft_grounded.sids.index import JSON_NAME, EncoderMismatchError, IndexFileError, SIDIndex, tensors_path
-from peft_grounded.sids.rqkmeans import RQKMeansConfig
-
-ENCODER = {"kind": "toy", "model": "clusters", "dim": 32}
-
-
-def _data(n_old: int = 60):
-    x, _, _ = clustered_vectors(n_clusters=4, sub=2, per_sub=10, seed=0)  # 80 items, 32-d
-    x[1] = x[2] = x[0]  # a collision group of 3 in the parent
-    return x[:n_old], x[n_old:]
-
-
-def _parent(dedup: str = "level", codes=(4, 4)) -> SIDIndex:
-    old, _ = _data()
-    return index_from_vectors(
-        old,
-        [f"old{i}" for i in range(len(old))],
-        RQKMeansConfig(codes_per_level=codes, seed=0),
-        dedup=dedup,
-        encoder=ENCODER,
-        text_template={"fields": ["title"]},
-        item_interactions=np.arange(len(old)),
-        item_categories=[("c",)] * len(old),
-    )
 
 
 def test_existing_sids_stay_and_the_token_list_extends_the_parents():
-    parent = _parent()
-    old, new = _data()
+    parent = parent_index()
+    old, new = growth_vectors()
     new = np.concatenate([new, np.repeat(old[:1], 12, axis=0)])  # copies of a large group: the level grows
     ids = [f"new{i}" for i in range(len(new))]
     report = GrowthReport()
@@ -82,8 +59,8 @@ def test_existing_sids_stay_and_the_token_list_extends_the_parents():
 
 
 def test_new_items_of_a_group_get_the_next_codes_best_fitting_first():
-    parent = _parent()
-    old, _ = _data()
+    parent = parent_index()
+    old, _ = growth_vectors()
     far, near = old[0] + 0.2, old[0] + 0.01
     child = add_vectors(parent, ["far", "near"], np.stack([far, near]))
     size = int((parent.codes[:, :2] == parent.codes[0, :2]).all(1).sum())
@@ -92,8 +69,8 @@ def test_new_items_of_a_group_get_the_next_codes_best_fitting_first():
 
 
 def test_reassign_index_takes_a_free_last_level_code():
-    parent = _parent("reassign", codes=(4, 32))
-    _, new = _data()
+    parent = parent_index("reassign", codes=(4, 32))
+    _, new = growth_vectors()
     child = add_vectors(parent, [f"n{i}" for i in range(3)], new[:3])
     assert child.token_strings == parent.token_strings  # no new tokens
     assert np.array_equal(child.codes[: parent.n_items], parent.codes)
@@ -102,8 +79,8 @@ def test_reassign_index_takes_a_free_last_level_code():
 
 
 def test_an_index_without_dedup_counts_the_new_collisions():
-    parent = _parent("none")
-    old, _ = _data()
+    parent = parent_index("none")
+    old, _ = growth_vectors()
     report = GrowthReport()
     child = add_vectors(parent, ["twin"], old[:1], report=report)  # lands on old0's SID
     assert child.sid_of("twin") == parent.sid_of("old0") and report.unresolved_collisions == 1
@@ -111,8 +88,8 @@ def test_an_index_without_dedup_counts_the_new_collisions():
 
 
 def test_bad_batches_are_clear_errors_or_a_report():
-    parent = _parent()
-    _, new = _data()
+    parent = parent_index()
+    _, new = growth_vectors()
     with pytest.raises(GrowthError, match=r"already in the index.*old3"):
         add_vectors(parent, ["old3", "x"], new[:2])
     with pytest.raises(GrowthError, match=r"more than once.*'x'"):
@@ -136,12 +113,12 @@ def test_bad_batches_are_clear_errors_or_a_report():
 
 
 def test_the_child_saves_beside_the_parent_without_touching_its_files(tmp_path):
-    parent = _parent()
+    parent = parent_index()
     parent.save(tmp_path / "v1")
     before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (tmp_path / "v1").iterdir()}
-    _, new = _data()
-    child = add_items(SIDIndex.load(tmp_path / "v1"),
-        [Item(f"n{i}", title="t") for i in range(3)], vectors=new[:3]
+    _, new = growth_vectors()
+    child = add_items(
+        SIDIndex.load(tmp_path / "v1"), [Item(f"n{i}", title="t") for i in range(3)], vectors=new[:3]
     )
     child.save(tmp_path / "v2")
     after = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (tmp_path / "v1").iterdir()}
@@ -152,8 +129,8 @@ def test_the_child_saves_beside_the_parent_without_touching_its_files(tmp_path):
 
 
 def test_an_adapter_of_the_parent_is_told_to_grow():
-    parent = _parent()
-    _, new = _data()
+    parent = parent_index()
+    _, new = growth_vectors()
     child = add_vectors(parent, ["n"], new[:1])
 
     class Config:
@@ -168,7 +145,7 @@ def test_an_adapter_of_the_parent_is_told_to_grow():
     "name", ["../x.safetensors", "/etc/passwd", "sid_index.0123456789abcdef.safetensors/../y"]
 )
 def test_load_accepts_only_the_content_named_tensor_file(tmp_path, name):
-    _parent().save(tmp_path)
+    parent_index().save(tmp_path)
     meta = json.loads((tmp_path / JSON_NAME).read_text())
     meta["tensors"]["file"] = name
     (tmp_path / JSON_NAME).write_text(json.dumps(meta))
@@ -177,7 +154,7 @@ def test_load_accepts_only_the_content_named_tensor_file(tmp_path, name):
 
 
 def test_legacy_tensor_file_name_still_loads(tmp_path):
-    _parent().save(tmp_path)
+    parent_index().save(tmp_path)
     path = tensors_path(tmp_path)
     path.rename(tmp_path / "sid_index.safetensors")
     meta = json.loads((tmp_path / JSON_NAME).read_text())
