@@ -156,11 +156,18 @@ class Budget:
         checks.raise_problems("Budget", self._problems())
         self.eval_settings()  # the evaluation settings it implies, checked now rather than after training
 
+    def grounding_problem(self) -> str | None:
+        """Why this budget cannot run a grounding stage (no steps and no minutes), or None."""
+        return checks.int_at_least(
+            "grounding_steps", self.grounding_steps, 0 if self.grounding_minutes else 1
+        )
+
     def _problems(self) -> list[str | None]:
-        """Every field out of range (a stage's steps may be 0 when its minutes end it)."""
+        """Every field out of range (a stage's steps may be 0 when its minutes end it; the grounding's are
+        checked by :meth:`grounding_problem` for the strategies that ground)."""
         least, number = checks.int_at_least, checks.number_in
         return [
-            least("grounding_steps", self.grounding_steps, 0 if self.grounding_minutes else 1),
+            least("grounding_steps", self.grounding_steps, 0),
             least("sft_steps", self.sft_steps, 0 if self.minutes else 1),
             least("batch_size", self.batch_size, 1),
             least("gradient_accumulation_steps", self.gradient_accumulation_steps, 1),
@@ -263,6 +270,8 @@ def run_strategy(
     from .trainer import RecommendationConfig, train_recommender
 
     spec = strategy(name)
+    if spec.ground:
+        checks.raise_problems("Budget", [budget.grounding_problem()])
     out = Path(output_dir)
     manifest = {
         "strategy": asdict(spec),
