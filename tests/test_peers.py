@@ -148,3 +148,23 @@ def test_peer_catalogue_with_unknown_items_is_refused():
     index = toy_index(toy_catalogue())
     with pytest.raises(ValueError, match="not in the catalogue"):
         TextKNN.from_index(index, catalogue)
+
+
+def test_budget_needs_grounding_steps_only_for_strategies_that_ground(model_dir, tmp_path):
+    """A budget without grounding steps (or minutes) runs a strategy that does not ground, and is refused,
+    before any work, by one that does."""
+    from peft_grounded.checks import SettingsError
+
+    catalogue = toy_catalogue()
+    index = toy_index(catalogue)
+    budget = Budget.from_training(
+        dict(per_device_train_batch_size=4, disable_tqdm=True),
+        grounding=False,
+        sft=dict(max_steps=1),
+        lora=dict(r=2),
+        evaluation=EvalSettings(users=2, num_beams=10, ks=(1, 5, 10)),
+    )
+    assert budget.record()["grounding_steps"] == 0  # the key earlier runs recorded
+    with pytest.raises(SettingsError, match="grounding_steps"):
+        run_strategy("gti", Experiment(model_dir, catalogue, index), budget, tmp_path / "gti")
+    assert not (tmp_path / "gti").exists()

@@ -40,7 +40,8 @@ class Budget:
     config: a comparison runs as its budget says.
     """
 
-    grounding: GroundingConfig = field(default_factory=lambda: GroundingConfig(bf16=False))
+    # None: no grounding stage (a budget for strategies that do not ground)
+    grounding: GroundingConfig | None = field(default_factory=lambda: GroundingConfig(bf16=False))
     sft: RecommendationConfig = field(default_factory=lambda: RecommendationConfig(bf16=False))
     lora: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_LORA))
     evaluation: EvalSettings = field(default_factory=EvalSettings)
@@ -88,7 +89,7 @@ class Budget:
         cls,
         training: dict[str, Any] | None = None,
         *,
-        grounding: dict[str, Any] | None = None,
+        grounding: dict[str, Any] | bool | None = None,
         sft: dict[str, Any] | None = None,
         lora: dict[str, Any] | None = None,
         evaluation: EvalSettings | None = None,
@@ -96,15 +97,28 @@ class Budget:
     ) -> Budget:
         """A budget whose stages share the ``training`` fields (``SFTConfig`` names: batch size, max_length,
         bf16, save_steps, ...), ``grounding`` and ``sft`` adding each stage's own (max_steps, learning_rate,
-        max_minutes, ...); ``lora`` overrides fields of the default LoRA; ``runner``: the other fields."""
-        training = {"bf16": False, **(training or {})}  # a budget's precision is explicit (see with_precision)
+        max_minutes, ...; ``grounding=False``: no grounding stage, for strategies that do not ground); ``lora``
+        overrides fields of the default LoRA; ``runner``: the other fields."""
+        training = {
+            "bf16": False,
+            **(training or {}),
+        }  # a budget's precision is explicit (see with_precision)
         return cls(
-            grounding=GroundingConfig(**training, **(grounding or {})),
+            grounding=None if grounding is False else GroundingConfig(**training, **(grounding or {})),
             sft=RecommendationConfig(**training, **(sft or {})),
             lora=DEFAULT_LORA | (lora or {}),
             evaluation=evaluation or EvalSettings(),
             **runner,
         )
+
+    def grounding_config(self) -> GroundingConfig:
+        """The grounding stage's config; a clear error for a budget without one (``grounding=None``)."""
+        if self.grounding is None:
+            raise checks.SettingsError(
+                "Budget: this strategy grounds, but the budget has no grounding stage (grounding=None, as "
+                "grounding_steps 0 without grounding minutes was): give it a GroundingConfig."
+            )
+        return self.grounding
 
     @property
     def seed(self) -> int:
@@ -114,7 +128,7 @@ class Budget:
         """This budget with ``seed`` in every stage and in the evaluation."""
         return replace(
             self,
-            grounding=replace(self.grounding, seed=seed),
+            grounding=self.grounding and replace(self.grounding, seed=seed),
             sft=replace(self.sft, seed=seed),
             evaluation=replace(self.evaluation, seed=seed),
         )
@@ -128,7 +142,7 @@ class Budget:
         """This budget in bf16 (autocast in training and decoding, a bfloat16 base) or in float32."""
         return replace(
             self,
-            grounding=replace(self.grounding, bf16=bf16),
+            grounding=self.grounding and replace(self.grounding, bf16=bf16),
             sft=replace(self.sft, bf16=bf16),
             evaluation=replace(self.evaluation, bf16=bf16),
             weights_dtype="bfloat16" if bf16 else "float32",
@@ -155,7 +169,10 @@ class Budget:
     def record(self) -> dict[str, Any]:
         """The budget as a run's manifest stores it: the keys of earlier releases (runs they started resume),
         plus ``settings``, the non-default fields those keys cannot hold (absent when there are none)."""
-        g, s, e = self.grounding, self.sft, self.evaluation
+        s, e = self.sft, self.evaluation
+        g = self.grounding or GroundingConfig(
+            bf16=s.bf16, max_steps=-1, max_minutes=None
+        )  # no stage: steps 0
         record = {
             "grounding_steps": max(g.max_steps, 0),
             "sft_steps": max(s.max_steps, 0),
@@ -190,7 +207,7 @@ class Budget:
             },
         }
         settings = {
-            "grounding": _changed(g, covered=STAGE_FIELDS, shared=s),
+            "grounding": _changed(g, covered=STAGE_FIELDS, shared=s) if self.grounding else {},
             "sft": _changed(s, covered=STAGE_FIELDS),
             "lora": {k: v for k, v in self.lora.items() if k not in DEFAULT_LORA},
             "evaluation": _changed_evaluation(e, expected={"seed": s.seed, "bf16": s.bf16}),

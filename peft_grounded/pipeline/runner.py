@@ -79,6 +79,7 @@ def run_strategy(
     from ..recommend.trainer import train_recommender
 
     spec = strategy(name)
+    grounding = budget.grounding_config() if spec.ground else None  # refused before any work
     out = Path(output_dir)
     manifest = {
         "strategy": asdict(spec),
@@ -121,7 +122,7 @@ def run_strategy(
             ground(
                 experiment.catalogue,
                 experiment.index,
-                replace(budget.grounding, output_dir=str(stage)),
+                replace(grounding, output_dir=str(stage)),
                 max_examples=budget.max_grounding_examples,
                 resume=resume,
                 model=model,
