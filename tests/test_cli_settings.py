@@ -180,3 +180,22 @@ def test_a_yaml_config_runs_a_stage(tmp_path, stage_data):
         4,
     )
     assert (tmp_path / "g" / "adapter" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.parametrize(
+    ("command", "required"),
+    [
+        ("build-sids", []),
+        ("add-items", ["--sid-index", "s", "--catalogue", "c"]),
+        ("grow-adapter", ["--adapter", "a", "--parent-index", "p", "--sid-index", "s"]),
+        ("diagnose", ["--sid-index", "s", "a"]),
+        ("demo", []),
+    ],
+)
+def test_every_command_names_its_output_folder_output_dir(command, required):
+    """One name for the output folder across commands (as TRL's output_dir); the old flags stay aliases."""
+    from peft_grounded.cli import build_parser
+
+    old = {"diagnose": "--out", "demo": "--output"}.get(command, "-o")
+    for flag in ("--output_dir", "--output-dir", old):
+        assert build_parser().parse_args([command, *required, flag, "out"]).output_dir == "out"

@@ -14,7 +14,12 @@ def add_cli(subparsers: Any) -> None:
     )
     p.add_argument("--preset", default="default", choices=["default", "full", "smoke"])
     p.add_argument(
-        "--output", default="runs/demo", help="report folder (reused to resume an interrupted run)"
+        "--output_dir",
+        "--output-dir",
+        "--output",
+        dest="output_dir",
+        default="runs/demo",
+        help="report folder (reused to resume an interrupted run)",
     )
     p.add_argument(
         "--strategies", nargs="+", help="subset of: mean gaussian random centroid gti centroid_gti"
@@ -39,7 +44,7 @@ def run(args) -> int:
 
     run_demo(
         args.preset,
-        args.output,
+        args.output_dir,
         strategies=tuple(args.strategies or ()),
         seeds=tuple(args.seeds or ()),
         model=args.model,

@@ -37,7 +37,16 @@ def add_cli(subparsers: Any) -> None:
     p.add_argument(
         "--sid-index", required=True, metavar="DIR", help="the SID index the adapters were made with"
     )
-    p.add_argument("--out", "-o", required=True, metavar="DIR", help="directory of the report")
+    p.add_argument(
+        "--output_dir",
+        "--output-dir",
+        "--out",
+        "-o",
+        dest="output_dir",
+        required=True,
+        metavar="DIR",
+        help="directory of the report",
+    )
     g = p.add_argument_group("inputs")
     g.add_argument("--base-model", help="base checkpoint (default: the adapters' base_model_name_or_path)")
     g.add_argument(
@@ -124,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         files = diagnose(
             points,
             args.sid_index,
-            out_dir=args.out,
+            out_dir=args.output_dir,
             base_model=False if args.no_vocabulary else args.base_model,
             catalogue=catalogue,
             config=config,

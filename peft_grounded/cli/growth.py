@@ -38,7 +38,15 @@ def add_cli(subparsers: Any) -> None:
         required=True,
         help="directory of the child index (from `peft-grounded add-items --sid-index PARENT`)",
     )
-    p.add_argument("--output", "-o", required=True, help="directory of the grown adapter")
+    p.add_argument(
+        "--output_dir",
+        "--output-dir",
+        "--output",
+        "-o",
+        dest="output_dir",
+        required=True,
+        help="directory of the grown adapter",
+    )
     p.add_argument(
         "--model",
         default=None,
@@ -107,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         args.adapter,
         args.parent_index,
         args.sid_index,
-        args.output,
+        args.output_dir,
         model=args.model,
         init=args.init,
         weights_dtype=args.weights_dtype,
@@ -122,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         bf16=args.bf16,
     )
     print(json.dumps(summary))
-    print(f"saved to {args.output}")
+    print(f"saved to {args.output_dir}")
     return 0
 
 
@@ -158,7 +166,15 @@ def add_items_cli(subparsers: Any) -> None:
     p.add_argument("--cache-dir", help="embedding cache (default: ~/.cache/peft_grounded/embeddings)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the embedding cache")
     p.add_argument("--device", default="cpu", help="torch device of the encoder (default: cpu)")
-    p.add_argument("--output", "-o", required=True, help="directory of the new index version")
+    p.add_argument(
+        "--output_dir",
+        "--output-dir",
+        "--output",
+        "-o",
+        dest="output_dir",
+        required=True,
+        help="directory of the new index version",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an index already in --output")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_add_items)
@@ -174,7 +190,7 @@ def run_add_items(args: argparse.Namespace) -> int:
     from ..sids.catalogue import CatalogueError
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    output = Path(args.output).resolve()
+    output = Path(args.output_dir).resolve()
     report = GrowthReport()
     try:
         child = add_items_to(

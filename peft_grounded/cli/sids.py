@@ -93,7 +93,15 @@ def add_cli(subparsers: Any) -> None:
         "--max-iter", type=int, default=30, help="Lloyd iterations per level at most (default: %(default)s)"
     )
     g.add_argument("--sample-size", type=int, help="fit the codebooks on this many items, then code all")
-    p.add_argument("--output", "-o", required=True, help="directory of the SID index")
+    p.add_argument(
+        "--output_dir",
+        "--output-dir",
+        "--output",
+        "-o",
+        dest="output_dir",
+        required=True,
+        help="directory of the SID index",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an index already in --output")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -125,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         )
         index = build_sids(
             args.catalogue,
-            args.output,
+            args.output_dir,
             catalogue_format=args.format,
             catalogue_options=kwargs,
             encoder=args.encoder,
@@ -153,5 +161,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(index.summary())
-    print(f"saved to {args.output}")
+    print(f"saved to {args.output_dir}")
     return 0
