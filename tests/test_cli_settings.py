@@ -125,13 +125,24 @@ def test_shipped_help_matches_the_installed_libraries(command):
 
 
 def test_help_lists_sft_config_fields_without_importing_torch():
+    """Every command's --help (and the command list) in one fresh process, which never imports torch or TRL."""
     code = (
-        "import sys\nfrom peft_grounded.cli import main\nmain(['sft', '--help'])\n"
+        "import contextlib, io, sys\n"
+        "from peft_grounded.cli import build_parser, main\n"
+        "names = [None, *build_parser()._subparsers._group_actions[0].choices]\n"
+        "for name in names:\n"
+        "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+        "        main([name, '--help'] if name else ['--help'])\n"
+        "main(['sft', '--help'])\n"
+        "print('COMMANDS', len(names) - 1)\n"
         "assert 'torch' not in sys.modules and 'trl' not in sys.modules, 'help imported torch'"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
+    assert (
+        "COMMANDS 10" in out.stdout
+    )  # build-sids, add-items, grow-adapter, ground, sft, evaluate, diagnose, push, pull, demo
     flags = ("--learning_rate", "--warmup_ratio", "--weight_decay", "--report_to", "--output_dir", "--lora_r")
     for flag in (*flags, "--per_device_train_batch_size", "--objective"):
         assert flag in out.stdout

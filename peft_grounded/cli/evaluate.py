@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..evaluation.settings import EvalSettings
 from .common import add_settings_command, settings_parser
+
+if TYPE_CHECKING:
+    from ..evaluation.settings import EvalSettings
 
 NAME = "evaluate"
 HELP = "decode the top-K items of valid/test users with the SID-constrained beam search and score them"
@@ -66,6 +68,8 @@ def add_cli(subparsers: Any) -> None:
 
 
 def parser() -> Any:
+    from ..evaluation.settings import EvalSettings
+
     return settings_parser(NAME, DESCRIPTION, (EvaluateArguments, EvalSettings))
 
 
