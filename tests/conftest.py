@@ -69,6 +69,25 @@ def tiny_model_factory():
     return build_tiny_model
 
 
+@pytest.fixture
+def save_tiny_model(tiny_model_factory, tokenizer):
+    """``save(path, tied=True)``: a tiny llama and the tokenizer saved as a local model directory (what --model
+    and model_path take); returns the path as a string."""
+
+    def save(path, tied: bool = True) -> str:
+        tiny_model_factory("llama", tied).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        return str(path)
+
+    return save
+
+
+@pytest.fixture
+def model_dir(tmp_path, save_tiny_model):
+    """A saved tiny model directory (tied head) with the real tokenizer."""
+    return save_tiny_model(tmp_path / "base")
+
+
 # Loopback Hugging Face Hub for push/pull tests (hub_server, hub_endpoint, hub_env): see tests/hub_fixtures.py.
 from hub_fixtures import hub_endpoint, hub_env, hub_server  # noqa: E402, F401
 

@@ -89,14 +89,6 @@ def test_peer_records_refuse_short_lists():
         peer_records(_Short(), split, ("test",), EvalSettings(ks=(1, 5)))
 
 
-@pytest.fixture
-def model_dir(tmp_path, tiny_model_factory, tokenizer):
-    path = tmp_path / "base"
-    tiny_model_factory("llama", True).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
 def test_peft_default_path_trains_through_the_runner(model_dir, tmp_path):
     """mean_resizing + PEFT's LoraConfig(trainable_token_indices): same runner, same evaluation users; its
     new rows start at the vocabulary mean and move, the old rows stay."""

@@ -12,11 +12,8 @@ from peft_grounded.pipeline import run_demo
 
 
 @pytest.fixture
-def model_dir(tmp_path, tiny_model_factory, tokenizer):
-    path = tmp_path / "base"
-    tiny_model_factory("llama", False).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
+def model_dir(tmp_path, save_tiny_model):
+    return save_tiny_model(tmp_path / "base", tied=False)  # an untied head here
 
 
 def test_smoke_demo_runs_every_stage_and_resumes(tmp_path, model_dir):

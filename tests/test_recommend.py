@@ -61,14 +61,6 @@ def test_bad_histories(toy):
         recommendation_examples([("u", ("0",), "nope")], index)
 
 
-@pytest.fixture
-def model_dir(tmp_path, tiny_model_factory, tokenizer):
-    path = tmp_path / "base"
-    tiny_model_factory("llama", True).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
 def test_runner_trains_evaluates_and_resumes(toy, model_dir, tmp_path):
     catalogue, index = toy
     experiment = Experiment(model_dir, catalogue, index)

@@ -126,14 +126,6 @@ def test_time_schedule_warms_up_and_ends_at_zero():
     assert time_schedule(1.0, 0.1) == 0.0 and time_schedule(2.0, 0.0) == 0.0
 
 
-@pytest.fixture
-def model_dir(tmp_path, tiny_model_factory, tokenizer):
-    path = tmp_path / "base"
-    tiny_model_factory("llama", True).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
 def _config(out, **kw) -> RecommendationConfig:
     base = dict(
         output_dir=str(out),

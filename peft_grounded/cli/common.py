@@ -30,6 +30,31 @@ def column_mapping(text: str) -> dict[str, str]:
     return out
 
 
+CATALOGUE_FORMATS = ("auto", "lcrec", "amazon", "movielens", "recbole", "table")
+
+
+def add_output_dir(parser: Any, help: str, old: tuple[str, ...] = ("--output", "-o"), **kwargs: Any) -> None:
+    """The output folder, ``--output_dir`` in every command (as TRL's), the command's ``old`` flags as aliases."""
+    parser.add_argument("--output_dir", "--output-dir", *old, dest="output_dir", help=help, **kwargs)
+
+
+def add_catalogue_format_args(group: Any) -> None:
+    """How a catalogue file is read (build-sids, add-items): its format and, for tables, its item columns."""
+    group.add_argument("--format", default="auto", choices=CATALOGUE_FORMATS)
+    group.add_argument(
+        "--item-columns", type=column_mapping, help="table format: FIELD=COLUMN,... (item_id, title, ...)"
+    )
+
+
+def add_encoding_args(group: Any, device_help: str = "torch device of the encoder (default: cpu)") -> None:
+    """How item texts are encoded (build-sids, add-items): empty texts, batch size, the embedding cache, device."""
+    group.add_argument("--drop-empty-text", action="store_true", help="leave out items whose text is empty")
+    group.add_argument("--batch-size", type=int, default=64, help="encoder batch size (default: %(default)s)")
+    group.add_argument("--cache-dir", help="embedding cache (default: ~/.cache/peft_grounded/embeddings)")
+    group.add_argument("--no-cache", action="store_true", help="neither read nor write the embedding cache")
+    group.add_argument("--device", default="cpu", help=device_help)
+
+
 @dataclass
 class ModelArguments:
     """The base model, the SID index and catalogue a stage trains on, and how the new rows start."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .common import add_output_dir
+
 
 def add_cli(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -13,13 +15,8 @@ def add_cli(subparsers: Any) -> None:
         "Presets: default (2-core CPU, minutes), full (GPU), smoke (tests).",
     )
     p.add_argument("--preset", default="default", choices=["default", "full", "smoke"])
-    p.add_argument(
-        "--output_dir",
-        "--output-dir",
-        "--output",
-        dest="output_dir",
-        default="runs/demo",
-        help="report folder (reused to resume an interrupted run)",
+    add_output_dir(
+        p, "report folder (reused to resume an interrupted run)", old=("--output",), default="runs/demo"
     )
     p.add_argument(
         "--strategies", nargs="+", help="subset of: mean gaussian random centroid gti centroid_gti"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .common import add_output_dir
+
 
 def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
@@ -37,16 +39,7 @@ def add_cli(subparsers: Any) -> None:
     p.add_argument(
         "--sid-index", required=True, metavar="DIR", help="the SID index the adapters were made with"
     )
-    p.add_argument(
-        "--output_dir",
-        "--output-dir",
-        "--out",
-        "-o",
-        dest="output_dir",
-        required=True,
-        metavar="DIR",
-        help="directory of the report",
-    )
+    add_output_dir(p, "directory of the report", old=("--out", "-o"), required=True, metavar="DIR")
     g = p.add_argument_group("inputs")
     g.add_argument("--base-model", help="base checkpoint (default: the adapters' base_model_name_or_path)")
     g.add_argument(

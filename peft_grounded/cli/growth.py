@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import column_mapping
+from .common import add_catalogue_format_args, add_encoding_args, add_output_dir
 
 
 def add_cli(subparsers: Any) -> None:
@@ -38,15 +38,7 @@ def add_cli(subparsers: Any) -> None:
         required=True,
         help="directory of the child index (from `peft-grounded add-items --sid-index PARENT`)",
     )
-    p.add_argument(
-        "--output_dir",
-        "--output-dir",
-        "--output",
-        "-o",
-        dest="output_dir",
-        required=True,
-        help="directory of the grown adapter",
-    )
+    add_output_dir(p, "directory of the grown adapter", required=True)
     p.add_argument(
         "--model",
         default=None,
@@ -145,12 +137,7 @@ def add_items_cli(subparsers: Any) -> None:
     )
     p.add_argument("--sid-index", required=True, help="directory of the parent SID index")
     p.add_argument("--catalogue", required=True, help="the new items (any format build-sids reads)")
-    p.add_argument(
-        "--format", default="auto", choices=["auto", "lcrec", "amazon", "movielens", "recbole", "table"]
-    )
-    p.add_argument(
-        "--item-columns", type=column_mapping, help="table format: FIELD=COLUMN,... (item_id, title, ...)"
-    )
+    add_catalogue_format_args(p)
     p.add_argument(
         "--encoder",
         help="the index's encoder as a build-sids spec (default: minilm when the index was built with the "
@@ -161,20 +148,8 @@ def add_items_cli(subparsers: Any) -> None:
         action="store_true",
         help="leave out items already in the index or repeated in the batch (listed) instead of failing",
     )
-    p.add_argument("--drop-empty-text", action="store_true", help="leave out new items whose text is empty")
-    p.add_argument("--batch-size", type=int, default=64, help="encoder batch size (default: %(default)s)")
-    p.add_argument("--cache-dir", help="embedding cache (default: ~/.cache/peft_grounded/embeddings)")
-    p.add_argument("--no-cache", action="store_true", help="neither read nor write the embedding cache")
-    p.add_argument("--device", default="cpu", help="torch device of the encoder (default: cpu)")
-    p.add_argument(
-        "--output_dir",
-        "--output-dir",
-        "--output",
-        "-o",
-        dest="output_dir",
-        required=True,
-        help="directory of the new index version",
-    )
+    add_encoding_args(p)
+    add_output_dir(p, "directory of the new index version", required=True)
     p.add_argument("--overwrite", action="store_true", help="replace an index already in --output")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_add_items)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import column_mapping
+from .common import add_catalogue_format_args, add_encoding_args, add_output_dir, column_mapping
 
 
 def _codes(text: str) -> int | list[int]:
@@ -27,14 +27,9 @@ def add_cli(subparsers: Any) -> None:
         help="path of the catalogue (LC-Rec dir/prefix, Amazon meta file, MovieLens dir, RecBole dir, "
         "CSV/JSONL) or 'movielens-100k' (default, the embedded data set)",
     )
-    g.add_argument(
-        "--format", default="auto", choices=["auto", "lcrec", "amazon", "movielens", "recbole", "table"]
-    )
+    add_catalogue_format_args(g)
     g.add_argument("--reviews", help="Amazon: the reviews file (ratings) next to the metadata")
     g.add_argument("--interactions", help="table format: the interactions CSV/JSONL")
-    g.add_argument(
-        "--item-columns", type=column_mapping, help="table format: FIELD=COLUMN,... (item_id, title, ...)"
-    )
     g.add_argument(
         "--interaction-columns",
         type=column_mapping,
@@ -54,11 +49,7 @@ def add_cli(subparsers: Any) -> None:
         help="item fields to encode, in order (any standard field or extra column; default: %(default)s)",
     )
     g.add_argument("--unlabelled", action="store_true", help="bare field values, no 'Title:' labels")
-    g.add_argument("--drop-empty-text", action="store_true", help="leave out items whose text is empty")
-    g.add_argument("--batch-size", type=int, default=64, help="encoder batch size (default: %(default)s)")
-    g.add_argument("--cache-dir", help="embedding cache (default: ~/.cache/peft_grounded/embeddings)")
-    g.add_argument("--no-cache", action="store_true", help="neither read nor write the embedding cache")
-    g.add_argument("--device", default="cpu", help="torch device of the encoder and RQ-KMeans (default: cpu)")
+    add_encoding_args(g, device_help="torch device of the encoder and RQ-KMeans (default: cpu)")
     g = p.add_argument_group("quantisation")
     g.add_argument(
         "--quantizer",
@@ -93,15 +84,7 @@ def add_cli(subparsers: Any) -> None:
         "--max-iter", type=int, default=30, help="Lloyd iterations per level at most (default: %(default)s)"
     )
     g.add_argument("--sample-size", type=int, help="fit the codebooks on this many items, then code all")
-    p.add_argument(
-        "--output_dir",
-        "--output-dir",
-        "--output",
-        "-o",
-        dest="output_dir",
-        required=True,
-        help="directory of the SID index",
-    )
+    add_output_dir(p, "directory of the SID index", required=True)
     p.add_argument("--overwrite", action="store_true", help="replace an index already in --output")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

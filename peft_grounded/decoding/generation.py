@@ -19,7 +19,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 
 from .beam import constrained_beam_search
 from .processor import SIDConstraintLogitsProcessor
-from .trie import SIDTrie
+from .trie import SIDTrie, check_targets
 
 ENGINES = ("auto", "fast", "generate")
 
@@ -184,13 +184,7 @@ def recommend(
     if targets is not None:
         if engine != "fast":
             raise ValueError("scoring targets during decoding needs engine='fast' (SIDs of one length)")
-        if len(targets) != len(encoded):
-            raise ValueError(f"{len(targets)} targets for {len(encoded)} prompts: give one target per prompt")
-        for i, target in enumerate(targets):
-            if trie.item_of(target) is None:
-                raise ValueError(
-                    f"target {i} ({list(target)}) is not a SID of the trie: score only catalogue items"
-                )
+        check_targets(targets, trie, len(encoded))
     pad_id = _pad_token_id(tokenizer, model)
     eos = None if trie.fixed_length else trie.end_token_id
     config = beam_search_config(num_beams, trie.max_length + (eos is not None), pad_id, eos)

@@ -205,3 +205,14 @@ def _as_token_tuple(item: Hashable, sid: Sequence[int]) -> tuple[int, ...]:
     if min(tokens) < 0:
         raise ValueError(f"item {item!r}: negative token id in SID {list(tokens)}")
     return tokens
+
+
+def check_targets(targets: Sequence[Sequence[int]], trie: SIDTrie, prompts: int) -> None:
+    """Refuse targets that are not one complete SID of ``trie`` per prompt (scoring needs catalogue items)."""
+    if len(targets) != prompts:
+        raise ValueError(f"{len(targets)} targets for {prompts} prompts: give one target per prompt")
+    for i, target in enumerate(targets):
+        if trie.item_of(target) is None:
+            raise ValueError(
+                f"target {i} ({list(target)}) is not a SID of the trie: score only catalogue items"
+            )

@@ -21,6 +21,7 @@ import torch
 
 from ..decoding.generation import left_pad
 from ..decoding.scoring import target_nlls
+from ..decoding.trie import check_targets
 
 LIKELIHOOD_METRICS = ("nll", "constrained_nll", "uniform_nll")
 
@@ -39,13 +40,7 @@ def target_log_likelihood(
     Each prompt must end exactly where the SID starts (as :func:`~peft_grounded.prompts.inference_prompts`
     builds them), and each target must be a complete SID of ``trie``.
     """
-    if len(prompts) != len(targets):
-        raise ValueError(f"{len(prompts)} prompts for {len(targets)} targets: give one target per prompt")
-    for i, target in enumerate(targets):
-        if trie.item_of(target) is None:
-            raise ValueError(
-                f"target {i} ({list(target)}) is not a SID of the trie: score only catalogue items"
-            )
+    check_targets(targets, trie, len(prompts))
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id or 0
     was_training = model.training

@@ -17,9 +17,7 @@ Heavy dependencies (torch, sentence-transformers) load on first use of the names
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from .._lazy import lazy_exports
 from .tokens import DEFAULT_TEMPLATE, level_name, parse_sid, sid_string, sid_token, sid_vocabulary
 
 _LAZY = {
@@ -65,7 +63,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
