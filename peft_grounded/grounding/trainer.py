@@ -117,7 +117,6 @@ def ground(
     """
     from ..adapter.loading import model_for
     from ..training.config import check_max_examples
-    from ..training.trainer import sample_rows
     from .data import grounding_dataset
 
     check_max_examples(max_examples)
@@ -132,9 +131,14 @@ def ground(
         seed=args.seed,
         dtype=dtype,
     )
-    data = sample_rows(grounding_dataset(catalogue, index, tokenizer), max_examples, args.seed)
+    data = grounding_dataset(catalogue, index, tokenizer)
     trainer = GroundingTrainer(
-        model, args, train_dataset=data, processing_class=tokenizer, callbacks=callbacks
+        model,
+        args,
+        train_dataset=data,
+        max_examples=max_examples,
+        processing_class=tokenizer,
+        callbacks=callbacks,
     )
     trainer.train(resume_from_checkpoint=True if resume else None)
     return model

@@ -86,7 +86,6 @@ def train_recommender(
     from ..adapter.loading import model_for
     from ..adapter.lora import lora_settings
     from ..training.config import check_max_examples
-    from ..training.trainer import sample_rows
     from .data import training_dataset
 
     check_max_examples(max_examples)
@@ -114,9 +113,14 @@ def train_recommender(
             "lora= stacks a LoRA on a grounded adapter; this model carries PEFT's own LoRA already"
         )
     split = split if split is not None else catalogue.leave_one_out()
-    data = sample_rows(training_dataset(split, index, catalogue, tokenizer, fmt), max_examples, args.seed)
+    data = training_dataset(split, index, catalogue, tokenizer, fmt)
     trainer = RecommendationTrainer(
-        model, args, train_dataset=data, processing_class=tokenizer, callbacks=callbacks
+        model,
+        args,
+        train_dataset=data,
+        max_examples=max_examples,
+        processing_class=tokenizer,
+        callbacks=callbacks,
     )
     trainer.train(resume_from_checkpoint=True if resume else None)
     return model

@@ -125,8 +125,13 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
 
     stage = "sft"
 
-    def __init__(self, model, args=None, **kwargs) -> None:
+    def __init__(self, model, args=None, *, max_examples: int | None = None, **kwargs) -> None:
+        """``SFTTrainer``'s arguments; ``max_examples``: train on a sample of that many rows of ``train_dataset``
+        (seeded by ``args.seed``; None: every row)."""
         _refuse_cloned_chat_template(args)
+        if max_examples is not None and kwargs.get("train_dataset") is not None:
+            seed = args.seed if args is not None else 0
+            kwargs["train_dataset"] = sample_rows(kwargs["train_dataset"], max_examples, seed)
         train_dataset = kwargs.get("train_dataset")
         data = dataset_fingerprint(train_dataset)
         upcast_trainable(model)
