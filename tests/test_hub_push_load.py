@@ -103,7 +103,9 @@ def test_push_then_load_in_a_fresh_process_gives_identical_logits(
 ):
     torch.save(push_variants(tokenizer, tiny_model_factory, index, VARIANTS), tmp_path / "expected.pt")
     for _, arch, tied, extra in [v[:4] for v in VARIANTS]:  # the fresh process loads the same bases from disk
-        tiny_model_factory(arch, tied, extra_rows=extra).save_pretrained(tmp_path / f"base-{arch}-{tied}-{extra}")
+        tiny_model_factory(arch, tied, extra_rows=extra).save_pretrained(
+            tmp_path / f"base-{arch}-{tied}-{extra}"
+        )
     script = textwrap.dedent(
         f"""
         import json, torch

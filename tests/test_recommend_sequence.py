@@ -250,7 +250,9 @@ def test_cli_objective_minutes_and_dtype():
     both_model, both = ground.parse(["--sid-index", "s", "--output", "o", "--minutes", "2", "--steps", "50"])
     assert both.max_steps == 50 and both_model.weights_dtype == "float32"
     assert plain.lr_scheduler_type == "cosine"  # the default
-    _, linear = ground.parse(["--sid-index", "s", "--output", "o", "--steps", "50", "--lr-scheduler", "linear"])
+    _, linear = ground.parse(
+        ["--sid-index", "s", "--output", "o", "--steps", "50", "--lr-scheduler", "linear"]
+    )
     assert isinstance(linear, GroundingConfig) and linear.lr_scheduler_type == "linear"
 
 

@@ -55,7 +55,8 @@ def evaluate_predictions(
 ) -> Results:
     """:func:`evaluate_split` for each ``split name -> (predictions, targets)``."""
     return {
-        name: evaluate_split(preds, targets, cold_items, ks, items) for name, (preds, targets) in splits.items()
+        name: evaluate_split(preds, targets, cold_items, ks, items)
+        for name, (preds, targets) in splits.items()
     }
 
 

@@ -38,8 +38,6 @@ from .strategies import Strategy, strategy
 logger = logging.getLogger(__name__)
 
 
-
-
 def _stage_done(directory: Path) -> bool:
     return (directory / ADAPTER_DIR / ADAPTER_WEIGHTS).is_file() and (directory / runs.MANIFEST).is_file()
 
