@@ -33,6 +33,12 @@ def test_smoke_demo_runs_every_stage_and_resumes(tmp_path, model_dir):
     assert set(summary["likelihood"]) == {"mean", "centroid_gti"}
     assert report.startswith("# peft_grounded demo (smoke)\n\n## The answer")  # the report opens with it
     assert "95% interval" in report and "## Learning curves" in report
+    # the peers a shop could run, on the same test users, come right after the answer
+    assert report.index("## Side by side") < report.index("## Learning curves")
+    labels = {row["label"] for row in summary["side_by_side"]}
+    assert {"popularity", "text KNN (last item)", "LLM: mean", "LLM: centroid_gti"} <= labels
+    users = {row["all"]["users"] for row in summary["side_by_side"]}
+    assert users == {summary["strategies"]["mean"][0]["test"]["all"]["users"]}
     pairs = {(r["strategy"], r["reference"], r["metric"]) for r in summary["intervals"]}
     assert ("centroid_gti", "mean init", "recall@10") in pairs
     assert ("centroid_gti", "popularity (reference, no model)", "constrained_nll") in pairs

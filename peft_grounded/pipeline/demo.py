@@ -42,6 +42,8 @@ class Preset:
     extra: dict[str, Any] = field(default_factory=dict)
     # the prompt format, objective included (None: built from max_history and with_titles)
     fmt: PromptFormat | None = None
+    # the recommenders a shop could run without this package, scored on the same users (pipeline.side_by_side)
+    peers: tuple[str, ...] = ("popularity", "knn_last")
 
     def prompt_format(self) -> PromptFormat:
         """The format every strategy trains and is evaluated with."""
@@ -253,8 +255,10 @@ def run_demo(
     ]
     answer, intervals = headline(records, pop_users, spec.budget.evaluation.ks)
     summary["intervals"] = intervals
+    peers_section, summary["side_by_side"] = _side_by_side(spec, records, experiment, settings, out)
     run_dirs = {name: [out / "strategies" / f"{name}-seed{seed}" for seed in spec.seeds] for name in records}
-    report = [f"# peft_grounded demo ({spec.name})", "", *answer, *curves_section(run_dirs, out)]
+    report = [f"# peft_grounded demo ({spec.name})", "", *answer, *peers_section]
+    report += curves_section(run_dirs, out)
     report += [spec.note, "", index.summary(), ""]
     if len(spec.seeds) > 1:
         report += [
@@ -335,6 +339,33 @@ def _check_demo_folder(out: Path) -> None:
             f"{out} holds {', '.join(clashing)} but no demo run ({runs.MANIFEST}); the demo would replace "
             "them. Choose another --output (nothing was written)."
         )
+
+
+def _side_by_side(spec: Preset, records: dict[str, list[dict]], experiment, settings: dict, out: Path):
+    """The report's comparison with the peers (same test users, first seed): its lines and summaries."""
+    from .side_by_side import run_peers, side_by_side_table, strategy_row, summarise_rows
+
+    if not spec.peers or "test" not in spec.budget.parts:
+        return [], []
+    seed = spec.seeds[0]
+    found = run_peers(
+        experiment.catalogue, experiment.index, experiment.split, settings[seed], out / "peers", spec.peers
+    )
+    rows = {name: {**row, "records": [row["records"]]} for name, row in found.items()}
+    rows |= {name: strategy_row(name, recs[:1]) for name, recs in records.items()}
+    reference = "sasrec" if "sasrec" in rows else next(iter(rows))
+    subsets = ("all", "cold") if settings[seed].cold else ("all",)
+    summaries = summarise_rows(rows, reference, subsets=subsets, resamples=2000)
+    lines = [
+        "## Side by side with what a shop could run without this package",
+        "",
+        f"The same {settings[seed].users or 'all'} test users (seed {seed}); the peers are "
+        + ", ".join(row["label"] for row in found.values())
+        + "; their minutes are their training time, the LLM rows' their SFT (+ grounding) time.",
+        "",
+        side_by_side_table(summaries, reference, subsets=subsets),
+    ]
+    return lines, summaries
 
 
 def _summarise(spec: Preset, records: dict[str, list[dict]], wall: float) -> dict:
