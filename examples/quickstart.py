@@ -1,10 +1,12 @@
 """Quickstart: the adapter's user flow on SmolLM2-135M and MovieLens-100K, offline, in a few minutes on a CPU.
 
-    python examples/quickstart.py [--out runs/quickstart] [--steps 10]
+    python examples/quickstart.py [--output_dir runs/quickstart] [--steps 10]
 
 1. Semantic IDs for MovieLens-100K (all-MiniLM-L6-v2 + RQ-KMeans), and their per-token centroids.
 2. Add the SID tokens to SmolLM2, wrap it with a centroid-initialised GroundedTokenConfig.
-3. Ground the new rows through TRL's SFTTrainer (backbone frozen), save, reload in PEFT's usual way.
+3. Ground the new rows through TRL's SFTTrainer (backbone frozen), save, reload in PEFT's usual way. The
+   grounding config is a TRL SFTConfig whose unset fields the machine chooses: bf16 where the CPU (or GPU)
+   runs it natively, the CPU unless CUDA is available.
 4. Stack a LoRA for the recommendation SFT, and merge the grounded rows into the base model.
 """
 
@@ -22,14 +24,14 @@ from peft_grounded.adapter.loading import load_base
 from peft_grounded.grounding import GroundingConfig, GroundingTrainer, grounding_dataset
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
-from peft_grounded.training.trainer import sample_rows
+from peft_grounded.training import sample_rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", type=Path, default=Path("runs/quickstart"))
+    parser.add_argument("--output_dir", "--out", dest="out", type=Path, default=Path("runs/quickstart"))
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
 
@@ -61,8 +63,6 @@ def main() -> None:
             max_steps=args.steps,
             per_device_train_batch_size=8,
             learning_rate=5e-3,
-            bf16=True,
-            use_cpu=not torch.cuda.is_available(),
             max_length=128,
             logging_steps=5,
             save_steps=args.steps,
