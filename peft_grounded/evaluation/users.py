@@ -71,8 +71,11 @@ def _sample(items: list, n: int | None, seed: int) -> list:
     return list(items) if n is None or n >= len(items) else random.Random(seed).sample(items, n)
 
 
-def _users(split: Any, part: str, settings: EvalSettings, cold_items: set[str], max_history: int | None):
-    """The part's sampled users, its sampled cold-target users, and all its cold-target users."""
+def sampled_users(
+    split: Any, part: str, settings: EvalSettings, cold_items: set[str], max_history: int | None
+):
+    """The part's sampled examples ``(user, history, target)``, its sampled cold-target examples, and all
+    its cold-target examples: the users every evaluation of ``settings`` scores (LLM and peers alike)."""
     examples = list(getattr(split, f"{part}_examples")(max_history))
     chosen = _sample(examples, settings.users, settings.seed)
     cold_pool = [e for e in examples if e[2] in cold_items] if settings.cold else []
@@ -80,10 +83,10 @@ def _users(split: Any, part: str, settings: EvalSettings, cold_items: set[str], 
 
 
 def _part_prompts(split, part, settings, cold_items, index, tokenizer, catalogue, fmt):
-    """:func:`_users` of a part, plus the prompts of every user either sample holds (each once)."""
+    """:func:`sampled_users` of a part, plus the prompts of every user either sample holds (each once)."""
     from ..prompts import inference_prompts
 
-    chosen, cold_chosen, cold_pool = _users(split, part, settings, cold_items, fmt.max_history)
+    chosen, cold_chosen, cold_pool = sampled_users(split, part, settings, cold_items, fmt.max_history)
     todo = list({e[0]: e for e in chosen + cold_chosen}.values())
     return (chosen, cold_chosen, cold_pool), inference_prompts(todo, index, tokenizer, catalogue, fmt)
 
@@ -126,7 +129,7 @@ def popularity_users(
     cold_items = split.cold_items(settings.cold_max_count)
     out: dict[str, list[dict[str, Any]]] = {}
     for part in parts:
-        chosen, cold_chosen, _ = _users(split, part, settings, cold_items, None)
+        chosen, cold_chosen, _ = sampled_users(split, part, settings, cold_items, None)
         records = user_records(chosen, cold_chosen)
         for record in records:
             record["rank"] = rank_of.get(record["target"])
@@ -161,7 +164,7 @@ def evaluate_popularity(
                 metrics["constrained_nll"] = math.fsum(nll) / len(nll) if nll else None
             results[part][subset] = metrics
         if settings.cold:
-            cold_pool = _users(split, part, settings, split.cold_items(settings.cold_max_count), None)[2]
+            cold_pool = sampled_users(split, part, settings, split.cold_items(settings.cold_max_count), None)[2]
             results[part]["cold"]["cold_users_available"] = len(cold_pool)
     return results
 
