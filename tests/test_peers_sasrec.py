@@ -4,10 +4,10 @@ history, round-trips through safetensors, refuses bad settings."""
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
+from planted_catalogue import N_ITEMS, SMALL_SASREC, planted_catalogue
 
 from peft_grounded.evaluation.users import EvalSettings, popularity_users
 from peft_grounded.peers.base import peer_records, peer_results
@@ -21,42 +21,12 @@ from peft_grounded.peers.sasrec import (
 )
 from peft_grounded.sids.catalogue import Catalogue, Item
 
-N_ITEMS = 30
-
-
-def _planted(n_users: int = 80, seed: int = 0) -> Catalogue:
-    """Each item is always followed by its successor on one 30-item cycle; users start anywhere and read
-    5 to 12 items, so no user meets an item twice."""
-    rng = random.Random(seed)
-    order = list(range(N_ITEMS))
-    rng.shuffle(order)
-    successor = {order[i]: order[(i + 1) % N_ITEMS] for i in range(N_ITEMS)}
-    sequences = {}
-    for u in range(n_users):
-        item, seq = rng.randrange(N_ITEMS), []
-        for _ in range(rng.randint(5, 12)):
-            seq.append(str(item))
-            item = successor[item]
-        sequences[f"u{u}"] = tuple(seq)
-    items = {str(i): Item(str(i), title=f"item {i}") for i in range(N_ITEMS)}
-    return Catalogue("planted", items, sequences)
-
-
-SMALL = {
-    "hidden_size": 32,
-    "max_length": 8,
-    "batch_size": 16,
-    "learning_rate": 5e-3,
-    "dropout": 0.1,
-    "threads": 1,
-}
-
 
 @pytest.fixture(scope="module")
 def planted():
-    catalogue = _planted()
+    catalogue = planted_catalogue()
     split = catalogue.leave_one_out()
-    model = fit_sasrec(split, catalogue.item_ids, SASRecConfig(**SMALL, max_epochs=40, patience=4))
+    model = fit_sasrec(split, catalogue.item_ids, SASRecConfig(**SMALL_SASREC, max_epochs=40, patience=4))
     return catalogue, split, model
 
 
@@ -82,7 +52,7 @@ def test_keeps_the_best_validation_epoch(planted):
     assert again["valid_ndcg@10"] == pytest.approx(max(values))
     # The kept weights are those of the best epoch: a run stopped there has the very same weights.
     short = fit_sasrec(
-        split, catalogue.item_ids, SASRecConfig(**SMALL, max_epochs=model.best_epoch, patience=4)
+        split, catalogue.item_ids, SASRecConfig(**SMALL_SASREC, max_epochs=model.best_epoch, patience=4)
     )
     for name, tensor in model.model.state_dict().items():
         assert torch.equal(tensor, short.model.state_dict()[name]), name
@@ -92,14 +62,25 @@ def test_keeps_the_best_validation_epoch(planted):
 
 
 def test_seeded_runs_are_identical_and_other_seeds_differ():
-    catalogue = _planted(n_users=30)
+    catalogue = planted_catalogue(n_users=30)
     split = catalogue.leave_one_out()
     runs = [
-        fit_sasrec(split, catalogue.item_ids, SASRecConfig(**SMALL, max_epochs=2, seed=s)) for s in (1, 1, 2)
+        fit_sasrec(split, catalogue.item_ids, SASRecConfig(**SMALL_SASREC, max_epochs=2, seed=s))
+        for s in (1, 1, 2)
     ]
     losses = [[h["loss"] for h in r.history] for r in runs]
     assert losses[0] == losses[1]
     assert losses[0] != losses[2]
+
+
+def test_bf16_autocast_trains_and_scores_in_float32():
+    catalogue = planted_catalogue(n_users=30)
+    split = catalogue.leave_one_out()
+    model = fit_sasrec(split, catalogue.item_ids, SASRecConfig(**SMALL_SASREC, max_epochs=3, bf16=True))
+    assert all(torch.isfinite(torch.tensor(h["loss"])) for h in model.history)
+    assert model.history[-1]["loss"] < model.history[0]["loss"]
+    assert all(p.dtype == torch.float32 for p in model.model.parameters())
+    assert model._item_scores([model.indices(split.users[0].history)]).dtype == torch.float32
 
 
 def test_training_windows_make_every_position_a_target_once():
@@ -189,6 +170,7 @@ def test_load_refuses_mismatched_or_foreign_files(planted, tmp_path):
         ({"valid_users": 0}, "valid_users must be an integer >= 1 or None"),
         ({"threads": 0}, "threads must be an integer >= 1 or None"),
         ({"batch_size": True}, "batch_size must be an integer"),
+        ({"bf16": "yes"}, "bf16 must be True or False"),
     ],
 )
 def test_bad_config_values_are_refused(settings, message):
@@ -197,16 +179,18 @@ def test_bad_config_values_are_refused(settings, message):
 
 
 def test_items_outside_item_ids_are_refused():
-    catalogue = _planted(n_users=10)
+    catalogue = planted_catalogue(n_users=10)
     with pytest.raises(ValueError, match="not in item_ids"):
         fit_sasrec(catalogue.leave_one_out(), catalogue.item_ids[:-5], SASRecConfig(max_epochs=1))
 
 
 def test_validation_user_sample_is_seeded_and_sized():
-    catalogue = _planted(n_users=30)
+    catalogue = planted_catalogue(n_users=30)
     split = catalogue.leave_one_out()
     runs = [
-        fit_sasrec(split, catalogue.item_ids, SASRecConfig(**SMALL, max_epochs=1, valid_users=7, seed=3))
+        fit_sasrec(
+            split, catalogue.item_ids, SASRecConfig(**SMALL_SASREC, max_epochs=1, valid_users=7, seed=3)
+        )
         for _ in range(2)
     ]
     without_time = [[{k: v for k, v in h.items() if k != "seconds"} for h in r.history] for r in runs]

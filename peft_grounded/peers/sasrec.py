@@ -52,10 +52,10 @@ class SASRecConfig:
     hidden_size: int = field(default=64, metadata={"help": "Width of item embeddings and hidden states."})
     num_blocks: int = field(default=2, metadata={"help": "Transformer blocks."})
     num_heads: int = field(default=1, metadata={"help": "Attention heads per block (divides hidden_size)."})
-    dropout: float = field(default=0.2, metadata={"help": "Dropout on embeddings, attention and blocks."})
+    dropout: float = field(default=0.5, metadata={"help": "Dropout on embeddings, attention and blocks."})
     max_length: int = field(default=50, metadata={"help": "Items of history the model reads (the newest)."})
     batch_size: int = field(default=128, metadata={"help": "Training windows per step."})
-    learning_rate: float = field(default=1e-3, metadata={"help": "Adam's learning rate."})
+    learning_rate: float = field(default=3e-3, metadata={"help": "Adam's learning rate."})
     weight_decay: float = field(default=0.0, metadata={"help": "Adam's L2 penalty on every weight."})
     max_epochs: int = field(default=200, metadata={"help": "Upper bound on passes over the training data."})
     patience: int = field(
@@ -71,6 +71,13 @@ class SASRecConfig:
     valid_users: int | None = field(
         default=None,
         metadata={"help": "Validation users per epoch: a seeded sample of this many (None: all)."},
+    )
+    bf16: bool = field(
+        default=False,
+        metadata={
+            "help": "Train under bf16 autocast (scoring stays float32): several times faster on CPUs with "
+            "native bf16 (AVX-512 BF16, AMX) and on GPUs, much slower where bf16 is emulated."
+        },
     )
     seed: int = field(
         default=0, metadata={"help": "Seed of initialisation, dropout, shuffling and sampling."}
@@ -107,6 +114,8 @@ class SASRecConfig:
             problems.append(
                 f"valid_users must be an integer >= 1 or None (all users), got {self.valid_users!r}"
             )
+        if not isinstance(self.bf16, bool):
+            problems.append(f"bf16 must be True or False, got {self.bf16!r}")
         if not _int_at_least(self.seed, -(2**63)):
             problems.append(f"seed must be an integer, got {self.seed!r}")
         if self.threads is not None and not _int_at_least(self.threads, 1):
@@ -426,8 +435,9 @@ def fit_sasrec(split: Any, item_ids: Sequence[str], config: SASRecConfig | None 
                 padded = _left_pad([windows[i] for i in batch.tolist()], config.max_length + 1)
                 inputs, targets = padded[:, :-1], padded[:, 1:]
                 keep = inputs != 0
-                logits = model.scores(model(inputs)[keep])
-                loss = nn.functional.cross_entropy(logits, targets[keep] - 1)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+                    logits = model.scores(model(inputs)[keep])
+                loss = nn.functional.cross_entropy(logits.float(), targets[keep] - 1)
                 optimiser.zero_grad(set_to_none=True)
                 loss.backward()
                 optimiser.step()
