@@ -1,0 +1,456 @@
+"""Cross-check the project's SASRec (peft_grounded.peers.sasrec) against RecBole's on the same data.
+
+Ours (always): ``fit_sasrec`` on ``load_catalogue(name).leave_one_out()``, scored on every test user with
+``peer_records`` (full ranking over the catalogue, the user's history excluded), Recall@10 / NDCG@10.
+
+RecBole (with ``--recbole-venv``, a virtual environment holding recbole 1.2.1 and its dependencies, kept
+outside the repository): its own ``SASRec`` with ``loss_type=CE``, leave-one-out ``LS valid_and_test``,
+full ranking, early stopping on validation NDCG@10, run in that environment by this same file
+(``--recbole-worker``). Data: ``ours`` writes our catalogue's sequences as a RecBole atomic file (the
+position in the user's sequence as timestamp: the very same interactions and order); ``native`` (ML-100K
+only) reads RecBole's own ``ml-100k`` files as RecBole orders them. The worker reports RecBole's own test
+metrics (RecBole does not exclude the history for sequential models) and the same model's metrics with the
+history excluded (our protocol), and writes the sequences it trained on, which are compared with ours.
+
+    OMP_NUM_THREADS=1 python benchmarks/check_sasrec.py --datasets movielens-100k amazon-office \\
+        --recbole-venv /work/scratch/recbole-venv --json /tmp/check_sasrec.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DATASETS = {"movielens-100k": "movielens-100k", "amazon-office": "/work/shared/data/amazon-office"}
+
+
+def _catalogue(name: str):
+    from peft_grounded.sids import load_catalogue
+
+    return load_catalogue(DATASETS.get(name, name))
+
+
+def run_ours(name: str, overrides: dict, catalogue=None) -> dict:
+    """Train our SASRec on ``name`` (or on ``catalogue``) and score it on every validation and test user."""
+    from peft_grounded.evaluation.users import EvalSettings
+    from peft_grounded.peers.base import peer_records, peer_results
+    from peft_grounded.peers.sasrec import SASRecConfig, fit_sasrec
+
+    catalogue = catalogue or _catalogue(name)
+    split = catalogue.leave_one_out()
+    config = SASRecConfig(**overrides)
+    cpu = time.process_time()
+    model = fit_sasrec(split, catalogue.item_ids, config)
+    cpu = time.process_time() - cpu
+    settings = EvalSettings(ks=(10,), cold=False)
+    results = peer_results(peer_records(model, split, ("valid", "test"), settings), settings)
+    return {
+        "dataset": name,
+        "impl": "ours",
+        "test_recall@10": results["test"]["all"]["recall@10"],
+        "test_ndcg@10": results["test"]["all"]["ndcg@10"],
+        "valid_ndcg@10": results["valid"]["all"]["ndcg@10"],
+        "users": results["test"]["all"]["users"],
+        "best_epoch": model.best_epoch,
+        "epochs": len(model.history),
+        "minutes": model.train_seconds / 60,
+        "cpu_minutes": cpu / 60,
+        "threads": model.threads,
+        "config": overrides,
+        "history": model.history,
+    }
+
+
+# ------------------------------------------------------------------------------------------------ RecBole
+
+
+def _write_atomic(catalogue, folder: Path, dataset: str) -> None:
+    """Our sequences as ``<dataset>.inter``; the timestamp is the position in the user's sequence."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = ["user_id:token\titem_id:token\ttimestamp:float"]
+    for user, seq in catalogue.sequences.items():
+        lines += [f"{user}\t{item}\t{t}" for t, item in enumerate(seq)]
+    (folder / f"{dataset}.inter").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def run_recbole(name: str, venv: Path, data: str, overrides: dict, recbole_args: dict) -> dict:
+    """Run RecBole's SASRec in ``venv`` on ``name`` and compare the sequences it used with ours."""
+    catalogue = _catalogue(name)
+    with tempfile.TemporaryDirectory() as tmp:
+        if data == "native":
+            if name != "movielens-100k":
+                raise SystemExit("--recbole-data native exists for movielens-100k only")
+            from peft_grounded import assets
+
+            data_path, dataset = Path(assets.movielens_100k()).parent, "ml-100k"
+        else:
+            dataset = "ours-" + Path(DATASETS.get(name, name)).name
+            data_path = Path(tmp)
+            _write_atomic(catalogue, data_path / dataset, dataset)
+        job = {
+            "data_path": str(data_path),
+            "dataset": dataset,
+            "out": str(Path(tmp) / "result.json"),
+            "state": str(Path(tmp) / "state"),
+            "checkpoint_dir": str(Path(tmp) / "saved"),
+            "overrides": overrides,
+            **recbole_args,
+        }
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        chunks = recbole_args.get("chunks", 1)
+        for chunk in range(chunks):  # each chunk a process of at most chunk_minutes of training
+            job.update(chunk=chunk, last_chunk=chunk == chunks - 1)
+            subprocess.run(
+                [str(venv / "bin" / "python"), __file__, "--recbole-worker", json.dumps(job)],
+                check=True,
+                env=env,
+            )
+            result = json.loads(Path(job["out"]).read_text(encoding="utf-8"))
+            print(f"RecBole chunk {chunk + 1}/{chunks}: {result['epochs']} epochs", flush=True)
+            if result["done"]:
+                break
+    theirs = result.pop("sequences")
+    ours = {u: list(s) for u, s in catalogue.sequences.items()}
+    same = sum(theirs.get(u) == s for u, s in ours.items())
+    same_targets = sum(theirs.get(u, [])[-2:] == s[-2:] for u, s in ours.items())
+    result.update(
+        dataset=name,
+        impl=f"RecBole ({data} data)",
+        data_check=(
+            f"{len(theirs)} users / {sum(map(len, theirs.values()))} interactions vs ours {len(ours)} / "
+            f"{catalogue.n_interactions}; identical sequences {same}, identical (valid, test) {same_targets}"
+        ),
+    )
+    return result
+
+
+class _RecBoleState:
+    """A RecBole run between chunks: weights, best weights and Adam's state in safetensors, the rest in JSON
+    (RecBole's own checkpoints are pickles, which this project never loads)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.tensors, self.meta = folder / "state.safetensors", folder / "state.json"
+
+    def save(self, model, trainer, record: list, best_state: dict, spent: dict) -> None:
+        from safetensors.torch import save_file
+
+        self.tensors.parent.mkdir(parents=True, exist_ok=True)
+        tensors = {f"model.{k}": v.contiguous() for k, v in model.state_dict().items()}
+        tensors.update({f"best.{k}": v.contiguous() for k, v in best_state.items()})
+        for index, slots in trainer.optimizer.state_dict()["state"].items():
+            tensors.update({f"adam.{index}.{name}": v.reshape(-1).contiguous() for name, v in slots.items()})
+        save_file(tensors, self.tensors)
+        meta = {
+            "next_epoch": record[-1]["epoch"] if record else 0,
+            "cur_step": trainer.cur_step,
+            "best_valid_score": float(trainer.best_valid_score),
+            "record": record,
+            "spent": spent,
+        }
+        self.meta.write_text(json.dumps(meta), encoding="utf-8")
+
+    def restore(self, model, trainer) -> tuple[list, dict, dict]:
+        if not self.meta.is_file():
+            return [], {}, {"seconds": 0.0, "cpu_seconds": 0.0}
+        from safetensors.torch import load_file
+
+        meta, tensors = json.loads(self.meta.read_text(encoding="utf-8")), load_file(self.tensors)
+        model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+        best = {k[5:]: v for k, v in tensors.items() if k.startswith("best.")}
+        adam: dict[int, dict] = {}
+        for key, value in tensors.items():
+            if key.startswith("adam."):
+                _, index, name = key.split(".")
+                adam.setdefault(int(index), {})[name] = value.reshape(()) if name == "step" else value
+        shapes = {i: p.shape for i, p in enumerate(model.parameters())}
+        adam = {
+            i: {n: v if n == "step" else v.reshape(shapes[i]) for n, v in slots.items()}
+            for i, slots in adam.items()
+        }
+        groups = trainer.optimizer.state_dict()["param_groups"]
+        trainer.optimizer.load_state_dict({"state": adam, "param_groups": groups})
+        trainer.start_epoch, trainer.cur_step = meta["next_epoch"], meta["cur_step"]
+        trainer.best_valid_score = meta["best_valid_score"]
+        return meta["record"], best, meta["spent"]
+
+
+def recbole_worker(job: dict) -> None:
+    """Inside the RecBole environment: train SASRec (CE), test it, write the result JSON."""
+    import torch
+    from recbole.config import Config
+    from recbole.data import create_dataset, data_preparation
+    from recbole.model.sequential_recommender import SASRec
+    from recbole.trainer import Trainer
+    from recbole.utils import init_seed
+
+    over = job["overrides"]
+    dropout = over.get("dropout", 0.2)
+    config = Config(
+        model="SASRec",
+        dataset=job["dataset"],
+        config_dict={
+            "data_path": job["data_path"],
+            "checkpoint_dir": job["checkpoint_dir"],
+            "load_col": {"inter": ["user_id", "item_id", "timestamp"]},
+            "USER_ID_FIELD": "user_id",
+            "ITEM_ID_FIELD": "item_id",
+            "TIME_FIELD": "timestamp",
+            "MAX_ITEM_LIST_LENGTH": over.get("max_length", 50),
+            "hidden_size": over.get("hidden_size", 64),
+            "inner_size": job.get("inner_size") or over.get("hidden_size", 64),
+            "n_layers": over.get("num_blocks", 2),
+            "n_heads": over.get("num_heads", 1),
+            "hidden_dropout_prob": dropout,
+            "attn_dropout_prob": dropout,
+            "loss_type": "CE",
+            "train_neg_sample_args": None,
+            "learning_rate": over.get("learning_rate", 1e-3),
+            "weight_decay": over.get("weight_decay", 0.0),
+            "train_batch_size": job.get("train_batch_size", 2048),
+            "epochs": job.get("epochs", 200),
+            "stopping_step": over.get("patience", 10),
+            "eval_args": {
+                "split": {"LS": "valid_and_test"},
+                "order": "TO",
+                "mode": "full",
+                "group_by": "user",
+            },
+            "metrics": ["Recall", "NDCG"],
+            "topk": [10],
+            "valid_metric": "NDCG@10",
+            "eval_batch_size": 1024,
+            "seed": over.get("seed", 0),
+            "reproducibility": True,
+            "device": "cpu",
+            "use_gpu": False,
+            "show_progress": False,
+            "state": "WARNING",
+        },
+    )
+    # Each chunk its own seed: a resumed run shuffles its batches afresh (weights and Adam state are restored).
+    init_seed(config["seed"] + job.get("chunk", 0), config["reproducibility"])
+    dataset = create_dataset(config)
+    train_data, valid_data, test_data = data_preparation(config, dataset)
+    # After data_preparation the dataset holds one row per target, in RecBole's order (stable sort by time):
+    # a user's sequence is its first row's history followed by every row's target.
+    uid, iid = dataset.uid_field, dataset.iid_field
+    feat = dataset.inter_feat
+    lists, lengths = feat[iid + config["LIST_SUFFIX"]], feat[config["ITEM_LIST_LENGTH_FIELD"]]
+    internal: dict[int, list[int]] = {}
+    for row, (u, i) in enumerate(zip(feat[uid].tolist(), feat[iid].tolist(), strict=True)):
+        if u not in internal:
+            internal[u] = lists[row, : int(lengths[row])].tolist()
+        internal[u].append(i)
+    model = SASRec(config, train_data.dataset)
+    trainer = Trainer(config, model)
+    state = _RecBoleState(Path(job["state"]))
+    record, best_state, spent = state.restore(model, trainer)
+    budget = job.get("chunk_minutes")
+    start, cpu = time.perf_counter(), time.process_time()
+
+    class OutOfTime(Exception):
+        pass
+
+    def after_epoch(epoch: int, score: float) -> None:
+        record.append(
+            {
+                "epoch": epoch + 1,
+                "valid_ndcg@10": score,
+                "best": trainer.cur_step == 0,
+                "seconds": spent["seconds"] + time.perf_counter() - start,
+                "cpu_seconds": spent["cpu_seconds"] + time.process_time() - cpu,
+            }
+        )
+        if trainer.cur_step == 0:  # RecBole's own rule (>=): the newest of equal scores is the best
+            best_state.update({k: v.detach().clone() for k, v in model.state_dict().items()})
+        if budget is not None and time.perf_counter() - start > budget * 60:
+            raise OutOfTime
+
+    done = True
+    try:
+        # saved=False: RecBole's checkpoints are pickles; the best weights are kept in memory instead.
+        trainer.fit(train_data, valid_data, saved=False, show_progress=False, callback_fn=after_epoch)
+    except OutOfTime:
+        done = bool(job.get("last_chunk", True))
+    spent = {
+        "seconds": spent["seconds"] + time.perf_counter() - start,
+        "cpu_seconds": spent["cpu_seconds"] + time.process_time() - cpu,
+    }
+    if not done:  # more chunks to come: keep the state (safetensors + JSON), no test yet
+        state.save(model, trainer, record, best_state, spent)
+        Path(job["out"]).write_text(json.dumps({"done": False, "epochs": len(record)}), encoding="utf-8")
+        return
+    model.load_state_dict(best_state)
+    theirs = trainer.evaluate(test_data, load_best_model=False)
+    # The same model under our protocol: the user's whole history excluded from the ranking.
+    hits, gains, n = 0, 0.0, 0
+    model.eval()
+    with torch.no_grad():
+        for interaction, _, _, _ in test_data:
+            scores = model.full_sort_predict(interaction)
+            scores[:, 0] = -math.inf
+            targets = interaction[iid]
+            for row, (u, target) in enumerate(zip(interaction[uid].tolist(), targets.tolist(), strict=True)):
+                scores[row, internal[u][:-1]] = -math.inf
+                rank = int((scores[row] > scores[row, target]).sum())
+                hits += rank < 10
+                gains += 1 / math.log2(rank + 2) if rank < 10 else 0.0
+                n += 1
+    best = [r["epoch"] for r in record if r["best"]]
+    result = {
+        "test_recall@10": theirs["recall@10"],
+        "test_ndcg@10": theirs["ndcg@10"],
+        "test_recall@10_history_excluded": hits / n,
+        "test_ndcg@10_history_excluded": gains / n,
+        "valid_ndcg@10": trainer.best_valid_score,
+        "users": n,
+        "best_epoch": best[-1] if best else None,
+        "history": record,
+        "epochs": len(record),
+        "minutes": spent["seconds"] / 60,
+        "cpu_minutes": spent["cpu_seconds"] / 60,
+        "done": True,
+        "threads": torch.get_num_threads(),
+        "config": {
+            k: config[k]
+            for k in (
+                "MAX_ITEM_LIST_LENGTH",
+                "hidden_size",
+                "inner_size",
+                "n_layers",
+                "n_heads",
+                "hidden_dropout_prob",
+                "train_batch_size",
+                "learning_rate",
+            )
+        },
+        "sequences": {
+            dataset.id2token(uid, u): [str(t) for t in dataset.id2token(iid, seq)]
+            for u, seq in internal.items()
+        },
+    }
+    Path(job["out"]).write_text(json.dumps(result), encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------------------------ table
+
+
+def _fmt(value, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def print_table(rows: list[dict]) -> None:
+    head = [
+        "dataset",
+        "impl",
+        "test R@10",
+        "test NDCG@10",
+        "R@10 hist. excl.",
+        "best epoch",
+        "epochs",
+        "minutes",
+        "CPU min",
+        "threads",
+    ]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in rows:
+        cells = [
+            r["dataset"],
+            r["impl"],
+            _fmt(r["test_recall@10"]),
+            _fmt(r["test_ndcg@10"]),
+            _fmt(
+                r.get("test_recall@10_history_excluded", r["test_recall@10"] if r["impl"] == "ours" else None)
+            ),
+            _fmt(r["best_epoch"]),
+            _fmt(r["epochs"]),
+            _fmt(r["minutes"], 1),
+            _fmt(r["cpu_minutes"], 1),
+            _fmt(r["threads"]),
+        ]
+        print("| " + " | ".join(cells) + " |")
+    for r in rows:
+        if "data_check" in r:
+            print(f"- {r['dataset']}, {r['impl']}: {r['data_check']}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--datasets",
+        nargs="+",
+        default=["movielens-100k", "amazon-office"],
+        help=f"names ({', '.join(DATASETS)}) or catalogue paths",
+    )
+    parser.add_argument("--config", default="{}", help="SASRecConfig overrides as JSON (ours and RecBole's)")
+    parser.add_argument("--minutes", type=float, default=None, help="training budget per run (both)")
+    parser.add_argument("--recbole-venv", type=Path, default=None, help="run RecBole's SASRec in this venv")
+    parser.add_argument("--recbole-data", choices=("ours", "native", "both"), default="ours")
+    parser.add_argument("--recbole-epochs", type=int, default=200)
+    parser.add_argument("--recbole-batch-size", type=int, default=2048, help="RecBole's train_batch_size")
+    parser.add_argument(
+        "--recbole-inner-size",
+        type=int,
+        default=None,
+        help="RecBole's feed-forward width (default: hidden_size, as ours; RecBole's own: 256)",
+    )
+    parser.add_argument(
+        "--recbole-chunk-minutes",
+        type=float,
+        default=8.0,
+        help="RecBole trains in processes of at most this many minutes (plus one epoch)...",
+    )
+    parser.add_argument(
+        "--recbole-chunks",
+        type=int,
+        default=1,
+        help="... and at most this many of them, resuming from a safetensors state",
+    )
+    parser.add_argument("--skip-ours", action="store_true")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument("--recbole-worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.recbole_worker is not None:
+        recbole_worker(json.loads(args.recbole_worker))
+        return
+    overrides = json.loads(args.config)
+    if args.minutes is not None:
+        overrides["max_minutes"] = args.minutes
+    rows = []
+    for name in args.datasets:
+        if not args.skip_ours:
+            rows.append(run_ours(name, overrides))
+            print(json.dumps(rows[-1]), flush=True)
+        if args.recbole_venv is not None:
+            kinds = ["ours", "native"] if args.recbole_data == "both" else [args.recbole_data]
+            for data in kinds:
+                if data == "native" and name != "movielens-100k":
+                    continue
+                recbole_args = {
+                    "epochs": args.recbole_epochs,
+                    "chunk_minutes": args.recbole_chunk_minutes,
+                    "chunks": args.recbole_chunks,
+                    "train_batch_size": args.recbole_batch_size,
+                    "inner_size": args.recbole_inner_size,
+                }
+                rows.append(run_recbole(name, args.recbole_venv, data, overrides, recbole_args))
+                print(json.dumps(rows[-1]), flush=True)
+    print_table(rows)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
