@@ -36,7 +36,7 @@ def test_smoke_demo_runs_every_stage_and_resumes(tmp_path, model_dir):
     # the peers a shop could run, on the same test users, come right after the answer
     assert report.index("## Side by side") < report.index("## Learning curves")
     labels = {row["label"] for row in summary["side_by_side"]}
-    assert {"popularity", "text KNN (last item)", "LLM: mean", "LLM: centroid_gti"} <= labels
+    assert {"popularity", "text KNN (last item)", "SASRec", "LLM: mean", "LLM: centroid_gti"} <= labels
     users = {row["all"]["users"] for row in summary["side_by_side"]}
     assert users == {summary["strategies"]["mean"][0]["test"]["all"]["users"]}
     pairs = {(r["strategy"], r["reference"], r["metric"]) for r in summary["intervals"]}

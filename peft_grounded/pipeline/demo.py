@@ -43,7 +43,8 @@ class Preset:
     # the prompt format, objective included (None: built from max_history and with_titles)
     fmt: PromptFormat | None = None
     # the recommenders a shop could run without this package, scored on the same users (pipeline.side_by_side)
-    peers: tuple[str, ...] = ("popularity", "knn_last")
+    peers: tuple[str, ...] = ("popularity", "knn_last", "sasrec")
+    sasrec: dict[str, Any] = field(default_factory=lambda: {"max_minutes": 1.5})  # SASRecConfig's fields
 
     def prompt_format(self) -> PromptFormat:
         """The format every strategy trains and is evaluated with."""
@@ -114,6 +115,7 @@ PRESETS: dict[str, Preset] = {
         codes=8,
         fmt=PromptFormat(objective="sequence", max_history=4),
         note="A seconds-long run for tests (the default preset's sequence objective).",
+        sasrec={"max_epochs": 2, "hidden_size": 16},
     ),
 }
 
@@ -348,8 +350,19 @@ def _side_by_side(spec: Preset, records: dict[str, list[dict]], experiment, sett
     if not spec.peers or "test" not in spec.budget.parts:
         return [], []
     seed = spec.seeds[0]
+    sasrec = None
+    if "sasrec" in spec.peers:
+        from ..peers.sasrec import SASRecConfig
+
+        sasrec = SASRecConfig(**{"seed": seed, **spec.sasrec})
     found = run_peers(
-        experiment.catalogue, experiment.index, experiment.split, settings[seed], out / "peers", spec.peers
+        experiment.catalogue,
+        experiment.index,
+        experiment.split,
+        settings[seed],
+        out / "peers",
+        spec.peers,
+        sasrec=sasrec,
     )
     rows = {name: {**row, "records": [row["records"]]} for name, row in found.items()}
     rows |= {name: strategy_row(name, recs[:1]) for name, recs in records.items()}
