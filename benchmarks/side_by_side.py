@@ -157,7 +157,7 @@ def main(argv=None) -> int:
         rows[name] = strategy_row(name, records)
     reference = args.reference if args.reference in rows else next(iter(rows))
     subsets = ("all", "warm", "cold")
-    cold = experiment.split.cold_items(budget.cold_max_count)
+    cold = experiment.split.cold_items(budget.evaluation.cold_max_count)
     summaries = summarise_rows(rows, reference, subsets=subsets, cold_items=cold)
     table = side_by_side_table(summaries, reference, subsets=subsets)
     header = (
