@@ -5,15 +5,20 @@ Ours (always): ``fit_sasrec`` on ``load_catalogue(name).leave_one_out()``, score
 
 RecBole (with ``--recbole-venv``, a virtual environment holding recbole 1.2.1 and its dependencies, kept
 outside the repository): its own ``SASRec`` with ``loss_type=CE``, leave-one-out ``LS valid_and_test``,
-full ranking, early stopping on validation NDCG@10, run in that environment by this same file
-(``--recbole-worker``). Data: ``ours`` writes our catalogue's sequences as a RecBole atomic file (the
-position in the user's sequence as timestamp: the very same interactions and order); ``native`` (ML-100K
-only) reads RecBole's own ``ml-100k`` files as RecBole orders them. The worker reports RecBole's own test
-metrics (RecBole does not exclude the history for sequential models) and the same model's metrics with the
-history excluded (our protocol), and writes the sequences it trained on, which are compared with ours.
+full ranking, early stopping on validation NDCG@10, with the same SASRecConfig values as ours (hidden size,
+blocks, heads, feed-forward width = hidden size, dropout, max length, learning rate, patience, seed), run in
+that environment by this same file (``--recbole-worker``). RecBole trains in processes of at most
+``--recbole-chunk-minutes`` each (its state kept in safetensors between them). Data: ``ours`` writes our
+catalogue's sequences as a RecBole atomic file (the position in the user's sequence as timestamp: the very
+same interactions and order); ``native`` (ML-100K only) reads RecBole's own ``ml-100k`` files as RecBole
+orders them. The worker reports RecBole's own test metrics (RecBole does not exclude the history for
+sequential models) and the same model's metrics with the history excluded (our protocol), and the
+sequences it trained on, which are compared with ours.
 
-    OMP_NUM_THREADS=1 python benchmarks/check_sasrec.py --datasets movielens-100k amazon-office \\
-        --recbole-venv /work/scratch/recbole-venv --json /tmp/check_sasrec.json
+    OMP_NUM_THREADS=1 python benchmarks/check_sasrec.py --config '{"bf16": true}' --minutes 9
+    OMP_NUM_THREADS=1 python benchmarks/check_sasrec.py --datasets amazon-office --skip-ours \\
+        --config '{"dropout": 0.2, "learning_rate": 0.001}' --recbole-venv /work/scratch/recbole-venv \\
+        --recbole-batch-size 256 --recbole-chunks 3
 """
 
 from __future__ import annotations
@@ -80,6 +85,14 @@ def _write_atomic(catalogue, folder: Path, dataset: str) -> None:
     (folder / f"{dataset}.inter").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+def _resolved(overrides: dict) -> dict:
+    from dataclasses import asdict
+
+    from peft_grounded.peers.sasrec import SASRecConfig
+
+    return asdict(SASRecConfig(**overrides))
+
+
 def run_recbole(name: str, venv: Path, data: str, overrides: dict, recbole_args: dict) -> dict:
     """Run RecBole's SASRec in ``venv`` on ``name`` and compare the sequences it used with ours."""
     catalogue = _catalogue(name)
@@ -100,17 +113,23 @@ def run_recbole(name: str, venv: Path, data: str, overrides: dict, recbole_args:
             "out": str(Path(tmp) / "result.json"),
             "state": str(Path(tmp) / "state"),
             "checkpoint_dir": str(Path(tmp) / "saved"),
-            "overrides": overrides,
+            "overrides": _resolved(overrides),  # every SASRecConfig value, defaults included
             **recbole_args,
         }
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         chunks = recbole_args.get("chunks", 1)
         for chunk in range(chunks):  # each chunk a process of at most chunk_minutes of training
             job.update(chunk=chunk, last_chunk=chunk == chunks - 1)
-            subprocess.run(
-                [str(venv / "bin" / "python"), __file__, "--recbole-worker", json.dumps(job)],
+            subprocess.run(  # in tmp: RecBole writes its logs into the working folder
+                [
+                    str(venv / "bin" / "python"),
+                    str(Path(__file__).resolve()),
+                    "--recbole-worker",
+                    json.dumps(job),
+                ],
                 check=True,
                 env=env,
+                cwd=tmp,
             )
             result = json.loads(Path(job["out"]).read_text(encoding="utf-8"))
             print(f"RecBole chunk {chunk + 1}/{chunks}: {result['epochs']} epochs", flush=True)
@@ -190,8 +209,8 @@ def recbole_worker(job: dict) -> None:
     from recbole.trainer import Trainer
     from recbole.utils import init_seed
 
-    over = job["overrides"]
-    dropout = over.get("dropout", 0.2)
+    over = job["overrides"]  # every SASRecConfig field, resolved by the caller
+    dropout = over["dropout"]
     config = Config(
         model="SASRec",
         dataset=job["dataset"],
@@ -202,20 +221,20 @@ def recbole_worker(job: dict) -> None:
             "USER_ID_FIELD": "user_id",
             "ITEM_ID_FIELD": "item_id",
             "TIME_FIELD": "timestamp",
-            "MAX_ITEM_LIST_LENGTH": over.get("max_length", 50),
-            "hidden_size": over.get("hidden_size", 64),
-            "inner_size": job.get("inner_size") or over.get("hidden_size", 64),
-            "n_layers": over.get("num_blocks", 2),
-            "n_heads": over.get("num_heads", 1),
+            "MAX_ITEM_LIST_LENGTH": over["max_length"],
+            "hidden_size": over["hidden_size"],
+            "inner_size": job.get("inner_size") or over["hidden_size"],
+            "n_layers": over["num_blocks"],
+            "n_heads": over["num_heads"],
             "hidden_dropout_prob": dropout,
             "attn_dropout_prob": dropout,
             "loss_type": "CE",
             "train_neg_sample_args": None,
-            "learning_rate": over.get("learning_rate", 1e-3),
-            "weight_decay": over.get("weight_decay", 0.0),
+            "learning_rate": over["learning_rate"],
+            "weight_decay": over["weight_decay"],
             "train_batch_size": job.get("train_batch_size", 2048),
             "epochs": job.get("epochs", 200),
-            "stopping_step": over.get("patience", 10),
+            "stopping_step": over["patience"],
             "eval_args": {
                 "split": {"LS": "valid_and_test"},
                 "order": "TO",
@@ -226,7 +245,7 @@ def recbole_worker(job: dict) -> None:
             "topk": [10],
             "valid_metric": "NDCG@10",
             "eval_batch_size": 1024,
-            "seed": over.get("seed", 0),
+            "seed": over["seed"],
             "reproducibility": True,
             "device": "cpu",
             "use_gpu": False,
@@ -432,7 +451,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.datasets:
         if not args.skip_ours:
             rows.append(run_ours(name, overrides))
-            print(json.dumps(rows[-1]), flush=True)
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "history"}), flush=True)
         if args.recbole_venv is not None:
             kinds = ["ours", "native"] if args.recbole_data == "both" else [args.recbole_data]
             for data in kinds:
@@ -446,7 +465,7 @@ def main(argv: list[str] | None = None) -> None:
                     "inner_size": args.recbole_inner_size,
                 }
                 rows.append(run_recbole(name, args.recbole_venv, data, overrides, recbole_args))
-                print(json.dumps(rows[-1]), flush=True)
+                print(json.dumps({k: v for k, v in rows[-1].items() if k != "history"}), flush=True)
     print_table(rows)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
