@@ -145,9 +145,10 @@ def random_slots(
     items (seeded, history-blind) in the remaining slots."""
     rng = random.Random(seed)
     quota = int(share * k + 1e-9)
+    new = set(new_ids)
     lists = []
     for items in recs.items:
-        kept = [i for i in items if i not in set(new_ids)][: k - quota]
+        kept = [i for i in items if i not in new][: k - quota]
         fill = [i for i in rng.sample(new_ids, min(len(new_ids), quota + k)) if i not in kept]
         lists.append(kept + fill[: k - len(kept)])
     return lists
