@@ -107,6 +107,7 @@ def start(
         sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
         logging.getLogger().handlers.clear()  # pytest's capture handlers: a fresh process has none
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        _one_thread_after_fork()
         if user is not None:
             os.setgid(user)
             os.setuid(user)
@@ -125,6 +126,15 @@ def start(
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _one_thread_after_fork() -> None:
+    """A forked child must not enter OpenMP: libgomp's thread pool does not survive ``fork`` (the parent's
+    workers are gone, so the child's first parallel region waits for them forever). With one thread, torch
+    runs its kernels inline."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
 
 
 def run(fn: Callable[..., Any], *args: Any, timeout: float = 300, **kwargs: Any) -> Forked:
