@@ -291,6 +291,15 @@ class HubRequestHandler(BaseHTTPRequestHandler):
                 self.rfile.readline()
         return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
+    _recorded = False
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        """Record ``(method, path, status)`` before the client can read the response: a test that asserts
+        on ``requests`` right after a call returns must find that call there."""
+        self.server.requests.append((self.command, urlsplit(self.path).path, code))
+        self._recorded = True
+        super().send_response(code, message)
+
     def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
         headers = {"Content-Type": "application/json", "Content-Length": str(len(body)), **(headers or {})}
@@ -304,6 +313,7 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         self._send(status, json.dumps(payload).encode(), headers)
 
     def _handle(self, method: str) -> None:
+        self._recorded = False  # one handler serves every request of a kept-alive connection
         url = urlsplit(self.path)
         parts = [unquote(p) for p in url.path.split("/")[1:]]
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
@@ -326,7 +336,8 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         except Exception as err:  # a bug here must reach the test as a 500, not a hung client
             self._json({"error": f"{type(err).__name__}: {err}"}, 500, {"X-Error-Message": str(err)})
         finally:
-            self.server.requests.append((method, url.path, status))
+            if not self._recorded:  # nothing was sent (a dropped connection): still on the record
+                self.server.requests.append((method, url.path, status))
 
     @property
     def state(self) -> HubState:
