@@ -22,9 +22,13 @@ from peft_grounded import assets
 from peft_grounded.evaluation import EvalSettings
 from peft_grounded.pipeline import Budget, Experiment, run_strategy
 from peft_grounded.pipeline.side_by_side import (
+    PEER_LABELS,
     PEERS,
+    curve_table,
+    peer_curve,
     run_peers,
     side_by_side_table,
+    strategy_curve,
     strategy_row,
     summarise_rows,
 )
@@ -57,6 +61,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=0, help="keep the base's first N decoder blocks (0: all)")
     p.add_argument("--keep-history", action="store_true", help="let the LLM rows recommend history items")
     p.add_argument("--sft-steps", type=int, default=0, help="step cap on SFT (0: the time alone)")
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="validation Recall@10 of the LLM rows every N SFT steps, for the learning curve (0: off)",
+    )
+    p.add_argument("--curve-users", type=int, default=200, help="validation users of those points")
     p.add_argument("--smoke", action="store_true")
     return p.parse_args(argv)
 
@@ -101,6 +112,8 @@ def main(argv=None) -> int:
         eval_parts=("test",),
         max_train_examples=64 if args.smoke else None,
         max_grounding_examples=64 if args.smoke else 4000,
+        eval_every=args.eval_every,
+        curve_users=args.curve_users,
     )
     fmt = PromptFormat(objective="sequence", max_history=19)
     model_path = str(assets.smollm2())
@@ -122,6 +135,7 @@ def main(argv=None) -> int:
 
         sasrec = SASRecConfig(max_minutes=0.2 if args.smoke else args.sasrec_minutes, seed=0)
     peers: dict[str, list] = {}
+    curves: dict[str, list] = {}  # (training minutes, validation Recall@10): SASRec's epochs, the LLM's points
     for seed in args.seeds:
         found = run_peers(
             catalogue,
@@ -141,6 +155,7 @@ def main(argv=None) -> int:
             "minutes": seeds[0]["minutes"],
             "threads": seeds[0]["threads"],
         }
+        curves[seeds[0]["label"]] = peer_curve(seeds[0])
     for name in args.strategies:
         records = []
         for seed in args.seeds:
@@ -155,6 +170,7 @@ def main(argv=None) -> int:
                 )
             )
         rows[name] = strategy_row(name, records)
+        curves[rows[name]["label"]] = strategy_curve(records[0])
     reference = args.reference if args.reference in rows else next(iter(rows))
     subsets = ("all", "warm", "cold")
     cold = experiment.split.cold_items(budget.evaluation.cold_max_count)
@@ -165,6 +181,24 @@ def main(argv=None) -> int:
         f"{' '.join(sys.argv[1:] if argv is None else argv)}`; precision {'bf16' if bf16 else 'fp32'}; "
         f"LLM rows: {args.minutes:g} min SFT each (grounding strategies +{args.grounding_minutes:g}).\n\n"
     )
+    llm = {name: rows[name] for name in args.strategies}
+    if len(llm) > 1:  # the target's likelihood: finer than Recall where few users are hit
+        nll_reference = args.reference if args.reference in llm else args.strategies[0]
+        nll = summarise_rows(llm, nll_reference, "constrained_nll", subsets=subsets, cold_items=cold)
+        table += (
+            "\n## Target NLL of the LLM rows (nats, over the catalogue's SIDs; lower is better)\n\n"
+            + side_by_side_table(nll, nll_reference, "constrained NLL", subsets=subsets)
+        )
+    curves = {name: points for name, points in curves.items() if points}
+    if curves:
+        table += (
+            "\n## Learning curves (validation Recall@10 within each budget of training minutes, seed "
+            f"{args.seeds[0]})\n\n"
+            + curve_table(curves, best_so_far=[PEER_LABELS["sasrec"]])
+            + f"\nSASRec: after each epoch, all validation users, its best epoch so far (the one it keeps). "
+            f"LLM rows: every {args.eval_every} steps inside one run (learning rate not yet annealed), "
+            f"{args.curve_users} seeded validation users.\n"
+        )
     (out / "side_by_side.md").write_text(header + table)
     write_json_atomic(out / "side_by_side.json", {"summaries": summaries, "reference": reference})
     print(header + table, flush=True)

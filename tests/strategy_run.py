@@ -36,10 +36,12 @@ def main() -> None:
     record = run_strategy("gti", experiment, budget, out)
     rank = int(os.environ.get("RANK", "0"))
     Path(results).mkdir(parents=True, exist_ok=True)
-    keep = {k: record[k] for k in ("metrics", "likelihood", "validation_curve")}
-    keep["valid_curve"] = [
-        {k: v for k, v in p.items() if k not in ("seconds",)} for p in record["curve"]["sft"]["valid"]
-    ]
+    keep = {k: record[k] for k in ("metrics", "likelihood")}
+    for name, points in (
+        ("validation_curve", record["validation_curve"]),
+        ("valid_curve", record["curve"]["sft"]["valid"]),
+    ):
+        keep[name] = [{k: v for k, v in p.items() if k != "seconds"} for p in points]  # each rank's own clock
     (Path(results) / f"rank{rank}.json").write_text(json.dumps(keep, sort_keys=True))
 
 

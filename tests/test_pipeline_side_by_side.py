@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from peft_grounded.pipeline.side_by_side import side_by_side_table, strategy_row, summarise_rows
+from peft_grounded.pipeline.side_by_side import (
+    curve_table,
+    peer_curve,
+    side_by_side_table,
+    strategy_row,
+    summarise_rows,
+)
 
 
 def records(hits, cold_users=(), users=None):
@@ -60,3 +66,23 @@ def test_strategy_row_reads_the_runners_records():
     run = {"users": {"test": records([1])}, "timings": {"sft_s": 120.0, "grounding_s": 60.0}, "threads": 1}
     row = strategy_row("centroid", [run, run])
     assert row["minutes"] == pytest.approx(3.0) and len(row["records"]) == 2 and row["threads"] == 1
+
+
+def test_curve_table_reads_each_budget_from_the_points_before_it():
+    curves = {
+        "SASRec": [(0.1, 0.10), (0.2, 0.18), (0.3, 0.16), (4.8, 0.20)],  # keeps its best epoch
+        "LLM": [(6.0, 0.02), (11.0, 0.03), (29.0, 0.05)],
+    }
+    table = curve_table(curves, budgets=(0.25, 1, 5, 12, 30, 60), best_so_far=["SASRec"])
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in table.splitlines()[2:]}
+    assert [c.strip(" |") for c in rows["SASRec"]] == ["0.180", "0.180", "0.200", "—", "—", "—"]
+    assert [c.strip(" |") for c in rows["LLM"]] == ["—", "—", "—", "0.030", "0.050", "—"]
+
+
+def test_peer_curve_reads_the_epochs_a_peer_records():
+    epochs = [
+        {"epoch": 1, "seconds": 6.0, "valid_recall@10": 0.07},
+        {"epoch": 2, "seconds": 12.0, "valid_recall@10": 0.09},
+    ]
+    assert peer_curve({"epochs": epochs}) == [(0.1, 0.07), (0.2, 0.09)]
+    assert peer_curve({"records": []}) == []  # a peer without epochs (popularity, KNN) has no curve

@@ -11,6 +11,7 @@ from toy_catalogue import toy_catalogue, toy_index
 
 from peft_grounded.evaluation import EvalSettings
 from peft_grounded.pipeline import Budget, Experiment, run_strategy
+from peft_grounded.pipeline.side_by_side import strategy_curve
 from peft_grounded.prompts import HistoryError, PromptFormat, inference_prompts
 from peft_grounded.recommend import recommendation_examples, training_dataset
 from peft_grounded.training.runs import RunMismatchError
@@ -80,6 +81,9 @@ def test_runner_trains_evaluates_and_resumes(toy, model_dir, tmp_path):
     assert test["all"]["users"] == 6 and "recall@10" in test["all"] and "cold" in test
     assert test["decoding"]["invalid"] == 0 and test["decoding"]["invalid_rate"] == 0
     assert [p["step"] for p in record["validation_curve"]] == [1, 2]
+    points = strategy_curve(record)  # the learning curve: training minutes of each validation point
+    assert [v for _, v in points] == [p["recall@10"] for p in record["validation_curve"]]
+    assert 0 < points[0][0] <= points[1][0] <= record["timings"]["sft_s"] / 60
     for stage in ("init", "grounding", "sft"):
         assert (out / stage / "adapter" / "adapter_model.safetensors").is_file()
     assert json.loads((out / "metrics.json").read_text())["metrics"] == record["metrics"]

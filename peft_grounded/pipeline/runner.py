@@ -188,7 +188,11 @@ def run_strategy(
     history = sft_log.entries or _log_history(stage)  # a stage finished earlier: its file
     curves["sft"] = learning_curve(history)
     recall_curve = [
-        {"step": e["step"], **{k[len("eval_") :]: v for k, v in e.items() if k.startswith("eval_")}}
+        {
+            "step": e["step"],
+            **({"seconds": e["seconds"]} if "seconds" in e else {}),  # the training clock at that point
+            **{k[len("eval_") :]: v for k, v in e.items() if k.startswith("eval_")},
+        }
         for e in history
         if "step" in e and any(k.startswith("eval_recall@") for k in e)
     ]

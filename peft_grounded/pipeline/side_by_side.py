@@ -223,3 +223,60 @@ def strategy_row(name: str, records: Sequence[Mapping[str, Any]]) -> dict[str, A
         "minutes": float(np.mean(minutes)) if minutes else math.nan,
         "threads": records[0].get("threads") if records else None,
     }
+
+
+# ---------------------------------------------------------------------------------------- learning curves
+
+
+def strategy_curve(record: Mapping[str, Any], metric: str = "recall@10") -> list[tuple[float, float]]:
+    """``(training minutes, validation metric)`` at each validation point of a runner result (its
+    ``validation_curve``, logged every ``Budget.eval_every`` steps; the minutes are the training clock's at
+    that point, or for a run recorded without them, at the nearest training log before it). Points inside a run: the learning rate is not yet
+    annealed there, so a shorter run of its own would score at least as well."""
+    logs = sorted(
+        (e["step"], e["seconds"])
+        for e in record.get("curve", {}).get("sft", {}).get("train", [])
+        if "seconds" in e
+    )
+    points = []
+    for point in record.get("validation_curve", []):
+        before = [s for step, s in logs if step <= point["step"]]
+        seconds = point.get("seconds", before[-1] if before else None)
+        if metric in point and seconds is not None:
+            points.append((seconds / 60, float(point[metric])))
+    return points
+
+
+def peer_curve(peer: Mapping[str, Any], metric: str = "recall@10") -> list[tuple[float, float]]:
+    """``(training minutes, validation metric)`` after each epoch of a peer that records them (SASRec)."""
+    return [
+        (e["seconds"] / 60, float(e[f"valid_{metric}"])) for e in peer.get("epochs") or () if "seconds" in e
+    ]
+
+
+def curve_table(
+    curves: Mapping[str, Sequence[tuple[float, float]]],
+    budgets: Sequence[float] = (0.5, 1, 2, 5, 12, 30, 60, 120),
+    metric: str = "recall@10",
+    *,
+    best_so_far: Sequence[str] = (),
+    digits: int = 3,
+) -> str:
+    """Markdown: per row the metric reached within each budget of training minutes: its last point at or
+    before the budget (for the rows named in ``best_so_far``, which keep their best epoch, the best point so
+    far); ``—`` before a row's first point and past its end (a budget more than 10% beyond its last point)."""
+    lines = [
+        f"| model | {' | '.join(f'{b:g} min' for b in budgets)} |",
+        "|---|" + "---:|" * len(budgets),
+    ]
+    for name, points in curves.items():
+        points = sorted(points)
+        cells = []
+        for budget in budgets:
+            within = [v for m, v in points if m <= budget]
+            if not within or budget > points[-1][0] * 1.1:
+                cells.append("—")
+            else:
+                cells.append(f"{(max(within) if name in best_so_far else within[-1]):.{digits}f}")
+        lines.append(f"| {name} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
