@@ -15,6 +15,7 @@ paired differences against ``--reference``, training minutes and threads per row
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -67,9 +68,24 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=0,
         help="validation Recall@10 of the LLM rows every N SFT steps, for the learning curve (0: off)",
     )
-    p.add_argument("--curve-users", type=int, default=200, help="validation users of those points")
+    p.add_argument("--curve-users", type=int, default=100, help="validation users of those points")
+    p.add_argument("--also", nargs="*", default=[], help="more ranking metrics, one table each (recall@5 ...)")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="tables from the LLM runs already finished in --out, whatever their settings (nothing trains)",
+    )
     p.add_argument("--smoke", action="store_true")
     return p.parse_args(argv)
+
+
+def finished_record(folder: Path, name: str) -> dict:
+    """The runner's results of a finished run of strategy ``name`` in ``folder`` (for ``--report-only``)."""
+    path = folder / "metrics.json"
+    record = json.loads(path.read_text()) if path.is_file() else None
+    if not isinstance(record, dict) or record.get("strategy") != name or "users" not in record:
+        raise SystemExit(f"{path}: no finished run of strategy {name!r} (run without --report-only first)")
+    return record
 
 
 def main(argv=None) -> int:
@@ -159,16 +175,12 @@ def main(argv=None) -> int:
     for name in args.strategies:
         records = []
         for seed in args.seeds:
+            folder = out / "strategies" / f"{name}-seed{seed}"
+            if args.report_only:
+                records.append(finished_record(folder, name))
+                continue
             print(f"[side-by-side] {name} seed {seed}", flush=True)
-            records.append(
-                run_strategy(
-                    name,
-                    experiment,
-                    budget.with_seed(seed),
-                    out / "strategies" / f"{name}-seed{seed}",
-                    resume=True,
-                )
-            )
+            records.append(run_strategy(name, experiment, budget.with_seed(seed), folder, resume=True))
         rows[name] = strategy_row(name, records)
         curves[rows[name]["label"]] = strategy_curve(records[0])
     reference = args.reference if args.reference in rows else next(iter(rows))
@@ -176,6 +188,13 @@ def main(argv=None) -> int:
     cold = experiment.split.cold_items(budget.evaluation.cold_max_count)
     summaries = summarise_rows(rows, reference, subsets=subsets, cold_items=cold)
     table = side_by_side_table(summaries, reference, subsets=subsets)
+    for metric in args.also:
+        table += f"\n## {metric}\n\n" + side_by_side_table(
+            summarise_rows(rows, reference, metric, subsets=subsets, cold_items=cold),
+            reference,
+            metric,
+            subsets=subsets,
+        )
     header = (
         f"# Side by side: {catalogue.name}\n\nCommand: `python benchmarks/side_by_side.py "
         f"{' '.join(sys.argv[1:] if argv is None else argv)}`; precision {'bf16' if bf16 else 'fp32'}; "
