@@ -9,7 +9,9 @@ Builds the SIDs (MiniLM, 3 x 64 + disambiguation; cached in ``<out>/sids``), sco
 the experiment runner for ``--minutes`` of SFT (the sequence objective, LoRA r 8 on all linear layers + the
 new rows, lr 1e-3, batch 8; bf16 only on a CPU with native bf16), then prints and writes
 ``<out>/side_by_side.md`` / ``.json``: Recall@10 on all test users and on cold-target users, mean [95% CI],
-paired differences against ``--reference``, training minutes and threads per row. Everything resumes.
+paired differences against ``--reference``, training minutes and threads per row; with several LLM rows,
+their target NLL; with ``--eval-every N``, learning curves (SASRec's epochs and the LLM's validation points
+against training minutes). Everything resumes; ``--report-only`` rebuilds the tables from finished runs.
 """
 
 from __future__ import annotations
