@@ -230,9 +230,9 @@ def strategy_row(name: str, records: Sequence[Mapping[str, Any]]) -> dict[str, A
 
 def strategy_curve(record: Mapping[str, Any], metric: str = "recall@10") -> list[tuple[float, float]]:
     """``(training minutes, validation metric)`` at each validation point of a runner result (its
-    ``validation_curve``, logged every ``Budget.eval_every`` steps; the minutes are the training clock's at
-    that point, or for a run recorded without them, at the nearest training log before it). Points inside a run: the learning rate is not yet
-    annealed there, so a shorter run of its own would score at least as well."""
+    ``validation_curve``, every ``Budget.eval_every`` steps): the training clock at that point (for a run
+    recorded without it, at the last training log before it). Points inside a run: the learning rate is not
+    annealed yet there, so a run stopping at that time would score at least as well."""
     logs = sorted(
         (e["step"], e["seconds"])
         for e in record.get("curve", {}).get("sft", {}).get("train", [])
