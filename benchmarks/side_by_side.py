@@ -216,9 +216,14 @@ def main(argv=None) -> int:
             "\n## Learning curves (validation Recall@10 within each budget of training minutes, seed "
             f"{args.seeds[0]})\n\n"
             + curve_table(curves, best_so_far=[PEER_LABELS["sasrec"]])
-            + f"\nSASRec: after each epoch, all validation users, its best epoch so far (the one it keeps). "
-            f"LLM rows: every {args.eval_every} steps inside one run (learning rate not yet annealed), "
-            f"{args.curve_users} seeded validation users.\n"
+            + "\nSASRec: after each epoch, all validation users, its best epoch so far (the one it keeps)."
+            + (
+                f" LLM rows: every {args.eval_every} steps inside one run (learning rate not yet annealed), "
+                f"{args.curve_users} seeded validation users."
+                if args.eval_every
+                else ""
+            )
+            + "\n"
         )
     (out / "side_by_side.md").write_text(header + table)
     write_json_atomic(out / "side_by_side.json", {"summaries": summaries, "reference": reference})
