@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from peft_grounded import assets
@@ -151,7 +152,7 @@ def main(argv=None) -> int:
     if "sasrec" in args.peers:
         from peft_grounded.peers.sasrec import SASRecConfig
 
-        sasrec = SASRecConfig(max_minutes=0.2 if args.smoke else args.sasrec_minutes, seed=0)
+        sasrec = SASRecConfig(max_minutes=0.2 if args.smoke else args.sasrec_minutes)
     peers: dict[str, list] = {}
     curves: dict[str, list] = {}  # (training minutes, validation Recall@10): SASRec's epochs, the LLM's points
     for seed in args.seeds:
@@ -162,7 +163,7 @@ def main(argv=None) -> int:
             settings[seed],
             out / "peers" / f"seed{seed}",
             args.peers,
-            sasrec=sasrec,
+            sasrec=None if sasrec is None else replace(sasrec, seed=seed),  # one SASRec per seed
         )
         for name, row in found.items():
             peers.setdefault(name, []).append(row)
