@@ -98,5 +98,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
 
 
+def run() -> None:
+    """The ``peft-grounded`` console command: :func:`main`, then exit with its code.
+
+    After Ctrl-C the process leaves through ``os._exit(130)`` once its streams and logs are flushed. Seen once
+    in CI: a run that printed its "interrupted" line and returned 130 still died by SIGINT (status -2), which
+    CPython does at exit when it recorded the KeyboardInterrupt as unhandled in an inner evaluation, depending
+    on where the signal landed. By then the outputs are complete or absent (atomic writes; ``finally`` blocks
+    have run).
+    """
+    code = main()
+    if code == 130:  # errors.EXIT_INTERRUPTED
+        import logging
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -1,7 +1,5 @@
 """``python -m peft_grounded.cli``: the ``peft-grounded`` command."""
 
-import sys
+from . import run
 
-from . import main
-
-sys.exit(main())
+run()
