@@ -107,8 +107,10 @@ def run() -> None:
     on where the signal landed. By then the outputs are complete or absent (atomic writes; ``finally`` blocks
     have run).
     """
+    from .errors import EXIT_INTERRUPTED
+
     code = main()
-    if code == 130:  # errors.EXIT_INTERRUPTED
+    if code == EXIT_INTERRUPTED:
         import logging
 
         logging.shutdown()
