@@ -54,7 +54,7 @@ def test_library_modules_import_no_harness_and_no_extra_at_module_level():
 
 
 def test_a_missing_extra_names_the_pip_line(monkeypatch):
-    import peft_grounded.diagnostics  # noqa: F401  (the package and transformers load before anything hides)
+    import peft_grounded.diagnostics  # the package and transformers load before anything hides
     from peft_grounded.cli.errors import describe
     from peft_grounded.sids.encoders import SentenceTransformerEncoder
 
