@@ -20,12 +20,6 @@ class MissingExtraError(ModuleNotFoundError):
     """A module of an extra that is not installed; the message names ``pip install 'peft-grounded[extra]'``."""
 
 
-def install_hint(module: str) -> str:
-    """``pip install 'peft-grounded[extra]'`` for the extra that brings ``module``."""
-    package, extra = EXTRA_OF[module.split(".")[0]]
-    return f"pip install 'peft-grounded[{extra}]' (or '[all]') brings {package}"
-
-
 def require(module: str, what: str) -> ModuleType:
     """Import ``module`` (of an extra in :data:`EXTRA_OF`) for ``what`` (the feature that needs it, for the
     message); a missing package raises :class:`MissingExtraError`; an import failing inside it is left as is."""
