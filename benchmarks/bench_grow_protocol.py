@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import time
 from collections import Counter
@@ -51,6 +50,7 @@ from peft_grounded.decoding.semantic_mixture import SemanticMixture
 from peft_grounded.evaluation import EvalSettings
 from peft_grounded.evaluation.intervals import bootstrap_interval
 from peft_grounded.evaluation.metrics import metric_value, ranking_metrics, target_rank
+from peft_grounded.evaluation.new_items import calibration_pairs, first_seen, new_item_examples
 from peft_grounded.evaluation.users import item_token_ids
 from peft_grounded.growth import add_items, grow_adapter
 from peft_grounded.growth.grounding import ground_new_items
@@ -61,40 +61,6 @@ from peft_grounded.prompts import PromptFormat, inference_prompts
 from peft_grounded.sids import build_sids, load_catalogue
 from peft_grounded.sids.encoders import encode_texts, load_encoder
 from peft_grounded.sids.text import TextTemplate
-
-
-def first_seen(catalogue, dataset: str) -> dict[str, float]:
-    """Per item, the time of its first interaction (RecBole timestamps), else a position proxy."""
-    directory = assets.movielens_100k() if dataset == "movielens-100k" else Path(dataset)
-    inter = sorted(Path(directory).glob("*.inter")) if Path(directory).is_dir() else []
-    if inter:
-        lines = inter[0].read_text().splitlines()
-        header = [h.split(":")[0] for h in lines[0].split("\t")]
-        if "timestamp" in header:
-            i_item, i_time = header.index("item_id"), header.index("timestamp")
-            seen: dict[str, float] = {}
-            for line in lines[1:]:
-                cells = line.split("\t")
-                item, stamp = cells[i_item], float(cells[i_time])
-                seen[item] = min(seen.get(item, math.inf), stamp)
-            return {i: seen.get(i, math.inf) for i in catalogue.items}
-    seen = {}
-    for seq in catalogue.sequences.values():
-        for pos, item in enumerate(seq):
-            seen[item] = min(seen.get(item, math.inf), pos / max(len(seq), 1))
-    return {i: seen.get(i, math.inf) for i in catalogue.items}
-
-
-def new_item_examples(split, new: set[str], max_history: int, positions: str) -> list[tuple]:
-    """One scored example per user whose target is a new item: its test target (``positions="test"``),
-    or, with ``"last-two"``, the test target when new, else the validation target when new (the history
-    before it). No model trains on either position, so both are fair for the retrained reference too."""
-    chosen = {e[0]: e for e in split.test_examples(max_history) if e[2] in new}
-    if positions == "last-two":
-        for e in split.valid_examples(max_history):
-            if e[2] in new and e[0] not in chosen:
-                chosen[e[0]] = e
-    return [chosen[u.user_id] for u in split.users if u.user_id in chosen]
 
 
 def interval(values: np.ndarray, seed: int, rounds: int) -> tuple[float, float]:
@@ -182,14 +148,6 @@ def full_histories(split, examples: list[tuple]) -> list[tuple[str, ...]]:
         u = by_user[user]
         out.append(u.history if target == u.valid and target != u.test else (*u.history, u.valid))
     return out
-
-
-def calibration_pairs(split, positions: str) -> list[tuple[tuple[str, ...], str]]:
-    """``(history, next item)`` at the position before the scored one, for every user: what the serving
-    side has logged since the model trained, never a scored target."""
-    if positions == "test":
-        return [(u.history, u.valid) for u in split.users]
-    return [(u.history[:-1], u.history[-1]) for u in split.users if len(u.history) > 1]
 
 
 SMOKE = dict(  # a path check, not a measurement: seconds of training, a few users

@@ -78,6 +78,9 @@ def smollm2() -> Path:
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from ._extras import require
+
+    require("gguf", "converting the packaged SmolLM2 GGUF")
     gguf = smollm2_gguf()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 import warnings
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,32 @@ _NATIVE_CAPABILITIES = (
     "AVX512",
     "AMX",
 )  # torch's capability names that come with bf16 when no flags are known
+
+
+# Values of each variable that hold a process below native bf16 (upper case; anything else, e.g. ``avx512``,
+# ``AVX512_CORE_BF16`` or ``ALL``, leaves the CPU's own flags to decide: a variable can lower, never raise).
+ISA_VARIABLES: dict[str, frozenset[str]] = {
+    # torch's CPU kernels (read by torch at import; read here each time)
+    "ATEN_CPU_CAPABILITY": frozenset({"DEFAULT", "NO_AVX", "AVX", "AVX2", "ZVECTOR", "VSX"}),
+    # oneDNN's ISAs below AVX512_CORE_BF16
+    "ONEDNN_MAX_CPU_ISA": frozenset(
+        {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}
+    ),
+    # MKL's code paths without bf16 (AVX512_E1 is VNNI)
+    "MKL_ENABLE_INSTRUCTIONS": frozenset({"SSE4_2", "AVX", "AVX2", "AVX2_E1", "AVX512", "AVX512_E1"}),
+}
+
+
+def isa_limits(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The variables of ``environ`` (default ``os.environ``) that hold the process below native bf16, as
+    ``NAME=value`` (see :data:`ISA_VARIABLES`); empty when none does."""
+    environ = os.environ if environ is None else environ
+    found = []
+    for name, below in ISA_VARIABLES.items():
+        value = environ.get(name, "").strip()
+        if value and value.upper().replace("-", "_").replace(" ", "_") in below:
+            found.append(f"{name}={value}")
+    return found
 
 
 @dataclass(frozen=True)
@@ -73,8 +100,19 @@ def cpu_has_native_bf16(capability: str, flags: Collection[str] | None) -> bool:
     return capability.upper().startswith(_NATIVE_CAPABILITIES)
 
 
-def choose_cpu_precision(capability: str, flags: Collection[str] | None) -> PrecisionChoice:
-    """bf16 on a CPU with native bf16, float32 where it is emulated; the reason names what decided it."""
+def choose_cpu_precision(
+    capability: str, flags: Collection[str] | None, environ: Mapping[str, str] | None = None
+) -> PrecisionChoice:
+    """bf16 on a CPU with native bf16, float32 where it is emulated or where a variable of ``environ``
+    (default: none; :func:`choose_precision` passes ``os.environ``) holds the process below it; the reason
+    names what decided it."""
+    limits = isa_limits(environ or {})
+    if limits:
+        return PrecisionChoice(
+            False,
+            f"float32: the environment holds the CPU below native bf16 ({', '.join(limits)}; CPU capability "
+            f"{capability}), so bf16 would be emulated, which is many times slower than float32",
+        )
     found = sorted(set(flags or ()) & set(NATIVE_BF16_FLAGS))
     if flags is not None:
         evidence = f"CPU capability {capability}, " + (
@@ -89,16 +127,21 @@ def choose_cpu_precision(capability: str, flags: Collection[str] | None) -> Prec
     )
 
 
-@functools.cache
 def choose_precision(device: str = "cpu") -> PrecisionChoice:
-    """The precision for ``device`` on this machine (cached): a GPU's bf16 support, or the CPU's."""
+    """The precision for ``device`` on this machine: a GPU's bf16 support, or the CPU's under the current
+    environment's limits (:func:`isa_limits`; cached per device and limits)."""
+    return _choose_precision(device, tuple(isa_limits()))
+
+
+@functools.cache
+def _choose_precision(device: str, limits: tuple[str, ...]) -> PrecisionChoice:
     import torch
 
     if device.startswith("cuda"):
         if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
             return PrecisionChoice(True, "bf16: the GPU supports it")
         return PrecisionChoice(False, "float32: the GPU does not support bf16")
-    return choose_cpu_precision(cpu_capability(), cpu_flags())
+    return choose_cpu_precision(cpu_capability(), cpu_flags(), dict(v.split("=", 1) for v in limits))
 
 
 @functools.cache

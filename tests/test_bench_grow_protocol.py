@@ -1,4 +1,5 @@
-"""The new-item protocol script's defaults, scoring and (paired) bootstrap intervals; no model runs."""
+"""The new-item protocol script's defaults, scoring and (paired) bootstrap intervals; no model runs. Which
+items are new and which users are scored: tests/test_evaluation_new_items.py."""
 
 from __future__ import annotations
 
@@ -16,11 +17,14 @@ def protocol():
     return bench_grow_protocol
 
 
-def test_defaults_are_the_cpu_protocol(protocol):
+def test_defaults_are_the_cpu_protocol(protocol, monkeypatch):
+    from peft_grounded.precision import choose_precision
+
     args = protocol.parse_args(["--out", "x"])
     assert (args.objective, args.max_history, args.max_length) == ("sequence", 19, 128)
     assert (args.lora_r, args.lora_alpha, args.lr, args.batch_size) == (8, 16, 1e-3, 8)
-    assert not args.no_bf16 and args.users == 0 and args.max_examples == 0  # all users, all rows
+    assert args.no_bf16 is not choose_precision("cpu").bf16  # the precision follows the machine
+    assert args.users == 0 and args.max_examples == 0  # all users, all rows
     assert args.minutes > 0 and not args.smoke
     assert args.replay == [0.0, 1.0] and args.old_users == 200  # with and without old items' pairs
     assert args.new_item_share == [0.1, 0.2] and args.match_levels is None and args.num_beams == 20
@@ -33,6 +37,9 @@ def test_defaults_are_the_cpu_protocol(protocol):
     smoke = protocol.parse_args(["--out", "x", "--smoke"])
     assert smoke.minutes < 1 and smoke.users > 0 and 0 < smoke.old_users < args.old_users
     assert "SMOKE" in protocol.plan(smoke, grounds=False)
+    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):  # an AVX2 CPU
+        monkeypatch.setenv(name, "avx2")
+    assert protocol.parse_args(["--out", "x"]).no_bf16  # float32 there
 
 
 def test_score_per_user_and_slot_share(protocol):
@@ -55,29 +62,6 @@ def test_bootstrap_is_paired_and_seeded(protocol):
     assert lo < a.mean() < hi
     assert protocol.interval(a, seed=3, rounds=500) == (lo, hi)  # seeded
     assert all(np.isnan(protocol.interval(np.array([]), seed=3, rounds=500)))
-
-
-def test_new_item_examples_one_per_user_at_untrained_positions(protocol):
-    from peft_grounded.sids.catalogue import LeaveOneOut
-
-    split = LeaveOneOut.from_sequences(
-        {
-            "u1": ("a", "b", "c", "n1"),  # test target new
-            "u2": ("a", "b", "n2", "c"),  # validation target new, test old
-            "u3": ("a", "n1", "b", "c"),  # new item only in training history: never scored
-            "u4": ("a", "b", "n1", "n2"),  # both new: the test target, once
-        }
-    )
-    new = {"n1", "n2"}
-    test = protocol.new_item_examples(split, new, 19, "test")
-    assert [(u, t) for u, _, t in test] == [("u1", "n1"), ("u4", "n2")]
-    both = protocol.new_item_examples(split, new, 19, "last-two")
-    assert [(u, h, t) for u, h, t in both] == [
-        ("u1", ("a", "b", "c"), "n1"),
-        ("u2", ("a", "b"), "n2"),  # the history before the validation target: no test item in it
-        ("u4", ("a", "b", "n1"), "n2"),
-    ]
-    assert protocol.parse_args(["--out", "x"]).positions == "test"
 
 
 @pytest.fixture(scope="module")

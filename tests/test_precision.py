@@ -1,10 +1,12 @@
 """bf16 or float32 chosen by the machine: the decision for every kind of CPU (capability strings and flag
-sets given as arguments), the demo's presets under it, RunConfig's unset bf16, and the warning an explicit
-bf16 gets where the CPU emulates it."""
+sets given as arguments), the variables that hold a process to AVX2 (set here, so the tests hold on any
+CPU), the demo's presets under it, RunConfig's unset bf16, and the warning an explicit bf16 gets where the
+CPU emulates it."""
 
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -18,6 +20,7 @@ from peft_grounded.precision import (
     cpu_flags,
     cpu_has_native_bf16,
     emulation_warning,
+    isa_limits,
     script_precision,
 )
 
@@ -68,9 +71,60 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
     assert cpu_flags(tmp_path / "missing") is None
 
 
+AVX2_ENVIRONMENT = {  # what the suite runs under to play an AVX2 CPU on any machine
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+}
+
+
+def as_avx2(monkeypatch) -> None:
+    for name, value in AVX2_ENVIRONMENT.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.mark.parametrize(
+    "environ, native",
+    [
+        ({}, True),
+        ({"ATEN_CPU_CAPABILITY": "avx2"}, False),
+        ({"ATEN_CPU_CAPABILITY": "default"}, False),
+        ({"ATEN_CPU_CAPABILITY": "avx512"}, True),  # a variable lowers, never raises
+        ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, False),
+        ({"ONEDNN_MAX_CPU_ISA": "avx512_core"}, False),  # AVX-512 without its bf16 extension
+        ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, True),
+        ({"ONEDNN_MAX_CPU_ISA": "ALL"}, True),
+        ({"MKL_ENABLE_INSTRUCTIONS": "AVX2"}, False),
+        ({"MKL_ENABLE_INSTRUCTIONS": ""}, True),
+        (AVX2_ENVIRONMENT, False),
+    ],
+)
+def test_the_environment_holds_a_bf16_cpu_to_float32(environ, native):
+    choice = choose_cpu_precision(*SAPPHIRE_RAPIDS, environ)
+    assert choice.bf16 is native
+    if not native:  # the reason names every variable that decided it
+        assert all(f"{name}={value}" in choice.reason for name, value in environ.items())
+    assert choose_cpu_precision(*EPYC_AVX2, environ).bf16 is False  # and never turns bf16 on
+
+
+def test_this_machines_choice_follows_the_environment(monkeypatch):
+    for name in AVX2_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    assert isa_limits() == []
+    assert choose_precision("cpu").bf16 is cpu_has_native_bf16(cpu_capability(), cpu_flags())
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx2")
+    assert isa_limits() == ["ONEDNN_MAX_CPU_ISA=avx2"]
+    choice = choose_precision("cpu")
+    assert choice.bf16 is False and "ONEDNN_MAX_CPU_ISA=avx2" in choice.reason
+    as_avx2(monkeypatch)
+    assert len(isa_limits()) == 3 and choose_precision("cpu").bf16 is False
+    message = emulation_warning("bf16 (--bf16)", choose_precision("cpu"), 20.0)
+    assert "ATEN_CPU_CAPABILITY=avx2" in message
+
+
 def test_this_machine_follows_the_same_decision():
     choice = choose_precision("cpu")
-    assert choice.bf16 is cpu_has_native_bf16(cpu_capability(), cpu_flags())
+    assert choice == choose_cpu_precision(cpu_capability(), cpu_flags(), os.environ)
     ratio = bf16_slowdown()
     assert math.isfinite(ratio) and ratio > 0
 
@@ -98,11 +152,13 @@ def test_an_explicit_bf16_on_an_emulating_cpu_warns_with_the_measured_ratio():
     assert emulation_warning("bf16", choose_cpu_precision(*SAPPHIRE_RAPIDS), 0.3) is None
 
 
-def test_run_config_leaves_an_unset_bf16_to_the_machine(tmp_path):
+def test_run_config_leaves_an_unset_bf16_to_the_machine(tmp_path, monkeypatch):
     from peft_grounded.grounding import GroundingConfig
 
     unset = GroundingConfig(output_dir=str(tmp_path), max_steps=1, use_cpu=True)
     assert unset.bf16 is choose_precision("cpu").bf16  # TRL alone would turn bf16 on everywhere
+    as_avx2(monkeypatch)
+    assert GroundingConfig(output_dir=str(tmp_path), max_steps=1, use_cpu=True).bf16 is False
     assert GroundingConfig(output_dir=str(tmp_path), max_steps=1, use_cpu=True, bf16=False).bf16 is False
 
 

@@ -69,6 +69,26 @@ def test_build_sids_end_to_end(minilm, tmp_path):
     assert np.array_equal(again.codes, index.codes)
 
 
+def test_a_cache_shard_zeroed_in_place_is_detected_and_recomputed(minilm, tmp_path, caplog):
+    """A shard's vectors overwritten with zeros, same shape and header (the file still loads): the
+    checksum catches it, the shard is dropped with a warning, and its texts are encoded again."""
+    cat, cache = _catalogue(), tmp_path / "cache"
+    options = dict(encoder=minilm, levels=2, codes=4, cache_dir=cache, show_progress=False)
+    first = build_sids(cat, **options)
+    (vecs,) = cache.rglob("*.vecs.npy")
+    before = np.load(vecs)
+    header = len(vecs.read_bytes()) - before.nbytes
+    with open(vecs, "r+b") as f:  # zero the data in place, keep the .npy header
+        f.seek(header)
+        f.write(bytes(before.nbytes))
+    assert np.load(vecs).shape == before.shape and not np.load(vecs).any()
+    again = build_sids(cat, **options)
+    assert "fails its SHA-256 check" in caplog.text and "encoded again" in caplog.text
+    assert np.array_equal(again.codes, first.codes)
+    (recomputed,) = cache.rglob("*.vecs.npy")  # the zeroed shard is gone, a fresh one replaces it
+    assert recomputed != vecs and np.allclose(np.load(recomputed), before, atol=1e-5)
+
+
 def test_index_refuses_another_encoder(minilm, tiny_lm_encoder_dir, tmp_path):
     from peft_grounded.sids.encoders import LMEncoder
 

@@ -3,7 +3,8 @@
 :func:`describe` turns bad input (``ValueError``), files (``OSError``: missing, a folder where a file is
 expected, no permission, a full disk), the Hub client (HTTP refusals, no network, offline mode: the
 ``huggingface_hub`` errors and the ``httpx``/``requests`` transport errors it lets through), safetensors
-and JSON errors into a sentence that names the problem and the fix; anything else is a bug and keeps its
+and JSON errors, and a missing extra (``pip install 'peft-grounded[sids]'``), into a sentence that names
+the problem and the fix; anything else is a bug and keeps its
 traceback. Only the class names and modules are looked at, so nothing heavy is imported here.
 """
 
@@ -62,6 +63,8 @@ def _describe_os_error(err: OSError) -> str:
 def describe(err: BaseException) -> str | None:
     """The one-line message for ``err``, or ``None`` when it is not a user's error (a bug: re-raise it)."""
     modules, names = _modules(err), _names(err)
+    if "MissingExtraError" in names:  # an extra not installed: the message names the pip command
+        return str(err)
     if "OfflineModeIsEnabled" in names:
         return (
             f"{str(err).rstrip('.')}. HF_HUB_OFFLINE=1 is set, so the Hub is not contacted: unset it (or set it to 0) to push "

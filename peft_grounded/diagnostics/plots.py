@@ -12,12 +12,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-from matplotlib import colormaps
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
-from peft_grounded._io import atomic_write
+from peft_grounded._extras import require
+
+require("matplotlib", "the diagnostics figures (diagnose)")
+from matplotlib import colormaps  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from peft_grounded._io import atomic_write  # noqa: E402
 
 DPI = 110
 

@@ -14,6 +14,7 @@ from .metrics import (
     recall_at_k,
     target_rank,
 )
+from .new_items import calibration_pairs, first_seen, new_item_examples
 from .reports import (
     comparison_table,
     evaluate_predictions,
@@ -38,6 +39,7 @@ __all__ = [
     "EvalSettings",
     "Evaluation",
     "bootstrap_interval",
+    "calibration_pairs",
     "compare_users",
     "comparison_table",
     "evaluate",
@@ -46,12 +48,14 @@ __all__ = [
     "evaluate_popularity",
     "evaluate_predictions",
     "evaluate_split",
+    "first_seen",
     "intervals_table",
     "item_token_ids",
     "markdown_table",
     "metric_names",
     "metric_value",
     "ndcg_at_k",
+    "new_item_examples",
     "paired_intervals",
     "popularity_users",
     "rank_metrics",

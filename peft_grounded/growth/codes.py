@@ -39,7 +39,9 @@ def reassign_new(
     parent_codes: np.ndarray, new_codes: np.ndarray, entering: np.ndarray, last_book: np.ndarray
 ) -> tuple[np.ndarray, int]:
     """Last-level codes for new items: the nearest codes still free within their prefix group."""
-    from scipy.optimize import linear_sum_assignment
+    from .._extras import require
+
+    linear_sum_assignment = require("scipy.optimize", "codes for new items (add-items)").linear_sum_assignment
 
     codes = new_codes.copy()
     k = last_book.shape[0]

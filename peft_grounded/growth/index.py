@@ -285,7 +285,7 @@ def add_items(
     rest and list the others in ``report``.
     """
     from .. import checks
-    from ..sids.encoders import encode_texts, load_encoder
+    from ..sids.item_vectors import encode_items
     from ..sids.text import TextTemplate
 
     checks.raise_problems(
@@ -312,35 +312,25 @@ def add_items(
         items = list(catalogue)
     if not items:
         raise GrowthError("the catalogue of new items is empty")
-    template = TextTemplate.from_spec(index.text_template) if index.text_template else TextTemplate()
-    texts = template.render_all(items)
     if vectors is None:
-        empty = [it.item_id for it, t in zip(items, texts, strict=True) if not t]
-        if empty and empty_text == "error":
-            raise CatalogueError(
-                f"{len(empty)} new items have no text in the index's template fields {list(template.fields)} "
-                f"(e.g. {empty[:5]}); give them text, or pass empty_text='drop' (--drop-empty-text) to leave them out"
-            )
-        if empty:
-            report.empty_text = [*report.empty_text, *empty]
-            keep = [bool(t) for t in texts]
-            items = [it for it, k in zip(items, keep, strict=True) if k]
-            texts = [t for t, k in zip(texts, keep, strict=True) if k]
-            if not items:
-                raise GrowthError("no new item has text in the index's template fields")
-        enc = load_encoder(encoder, device)
-        index.check_encoder(enc)  # before the (slow) encoding
-        start = time.perf_counter()
-        vectors = encode_texts(
-            texts,
-            enc,
+        template = TextTemplate.from_spec(index.text_template) if index.text_template else TextTemplate()
+        encoded = encode_items(
+            items,
+            template,
+            encoder,
+            empty_text=empty_text,
+            what="new items",
+            fields_of="the index's template",
+            before_encoding=lambda _, enc: index.check_encoder(enc),  # before the (slow) encoding
+            device=device,
             batch_size=batch_size,
             cache_dir=cache_dir,
             use_cache=use_cache,
             show_progress=show_progress,
         )
-        report.encode_seconds = time.perf_counter() - start
-        encoder = enc
+        report.empty_text = [*report.empty_text, *encoded.dropped]
+        items, vectors, encoder = encoded.items, encoded.vectors, encoded.encoder
+        report.encode_seconds = encoded.seconds
     elif len(vectors) != len(items):
         raise ValueError(f"{len(vectors)} vectors for {len(items)} new items (one row per item, in order)")
     child = add_vectors(

@@ -59,8 +59,9 @@ def plot_learning_curves(
     panels = [(p, label) for p, label, *_ in PANELS if any(_series(runs, p)[0] for runs in curves.values())]
     if not panels:
         return None
-    import matplotlib
+    from .._extras import require
 
+    matplotlib = require("matplotlib", "the learning-curve figure")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -39,6 +39,8 @@ _LAZY = {
     "LMEncoder": "encoders",
     "load_encoder": "encoders",
     "encode_texts": "encoders",
+    "encode_items": "item_vectors",
+    "EncodedItems": "item_vectors",
     "RQKMeansConfig": "rqkmeans",
     "QuantizationError": "kmeans",
     "fit_rqkmeans": "rqkmeans",

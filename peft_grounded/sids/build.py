@@ -15,10 +15,11 @@ import numpy as np
 import torch
 
 from .._locks import locks_output
-from .catalogue import Catalogue, CatalogueError
+from .catalogue import Catalogue
 from .collisions import DEDUP_MODES, add_disambiguation_level, collision_stats, reassign_last_level
-from .encoders import TextEncoder, encode_texts, load_encoder
+from .encoders import TextEncoder
 from .index import JSON_NAME, SIDIndex
+from .item_vectors import encode_items
 from .kmeans import QuantizationError, check_vectors, cluster_sums
 from .quality import level_usage
 from .rqkmeans import RQKMeansConfig, fit_rqkmeans
@@ -185,6 +186,16 @@ def check_no_index(output: str | Path) -> None:
         )
 
 
+def _check_enough_items(config: RQKMeansConfig, n_items: int) -> None:
+    """Every code needs an item: refuse more codes per level than items, with the fix."""
+    k_max = max(config.codes_per_level)
+    if k_max > n_items:
+        raise QuantizationError(
+            f"{k_max} codes per level but the catalogue has only {n_items} items; every code needs an item: "
+            f"use codes <= {n_items} (e.g. --codes {2 ** int(np.log2(max(n_items, 1)))})"
+        )
+
+
 def _codes_per_level(levels: int | None, codes: int | Sequence[int]) -> tuple[int, ...]:
     if isinstance(codes, int):
         levels = 3 if levels is None else levels
@@ -283,48 +294,32 @@ def build_sids(
     if template is None:
         template = TextTemplate() if text_template is None else TextTemplate.from_spec(text_template)
     items = list(catalogue.items.values())
-    texts = template.render_all(items)
-    empty = [it.item_id for it, text in zip(items, texts, strict=True) if not text]
-    dropped = 0
-    if empty and vectors is None:
-        if empty_text == "drop":
-            keep = {it.item_id for it, text in zip(items, texts, strict=True) if text}
-            catalogue = catalogue.subset(keep)
-            items = list(catalogue.items.values())
-            texts = [t for t in texts if t]
-            dropped = len(empty)
-            logger.warning("dropped %d items whose text under fields %s is empty", dropped, template.fields)
-        else:
-            raise CatalogueError(
-                f"{len(empty)} items have no text in the template fields {list(template.fields)} "
-                f"(e.g. {empty[:5]}); add fields (e.g. --text-fields title,brand,categories,description) "
-                "or pass empty_text='drop' (--drop-empty-text) to leave them out"
-            )
-    k_max = max(config.codes_per_level)
-    if k_max > len(items):
-        raise QuantizationError(
-            f"{k_max} codes per level but the catalogue has only {len(items)} items; every code needs an item: "
-            f"use codes <= {len(items)} (e.g. --codes {2 ** int(np.log2(max(len(items), 1)))})"
-        )
-    start = time.perf_counter()
     if vectors is None:
-        enc = load_encoder(encoder, device)
-        fingerprint = enc.fingerprint()
-        vectors = encode_texts(
-            texts,
-            enc,
+        encoded = encode_items(
+            items,
+            template,
+            encoder,
+            empty_text=empty_text,
+            fix="add fields (e.g. --text-fields title,brand,categories,description)",
+            before_encoding=lambda kept, _: _check_enough_items(config, len(kept)),
+            device=device,
             batch_size=batch_size,
             cache_dir=cache_dir,
             use_cache=use_cache,
             show_progress=show_progress,
         )
+        if encoded.dropped:
+            catalogue = catalogue.subset({it.item_id for it in encoded.items})
+        items, vectors, dropped = encoded.items, encoded.vectors, len(encoded.dropped)
+        fingerprint, encode_seconds = encoded.encoder.fingerprint(), encoded.seconds
     else:
+        _check_enough_items(config, len(items))
         fingerprint = dict(encoder_fingerprint or {"kind": "precomputed", "model": "unknown"})
         if len(vectors) != len(items):
             raise ValueError(
                 f"{len(vectors)} vectors for {len(items)} catalogue items (one row per item, in order)"
             )
-    encode_seconds = time.perf_counter() - start
+        dropped, encode_seconds = 0, 0.0
     counts = catalogue.item_counts()
     index = index_from_vectors(
         vectors,

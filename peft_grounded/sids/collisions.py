@@ -76,7 +76,9 @@ def reassign_last_level(
     ``last_residual``: each item's residual entering the last level ``[n, d]``; ``last_codebook``:
     ``[K, d]``. Returns the new codes and the number of items left colliding (groups larger than ``K``).
     """
-    from scipy.optimize import linear_sum_assignment
+    from .._extras import require
+
+    linear_sum_assignment = require("scipy.optimize", "dedup='reassign' (build-sids)").linear_sum_assignment
 
     codes = codes.copy()
     k = last_codebook.shape[0]

