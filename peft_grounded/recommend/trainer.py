@@ -106,7 +106,8 @@ def train_recommender(
         dtype=dtype,
     )
     if isinstance(model.peft_config[model.active_adapter], GroundedTokenConfig):
-        model.peft_config[model.active_adapter].prompt_format = asdict(fmt)
+        config = model.peft_config[model.active_adapter]
+        config.metadata = {**(config.metadata or {}), "prompt_format": asdict(fmt)}
         add_lora(model, **lora)
     elif lora_given:
         raise ValueError(
