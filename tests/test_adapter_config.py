@@ -162,7 +162,9 @@ def test_an_adapter_saved_by_0_1_0_loads_with_the_same_logits(tokenizer, tiny_mo
     config = model.peft_config["default"]
     assert config.metadata["sid_index_fingerprint"] == "0123456789abcdef"
     assert config.metadata["prompt_format"]["objective"] == "sequence"
-    assert config.provenance.num_embeddings == 49160 and config.provenance.vocab_fingerprint.startswith("sha256:")
+    assert config.provenance.num_embeddings == 49160 and config.provenance.vocab_fingerprint.startswith(
+        "sha256:"
+    )
     assert config.lora == {
         "r": 2,
         "lora_alpha": 4,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import subprocess
 import sys
@@ -61,7 +60,11 @@ def test_every_config_field_survives_json(tmp_path):
         task_type="CAUSAL_LM",
         init_weights=False,
         metadata={"sid_index_fingerprint": "abc"},
-        provenance={"num_embeddings": 20, "embedding_signature": [1.0, 2.0], "vocab_fingerprint": "sha256:abc"},
+        provenance={
+            "num_embeddings": 20,
+            "embedding_signature": [1.0, 2.0],
+            "vocab_fingerprint": "sha256:abc",
+        },
     )
     config.record_start()
     config.save_pretrained(tmp_path)

@@ -298,7 +298,9 @@ class GroundedTokenConfig(PeftConfig):
 
     def record_start(self) -> None:
         """Describe the runtime data of the start in ``provenance.init_data`` (tensors by dtype, shape, hash)."""
-        self.provenance = replace(self.provenance or GroundedProvenance(), init_data=self.runtime_config.record())
+        self.provenance = replace(
+            self.provenance or GroundedProvenance(), init_data=self.runtime_config.record()
+        )
 
 
 def _index(value: Any) -> int:

@@ -92,11 +92,14 @@ class GroundedProvenance:
         metadata={"help": "Norms of a few fixed rows of the original vocabulary, checked on load."},
     )
     vocab_fingerprint: str | None = field(
-        default=None, metadata={"help": "sha256 of the original vocabulary's tokens (filled by `add_tokens`)."}
+        default=None,
+        metadata={"help": "sha256 of the original vocabulary's tokens (filled by `add_tokens`)."},
     )
     init_data: dict[str, Any] | None = field(
         default=None,
-        metadata={"help": "The data the rows started from, described (dtype, shape, hash; paths; token ids)."},
+        metadata={
+            "help": "The data the rows started from, described (dtype, shape, hash; paths; token ids)."
+        },
     )
 
     @classmethod
@@ -107,9 +110,13 @@ class GroundedProvenance:
         if isinstance(value, dict):
             unknown = set(value) - {"num_embeddings", "embedding_signature", "vocab_fingerprint", "init_data"}
             if unknown:
-                raise ValueError(f"provenance has unknown keys {sorted(unknown)}; it records {cls.__name__}'s fields.")
+                raise ValueError(
+                    f"provenance has unknown keys {sorted(unknown)}; it records {cls.__name__}'s fields."
+                )
             return cls(**value)
-        raise TypeError(f"provenance must be a GroundedProvenance, its dict or None, got {type(value).__name__}.")
+        raise TypeError(
+            f"provenance must be a GroundedProvenance, its dict or None, got {type(value).__name__}."
+        )
 
 
 def upgrade_saved(saved: dict[str, Any]) -> dict[str, Any]:
@@ -132,10 +139,14 @@ def upgrade_saved(saved: dict[str, Any]) -> dict[str, Any]:
     recorded = {k: v for k, v in recorded.items() if v is not None}
     if recorded:
         out["metadata"] = {**(out.get("metadata") or {}), **recorded}
-    lora = legacy_lora(*(out.pop(k, None) for k in ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")))
+    lora = legacy_lora(
+        *(out.pop(k, None) for k in ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"))
+    )
     if lora is not None:
         if out.get("lora") is not None:
-            raise ValueError("Give the LoRA once: `lora` and the old `lora_r`/`lora_target_modules` fields both set.")
+            raise ValueError(
+                "Give the LoRA once: `lora` and the old `lora_r`/`lora_target_modules` fields both set."
+            )
         out["lora"] = lora
     out.pop("tokenizer_name_or_path", None)
     return out

@@ -177,7 +177,9 @@ def grow_adapter(
     child_config.token_strings = list(child_index.token_strings)
     child_config.init = "tensor"
     child_config.init_weights = True
-    child_config.runtime_config = GroundedRuntimeConfig(init_vectors=grown if "output" in grown else grown["input"])
+    child_config.runtime_config = GroundedRuntimeConfig(
+        init_vectors=grown if "output" in grown else grown["input"]
+    )
     if child_config.provenance is not None:
         child_config.provenance = replace(child_config.provenance, num_embeddings=None, init_data=None)
     child_config.inference_mode = False
