@@ -261,17 +261,20 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
             n for n in check_adapters_to_merge(self, adapter_names) if n in self.grounded_embedding
         ]
         self._check_disjoint(adapter_names)
+        merges = []
         for name in adapter_names:
             pairs = [(self.base_layer.weight, self.grounded_embedding[name])]
             if not self.tied and name in self.grounded_head:
                 pairs.append((self.head.weight, self.grounded_head[name]))
-            for weight, rows in pairs:
-                values = on_device_of(rows.detach(), weight)
-                if safe_merge and not torch.isfinite(values).all():  # PEFT's own words, which callers match
-                    raise ValueError(
-                        f"NaNs detected in the merged weights. The adapter {name} seems to be broken "
-                        "(its rows hold NaN or Inf); it was not merged."
-                    )
+            values = [on_device_of(rows.detach(), weight) for weight, rows in pairs]
+            if safe_merge and not all(torch.isfinite(v).all() for v in values):  # PEFT's words, which callers match
+                raise ValueError(
+                    f"NaNs detected in the merged weights. The adapter {name} seems to be broken "
+                    "(its rows hold NaN or Inf); nothing was merged."
+                )
+            merges.append((name, [(weight, v) for (weight, _), v in zip(pairs, values, strict=True)]))
+        for name, written in merges:  # every check first: a refused merge leaves the base as it was
+            for weight, values in written:
                 weight.data.index_copy_(0, self.grounded_indices[name].to(weight.device), values)
             self.merged_adapters.append(name)
 
