@@ -11,6 +11,7 @@ from trl import SFTConfig, SFTTrainer
 
 import peft_grounded
 from peft_grounded import GroundedTokenConfig
+from peft_grounded.adapter.provenance import upgrade_saved
 
 
 def sft_dataset(n=8):
@@ -254,14 +255,12 @@ def test_lora_field_is_checked():
         )
     with pytest.raises(TypeError, match="dict"):
         GroundedTokenConfig(token_indices=[10], lora=2)
-    with pytest.raises(ValueError, match="once"):
-        GroundedTokenConfig(
-            token_indices=[10],
-            lora={"r": 2, "target_modules": "all-linear"},
-            lora_r=2,
-            lora_target_modules="q",
-        )
-    with pytest.raises(ValueError, match="lora_r > 0 needs lora_target_modules"):
+    with pytest.raises(TypeError, match="lora_r"):  # the old fields: only in saved configs, upgraded on load
         GroundedTokenConfig(token_indices=[10], lora_r=2)
-    legacy = GroundedTokenConfig(token_indices=[10], lora_r=0, lora_alpha=16, lora_dropout=0.0)
+    saved = {"peft_type": "GROUNDED_TOKENS", "token_indices": [10]}
+    with pytest.raises(ValueError, match="once"):
+        upgrade_saved({**saved, "lora": {"r": 2}, "lora_r": 2, "lora_target_modules": "q"})
+    with pytest.raises(ValueError, match="lora_r > 0 needs lora_target_modules"):
+        upgrade_saved({**saved, "lora_r": 2})
+    legacy = GroundedTokenConfig.from_peft_type(**saved, lora_r=0, lora_alpha=16, lora_dropout=0.0)
     assert legacy.lora is None and not legacy.has_lora
