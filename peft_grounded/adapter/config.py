@@ -13,10 +13,10 @@ from peft.config import PeftConfig
 from ..init.projection import PROJECTIONS, ProjectionName
 from ..init.strategies import DATA_INITS, INITS, InitName
 from .lora_settings import checked_lora
-from .provenance import GroundedProvenance, GroundedRuntimeConfig, describe_tensor, upgrade_saved
+from .provenance import GroundedProvenance, GroundedRuntimeConfig, upgrade_saved
 from .registration import GROUNDED_TOKENS
 
-__all__ = ["GroundedProvenance", "GroundedRuntimeConfig", "GroundedTokenConfig", "describe_tensor"]
+__all__ = ["GroundedProvenance", "GroundedRuntimeConfig", "GroundedTokenConfig"]
 
 # Saved in adapter_config.json next to "peft_type" (sorted keys), for whoever opens it after PEFT failed
 # without the plugin: PEFT raises a bare KeyError: 'GROUNDED_TOKENS' then (see docs/peft_trl_limitations.md).

@@ -267,7 +267,8 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
             if not self.tied and name in self.grounded_head:
                 pairs.append((self.head.weight, self.grounded_head[name]))
             values = [on_device_of(rows.detach(), weight) for weight, rows in pairs]
-            if safe_merge and not all(torch.isfinite(v).all() for v in values):  # PEFT's words, which callers match
+            # PEFT's own words, which callers match
+            if safe_merge and not all(torch.isfinite(v).all() for v in values):
                 raise ValueError(
                     f"NaNs detected in the merged weights. The adapter {name} seems to be broken "
                     "(its rows hold NaN or Inf); nothing was merged."
