@@ -75,7 +75,10 @@ def test_from_pretrained_keeps_the_given_config(tokenizer, tiny_model_factory, a
     other, _ = base_with_tokens(tokenizer, tiny_model_factory, arch, tied, seed=1)
     elsewhere = get_peft_model(other, config)  # the same config on another base: a copy of its own
     assert elsewhere.peft_config["default"] is not config
-    assert config.provenance.embedding_signature != elsewhere.peft_config["default"].provenance.embedding_signature
+    assert (
+        config.provenance.embedding_signature
+        != elsewhere.peft_config["default"].provenance.embedding_signature
+    )
 
 
 @pytest.mark.parametrize(("arch", "tied"), CASES, ids=IDS)
