@@ -171,3 +171,16 @@ def test_an_adapter_saved_by_0_1_0_loads_with_the_same_logits(tokenizer, tiny_mo
         "lora_dropout": 0.0,
         "target_modules": ["q_proj", "v_proj"],
     }
+
+
+def test_every_field_has_help_as_loraconfigs_do():
+    import dataclasses
+
+    from peft_grounded import GroundedProvenance, GroundedRuntimeConfig
+
+    for cls in (GroundedTokenConfig, GroundedRuntimeConfig, GroundedProvenance):
+        assert all(f.metadata.get("help") for f in dataclasses.fields(cls)), cls.__name__
+    own = {f.name for f in dataclasses.fields(GroundedTokenConfig)} - {
+        f.name for f in dataclasses.fields(peft_grounded.adapter.config.PeftConfig)
+    }
+    assert len(own) == 17  # the count docs/adapter.md gives beside LoraConfig
