@@ -182,6 +182,7 @@ class GroundedTokenConfig(PeftConfig):
     )
     runtime_config: GroundedRuntimeConfig = field(
         default_factory=GroundedRuntimeConfig,
+        compare=False,  # runtime data (tensors): two configs are equal by their hyperparameters and provenance
         metadata={"help": "Runtime data of the start (init_vectors, init_anchors, init_texts); never saved."},
     )
     peft_grounded: str = field(
