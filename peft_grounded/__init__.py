@@ -21,6 +21,8 @@ __version__ = "0.1.0"
 _ADAPTER_NAMES = (
     "GROUNDED_TOKENS",
     "AddedTokens",
+    "GroundedProvenance",
+    "GroundedRuntimeConfig",
     "GroundedTokenConfig",
     "GroundedTokenModel",
     "add_lora",

@@ -31,7 +31,10 @@ def trained(tokenizer, factory, parent, arch, tied, lora, dtype=torch.float32):
     tokens, centroids = parent.adapter_init()
     ids = peft_grounded.add_tokens(tokenizer, base, tokens)
     config = GroundedTokenConfig(
-        token_indices=ids, init="centroid", init_vectors=centroids, sid_index_fingerprint=parent.fingerprint()
+        token_indices=ids,
+        init="centroid",
+        init_vectors=centroids,
+        metadata={"sid_index_fingerprint": parent.fingerprint()},
     )
     model = get_peft_model(base, config)
     if lora:

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 import peft_grounded
 from peft_grounded import GroundedTokenConfig, initialize_grounded_rows
+from peft_grounded.adapter.provenance import describe_tensor
 from peft_grounded.init.projection import PROJECTIONS
 from peft_grounded.init.strategies import INITS
 from peft_grounded.prompts import PromptFormat
@@ -37,22 +38,38 @@ def test_choices_are_literals():
     json.dumps(GroundedTokenConfig(token_indices=[10, 11]).to_dict())  # JSON-able as it is
 
 
-def test_one_config_wraps_two_models_and_stays_as_it_was(tokenizer, tiny_model_factory):
+def test_one_config_wraps_two_models_each_with_its_own_provenance(tokenizer, tiny_model_factory):
     first, second = tiny_model_factory("llama", False, seed=0), tiny_model_factory("llama", False, seed=1)
     new = peft_grounded.add_sid_tokens(tokenizer, first, [4, 4])
     peft_grounded.add_tokens(fresh(tokenizer), second, new.tokens)
     vectors = torch.randn(len(new), 24, generator=torch.Generator().manual_seed(0))
     config = GroundedTokenConfig(token_indices=new, init="centroid", init_vectors=vectors)
-    before = {k: v for k, v in config.to_dict().items() if k != "base_model_name_or_path"}
+    hyper = ("provenance", "target_modules", "base_model_name_or_path")
+    before = {k: v for k, v in config.to_dict().items() if k not in hyper}
     models = [get_peft_model(first, config), get_peft_model(second, config)]
-    after = {k: v for k, v in config.to_dict().items() if k != "base_model_name_or_path"}
-    assert after == before and config.num_embeddings is None and config.embedding_signature is None
+    assert {k: v for k, v in config.to_dict().items() if k not in hyper} == before
     own = [m.peft_config["default"] for m in models]
-    assert own[0] is not config and own[1] is not config and own[0] is not own[1]
-    assert own[0].num_embeddings == own[1].num_embeddings == first.get_input_embeddings().weight.shape[0]
-    assert own[0].embedding_signature != own[1].embedding_signature  # each model's own base rows
+    assert own[0] is config and own[1] is not config  # the first keeps it (PEFT's way); another base, a copy
+    rows = first.get_input_embeddings().base_layer.weight.shape[0]
+    assert own[0].provenance.num_embeddings == own[1].provenance.num_embeddings == rows
+    assert own[0].provenance.embedding_signature != own[1].provenance.embedding_signature  # each base's rows
+    assert own[0].provenance.vocab_fingerprint == own[1].provenance.vocab_fingerprint == new.vocab_fingerprint
+    assert own[1].runtime_config.init_vectors is vectors  # the start's data, shared, never saved
     rows = [m.get_input_embeddings().grounded_embedding["default"] for m in models]
     assert not torch.equal(rows[0], rows[1])  # projected onto each base's vocabulary
+
+
+def test_runtime_data_are_dropped_and_facts_kept_in_provenance(tmp_path):
+    vectors = torch.randn(2, 5)
+    config = GroundedTokenConfig(token_indices=[10, 11], init="centroid", init_vectors=vectors)
+    assert config.runtime_config.init_vectors is vectors and "runtime_config" not in config.to_dict()
+    assert {"init_vectors", "num_embeddings", "embedding_signature"}.isdisjoint(config.to_dict())
+    config.record_start()
+    config.save_pretrained(tmp_path)
+    loaded = GroundedTokenConfig.from_pretrained(tmp_path)
+    assert loaded.provenance.init_data == {"init_vectors": describe_tensor(vectors)}
+    assert loaded.runtime_config.init_vectors is None and loaded.runtime_config.rows_from_checkpoint
+    assert not config.runtime_config.rows_from_checkpoint
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -83,8 +100,10 @@ def test_data_after_creation_gives_the_rows_of_the_one_liner(tokenizer, tiny_mod
     records = [
         json.loads((tmp_path / str(later) / "adapter_config.json").read_text()) for later in (False, True)
     ]
-    assert records[0]["init_vectors"] == records[1]["init_vectors"]  # the data recorded the same way
-    assert records[0]["init_vectors"].startswith("in-memory float32[8, 100]")
+    recorded = [r["provenance"]["init_data"] for r in records]
+    assert recorded[0] == recorded[1] == {"init_vectors": describe_tensor(vectors)}  # recorded the same way
+    assert recorded[0]["init_vectors"].startswith("in-memory float32[8, 100]")
+    assert "init_vectors" not in records[0]  # the data themselves: runtime, never saved
 
 
 def test_description_texts_are_tokenised_outside_get_peft_model(tokenizer, tiny_model_factory):
@@ -103,7 +122,8 @@ def test_description_texts_are_tokenised_outside_get_peft_model(tokenizer, tiny_
     ids = tokenizer("Get Shorty", add_special_tokens=False)["input_ids"]
     expected = base.get_input_embeddings().base_layer.weight[ids].double().mean(0).float()
     torch.testing.assert_close(rows[3], expected, rtol=0, atol=1e-6)
-    assert model.peft_config["default"].init_texts[3] == ids  # recorded as token ids
+    config = model.peft_config["default"]
+    assert config.runtime_config.init_texts[3] == config.provenance.init_data["init_texts"][3] == ids
     with pytest.raises(ValueError, match="takes no data"):
         initialize_grounded_rows(
             get_peft_model(tiny_model_factory("llama", True), GroundedTokenConfig(token_indices=[10]))
@@ -112,17 +132,17 @@ def test_description_texts_are_tokenised_outside_get_peft_model(tokenizer, tiny_
 
 def test_application_metadata_lives_in_one_place(tmp_path):
     fmt = asdict(PromptFormat(objective="sequence", max_history=4))
-    config = GroundedTokenConfig(token_indices=[10, 11], sid_index_fingerprint="abc", prompt_format=fmt)
-    assert config.metadata == {"sid_index_fingerprint": "abc", "prompt_format": fmt}
-    assert config.sid_index_fingerprint == "abc" and config.prompt_format == fmt
-    config.sid_index_fingerprint = "def"
-    assert config.metadata["sid_index_fingerprint"] == "def"
+    config = GroundedTokenConfig(
+        token_indices=[10, 11], metadata={"sid_index_fingerprint": "abc", "prompt_format": fmt}
+    )
     config.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "adapter_config.json").read_text())
-    assert saved["metadata"] == {"sid_index_fingerprint": "def", "prompt_format": fmt}
+    assert saved["metadata"] == {"sid_index_fingerprint": "abc", "prompt_format": fmt}
     assert "sid_index_fingerprint" not in saved and "prompt_format" not in saved
     assert GroundedTokenConfig.from_pretrained(tmp_path).metadata == saved["metadata"]
     assert GroundedTokenConfig(token_indices=[10]).metadata is None
+    with pytest.raises(TypeError, match="sid_index_fingerprint"):  # no second way in: metadata only
+        GroundedTokenConfig(token_indices=[10], sid_index_fingerprint="abc")
 
 
 def test_an_adapter_saved_by_0_1_0_loads_with_the_same_logits(tokenizer, tiny_model_factory):
@@ -140,8 +160,10 @@ def test_an_adapter_saved_by_0_1_0_loads_with_the_same_logits(tokenizer, tiny_mo
         logits = model(input_ids=expected["input_ids"]).logits[..., expected["columns"]]
     torch.testing.assert_close(logits, expected["logits"], rtol=0, atol=1e-5)
     config = model.peft_config["default"]
-    assert (
-        config.sid_index_fingerprint == "0123456789abcdef" and config.prompt_format["objective"] == "sequence"
+    assert config.metadata["sid_index_fingerprint"] == "0123456789abcdef"
+    assert config.metadata["prompt_format"]["objective"] == "sequence"
+    assert config.provenance.num_embeddings == 49160 and config.provenance.vocab_fingerprint.startswith(
+        "sha256:"
     )
     assert config.lora == {
         "r": 2,
@@ -149,3 +171,16 @@ def test_an_adapter_saved_by_0_1_0_loads_with_the_same_logits(tokenizer, tiny_mo
         "lora_dropout": 0.0,
         "target_modules": ["q_proj", "v_proj"],
     }
+
+
+def test_every_field_has_help_as_loraconfigs_do():
+    import dataclasses
+
+    from peft_grounded import GroundedProvenance, GroundedRuntimeConfig
+
+    for cls in (GroundedTokenConfig, GroundedRuntimeConfig, GroundedProvenance):
+        assert all(f.metadata.get("help") for f in dataclasses.fields(cls)), cls.__name__
+    own = {f.name for f in dataclasses.fields(GroundedTokenConfig)} - {
+        f.name for f in dataclasses.fields(peft_grounded.adapter.config.PeftConfig)
+    }
+    assert len(own) == 17  # the count docs/adapter.md gives beside LoraConfig

@@ -53,7 +53,10 @@ def test_grown_adapter_keeps_trained_rows_and_lora_and_reloads(
         assert torch.equal(glayer.grounded_head["default"][:n_old], head)
     for name, value in loras.items():
         assert torch.equal(dict(grown.named_parameters())[name], value)
-    assert config.sid_index_fingerprint == child.fingerprint() and config.token_strings == child.token_strings
+    assert (
+        config.metadata["sid_index_fingerprint"] == child.fingerprint()
+        and config.token_strings == child.token_strings
+    )
     assert tokenizer.convert_ids_to_tokens(config.token_indices) == child.token_strings
     child.check_adapter(config)
     with torch.no_grad():
@@ -140,5 +143,5 @@ def test_a_child_without_new_tokens_only_changes_the_recorded_index(tokenizer, t
     assert len(tokenizer) == n_vocab and torch.equal(
         grown.get_input_embeddings().grounded_embedding["default"], rows
     )
-    assert grown.peft_config["default"].sid_index_fingerprint == child.fingerprint()
+    assert grown.peft_config["default"].metadata["sid_index_fingerprint"] == child.fingerprint()
     child.check_adapter(grown.peft_config["default"])

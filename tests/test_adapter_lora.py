@@ -11,6 +11,7 @@ from trl import SFTConfig, SFTTrainer
 
 import peft_grounded
 from peft_grounded import GroundedTokenConfig
+from peft_grounded.adapter.provenance import upgrade_saved
 
 
 def sft_dataset(n=8):
@@ -200,7 +201,6 @@ def test_adapter_saved_with_the_old_lora_fields_still_loads(tokenizer, tiny_mode
     import json
     import warnings
 
-    from peft import PeftConfig
     from transformers import AutoTokenizer
 
     base = tiny_model_factory("llama", True)
@@ -224,10 +224,9 @@ def test_adapter_saved_with_the_old_lora_fields_still_loads(tokenizer, tiny_mode
     expected_lora = {"r": 2, "lora_alpha": 4, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "unexpected keyword arguments ... ignored" from PEFT
-        for config in (PeftConfig.from_pretrained(tmp_path), GroundedTokenConfig.from_pretrained(tmp_path)):
-            assert isinstance(config, GroundedTokenConfig)
-            assert config.lora == (expected_lora if lora_r else None)
-            assert "lora_r" not in config.to_dict()
+        config = GroundedTokenConfig.from_pretrained(tmp_path)  # PeftModel.from_pretrained's way in
+        assert config.lora == (expected_lora if lora_r else None)
+        assert "lora_r" not in config.to_dict()
     base2 = tiny_model_factory("llama", True)
     peft_grounded.add_sid_tokens(AutoTokenizer.from_pretrained(tokenizer.name_or_path), base2, [4])
     reloaded = PeftModel.from_pretrained(base2, tmp_path)
@@ -256,14 +255,12 @@ def test_lora_field_is_checked():
         )
     with pytest.raises(TypeError, match="dict"):
         GroundedTokenConfig(token_indices=[10], lora=2)
-    with pytest.raises(ValueError, match="once"):
-        GroundedTokenConfig(
-            token_indices=[10],
-            lora={"r": 2, "target_modules": "all-linear"},
-            lora_r=2,
-            lora_target_modules="q",
-        )
-    with pytest.raises(ValueError, match="lora_r > 0 needs lora_target_modules"):
+    with pytest.raises(TypeError, match="lora_r"):  # the old fields: only in saved configs, upgraded on load
         GroundedTokenConfig(token_indices=[10], lora_r=2)
-    legacy = GroundedTokenConfig(token_indices=[10], lora_r=0, lora_alpha=16, lora_dropout=0.0)
+    saved = {"peft_type": "GROUNDED_TOKENS", "token_indices": [10]}
+    with pytest.raises(ValueError, match="once"):
+        upgrade_saved({**saved, "lora": {"r": 2}, "lora_r": 2, "lora_target_modules": "q"})
+    with pytest.raises(ValueError, match="lora_r > 0 needs lora_target_modules"):
+        upgrade_saved({**saved, "lora_r": 2})
+    legacy = GroundedTokenConfig.from_peft_type(**saved, lora_r=0, lora_alpha=16, lora_dropout=0.0)
     assert legacy.lora is None and not legacy.has_lora

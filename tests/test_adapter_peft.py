@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import subprocess
 import sys
@@ -59,26 +58,23 @@ def test_every_config_field_survives_json(tmp_path):
         train_output_rows=False,
         output_module="lm_head",
         task_type="CAUSAL_LM",
-        num_embeddings=20,
-        embedding_signature=[1.0, 2.0],
-        vocab_fingerprint="sha256:abc",
-        tokenizer_name_or_path="/x",
+        init_weights=False,
+        metadata={"sid_index_fingerprint": "abc"},
+        provenance={
+            "num_embeddings": 20,
+            "embedding_signature": [1.0, 2.0],
+            "vocab_fingerprint": "sha256:abc",
+        },
     )
+    config.record_start()
     config.save_pretrained(tmp_path)
     loaded = PeftConfig.from_pretrained(tmp_path)
     assert isinstance(loaded, GroundedTokenConfig)
     for f in dataclasses.fields(GroundedTokenConfig):
-        assert getattr(loaded, f.name) == getattr(config, f.name), f.name
-    assert GroundedTokenConfig.from_pretrained(tmp_path).rows_from_checkpoint
-
-
-def test_in_memory_init_tensor_is_recorded_not_stored(tmp_path):
-    vectors = torch.randn(3, 5)
-    config = GroundedTokenConfig(token_indices=[10, 11, 12], init="centroid", init_vectors=vectors)
-    config.save_pretrained(tmp_path)
-    record = json.loads((tmp_path / "adapter_config.json").read_text())["init_vectors"]
-    assert record.startswith("in-memory float32[3, 5] sha256=")
-    assert PeftConfig.from_pretrained(tmp_path).init_vectors == record
+        if f.name != "runtime_config":  # runtime data: never saved
+            assert getattr(loaded, f.name) == getattr(config, f.name), f.name
+    assert loaded.provenance.init_data == {"init_texts": [[1, 2], [3], [4, 5, 6]]}
+    assert GroundedTokenConfig.from_pretrained(tmp_path).runtime_config.rows_from_checkpoint
 
 
 @pytest.mark.parametrize(("arch", "tied"), CASES)

@@ -13,7 +13,7 @@ from peft.tuners.lora import LoraLayer
 
 import peft_grounded
 from peft_grounded import GroundedTokenConfig
-from peft_grounded.adapter.config import describe_tensor
+from peft_grounded.adapter.provenance import describe_tensor
 
 HALF = [torch.bfloat16, torch.float16]
 
@@ -25,9 +25,10 @@ def test_half_precision_init_vectors_save(tokenizer, tiny_model_factory, tmp_pat
     vectors = torch.randn(len(new), 24).to(dtype)
     config = GroundedTokenConfig(token_indices=new, init="centroid", init_vectors=vectors)
     name = str(dtype).removeprefix("torch.")
-    assert config.to_dict()["init_vectors"].startswith(f"in-memory {name}[4, 24] sha256=")
+    assert describe_tensor(vectors).startswith(f"in-memory {name}[4, 24] sha256=")
     get_peft_model(model, config).save_pretrained(tmp_path)
-    record = json.loads((tmp_path / "adapter_config.json").read_text())["init_vectors"]
+    saved = json.loads((tmp_path / "adapter_config.json").read_text())
+    record = saved["provenance"]["init_data"]["init_vectors"]
     assert record == describe_tensor(vectors)
     changed = vectors.clone()
     changed[0, 0] += 1

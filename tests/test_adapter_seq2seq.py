@@ -240,7 +240,7 @@ def test_growing_keeps_the_rows_and_every_embedding_module_uses_the_new_ones(tok
         token_indices=ids,
         init="centroid",
         init_vectors=centroids,
-        sid_index_fingerprint=parent.fingerprint(),
+        metadata={"sid_index_fingerprint": parent.fingerprint()},
         task_type="SEQ_2_SEQ_LM",
     )
     model = get_peft_model(base, config)
@@ -260,7 +260,7 @@ def test_growing_keeps_the_rows_and_every_embedding_module_uses_the_new_ones(tok
     grown = grow_adapter(model, tokenizer, parent, child).eval()
     glayer = grown.get_input_embeddings()
     assert torch.equal(glayer.grounded_embedding["default"][: parent.n_tokens], rows)
-    assert grown.peft_config["default"].sid_index_fingerprint == child.fingerprint()
+    assert grown.peft_config["default"].metadata["sid_index_fingerprint"] == child.fingerprint()
     torch.testing.assert_close(logits(grown, old)[..., : before.shape[-1]], before, rtol=1e-5, atol=1e-5)
     # the new tokens: encoder input, decoder input and head all read the grown rows
     new = grown.peft_config["default"].token_indices[parent.n_tokens :]

@@ -212,13 +212,20 @@ def test_resizing_after_wrapping_is_refused(extended):
         wrapped(input_ids=torch.tensor([[1, new[0]]]))
 
 
-def test_missing_init_data_on_a_recorded_config(extended, tmp_path):
-    model, new = extended
-    config = GroundedTokenConfig(token_indices=new, init="centroid", init_vectors=torch.randn(8, 16))
-    config.save_pretrained(tmp_path)
+def test_a_recorded_config_describes_its_data_and_waits_for_them(extended, tmp_path):
     from peft import PeftConfig
 
-    recorded = PeftConfig.from_pretrained(tmp_path)  # not marked as a checkpoint: init data would be needed
-    with pytest.raises(ValueError, match="recorded as 'in-memory"):
-        get_peft_model(model, recorded)
-    assert_untouched(model)
+    from peft_grounded.adapter.provenance import describe_tensor
+
+    model, new = extended
+    vectors = torch.randn(8, 16)
+    config = GroundedTokenConfig(token_indices=new, init="centroid", init_vectors=vectors)
+    config.record_start()
+    config.save_pretrained(tmp_path)
+    recorded = PeftConfig.from_pretrained(tmp_path)  # not marked as a checkpoint: the start needs its data
+    assert recorded.provenance.init_data == {"init_vectors": describe_tensor(vectors)}
+    with pytest.warns(UserWarning, match="needs init_vectors"):  # EVA's way: the data come afterwards
+        wrapped = get_peft_model(model, recorded)
+    peft_grounded.initialize_grounded_rows(wrapped, vectors=vectors)
+    with pytest.raises(ValueError, match="recorded as 'in-memory"):  # a description is not the data
+        peft_grounded.initialize_grounded_rows(wrapped, vectors=describe_tensor(vectors))

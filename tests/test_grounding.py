@@ -111,7 +111,7 @@ def test_grounding_refuses_a_lora_or_a_trainable_backbone(tokenizer, tiny_model_
     catalogue, index = toy
     model = tiny_model_factory("llama", True)
     new = peft_grounded.add_tokens(tokenizer, model, index.token_strings)
-    config = peft_grounded.GroundedTokenConfig(token_indices=new, lora_r=2, lora_target_modules=["q_proj"])
+    config = peft_grounded.GroundedTokenConfig(token_indices=new, lora={"r": 2, "target_modules": ["q_proj"]})
     with pytest.raises(ValueError, match="stack the LoRA"):
         GroundingTrainer(
             model,

@@ -145,7 +145,10 @@ def test_runner_sequence_objective_on_a_bf16_base_writes_learning_curves(toy, mo
         assert {t.dtype for t in saved.values()} == {torch.float32}, stage
     from peft import PeftConfig
 
-    assert PeftConfig.from_pretrained(str(out / "sft" / "adapter")).prompt_format["objective"] == "sequence"
+    assert (
+        PeftConfig.from_pretrained(str(out / "sft" / "adapter")).metadata["prompt_format"]["objective"]
+        == "sequence"
+    )
 
 
 def test_validation_curve_survives_a_resume():

@@ -156,7 +156,7 @@ def test_sequence_training_lowers_the_loss_and_records_its_format(toy, model_dir
     curve = learning_curve(log)["train"]
     assert all(p["items_seen"] > 0 and p["seconds"] > 0 and p["item_nll"] > p["loss"] for p in curve)
     assert [p["items_seen"] for p in curve] == sorted(p["items_seen"] for p in curve)
-    recorded = PeftConfig.from_pretrained(str(out / "adapter")).prompt_format
+    recorded = PeftConfig.from_pretrained(str(out / "adapter")).metadata["prompt_format"]
     assert recorded == asdict(SEQ)
     _, model = sid_model(model_dir, index, adapter=str(out / "adapter"), is_trainable=False)
     assert prompt_format_of(model) == SEQ

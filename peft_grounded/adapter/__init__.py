@@ -1,6 +1,6 @@
 """The grounded-token adapter as a PEFT method (``PeftType.GROUNDED_TOKENS``)."""
 
-from .config import GroundedTokenConfig
+from .config import GroundedProvenance, GroundedRuntimeConfig, GroundedTokenConfig
 from .initialize import initialize_grounded_rows
 from .layer import GroundedHead, GroundedTiedEmbedding, GroundedTokenLayer
 from .lora import add_lora
@@ -14,6 +14,8 @@ __all__ = [
     "GROUNDED_TOKENS",
     "AddedTokens",
     "GroundedHead",
+    "GroundedProvenance",
+    "GroundedRuntimeConfig",
     "GroundedTiedEmbedding",
     "GroundedTokenConfig",
     "GroundedTokenLayer",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import InitVar, dataclass, field, fields
+import copy
+from dataclasses import InitVar, asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -11,12 +11,13 @@ import torch
 from peft.config import PeftConfig
 
 from ..init.projection import PROJECTIONS, ProjectionName
-from ..init.sources import IN_MEMORY_PREFIX
 from ..init.strategies import DATA_INITS, INITS, InitName
-from .lora_settings import checked_lora, legacy_lora
+from .lora_settings import checked_lora
+from .provenance import GroundedProvenance, GroundedRuntimeConfig, upgrade_saved
 from .registration import GROUNDED_TOKENS
 
-RUNTIME_TENSOR_FIELDS = ("init_vectors", "init_anchors")
+__all__ = ["GroundedProvenance", "GroundedRuntimeConfig", "GroundedTokenConfig"]
+
 # Saved in adapter_config.json next to "peft_type" (sorted keys), for whoever opens it after PEFT failed
 # without the plugin: PEFT raises a bare KeyError: 'GROUNDED_TOKENS' then (see docs/peft_trl_limitations.md).
 LOAD_HINT = (
@@ -25,38 +26,37 @@ LOAD_HINT = (
 )
 
 
-def describe_tensor(value: torch.Tensor | np.ndarray) -> str:
-    """The JSON record of an in-memory tensor: dtype, shape and a content hash."""
-    tensor = torch.as_tensor(value).detach().cpu().contiguous()
-    raw = tensor.reshape(-1).view(torch.uint8)  # the bytes of any dtype (numpy has no bfloat16)
-    digest = hashlib.sha256(raw.numpy().tobytes()).hexdigest()[:16]
-    return f"{IN_MEMORY_PREFIX}{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)} sha256={digest}"
-
-
 @dataclass
 class GroundedTokenConfig(PeftConfig):
     """Configuration of a grounded-token adapter: a trainable delta on the rows of new tokens only.
 
     The adapter wraps the input embedding (and, for untied models, the output head) so that the rows of
     ``token_indices`` come from small trainable matrices while every other weight stays frozen and
-    bit-identical. ``init`` chooses how those rows start (see :mod:`peft_grounded.init.strategies`).
+    bit-identical. ``init`` chooses how those rows start (see :mod:`peft_grounded.init.strategies`);
+    ``init_weights=False`` keeps the rows the base has, so the wrapped model starts as a no-op.
 
-    Like ``LoraConfig``, a config is JSON-able hyperparameters and can be applied to several models:
-    ``get_peft_model`` works on its own copy, so what creation fills in (``num_embeddings``,
-    ``embedding_signature``, ``target_modules``) lands on the model's config, never on the caller's object.
+    Like ``LoraConfig``, the fields are JSON-able hyperparameters, plus two objects:
+
+    * ``runtime_config`` (:class:`GroundedRuntimeConfig`, as LoRA's ``runtime_config``): the data a data-driven
+      start reads at creation (tensors, arrays, paths). ``to_dict`` drops it; it is never saved.
+    * ``provenance`` (:class:`GroundedProvenance`): the facts recorded when the adapter is made (the base's
+      embedding rows and signature, the vocabulary fingerprint from ``add_tokens``, a description of the start's
+      data: dtype, shape, hash). Saved, and checked when the adapter is loaded onto a base.
 
     **Data-driven starts** (``centroid``, ``tensor``, ``adapter``, ``description``) take their data in one of two
-    ways. The one-liner passes them in the config, ``GroundedTokenConfig(init="centroid", init_vectors=...)``:
-    they are used once, at creation, and recorded in ``adapter_config.json`` as a description (dtype, shape,
-    hash), never as values. Or, PEFT's EVA convention (``init_lora_weights="eva"`` +
-    ``initialize_lora_eva_weights(model, dataloader)``): the config names the start only, the rows stand at the
-    vocabulary mean (with a warning) until :func:`~peft_grounded.adapter.initialize_grounded_rows` gives the
-    data, ``initialize_grounded_rows(model, vectors=...)``. That path serves data made from the wrapped model
-    or its tokenizer (description texts are tokenised there, never inside ``get_peft_model``) and keeps the
-    config itself free of tensors. A saved adapter's rows always come from ``adapter_model.safetensors``.
+    ways. The one-liner ``GroundedTokenConfig(init="centroid", init_vectors=...)`` puts them in
+    ``runtime_config`` (``init_vectors``, ``init_anchors`` and ``init_texts`` are accepted by the constructor
+    for that alone). Or, PEFT's EVA convention (``init_lora_weights="eva"`` + ``initialize_lora_eva_weights``):
+    the config names the start only, the rows stand at the vocabulary mean (with a warning) until
+    :func:`~peft_grounded.adapter.initialize_grounded_rows` gives the data. A saved adapter's rows always come
+    from ``adapter_model.safetensors``.
+
+    One config can wrap several models: the first one it wraps records its provenance in it (as PEFT configs
+    record what creation fills in); a model on another base gets its own copy, so each saves its own facts.
+    ``PeftModel.from_pretrained(..., config=config)`` keeps ``config`` itself.
 
     Passing the list returned by :func:`peft_grounded.add_tokens` as ``token_indices`` also fills
-    ``token_strings``, ``original_vocab_size`` and ``vocab_fingerprint``.
+    ``token_strings``, ``original_vocab_size`` and the provenance's ``vocab_fingerprint``.
 
     Args:
         task_type (`str`): PEFT task type, `CAUSAL_LM` (default) or `SEQ_2_SEQ_LM`.
@@ -68,25 +68,21 @@ class GroundedTokenConfig(PeftConfig):
         output_module (`str`, *optional*): the untied output head; default `get_output_embeddings()`.
         train_output_rows (`bool`): untied heads also get trainable output rows.
         init (`str`): how the rows start: mean, gaussian, random, description, centroid, tensor or adapter.
-        init_vectors (*optional*): centroid / tensor / adapter data (tensor, array or path); used once, recorded as a hash.
-        init_texts (`list`, *optional*): description: the token ids of one text per new token (strings are
-            tokenised by `initialize_grounded_rows(model, tokenizer=...)`).
-        init_anchors (*optional*): centroid with lstsq: encoder vectors of existing vocabulary tokens.
+        init_weights (`bool`): False keeps the base's rows (a no-op start) instead of starting them by `init`.
         centroid_projection (`str`): centroid: auto, truncate, pca or lstsq.
         norm_match (`bool`): centroid: scale deviations to the vocabulary's RMS deviation.
         init_seed (`int`): seed of the gaussian and random initialisations.
-        num_embeddings (`int`, *optional*): input-embedding rows the adapter was made for (filled at creation).
-        embedding_signature (`list[float]`, *optional*): norms of fixed base rows, checked on load (filled at creation).
-        vocab_fingerprint (`str`, *optional*): sha256 of the original vocabulary's tokens (filled by `add_tokens`).
         lora (`dict`, *optional*): the stacked LoRA as `peft.LoraConfig` keyword arguments (set by `add_lora`);
             None without LoRA.
         metadata (`dict`, *optional*): what the application records and the adapter never reads: the SID index
             its tokens stand for (`sid_index_fingerprint`, which evaluation checks) and the recommendation
-            `prompt_format`, both also readable as attributes.
+            `prompt_format`.
+        provenance (`GroundedProvenance`, *optional*): facts recorded at creation (filled by `get_peft_model`).
+        runtime_config (`GroundedRuntimeConfig`): runtime data of the start (not saved).
 
-    Configs of earlier releases still load: their `lora_r`, `lora_alpha`, `lora_dropout` and `lora_target_modules`
-    are mapped onto `lora`, their `sid_index_fingerprint` and `prompt_format` onto `metadata`, and their
-    `tokenizer_name_or_path` (no tokenizer is loaded at creation any more) is dropped.
+    Configs saved by earlier releases load through ``from_pretrained`` (and ``PeftModel.from_pretrained``): their
+    top-level facts are mapped onto ``provenance``, their ``sid_index_fingerprint`` and ``prompt_format`` onto
+    ``metadata``, their ``lora_r``... fields onto ``lora`` (see :func:`~.provenance.upgrade_saved`).
     """
 
     task_type: str | None = field(
@@ -137,26 +133,11 @@ class GroundedTokenConfig(PeftConfig):
         default="mean",
         metadata={"help": f"How the new rows start: one of {', '.join(INITS)}."},
     )
-    init_vectors: Any = field(
-        default=None,
+    init_weights: bool = field(
+        default=True,
         metadata={
-            "help": "centroid: one vector per new token, any width (tensor, array, or path to a .safetensors "
-            "file with a `vectors` tensor); tensor: a [n, d_model] matrix; adapter: path of a saved grounded "
-            "adapter. A dict {'input': ..., 'output': ...} gives untied heads their own vectors."
-        },
-    )
-    init_texts: list[str] | list[list[int]] | None = field(
-        default=None,
-        metadata={
-            "help": "description: the token ids of one text per new token (e.g. the titles of the items under a SID "
-            "code); strings are tokenised by initialize_grounded_rows(model, tokenizer=...)."
-        },
-    )
-    init_anchors: Any = field(
-        default=None,
-        metadata={
-            "help": "centroid with lstsq projection: {'token_ids': [...], 'vectors': [a, d]} (or a .safetensors "
-            "path with those keys), the encoder's vectors of existing vocabulary tokens."
+            "help": "False: skip `init` and keep the rows the base has at creation, so the wrapped model's output "
+            "equals the base's until training moves them (PEFT's no-op start)."
         },
     )
     centroid_projection: ProjectionName = field(
@@ -176,23 +157,6 @@ class GroundedTokenConfig(PeftConfig):
     init_seed: int = field(
         default=0, metadata={"help": "Seed of the random initialisations (gaussian, random)."}
     )
-    num_embeddings: int | None = field(
-        default=None,
-        metadata={
-            "help": "Rows of the input embedding the adapter was made for (filled when the adapter is created)."
-        },
-    )
-    embedding_signature: list[float] | None = field(
-        default=None,
-        metadata={
-            "help": "Norms of a few fixed rows of the original vocabulary, filled at creation and checked on load "
-            "to catch a different base model."
-        },
-    )
-    vocab_fingerprint: str | None = field(
-        default=None,
-        metadata={"help": "sha256 of the original vocabulary's token strings (filled by `add_tokens`)."},
-    )
     lora: dict[str, Any] | None = field(
         default=None,
         metadata={
@@ -209,42 +173,46 @@ class GroundedTokenConfig(PeftConfig):
             "index), and prompt_format, how recommendation prompts were written (reused by evaluation)."
         },
     )
+    provenance: GroundedProvenance | None = field(
+        default=None,
+        metadata={
+            "help": "Facts recorded when the adapter is made (embedding rows, base signature, vocabulary "
+            "fingerprint, the start's data described); filled by get_peft_model, checked on load."
+        },
+    )
+    runtime_config: GroundedRuntimeConfig = field(
+        default_factory=GroundedRuntimeConfig,
+        compare=False,  # runtime data (tensors): two configs are equal by their hyperparameters and provenance
+        metadata={"help": "Runtime data of the start (init_vectors, init_anchors, init_texts); never saved."},
+    )
     peft_grounded: str = field(
         default=LOAD_HINT,
         repr=False,
         compare=False,
         metadata={"help": "How to load this adapter (a note for readers of adapter_config.json; not used)."},
     )
-    # Fields of earlier releases, found in the adapter_config.json they saved: accepted at construction (hence by
-    # every loader), mapped onto `lora` and `metadata` (tokenizer_name_or_path: dropped), never stored or saved.
-    lora_r: InitVar[int | None] = None
-    lora_alpha: InitVar[int | None] = None
-    lora_dropout: InitVar[float | None] = None
-    lora_target_modules: InitVar[list[str] | str | None] = None
-    sid_index_fingerprint: InitVar[str | None] = None
-    prompt_format: InitVar[dict | None] = None
-    tokenizer_name_or_path: InitVar[str | None] = None
+    # The one-liner of a data-driven start: routed into runtime_config, never stored on the config itself.
+    init_vectors: InitVar[Any] = None
+    init_anchors: InitVar[Any] = None
+    init_texts: InitVar[list[str] | list[list[int]] | None] = None
 
-    def __post_init__(
-        self,
-        lora_r: int | None,
-        lora_alpha: int | None,
-        lora_dropout: float | None,
-        lora_target_modules: list[str] | str | None,
-        sid_index_fingerprint: str | None,
-        prompt_format: dict | None,
-        tokenizer_name_or_path: str | None,
-    ) -> None:
+    def __post_init__(self, init_vectors: Any, init_anchors: Any, init_texts: list | None) -> None:
         super().__post_init__()
         self.peft_type = GROUNDED_TOKENS
+        self.provenance = GroundedProvenance.coerce(self.provenance)
+        if isinstance(self.runtime_config, dict):
+            self.runtime_config = GroundedRuntimeConfig(**self.runtime_config)
+        given = {"init_vectors": init_vectors, "init_anchors": init_anchors, "init_texts": init_texts}
+        given = {k: v for k, v in given.items() if v is not None}
+        if given:
+            self.runtime_config = replace(self.runtime_config, **given)
         added = self.token_indices
-        for attr, name in (
-            ("tokens", "token_strings"),
-            ("original_vocab_size", "original_vocab_size"),
-            ("vocab_fingerprint", "vocab_fingerprint"),
-        ):
+        for attr, name in (("tokens", "token_strings"), ("original_vocab_size", "original_vocab_size")):
             if getattr(self, name) is None and getattr(added, attr, None) is not None:
                 setattr(self, name, getattr(added, attr))
+        fingerprint = getattr(added, "vocab_fingerprint", None)
+        if fingerprint is not None and (self.provenance is None or self.provenance.vocab_fingerprint is None):
+            self.provenance = replace(self.provenance or GroundedProvenance(), vocab_fingerprint=fingerprint)
         self.token_indices = self._checked_indices(added)
         if self.token_strings is not None:
             self.token_strings = list(self.token_strings)
@@ -266,16 +234,7 @@ class GroundedTokenConfig(PeftConfig):
                     "but the tokens are declared new. Add the tokens with peft_grounded.add_tokens and pass the "
                     "indices it returns, or set tokens_are_new=False to re-learn existing tokens."
                 )
-        legacy = legacy_lora(lora_r, lora_alpha, lora_dropout, lora_target_modules)
-        if legacy is not None and self.lora is not None:
-            raise ValueError(
-                "Give the LoRA once: `lora` and the old `lora_r`/`lora_target_modules` fields both set."
-            )
-        self.lora = checked_lora(legacy if legacy is not None else self.lora)
-        recorded = {"sid_index_fingerprint": sid_index_fingerprint, "prompt_format": prompt_format}
-        recorded = {k: v for k, v in recorded.items() if v is not None}
-        if recorded or self.metadata is not None:
-            self.metadata = {**(self.metadata or {}), **recorded}
+        self.lora = checked_lora(self.lora)
 
     @staticmethod
     def _checked_indices(indices: Any) -> list[int]:
@@ -301,11 +260,14 @@ class GroundedTokenConfig(PeftConfig):
 
     @property
     def has_init_data(self) -> bool:
-        """Whether a data-driven ``init`` has its data here (token ids for ``description``); without them the
-        rows start at the vocabulary mean until :func:`~peft_grounded.adapter.initialize_grounded_rows`."""
+        """Whether a data-driven ``init`` has its data in ``runtime_config`` (token ids for ``description``);
+        without them the rows start at the vocabulary mean until
+        :func:`~peft_grounded.adapter.initialize_grounded_rows`."""
+        runtime = self.runtime_config
         if self.init == "description":
-            return self.init_texts is not None and all(isinstance(t, (list, tuple)) for t in self.init_texts)
-        return self.init not in DATA_INITS or self.init_vectors is not None
+            texts = runtime.init_texts
+            return texts is not None and all(isinstance(t, (list, tuple)) for t in texts)
+        return self.init not in DATA_INITS or runtime.init_vectors is not None
 
     @property
     def has_lora(self) -> bool:
@@ -313,46 +275,33 @@ class GroundedTokenConfig(PeftConfig):
         return self.lora is not None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict; in-memory init tensors become a description (dtype, shape, hash)."""
-        out = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in RUNTIME_TENSOR_FIELDS:
-                value = _record(value)
-            out[f.name] = value
+        """The JSON-ready hyperparameters and provenance; ``runtime_config`` is dropped (as LoRA's)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "runtime_config"}
+        out = copy.deepcopy(out)
+        if self.provenance is not None:
+            out["provenance"] = asdict(self.provenance)
         out["peft_type"] = str(self.peft_type.value if hasattr(self.peft_type, "value") else self.peft_type)
         if out.get("task_type") is not None and hasattr(out["task_type"], "value"):
             out["task_type"] = out["task_type"].value
         return out
 
     @classmethod
+    def from_peft_type(cls, **kwargs) -> GroundedTokenConfig:
+        """Build a config from saved keys, those of earlier releases included (see ``upgrade_saved``)."""
+        return super().from_peft_type(**upgrade_saved(kwargs))
+
+    @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str, subfolder: str | None = None, **kwargs):
-        """Load a saved config; its rows will come from the checkpoint, so init data are not required."""
+        """Load a saved config; its rows will come from the checkpoint, so no start data are needed."""
         config = super().from_pretrained(pretrained_model_name_or_path, subfolder=subfolder, **kwargs)
-        config.rows_from_checkpoint = True
+        config.runtime_config.rows_from_checkpoint = True
         return config
 
-    # Set by from_pretrained. Deliberately unannotated: a class attribute, not a dataclass field, so it is
-    # never serialised.
-    rows_from_checkpoint = False
-
-
-def _recorded(key: str) -> property:
-    """``config.<key>`` reads and writes ``config.metadata[key]`` (the attribute of earlier releases)."""
-
-    def get(self: GroundedTokenConfig) -> Any:
-        return (self.metadata or {}).get(key)
-
-    def set(self: GroundedTokenConfig, value: Any) -> None:
-        self.metadata = {**(self.metadata or {}), key: value}
-
-    return property(get, set, doc=f"``metadata[{key!r}]`` (None when not recorded).")
-
-
-# After the dataclass is made: the constructor keeps accepting these names (InitVar above), reads and writes go
-# to `metadata`.
-GroundedTokenConfig.sid_index_fingerprint = _recorded("sid_index_fingerprint")  # type: ignore[assignment]
-GroundedTokenConfig.prompt_format = _recorded("prompt_format")  # type: ignore[assignment]
+    def record_start(self) -> None:
+        """Describe the runtime data of the start in ``provenance.init_data`` (tensors by dtype, shape, hash)."""
+        self.provenance = replace(
+            self.provenance or GroundedProvenance(), init_data=self.runtime_config.record()
+        )
 
 
 def _index(value: Any) -> int:
@@ -365,11 +314,3 @@ def _index(value: Any) -> int:
         f"token_indices must be integer row indices, got {value!r} ({type(value).__name__}). Pass ints, e.g. the "
         "list returned by peft_grounded.add_tokens (or integer_tensor.tolist())."
     )
-
-
-def _record(value: Any) -> Any:
-    if isinstance(value, (torch.Tensor, np.ndarray)):
-        return describe_tensor(value)
-    if isinstance(value, dict):
-        return {k: _record(v) for k, v in value.items()}
-    return value

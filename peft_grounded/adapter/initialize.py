@@ -7,8 +7,8 @@ the data, as ``LoraConfig(init_lora_weights="eva")`` waits for ``initialize_lora
 
 from __future__ import annotations
 
-import copy
 import warnings
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -37,7 +37,9 @@ def start_rows(
     index = torch.as_tensor(config.token_indices, device=weight.device)
     head = layer.head
     train_head = head is not None and not layer.tied and config.train_output_rows
-    if config.rows_from_checkpoint:  # loading: the rows come from the checkpoint right after this
+    runtime = config.runtime_config
+    # loading (the rows come from the checkpoint right after this) or a no-op start: the base's rows as they are
+    if runtime.rows_from_checkpoint or not config.init_weights:
         return weight.detach()[index].clone(), head.weight.detach()[index].clone() if train_head else None
     init = config.init
     if not config.has_init_data:
@@ -52,7 +54,7 @@ def start_rows(
         init = "mean"
     if init == "adapter":
         saved_in, saved_out = adapter_rows(
-            config.init_vectors, config.token_indices, config.token_strings, width=weight.shape[1]
+            runtime.init_vectors, config.token_indices, config.token_strings, width=weight.shape[1]
         )
         if train_head and saved_out is None:
             saved_out = saved_in
@@ -93,8 +95,9 @@ def initialize_grounded_rows(
     come here: ``vectors`` (``init_vectors``: one vector per new token, a tensor, array or ``.safetensors``
     path, or a saved adapter's path for ``adapter``), ``anchors`` (``init_anchors``, centroid with lstsq),
     ``texts`` with the ``tokenizer`` that tokenises them (``description``; the config's own strings when
-    ``texts`` is None). Data already in the config are used where none is given here. The model's config
-    then records the data as a created one does (tensors as a description, texts as token ids).
+    ``texts`` is None). Data already in the config's ``runtime_config`` are used where none is given here. The
+    model's config then holds the data in ``runtime_config`` and describes them in ``provenance.init_data``, as
+    a created one does (tensors as dtype, shape and hash, texts as token ids).
     """
     name = adapter_name or model.active_adapter
     config = model.peft_config.get(name)
@@ -108,16 +111,16 @@ def initialize_grounded_rows(
     layer = model.get_input_embeddings()
     if not isinstance(layer, GroundedTokenLayer) or name not in layer.grounded_embedding:
         raise ValueError(f"Adapter {name!r} has no grounded rows in this model's input embedding.")
-    given = copy.copy(config)
-    given.rows_from_checkpoint = False
+    runtime = replace(config.runtime_config, rows_from_checkpoint=False)
     if vectors is not None:
-        given.init_vectors = vectors
+        runtime.init_vectors = vectors
     if anchors is not None:
-        given.init_anchors = anchors
+        runtime.init_anchors = anchors
     if texts is not None or config.init == "description":
-        given.init_texts = tokenize_texts(
-            list(texts if texts is not None else config.init_texts or []), tokenizer
+        runtime.init_texts = tokenize_texts(
+            list(texts if texts is not None else runtime.init_texts or []), tokenizer
         )
+    given = replace(config, init_weights=True, runtime_config=runtime)
     if not given.has_init_data:
         raise ValueError(f"init={config.init!r} needs its data: pass vectors= (or texts= with tokenizer=).")
     input_rows, output_rows = start_rows(given, layer, initializer_range(model))
@@ -125,9 +128,6 @@ def initialize_grounded_rows(
         layer.grounded_embedding[name].copy_(input_rows)
         if output_rows is not None and name in layer.grounded_head:
             layer.grounded_head[name].copy_(output_rows)
-    config.init_vectors, config.init_anchors, config.init_texts = (
-        given.init_vectors,
-        given.init_anchors,
-        given.init_texts,
-    )
+    config.runtime_config = replace(runtime, rows_from_checkpoint=config.runtime_config.rows_from_checkpoint)
+    config.record_start()
     return model

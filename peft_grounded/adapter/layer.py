@@ -19,7 +19,10 @@ the embedding layer's rows, so one set of parameters serves every input, as one 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import warnings
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -258,14 +261,21 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
             n for n in check_adapters_to_merge(self, adapter_names) if n in self.grounded_embedding
         ]
         self._check_disjoint(adapter_names)
+        merges = []
         for name in adapter_names:
             pairs = [(self.base_layer.weight, self.grounded_embedding[name])]
             if not self.tied and name in self.grounded_head:
                 pairs.append((self.head.weight, self.grounded_head[name]))
-            for weight, rows in pairs:
-                values = on_device_of(rows.detach(), weight)
-                if safe_merge and not torch.isfinite(values).all():
-                    raise ValueError(f"Adapter {name!r} has NaN or Inf rows; refusing to merge it.")
+            values = [on_device_of(rows.detach(), weight) for weight, rows in pairs]
+            # PEFT's own words, which callers match
+            if safe_merge and not all(torch.isfinite(v).all() for v in values):
+                raise ValueError(
+                    f"NaNs detected in the merged weights. The adapter {name} seems to be broken "
+                    "(its rows hold NaN or Inf); nothing was merged."
+                )
+            merges.append((name, [(weight, v) for (weight, _), v in zip(pairs, values, strict=True)]))
+        for name, written in merges:  # every check first: a refused merge leaves the base as it was
+            for weight, values in written:
                 weight.data.index_copy_(0, self.grounded_indices[name].to(weight.device), values)
             self.merged_adapters.append(name)
 
@@ -336,6 +346,10 @@ class _OwnedView(nn.Module):
         super().__init__()
         self.base_layer = base_layer
         self._owner = [owner]  # referenced, not a submodule: its parameters belong to the embedding
+        # The base's keys, as PEFT gives them for its tuner layers (get_base_model_state_dict strips their
+        # `base_layer.`; this plain module does it itself): `lm_head.weight`, not `lm_head.base_layer.weight`.
+        self.register_state_dict_post_hook(_base_keys)
+        self.register_load_state_dict_pre_hook(_wrapped_keys)
 
     @property
     def owner(self) -> GroundedTokenLayer:
@@ -360,6 +374,39 @@ class _OwnedView(nn.Module):
 
     def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
         """No-op: the owning embedding layer merges its rows into the shared matrices."""
+
+
+def _base_keys(module: nn.Module, state_dict: dict, prefix: str, local_metadata: dict) -> None:
+    """State-dict post-hook of an owned view: ``<prefix>base_layer.<name>`` becomes ``<prefix><name>``, unless
+    :func:`wrapped_keys` asks for the module's own names."""
+    if _WRAPPED_KEYS.get():
+        return
+    inner = f"{prefix}base_layer."
+    for key in [k for k in state_dict if k.startswith(inner)]:
+        state_dict[prefix + key[len(inner) :]] = state_dict.pop(key)
+
+
+def _wrapped_keys(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
+    """Load-state-dict pre-hook of an owned view: the base's keys (``<prefix>weight``) load into its base layer;
+    keys that already name ``base_layer`` are left as they are."""
+    names = {f"{prefix}{name}" for name, _ in module.base_layer.named_parameters()}
+    names |= {f"{prefix}{name}" for name, _ in module.base_layer.named_buffers()}
+    for key in [k for k in state_dict if k in names]:
+        state_dict[f"{prefix}base_layer.{key[len(prefix) :]}"] = state_dict.pop(key)
+
+
+_WRAPPED_KEYS: contextvars.ContextVar[bool] = contextvars.ContextVar("grounded_wrapped_keys", default=False)
+
+
+@contextlib.contextmanager
+def wrapped_keys() -> Iterator[None]:
+    """Within the block, ``state_dict()`` names the head's weight ``lm_head.base_layer.weight``, as
+    ``named_parameters()`` does: for code that pairs the two (torch's distributed checkpoint state dicts)."""
+    token = _WRAPPED_KEYS.set(True)
+    try:
+        yield
+    finally:
+        _WRAPPED_KEYS.reset(token)
 
 
 class GroundedHead(_OwnedView):

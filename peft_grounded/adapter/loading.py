@@ -126,7 +126,7 @@ def base_model_path(adapter: str) -> str:
 
 def prompt_format_of(model, default: PromptFormat | None = None) -> PromptFormat:
     """The prompt format recorded in the model's adapter config (else ``default`` or the standard one)."""
-    recorded = getattr(model.peft_config[model.active_adapter], "prompt_format", None)
+    recorded = (getattr(model.peft_config[model.active_adapter], "metadata", None) or {}).get("prompt_format")
     if recorded:
         return PromptFormat.from_record(recorded)
     return default or PromptFormat()

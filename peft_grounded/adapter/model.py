@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 
 import torch
 from peft import LoraConfig
@@ -19,7 +20,7 @@ from peft.utils.other import get_pattern_key
 from torch import nn
 
 from .compact_head import compact_fused_forward, supports_compact_head
-from .config import GroundedTokenConfig
+from .config import GroundedProvenance, GroundedTokenConfig
 from .initialize import initializer_range, start_rows
 from .layer import GroundedHead, GroundedTiedEmbedding, GroundedTokenLayer, is_offloaded
 
@@ -200,6 +201,8 @@ class GroundedTokenModel(BaseTuner):
         )
         self._check_fits(config, layer)
         input_rows, output_rows = start_rows(config, layer, initializer_range(self.model))
+        if not config.runtime_config.rows_from_checkpoint:
+            config.record_start()
         if layer is not target:
             self._replace_module(parent, target_name, layer, target)
         layer.update_layer(adapter_name, config.token_indices, input_rows, output_rows)
@@ -215,9 +218,10 @@ class GroundedTokenModel(BaseTuner):
                     "fsdp_cpu_ram_efficient_loading: false in the accelerate config (docs/distributed.md)."
                 )
         rows = layer.num_embeddings
-        if config.num_embeddings is not None and config.num_embeddings != rows:
+        made = config.provenance or GroundedProvenance()
+        if made.num_embeddings is not None and made.num_embeddings != rows:
             raise ValueError(
-                f"This adapter was made for an embedding with {config.num_embeddings} rows, but the base has {rows}. "
+                f"This adapter was made for an embedding with {made.num_embeddings} rows, but the base has {rows}. "
                 "Add the adapter's tokens to the base first (peft_grounded.hub.load_grounded does it, or "
                 "peft_grounded.add_tokens with config.token_strings), in the same order."
             )
@@ -239,17 +243,16 @@ class GroundedTokenModel(BaseTuner):
                 "it was not resized with the input embedding. Resize both (model.resize_token_embeddings resizes "
                 "the head returned by get_output_embeddings)."
             )
-        config.num_embeddings = rows
-        original = config.base_vocab_size
-        signature = embedding_signature(layer.base_layer.weight, original)
-        if config.embedding_signature is None:
-            config.embedding_signature = signature
-        elif not signature_matches(config.embedding_signature, signature):
+        signature = embedding_signature(layer.base_layer.weight, config.base_vocab_size)
+        if not signature_matches(made.embedding_signature, signature):
             raise ValueError(
                 "The base model's vocabulary rows differ from those the adapter was made for (embedding signature "
-                f"{signature} vs {config.embedding_signature}): this adapter belongs to another base model "
+                f"{signature} vs {made.embedding_signature}): this adapter belongs to another base model "
                 f"({config.base_model_name_or_path!r}). Load it onto that model."
             )
+        config.provenance = replace(
+            made, num_embeddings=rows, embedding_signature=made.embedding_signature or signature
+        )
 
     # --- LoRA ----------------------------------------------------------------------------------------------
 
@@ -338,9 +341,12 @@ class GroundedTokenModel(BaseTuner):
     # --- after injection -----------------------------------------------------------------------------------
 
     def inject_adapter(self, model: nn.Module, adapter_name: str, **kwargs) -> None:
-        # the model works on its own copy: what creation fills in never reaches the caller's config, which can
-        # then wrap a second model
-        self.peft_config[adapter_name] = copy.copy(self.peft_config[adapter_name])
+        # PEFT's convention: the model holds the caller's config itself (PeftModel.from_pretrained(config=...)
+        # keeps it) and creation records its facts there. A config that already records another base, filled
+        # by wrapping an earlier model, gives this model a copy of its own, so one config wraps several models.
+        config = self.peft_config[adapter_name]
+        if not config.runtime_config.rows_from_checkpoint and not _describes(config, model):
+            self.peft_config[adapter_name] = _for_another_base(config)
         super().inject_adapter(model, adapter_name, **kwargs)
         embedding = model.get_input_embeddings()
         if not isinstance(embedding, GroundedTokenLayer):
@@ -383,6 +389,33 @@ class GroundedTokenModel(BaseTuner):
             kwargs.pop("shift_labels", None)
             return compact_fused_forward(self.model, *args, **kwargs)
         return self.model(*args, **kwargs)
+
+
+def _describes(config: GroundedTokenConfig, model: nn.Module) -> bool:
+    """Whether ``config``'s provenance fits ``model``'s input embedding (True where it records nothing yet, or
+    where the weight cannot be read before wrapping: creation checks it then)."""
+    made = config.provenance
+    if made is None or (made.num_embeddings is None and made.embedding_signature is None):
+        return True
+    getter = getattr(model, "get_input_embeddings", None)
+    embedding = getter() if getter is not None else None
+    weight = getattr(getattr(embedding, "base_layer", embedding), "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.is_meta or weight.ndim != 2:
+        return True
+    if made.num_embeddings is not None and made.num_embeddings != weight.shape[0]:
+        return False
+    if made.embedding_signature is None or weight.shape[0] < config.base_vocab_size:
+        return True
+    return signature_matches(made.embedding_signature, embedding_signature(weight, config.base_vocab_size))
+
+
+def _for_another_base(config: GroundedTokenConfig) -> GroundedTokenConfig:
+    """A copy of ``config`` for a model on another base: the same hyperparameters and start data, none of the
+    facts recorded from the earlier base."""
+    own = copy.copy(config)
+    own.runtime_config = copy.copy(config.runtime_config)
+    own.provenance = replace(config.provenance, num_embeddings=None, embedding_signature=None)
+    return own
 
 
 class ResizeGuard:

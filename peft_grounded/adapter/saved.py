@@ -91,6 +91,12 @@ def recorded_metadata(config: dict[str, Any], key: str) -> Any:
     return (config.get("metadata") or {}).get(key, config.get(key))
 
 
+def recorded_fact(config: dict[str, Any], key: str) -> Any:
+    """A creation-time fact of a saved config (``num_embeddings``, ``embedding_signature``,
+    ``vocab_fingerprint``, ``init_data``): in ``provenance`` now, at the top level in earlier versions."""
+    return (config.get("provenance") or {}).get(key, config.get(key))
+
+
 def read_tensors(weights: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a safetensors file; a truncated or corrupted file is a clear error naming it."""
     from safetensors import SafetensorError

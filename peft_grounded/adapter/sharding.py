@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .layer import GroundedHead, GroundedTiedEmbedding, GroundedTokenLayer
+from .layer import GroundedHead, GroundedTiedEmbedding, GroundedTokenLayer, wrapped_keys
 
 
 def grounded_modules(model: nn.Module) -> list[nn.Module]:
@@ -79,7 +79,8 @@ def gathered_trainable_state(model: nn.Module, *, fsdp: bool, deepspeed: bool) -
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
-        return get_model_state_dict(model, options=options)
+        with wrapped_keys():  # the state dict's names as named_parameters() gives them, as DCP expects
+            return get_model_state_dict(model, options=options)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if deepspeed:
         import deepspeed as ds

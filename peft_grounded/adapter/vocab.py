@@ -123,10 +123,11 @@ def check_tokenizer(config, tokenizer) -> None:
                 f"{len(wrong)} of the adapter's tokens sit elsewhere in this tokenizer (row {i} is {f!r}, the adapter "
                 f"expects {s!r}). Add the adapter's token_strings, in order, to the base tokenizer."
             )
-    if config.vocab_fingerprint is not None and config.original_vocab_size is not None:
+    recorded = getattr(config.provenance, "vocab_fingerprint", None)
+    if recorded is not None and config.original_vocab_size is not None:
         actual = vocab_fingerprint(tokenizer, config.original_vocab_size)
-        if actual != config.vocab_fingerprint:
+        if actual != recorded:
             raise ValueError(
                 "The tokenizer's base vocabulary differs from the one the adapter was made with "
-                f"({actual[:19]}... vs {config.vocab_fingerprint[:19]}...): use the base model's own tokenizer."
+                f"({actual[:19]}... vs {recorded[:19]}...): use the base model's own tokenizer."
             )

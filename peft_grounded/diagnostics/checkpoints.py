@@ -106,7 +106,7 @@ def load_sid_rows(path: str | os.PathLike[str], tokens: list[str], matrix: str =
     tied adapter has one set of rows, which then serves both. Raises ``ValueError`` when the adapter
     holds other tokens than ``tokens`` (another SID index) or more or fewer of them.
     """
-    from ..adapter.saved import read_adapter
+    from ..adapter.saved import read_adapter, recorded_fact
 
     if matrix not in MATRICES:
         raise ValueError(f"matrix must be one of {MATRICES}, got {matrix!r}")
@@ -134,7 +134,7 @@ def load_sid_rows(path: str | os.PathLike[str], tokens: list[str], matrix: str =
         rows=stored[order].float(),
         base_model=config.get("base_model_name_or_path") or None,
         original_vocab_size=int(original),
-        embedding_signature=config.get("embedding_signature"),
+        embedding_signature=recorded_fact(config, "embedding_signature"),
         init=config.get("init"),
     )
 

@@ -15,6 +15,7 @@ states: ``train(resume_from_checkpoint=True)`` after a crash ends where an unint
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import ClassVar
 
 import torch
@@ -23,7 +24,7 @@ from peft import PeftModel, get_peft_model
 from .._locks import locks_output
 from ..adapter import GroundedTokenConfig
 from ..training.config import RunConfig
-from ..training.trainer import RunTrainer
+from ..training.trainer import RunTrainer, StageRun, run_stage
 
 
 @dataclass
@@ -115,30 +116,9 @@ def ground(
     adapter lands in ``<args.output_dir>/adapter``. The output folder is locked from the start, before the
     model is loaded.
     """
-    from ..adapter.loading import model_for
-    from ..training.config import check_max_examples
     from .data import grounding_dataset
 
-    check_max_examples(max_examples)
-    tokenizer, model = model_for(
-        index,
-        model,
-        tokenizer,
-        model_path=model_path,
-        caller="ground",
-        init=init,
-        centroid_variant=centroid_variant,
-        seed=args.seed,
-        dtype=dtype,
-    )
-    data = grounding_dataset(catalogue, index, tokenizer)
-    trainer = GroundingTrainer(
-        model,
-        args,
-        train_dataset=data,
-        max_examples=max_examples,
-        processing_class=tokenizer,
-        callbacks=callbacks,
-    )
-    trainer.train(resume_from_checkpoint=True if resume else None)
-    return model
+    run = StageRun(model, tokenizer, max_examples, callbacks, resume)
+    start = {"model_path": model_path, "init": init, "centroid_variant": centroid_variant, "dtype": dtype}
+    data = partial(grounding_dataset, catalogue, index)
+    return run_stage(GroundingTrainer, index, args, run, data, caller="ground", **start)

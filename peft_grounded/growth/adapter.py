@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..adapter.config import GroundedTokenConfig
+from ..adapter.config import GroundedRuntimeConfig, GroundedTokenConfig
 from ..adapter.initialize import initializer_range
 from ..adapter.layer import GroundedTokenLayer
 from ..adapter.vocab import add_tokens, check_tokenizer
@@ -172,16 +173,17 @@ def grow_adapter(
             grown["output"] = rows_out.to(torch.float32)
 
     child_config = copy.deepcopy(config)
-    child_config.__dict__.pop("rows_from_checkpoint", None)
     child_config.token_indices = [*old_ids, *new_ids]
     child_config.token_strings = list(child_index.token_strings)
     child_config.init = "tensor"
-    child_config.init_vectors = grown if "output" in grown else grown["input"]
-    child_config.init_texts = None
-    child_config.init_anchors = None
-    child_config.num_embeddings = None
+    child_config.init_weights = True
+    child_config.runtime_config = GroundedRuntimeConfig(
+        init_vectors=grown if "output" in grown else grown["input"]
+    )
+    if child_config.provenance is not None:
+        child_config.provenance = replace(child_config.provenance, num_embeddings=None, init_data=None)
     child_config.inference_mode = False
-    child_config.sid_index_fingerprint = child_index.fingerprint()
+    child_config.metadata = {**(config.metadata or {}), "sid_index_fingerprint": child_index.fingerprint()}
     grown_model = get_peft_model(base, child_config, adapter_name=name)
     params = dict(grown_model.named_parameters())
     missing = sorted(set(lora) - set(params))

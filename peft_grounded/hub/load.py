@@ -77,6 +77,7 @@ def _name(model: nn.Module) -> str:
 
 def check_base(config: GroundedTokenConfig, model: nn.Module, where: str = "adapter") -> None:
     """Raise unless ``model`` has the base vocabulary rows (embedding signature) the adapter was made on."""
+    from ..adapter import GroundedProvenance
     from ..adapter.model import embedding_signature, signature_matches
 
     wanted = config.base_model_name_or_path or "its base model"
@@ -88,15 +89,16 @@ def check_base(config: GroundedTokenConfig, model: nn.Module, where: str = "adap
             f"The {where} was made for {wanted!r}, with a {original}-token base vocabulary; the given base "
             f"({_name(model)!r}) has only {rows} embedding rows. {fix}"
         )
-    if config.num_embeddings is not None and rows > config.num_embeddings:
+    made = config.provenance or GroundedProvenance()
+    if made.num_embeddings is not None and rows > made.num_embeddings:
         raise GroundedHubError(
-            f"The {where} was made for {wanted!r} with {config.num_embeddings} embedding rows once its tokens are "
+            f"The {where} was made for {wanted!r} with {made.num_embeddings} embedding rows once its tokens are "
             f"added; the given base ({_name(model)!r}) already has {rows}. Pass the base model as loaded, without "
             f"added tokens or resizing. {fix}"
         )
-    if config.embedding_signature is not None:
+    if made.embedding_signature is not None:
         signature = embedding_signature(weight, original)
-        expected = config.embedding_signature
+        expected = made.embedding_signature
         if not signature_matches(expected, signature):
             raise GroundedHubError(
                 f"The {where} was made for base model {wanted!r}, but the given base ({_name(model)!r}) has other "
@@ -112,13 +114,12 @@ def check_base_tokenizer(config: GroundedTokenConfig, tokenizer, where: str = "a
     wanted = config.base_model_name_or_path or "its base model"
     tokens, original = config.token_strings, config.original_vocab_size
     fix = f"Pass {wanted!r}'s own tokenizer, as loaded."
-    known = config.vocab_fingerprint is not None and original is not None
-    if known and (
-        len(tokenizer) < original or vocab_fingerprint(tokenizer, original) != config.vocab_fingerprint
-    ):
+    recorded = getattr(config.provenance, "vocab_fingerprint", None)
+    known = recorded is not None and original is not None
+    if known and (len(tokenizer) < original or vocab_fingerprint(tokenizer, original) != recorded):
         raise GroundedHubError(
             f"The tokenizer's base vocabulary differs from the one the {where} was made with ({original} "
-            f"tokens of {wanted!r}, fingerprint {config.vocab_fingerprint[:19]}...). {fix}"
+            f"tokens of {wanted!r}, fingerprint {recorded[:19]}...). {fix}"
         )
     vocab = tokenizer.get_vocab()
     present = [t for t in tokens if t in vocab]
@@ -172,7 +173,7 @@ def _size_embedding(config: GroundedTokenConfig, model: nn.Module, rows_before: 
     the vocabulary mean, as ``add_tokens`` does (the rows an untied head without trained rows keeps)."""
     from ..adapter.vocab import fill_with_mean
 
-    target = config.num_embeddings or max(config.token_indices) + 1
+    target = getattr(config.provenance, "num_embeddings", None) or max(config.token_indices) + 1
     if model.get_input_embeddings().weight.shape[0] < target:
         model.resize_token_embeddings(target, mean_resizing=False)
     if not config.tokens_are_new:

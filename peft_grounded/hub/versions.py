@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 def check_index_version(config: Any, index: SIDIndex, where: str) -> None:
     """Raise :class:`GroundedHubError` unless ``index`` is the version the adapter ``config`` records."""
-    recorded = getattr(config, "sid_index_fingerprint", None)
+    recorded = (getattr(config, "metadata", None) or {}).get("sid_index_fingerprint")
     actual = index.fingerprint()
     if recorded is None or recorded == actual:
         return

@@ -71,12 +71,13 @@ def tokenize_texts(texts: list, tokenizer: Any = None) -> list[list[int]]:
 def resolve_init_data(config: Any, matrix: str) -> InitData:
     """The :class:`InitData` of ``config`` for the ``"input"`` or ``"output"`` matrix (adapter init excluded)."""
     data = InitData(projection=config.centroid_projection, norm_match=config.norm_match)
+    runtime = config.runtime_config
     if config.init in ("centroid", "tensor"):
-        data.vectors = load_tensor(_per_matrix(config.init_vectors, matrix), what="init_vectors")
+        data.vectors = load_tensor(_per_matrix(runtime.init_vectors, matrix), what="init_vectors")
     if config.init == "description":
-        data.token_id_lists = tokenize_texts(list(config.init_texts))
-    if config.init == "centroid" and config.init_anchors is not None:
-        anchors = config.init_anchors
+        data.token_id_lists = tokenize_texts(list(runtime.init_texts))
+    if config.init == "centroid" and runtime.init_anchors is not None:
+        anchors = runtime.init_anchors
         if isinstance(anchors, dict):
             ids, vectors = anchors.get("token_ids"), anchors.get("vectors")
             if ids is None or vectors is None:

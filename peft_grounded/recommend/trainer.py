@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import ClassVar
 
 import torch
@@ -12,7 +13,7 @@ from .._locks import locks_output
 from ..adapter import GroundedTokenConfig
 from ..prompts import PromptFormat
 from ..training.config import RunConfig
-from ..training.trainer import RunTrainer
+from ..training.trainer import RunTrainer, StageRun, run_stage
 from .callbacks import ValidationRecall
 
 __all__ = ["RecommendationConfig", "RecommendationTrainer", "ValidationRecall", "train_recommender"]
@@ -83,44 +84,26 @@ def train_recommender(
     (the folder is locked from the start, before the model is loaded).
     """
     from ..adapter import add_lora
-    from ..adapter.loading import model_for
     from ..adapter.lora import lora_settings
-    from ..training.config import check_max_examples
     from .data import training_dataset
 
-    check_max_examples(max_examples)
     lora_given = bool(lora)
     lora = lora_settings(**(lora or {}))  # checked before the model loads
     fmt = fmt or PromptFormat()
-    tokenizer, model = model_for(
-        index,
-        model,
-        tokenizer,
-        model_path=model_path,
-        caller="train_recommender",
-        init=init,
-        centroid_variant=centroid_variant,
-        seed=args.seed,
-        fmt=fmt,
-        adapter=grounded,
-        dtype=dtype,
-    )
-    if isinstance(model.peft_config[model.active_adapter], GroundedTokenConfig):
-        model.peft_config[model.active_adapter].prompt_format = asdict(fmt)
-        add_lora(model, **lora)
-    elif lora_given:
-        raise ValueError(
-            "lora= stacks a LoRA on a grounded adapter; this model carries PEFT's own LoRA already"
-        )
     split = split if split is not None else catalogue.leave_one_out()
-    data = training_dataset(split, index, catalogue, tokenizer, fmt)
-    trainer = RecommendationTrainer(
-        model,
-        args,
-        train_dataset=data,
-        max_examples=max_examples,
-        processing_class=tokenizer,
-        callbacks=callbacks,
-    )
-    trainer.train(resume_from_checkpoint=True if resume else None)
-    return model
+
+    def stack_lora(model: PeftModel) -> None:
+        config = model.peft_config[model.active_adapter]
+        if isinstance(config, GroundedTokenConfig):
+            config.metadata = {**(config.metadata or {}), "prompt_format": asdict(fmt)}
+            add_lora(model, **lora)
+        elif lora_given:
+            raise ValueError(
+                "lora= stacks a LoRA on a grounded adapter; this model carries PEFT's own LoRA already"
+            )
+
+    run = StageRun(model, tokenizer, max_examples, callbacks, resume)
+    start = {"model_path": model_path, "init": init, "centroid_variant": centroid_variant, "dtype": dtype}
+    data = partial(training_dataset, split, index, catalogue, fmt=fmt)
+    start |= {"caller": "train_recommender", "fmt": fmt, "adapter": grounded}
+    return run_stage(RecommendationTrainer, index, args, run, data, stack_lora, **start)

@@ -66,10 +66,8 @@ class EncoderMismatchError(ValueError):
 def recorded_index(config: Any) -> str | None:
     """The SID index fingerprint an adapter config records (a GroundedTokenConfig, or a saved config's fields:
     ``metadata`` since 0.2, top-level before)."""
-    recorded = getattr(config, "sid_index_fingerprint", None)
-    if recorded is None:
-        recorded = (getattr(config, "metadata", None) or {}).get("sid_index_fingerprint")
-    return recorded
+    recorded = (getattr(config, "metadata", None) or {}).get("sid_index_fingerprint")
+    return recorded if recorded is not None else getattr(config, "sid_index_fingerprint", None)
 
 
 @dataclass(eq=False)

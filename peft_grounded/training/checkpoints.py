@@ -22,6 +22,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, rotat
 
 from .._io import DiskFullError, is_disk_full, swap_dir_into_place
 from .._owned import TRL_CARD_MARKER, is_generated_card
+from ..adapter.layer import wrapped_keys
 from ..adapter.saved import ADAPTER_WEIGHTS
 from . import runs
 from .adapter_files import load_adapter_weights
@@ -143,7 +144,9 @@ class SafeCheckpoints:
         self.accelerator.wait_for_everyone()
         self._staging = staging
         try:
-            super()._save_checkpoint(model, trial)  # rotates within the staging folder: nothing to delete
+            # wrapped_keys: accelerate's FSDP2 save pairs state_dict() with named_parameters() (see adapter.layer)
+            with wrapped_keys():
+                super()._save_checkpoint(model, trial)  # rotates within the staging folder: nothing to delete
             self.accelerator.wait_for_everyone()  # every rank wrote its part (RNG states, shards)
             if main:
                 self._publish(staging / name, root / name)

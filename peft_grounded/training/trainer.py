@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate.utils import extract_model_from_parallel
@@ -365,6 +368,49 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
         if self.is_world_process_zero():
             save_adapter_atomic(model, directory, state_dict=state)
         self.accelerator.wait_for_everyone()
+
+
+@dataclass
+class StageRun:
+    """What a stage's entry point was asked for beside its settings: a live model (with its tokenizer) to train
+    in place instead of loading one, the example cap, extra callbacks, and whether to resume."""
+
+    model: Any = None
+    tokenizer: Any = None
+    max_examples: int | None = None
+    callbacks: list | None = None
+    resume: bool = False
+
+
+def run_stage(
+    trainer_cls: type[RunTrainer],
+    index,
+    args,
+    run: StageRun,
+    dataset: Callable[[Any], Any],
+    prepare: Callable[[Any], None] | None = None,
+    **start,
+):
+    """The body of a stage's entry point (``ground``, ``train_recommender``): check ``run.max_examples``, take
+    ``run.model`` or load one for ``index`` (:func:`~peft_grounded.adapter.loading.model_for` with ``start``
+    and the run's seed), ``prepare`` it, then train a ``trainer_cls`` built from ``args`` on
+    ``dataset(tokenizer)``, from the run's last checkpoint when ``run.resume``. Returns the model."""
+    from ..adapter.loading import model_for
+
+    check_max_examples(run.max_examples)
+    tokenizer, model = model_for(index, run.model, run.tokenizer, seed=args.seed, **start)
+    if prepare is not None:
+        prepare(model)
+    trainer = trainer_cls(
+        model,
+        args,
+        train_dataset=dataset(tokenizer),
+        max_examples=run.max_examples,
+        processing_class=tokenizer,
+        callbacks=run.callbacks,
+    )
+    trainer.train(resume_from_checkpoint=True if run.resume else None)
+    return model
 
 
 def _refuse_cloned_chat_template(args) -> None:
