@@ -38,7 +38,7 @@ def setup(tokenizer, tiny_model_factory):
 def test_one_pass_equals_the_separate_computations(setup):
     model, tokenizer, catalogue, index, split = setup
     fmt = PromptFormat(max_history=4)
-    settings = EvalSettings(ks=KS, users=8, num_beams=6, batch_size=3, cold_max_count=1)
+    settings = EvalSettings(ks=KS, users=8, num_beams=6, decode_batch_size=3, cold_max_count=1)
     args = (model, tokenizer, split, index, catalogue, fmt, ("valid", "test"), settings)
     ev = evaluate(*args)
     assert ev.metrics == evaluate(*args, likelihood=False).metrics
@@ -108,7 +108,7 @@ def test_exclude_history_leaves_the_users_items_out_and_keeps_the_rest_in_order(
     prompt's tail), cut to max(ks): a target the user already had can no longer be hit."""
     model, tokenizer, catalogue, index, split = setup
     fmt = PromptFormat(max_history=2)
-    settings = EvalSettings(ks=KS, users=8, num_beams=12, batch_size=4, cold=False)
+    settings = EvalSettings(ks=KS, users=8, num_beams=12, decode_batch_size=4, cold=False)
     kept = evaluate(model, tokenizer, split, index, catalogue, fmt, ("test",), settings, likelihood=False)
     dropped = evaluate(
         model,
