@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 
+from peft_grounded._scripts import parse_script_args
+
 COMMANDS = (
     "",
     "build-sids",
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--cold", action="store_true", help="also time the stage commands without a snapshot")
-    args = parser.parse_args(argv)
+    args = parse_script_args(parser, argv)
     print("| command | min s | median s | max s | runs |")
     print("|---|---:|---:|---:|---:|")
     for command in COMMANDS:

@@ -81,7 +81,7 @@ class DiagnoseArguments:
         self.seed_choice()
         if not self.adapters and not self.runs:
             raise ValueError(
-                "diagnose: give adapter folders (ADAPTER_DIR ... or --adapters), --runs DIR, or both"
+                "diagnose: give ADAPTER_DIR arguments (or --adapters DIR ...), --runs DIR, or both"
             )
         if self.name and len(self.name) != len(self.adapters):
             raise ValueError(
