@@ -101,6 +101,9 @@ def documented_commands() -> list[tuple[str, list[str]]]:
                 tokens = shlex.split(piece)
                 while tokens and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", tokens[0]):
                     tokens = tokens[1:]  # OMP_NUM_THREADS=1 ...
+                if tokens and tokens[0] in ("accelerate", "torchrun") and "peft_grounded.cli" in tokens:
+                    i = tokens.index("peft_grounded.cli")  # accelerate launch ... -m peft_grounded.cli CMD
+                    tokens = ["python", "-m", *tokens[i:]]
                 if not tokens or not START.match(" ".join(tokens)):
                     continue
                 if tokens[:3] == ["python", "-m", "peft_grounded.cli"]:
@@ -120,6 +123,9 @@ COMMANDS = documented_commands()
 
 
 def test_the_documents_show_commands():
+    assert any(
+        where.startswith("distributed.md") for where, _ in COMMANDS
+    )  # accelerate launch -m peft_grounded.cli
     scripts = {argv[0] for _, argv in COMMANDS if argv[0] != "peft-grounded"}
     clis = {argv[1] for _, argv in COMMANDS if argv[0] == "peft-grounded"}
     assert len(COMMANDS) > 40 and len(scripts) > 10 and {"build-sids", "sft", "diagnose", "push"} <= clis

@@ -89,13 +89,13 @@ def test_popularity_users_match_its_aggregates(setup):
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("batch_size", 0, "batch_size must be a positive integer"),
+        ("decode_batch_size", 0, "decode_batch_size must be a positive integer"),
         ("num_beams", -1, "num_beams must be a positive integer"),
         ("users", 0, "users must be a positive integer or None"),
         ("ks", (0, 5), "ks must be positive integers"),
         ("ks", (), "ks must be positive integers"),
         ("cold_max_count", -1, "cold_max_count must be an integer >= 0"),
-        ("batch_size", 2.5, "batch_size must be a positive integer"),
+        ("decode_batch_size", 2.5, "decode_batch_size must be a positive integer"),
     ],
 )
 def test_eval_settings_refuse_nonsense(field, value, message):

@@ -140,8 +140,12 @@ class EncodingArguments:
     no_progress: bool = field(default=False, metadata={"help": "No progress bar."})
 
     def __post_init__(self) -> None:
-        if self.encode_batch_size < 1:
-            raise ValueError(f"encode_batch_size must be at least 1, got {self.encode_batch_size}")
+        from .. import checks
+
+        problem = checks.int_at_least(
+            "encode_batch_size", self.encode_batch_size, 1, flag="--encode-batch-size"
+        )
+        checks.raise_problems("EncodingArguments", [problem])
 
 
 def load_data(catalogue: str, sid_index: str) -> tuple[Any, Any]:

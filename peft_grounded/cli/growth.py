@@ -77,7 +77,10 @@ class IncrementalGroundingArguments:
             "metavar": "CATALOGUE",
         },
     )
-    ground_steps: int = field(default=30, metadata={"help": "AdamW steps of incremental grounding."})
+    ground_steps: int = field(
+        default=30,
+        metadata={"help": "AdamW steps of incremental grounding (0: count the pairs, take no step)."},
+    )
     replay: float = field(
         default=1.0,
         metadata={"help": "Old items per new item whose pairs are mixed in (0: the new items alone)."},
@@ -96,20 +99,16 @@ class IncrementalGroundingArguments:
     )
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.ground_steps < 1:
-            problems.append(f"ground_steps must be at least 1, got {self.ground_steps} (--ground-steps)")
-        if not self.replay >= 0:
-            problems.append(f"replay must be 0 or more, got {self.replay} (--replay)")
-        if not self.learning_rate > 0:
-            problems.append(f"learning_rate must be positive, got {self.learning_rate} (--lr)")
-        if self.per_device_train_batch_size < 1:
-            problems.append(
-                f"per_device_train_batch_size must be at least 1, got {self.per_device_train_batch_size} "
-                "(--batch-size)"
-            )
-        if problems:
-            raise ValueError("grow-adapter: " + "; ".join(problems))
+        from ..growth.grounding import check_settings
+
+        check_settings(
+            rows=self.rows,
+            replay=self.replay,
+            steps=self.ground_steps,
+            learning_rate=self.learning_rate,
+            batch_size=self.per_device_train_batch_size,
+            seed=self.seed,
+        )
 
 
 def run_grow_adapter(args: GrowAdapterArguments, grounding: IncrementalGroundingArguments) -> int:
