@@ -117,7 +117,7 @@ def test_bad_settings_fail_at_parse_time():
         sft.parse(["--sid-index", "s", "--load_in_4bit"])
 
 
-LIGHT = ("build-sids", "add-items", "grow-adapter", "diagnose", "push", "pull", "demo")
+LIGHT = ("build-sids", "add-items", "grow-adapter", "evaluate", "diagnose", "push", "pull", "demo")
 
 
 def test_help_of_light_commands_imports_neither_torch_nor_transformers():
