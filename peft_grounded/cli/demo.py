@@ -10,7 +10,7 @@ from typing import Literal
 
 from .common import Command, csv_list
 
-STRATEGIES = ("mean", "gaussian", "random", "centroid", "gti", "centroid_gti")
+STRATEGIES = ("mean", "gaussian", "random", "centroid", "gti", "centroid_gti", "peft_default")
 
 
 @dataclass
@@ -45,9 +45,11 @@ class DemoArguments:
 
     def __post_init__(self) -> None:
         self.strategies = csv_list(self.strategies)
-        unknown = [s for s in self.strategies if s not in STRATEGIES]
-        if unknown:
-            raise ValueError(f"demo: unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
+        if self.strategies:
+            from ..pipeline.strategies import strategy
+
+            for name in self.strategies:
+                strategy(name)  # an unknown name: "Unknown strategy ...; choose from ..."
 
 
 def run(args: DemoArguments) -> int:

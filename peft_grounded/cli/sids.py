@@ -88,7 +88,10 @@ class BuildSIDsArguments:
         except ValueError:
             parts = []
         if not parts or min(parts) < 1:
-            raise ValueError(f"codes={self.codes!r}: give a positive number or a list such as 256,256,256")
+            raise ValueError(
+                f"codes_per_level must be >= 1, got {self.codes!r} (--codes): give a positive number or a list "
+                "such as 256,256,256"
+            )
         return parts[0] if len(parts) == 1 else parts
 
 
