@@ -2,10 +2,10 @@
 ``trl sft --help`` beside them as the control.
 
     python benchmarks/bench_cli_help.py              # every command, 5 rounds (after one warm-up round)
-    python benchmarks/bench_cli_help.py --runs 10
+    python benchmarks/bench_cli_help.py --runs 10 --no-control --commands build-sids evaluate demo
 
 Each run is a fresh interpreter (``python -m peft_grounded.cli COMMAND --help``; the control: TRL's console
-script ``trl sft --help``), timed from its start to its exit. The commands are interleaved round by round, so
+script ``trl sft --help``; and ``python -c pass``, the interpreter's start, which shows how busy the machine is), timed from its start to its exit. The commands are interleaved round by round, so
 that other jobs on the machine slow every row alike; the table gives the min, median and max wall seconds, and
 the load average before and after. The target: under 1 s for the command list and every command whose
 settings need no TRL ``SFTConfig``; ``ground``, ``sft`` and ``evaluate`` no slower than the control.
@@ -37,12 +37,15 @@ COMMANDS = (
     "demo",
 )
 CONTROL = "trl sft --help (control)"
+START = "python -c pass (interpreter start)"
 
 
 def argv_of(command: str) -> list[str]:
     if command == CONTROL:
         trl = shutil.which("trl") or os.path.join(os.path.dirname(sys.executable), "trl")
         return [trl, "sft", "--help"]
+    if command == START:
+        return [sys.executable, "-c", "pass"]
     return [sys.executable, "-m", "peft_grounded.cli", *([command] if command else []), "--help"]
 
 
@@ -68,15 +71,24 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--no-control", action="store_true", help="leave out trl sft --help")
+    parser.add_argument(
+        "--commands",
+        nargs="+",
+        choices=[c for c in COMMANDS if c],
+        help="only these commands (and the controls)",
+    )
     args = parse_script_args(parser, argv)
-    commands = [*COMMANDS, *([] if args.no_control else [CONTROL])]
+    chosen = [c for c in COMMANDS if args.commands is None or c in args.commands]
+    commands = [START, *chosen, *([] if args.no_control else [CONTROL])]
     load = os.getloadavg()
     seconds = time_rounds(commands, args.runs)
     print(f"load average before: {load[0]:.2f}, after: {os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs")
     print("| command | min s | median s | max s | runs |")
     print("|---|---:|---:|---:|---:|")
     for command in commands:
-        name = command if command == CONTROL else f"`peft-grounded {command} --help`".replace("  ", " ")
+        name = (
+            command if command in (CONTROL, START) else f"`peft-grounded {command} --help`".replace("  ", " ")
+        )
         print(row(name, seconds[command]), flush=True)
 
 
