@@ -57,7 +57,9 @@ class EvalSettings:
             "EvalSettings",
             [
                 checks.int_at_least("num_beams", self.num_beams, 1, flag="--num-beams"),
-                checks.int_at_least("decode_batch_size", self.decode_batch_size, 1, flag="--decode-batch-size"),
+                checks.int_at_least(
+                    "decode_batch_size", self.decode_batch_size, 1, flag="--decode-batch-size"
+                ),
                 checks.int_at_least("users", self.users, 1, flag="--users", none_ok=True),
                 checks.int_at_least("cold_max_count", self.cold_max_count, 0, flag="--cold-max-count"),
                 None if ks_ok else f"ks must be positive integers, got {self.ks!r} (--ks)",
