@@ -31,6 +31,8 @@ import threading
 import time
 from pathlib import Path
 
+from peft_grounded._scripts import parse_script_args
+
 METHODS = ("grounded", "trainable", "full", "floor")
 
 
@@ -216,7 +218,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--one", nargs=2, metavar=("METHOD", "PRECISION"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_script_args(parser)
     if args.device is None:
         import torch
 

@@ -1,21 +1,27 @@
-"""How long ``peft-grounded --help`` and each ``peft-grounded COMMAND --help`` take, the whole process timed.
+"""How long ``peft-grounded --help`` and each ``peft-grounded COMMAND --help`` take, the whole process timed, with
+``trl sft --help`` beside them as the control.
 
-    python benchmarks/bench_cli_help.py              # every command, 5 runs each (after one warm-up run)
-    python benchmarks/bench_cli_help.py --runs 10 --cold
+    python benchmarks/bench_cli_help.py              # every command, 5 rounds (after one warm-up round)
+    python benchmarks/bench_cli_help.py --runs 10 --no-control --commands build-sids evaluate demo
 
-Each run is a fresh interpreter (``python -m peft_grounded.cli COMMAND --help``), timed from its start to its
-exit; the table gives the min, median and max wall seconds. ``--cold`` also times what the stage commands' help
-costs once where no shipped snapshot fits the installed libraries: a fresh process rendering it (importing TRL),
-before it is cached.
+Each run is a fresh interpreter (``python -m peft_grounded.cli COMMAND --help``; the control: TRL's console
+script ``trl sft --help``; and ``python -c pass``, the interpreter's start, which shows how busy the machine is), timed from its start to its exit. The commands are interleaved round by round, so
+that other jobs on the machine slow every row alike; the table gives the min, median and max wall seconds, and
+the load average before and after. The target: under 1 s for the command list and every command whose
+settings need no TRL ``SFTConfig``; ``ground``, ``sft`` and ``evaluate`` no slower than the control.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import statistics
 import subprocess
 import sys
 import time
+
+from peft_grounded._scripts import parse_script_args
 
 COMMANDS = (
     "",
@@ -30,17 +36,28 @@ COMMANDS = (
     "pull",
     "demo",
 )
+CONTROL = "trl sft --help (control)"
+START = "python -c pass (interpreter start)"
 
 
-def time_help(command: str, runs: int, warmup: int = 1) -> list[float]:
-    """Wall seconds of ``runs`` fresh ``--help`` processes of ``command`` (after ``warmup`` uncounted ones)."""
-    argv = [sys.executable, "-m", "peft_grounded.cli", *([command] if command else []), "--help"]
-    seconds = []
+def argv_of(command: str) -> list[str]:
+    if command == CONTROL:
+        trl = shutil.which("trl") or os.path.join(os.path.dirname(sys.executable), "trl")
+        return [trl, "sft", "--help"]
+    if command == START:
+        return [sys.executable, "-c", "pass"]
+    return [sys.executable, "-m", "peft_grounded.cli", *([command] if command else []), "--help"]
+
+
+def time_rounds(commands: list[str], runs: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Wall seconds of ``runs`` fresh ``--help`` processes per command, interleaved (after ``warmup`` rounds)."""
+    seconds: dict[str, list[float]] = {c: [] for c in commands}
     for i in range(warmup + runs):
-        start = time.perf_counter()
-        subprocess.run(argv, check=True, capture_output=True)
-        if i >= warmup:
-            seconds.append(time.perf_counter() - start)
+        for command in commands:
+            start = time.perf_counter()
+            subprocess.run(argv_of(command), check=True, capture_output=True)
+            if i >= warmup:
+                seconds[command].append(time.perf_counter() - start)
     return seconds
 
 
@@ -48,37 +65,31 @@ def row(name: str, seconds: list[float]) -> str:
     return f"| {name} | {min(seconds):.2f} | {statistics.median(seconds):.2f} | {max(seconds):.2f} | {len(seconds)} |"
 
 
-def time_render(command: str, runs: int) -> list[float]:
-    """Wall seconds of fresh processes rendering ``command``'s help (what a missing snapshot costs once)."""
-    code = f"from peft_grounded.cli.help import render; render({command!r})"
-    seconds = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
-        seconds.append(time.perf_counter() - start)
-    return seconds
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--cold", action="store_true", help="also time the stage commands without a snapshot")
-    args = parser.parse_args(argv)
+    parser.add_argument("--no-control", action="store_true", help="leave out trl sft --help")
+    parser.add_argument(
+        "--commands",
+        nargs="+",
+        choices=[c for c in COMMANDS if c],
+        help="only these commands (and the controls)",
+    )
+    args = parse_script_args(parser, argv)
+    chosen = [c for c in COMMANDS if args.commands is None or c in args.commands]
+    commands = [START, *chosen, *([] if args.no_control else [CONTROL])]
+    load = os.getloadavg()
+    seconds = time_rounds(commands, args.runs)
+    print(f"load average before: {load[0]:.2f}, after: {os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs")
     print("| command | min s | median s | max s | runs |")
     print("|---|---:|---:|---:|---:|")
-    for command in COMMANDS:
-        print(
-            row(f"`peft-grounded {command} --help`".replace("  ", " "), time_help(command, args.runs)),
-            flush=True,
+    for command in commands:
+        name = (
+            command if command in (CONTROL, START) else f"`peft-grounded {command} --help`".replace("  ", " ")
         )
-    if args.cold:
-        for command in ("ground", "sft", "evaluate"):
-            print(
-                row(f"`{command}` help rendered, no snapshot (once)", time_render(command, args.runs)),
-                flush=True,
-            )
+        print(row(name, seconds[command]), flush=True)
 
 
 if __name__ == "__main__":

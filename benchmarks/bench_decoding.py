@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from peft_grounded import assets
+from peft_grounded._scripts import parse_script_args
 from peft_grounded.adapter import add_lora
 from peft_grounded.adapter.loading import sid_model
 from peft_grounded.decoding import SIDTrie, recommend
@@ -57,7 +58,7 @@ def main() -> None:
         help="also compare each bf16 engine's lists with fp32 decoding",
     )
     parser.add_argument("--output", type=Path, default=Path("runs/bench_decoding"))
-    args = parser.parse_args()
+    args = parse_script_args(parser)
     args.fp32 = not script_precision(args.fp32, args.bf16).bf16
 
     catalogue = load_catalogue("movielens-100k")

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from peft_grounded._scripts import parse_script_args
+
 INITS = ("mean", "gaussian", "centroid")
 
 
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--out", help="where to keep the adapters and the report (default: a temporary dir)")
     parser.add_argument("--snapshots", type=int, default=3, choices=[1, 2, 3], help="adapters to compare")
-    args = parser.parse_args(argv)
+    args = parse_script_args(parser, argv)
     out = Path(args.out or tempfile.mkdtemp(prefix="diagnostics-bench-"))
     print(f"torch threads {torch.get_num_threads()}; files in {out}")
     base = assets.smollm2()

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from peft_grounded._scripts import parse_script_args
 from peft_grounded.growth.index import GrowthReport, add_vectors
 from peft_grounded.sids import build_sids, load_catalogue
 from peft_grounded.sids.encoders import encode_texts, load_encoder
@@ -42,7 +43,7 @@ def main() -> None:
     parser.add_argument("--levels", type=int, default=3)
     parser.add_argument("--encoder-sample", type=int, default=128, help="texts timed through the encoder")
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_script_args(parser)
 
     catalogue = load_catalogue(args.dataset)
     encoder = load_encoder("minilm")

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from peft_grounded import assets
+from peft_grounded._scripts import parse_script_args
 from peft_grounded.adapter.loading import sid_model
 from peft_grounded.decoding import Recommendations, SIDTrie, mix_new_items, recommend
 from peft_grounded.decoding.new_items import default_match_levels
@@ -261,22 +262,59 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2000, help="bootstrap resamples")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    if args.smoke:
-        for key, value in SMOKE.items():
-            setattr(args, key, value)
-    if args.num_beams < args.k:
-        parser.error(
-            f"--num-beams {args.num_beams} is below --k {args.k}: beam search returns num_beams items"
-        )
-    if any(not 0 <= s <= 1 for s in args.new_item_share):
-        parser.error(f"--new-item-share takes fractions of k between 0 and 1, got {args.new_item_share}")
-    if args.max_history is None:
-        args.max_history = 19 if args.objective == "sequence" else 10
-    if args.max_length is None:
-        args.max_length = 128 if args.objective == "sequence" else 256
-    args.no_bf16 = not script_precision(args.no_bf16, args.bf16).bf16
-    return args
+
+    def settle(args: argparse.Namespace) -> Budget:
+        """Defaults that follow other arguments, the checks, and the budget: all before any work."""
+        if args.smoke:
+            for key, value in SMOKE.items():
+                setattr(args, key, value)
+        if args.num_beams < args.k:
+            parser.error(
+                f"--num-beams {args.num_beams} is below --k {args.k}: beam search returns num_beams items"
+            )
+        if any(not 0 <= s <= 1 for s in args.new_item_share):
+            parser.error(f"--new-item-share takes fractions of k between 0 and 1, got {args.new_item_share}")
+        if args.max_history is None:
+            args.max_history = 19 if args.objective == "sequence" else 10
+        if args.max_length is None:
+            args.max_length = 128 if args.objective == "sequence" else 256
+        args.no_bf16 = not script_precision(args.no_bf16, args.bf16).bf16
+        return protocol_budget(args)
+
+    return parse_script_args(parser, argv, check=settle)
+
+
+def protocol_budget(args: argparse.Namespace) -> Budget:
+    """The training budget the arguments describe, built (and so checked) before any work: a strategy that
+    does not ground gets no grounding stage, whatever --grounding-steps and --grounding-minutes say."""
+    grounds = strategy(args.strategy).ground
+    bf16 = not args.no_bf16
+    training = dict(
+        per_device_train_batch_size=args.batch_size,
+        learning_rate=args.lr,
+        max_length=args.max_length,
+        bf16=bf16,
+        seed=args.seed,
+        save_steps=200,
+        disable_tqdm=True,
+    )
+    budget = Budget.from_training(
+        training,
+        # a strategy that does not ground has no grounding stage (a GroundingConfig of 0 steps and no
+        # minutes would be refused; BENCHMARKS' centroid commands once failed there after the SIDs)
+        grounding=dict(max_steps=args.grounding_steps, max_minutes=args.grounding_minutes)
+        if grounds
+        else False,
+        sft=dict(max_steps=args.sft_steps, max_minutes=args.minutes or None),
+        lora=dict(r=args.lora_r, lora_alpha=args.lora_alpha, target_modules="all-linear"),
+        evaluation=EvalSettings(
+            users=args.run_eval_users, num_beams=args.k, ks=(args.k,), seed=args.seed, bf16=bf16
+        ),
+        weights_dtype="bfloat16" if bf16 else "float32",
+        max_train_examples=args.max_examples or None,
+        max_grounding_examples=args.max_examples or None,
+    )
+    return budget
 
 
 def plan(args, grounds: bool) -> str:
@@ -304,6 +342,7 @@ def plan(args, grounds: bool) -> str:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    budget = protocol_budget(args)  # checked before the SIDs are built (parse_args built it once already)
     grounds = strategy(args.strategy).ground
     print(plan(args, grounds), flush=True)
     started = time.perf_counter()
@@ -357,29 +396,6 @@ def main(argv=None) -> None:
     full_index = build_sids(catalogue, vectors=vectors, encoder_fingerprint=fp, **settings)
     print(f"SIDs ready ({time.perf_counter() - started:.0f} s)", flush=True)
 
-    training = dict(
-        per_device_train_batch_size=args.batch_size,
-        learning_rate=args.lr,
-        max_length=args.max_length,
-        bf16=bf16,
-        seed=args.seed,
-        save_steps=200,
-        disable_tqdm=True,
-    )
-    budget = Budget.from_training(
-        training,
-        grounding=dict(
-            max_steps=args.grounding_steps, max_minutes=args.grounding_minutes if grounds else None
-        ),
-        sft=dict(max_steps=args.sft_steps, max_minutes=args.minutes or None),
-        lora=dict(r=args.lora_r, lora_alpha=args.lora_alpha, target_modules="all-linear"),
-        evaluation=EvalSettings(
-            users=args.run_eval_users, num_beams=args.k, ks=(args.k,), seed=args.seed, bf16=bf16
-        ),
-        weights_dtype="bfloat16" if bf16 else "float32",
-        max_train_examples=args.max_examples or None,
-        max_grounding_examples=args.max_examples or None,
-    )
     timings: dict[str, float] = {}
     trained = (("old", old_catalogue, parent), ("full", catalogue, full_index))
     for name, cat, index in trained[: 1 if args.no_retrained else 2]:

@@ -34,6 +34,8 @@ import time
 import traceback
 from pathlib import Path
 
+from peft_grounded._scripts import parse_script_args
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -218,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill points")
     parser.add_argument("--subprocess", action="store_true", help="fresh interpreters instead of forks")
     parser.add_argument("--workdir", help="keep the runs here (default: a temporary folder)")
-    args = parser.parse_args(argv)
+    args = parse_script_args(parser, argv)
 
     started = time.perf_counter()
     root = Path(args.workdir or tempfile.mkdtemp(prefix="bench_kill_resume-"))

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from peft_grounded import assets
+from peft_grounded._scripts import parse_script_args
 from peft_grounded.precision import script_precision
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.recommend import RecommendationConfig, train_recommender
@@ -70,7 +71,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--no-bf16", action="store_true", help="float32 (default: the machine's choice)")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast even where bf16 is emulated")
-    a = parser.parse_args()
+    a = parse_script_args(parser)
     bf16 = script_precision(a.no_bf16, a.bf16).bf16
     torch.set_num_threads(torch.get_num_threads())
     catalogue, index = load_catalogue(a.catalogue), SIDIndex.load(a.sid_index)

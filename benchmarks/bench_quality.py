@@ -23,6 +23,7 @@ import statistics
 from pathlib import Path
 
 from peft_grounded import assets
+from peft_grounded._scripts import parse_script_args
 from peft_grounded.evaluation import (
     LIKELIHOOD_METRICS,
     POPULARITY_LABEL,
@@ -253,7 +254,7 @@ def main() -> None:
     parser.add_argument(
         "--bf16", action="store_true", help="bf16 base and autocast even where bf16 is emulated"
     )
-    args = parser.parse_args()
+    args = parse_script_args(parser)
     bf16 = script_precision(args.fp32, args.bf16).bf16
 
     name = Path(args.dataset).name or args.dataset

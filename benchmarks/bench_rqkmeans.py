@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from peft_grounded._scripts import parse_script_args
+
 OFFICE = Path(__file__).resolve().parents[2] / "shared" / "data" / "amazon-office"
 
 
@@ -164,7 +166,7 @@ def main() -> None:
     p.add_argument("--faiss", action="store_true", help="add faiss.Kmeans residual quantisation (same shape)")
     p.add_argument("--faiss-niter", type=int, default=20)
     p.add_argument("--json", help="also write the rows to this JSON file")
-    args = p.parse_args()
+    args = parse_script_args(p)
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return

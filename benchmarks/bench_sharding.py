@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from peft_grounded._scripts import parse_script_args
+
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER = ROOT / "tests" / "sharded_run.py"
 CONFIGS = ROOT / "examples" / "accelerate"
@@ -120,7 +122,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--batch", type=int, default=2, help="per process (one process: twice that)")
     parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+    args = parse_script_args(parser)
     rows = []
     for setup in args.setups:
         rows.append(measure(setup, args))

@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from peft_grounded._scripts import parse_script_args
+
 DATASETS = {"movielens-100k": "movielens-100k", "amazon-office": "/work/shared/data/amazon-office"}
 
 
@@ -440,7 +442,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-ours", action="store_true")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     parser.add_argument("--recbole-worker", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = parse_script_args(parser, argv)
     if args.recbole_worker is not None:
         recbole_worker(json.loads(args.recbole_worker))
         return

@@ -23,6 +23,7 @@ import json
 import time
 from pathlib import Path
 
+from peft_grounded._scripts import parse_script_args
 from peft_grounded.evaluation import (
     POPULARITY_LABEL,
     EvalSettings,
@@ -109,7 +110,7 @@ def main() -> None:
     parser.add_argument(
         "--pair", action="append", default=[], help="A:B, compare adapter A with adapter B too (repeat)"
     )
-    args = parser.parse_args()
+    args = parse_script_args(parser)
     bf16 = script_precision(args.fp32, args.bf16).bf16
 
     adapters = _named(args.adapter)

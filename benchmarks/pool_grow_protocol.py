@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from peft_grounded._io import atomic_write_text
+from peft_grounded._scripts import parse_script_args
 from peft_grounded.evaluation.intervals import bootstrap_interval, user_value
 
 
@@ -123,7 +124,7 @@ def main(argv=None) -> None:
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--resamples", type=int, default=10_000)
     parser.add_argument("--out", default=None, help="write the markdown here (and its .json beside it)")
-    args = parser.parse_args(argv)
+    args = parse_script_args(parser, argv)
     if len(args.runs) < 2:
         parser.error("give two or more runs (one per training seed)")
     pooled = pool(load_runs(args.runs), args.models, args.k, args.resamples)

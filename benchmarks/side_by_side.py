@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from peft_grounded import assets
+from peft_grounded._scripts import parse_script_args
 from peft_grounded.evaluation import EvalSettings
 from peft_grounded.pipeline import Budget, Experiment, run_strategy
 from peft_grounded.pipeline.side_by_side import (
@@ -79,7 +80,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="tables from the LLM runs already finished in --out, whatever their settings (nothing trains)",
     )
     p.add_argument("--smoke", action="store_true")
-    return p.parse_args(argv)
+    return parse_script_args(p, argv)
 
 
 def finished_record(folder: Path, name: str) -> dict:

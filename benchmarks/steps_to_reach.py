@@ -17,6 +17,8 @@ import argparse
 import json
 from pathlib import Path
 
+from peft_grounded._scripts import parse_script_args
+
 
 def curve(run: Path) -> list[dict]:
     """The logged windows (with ``item_nll``) of a run, in step order."""
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--reference", type=_named, required=True, help="NAME=DIR[,DIR...]")
     parser.add_argument("--run", type=_named, action="append", required=True, help="NAME=DIR[,DIR...]")
-    args = parser.parse_args(argv)
+    args = parse_script_args(parser, argv)
     ref_name, ref_dirs = args.reference
     lines = [
         f"| run | seed | steps | training s | steps to {ref_name}'s final progressive loss | fewer steps |",

@@ -18,12 +18,17 @@ def protocol():
 
 
 def test_defaults_are_the_cpu_protocol(protocol, monkeypatch):
+    """The defaults; the precision follows the machine (peft_grounded.precision decides, as on any CPU), so it is
+    compared with that decision, never with what one CPU gives."""
+    import torch
+
     from peft_grounded.precision import choose_precision
 
     args = protocol.parse_args(["--out", "x"])
     assert (args.objective, args.max_history, args.max_length) == ("sequence", 19, 128)
     assert (args.lora_r, args.lora_alpha, args.lr, args.batch_size) == (8, 16, 1e-3, 8)
-    assert args.no_bf16 is not choose_precision("cpu").bf16  # the precision follows the machine
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    assert args.no_bf16 == (not choose_precision(device).bf16)  # the machine's choice, whatever the CPU
     assert args.users == 0 and args.max_examples == 0  # all users, all rows
     assert args.minutes > 0 and not args.smoke
     assert args.replay == [0.0, 1.0] and args.old_users == 200  # with and without old items' pairs
@@ -40,6 +45,24 @@ def test_defaults_are_the_cpu_protocol(protocol, monkeypatch):
     for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):  # an AVX2 CPU
         monkeypatch.setenv(name, "avx2")
     assert protocol.parse_args(["--out", "x"]).no_bf16  # float32 there
+
+
+@pytest.mark.parametrize("forced", [["--bf16"], ["--no-bf16"]])
+def test_forced_precision_ignores_the_machine(protocol, forced):
+    assert protocol.parse_args(["--out", "x", *forced]).no_bf16 == (forced == ["--no-bf16"])
+
+
+def test_a_centroid_run_without_grounding_minutes_builds_its_budget_before_any_work(protocol):
+    """BENCHMARKS' Office command (--minutes 0 --sft-steps 100, centroid: no grounding) once built SIDs for 15
+    minutes and then failed on a GroundingConfig of 0 steps; the budget is now built at parse time, without a
+    grounding stage for a strategy that does not ground, and a bad one fails there."""
+    argv = ["--out", "x", "--minutes", "0", "--sft-steps", "100", "--no-retrained", "--replay", "--seed", "0"]
+    budget = protocol.protocol_budget(protocol.parse_args(argv))
+    assert budget.grounding is None and budget.sft.max_steps == 100
+    grounding = protocol.protocol_budget(protocol.parse_args([*argv, "--strategy", "centroid_gti"]))
+    assert grounding.grounding is not None and grounding.grounding.max_minutes == 2.0
+    with pytest.raises(ValueError, match="max_steps"):  # a budget that cannot run stops at parse time
+        protocol.parse_args(["--out", "x", "--minutes", "0", "--sft-steps", "0"])
 
 
 def test_score_per_user_and_slot_share(protocol):

@@ -1,6 +1,6 @@
-"""The stage commands' settings: one set of dataclasses drives Python, the command line and a YAML file; every
-SFTConfig field is a flag under its own name, the flags of earlier releases stay as aliases; ``--help`` comes
-from a cache that matches the installed libraries and never imports torch."""
+"""Every command's settings: one set of dataclasses drives Python, the command line and a YAML file; every
+SFTConfig and ModelConfig field is a flag under its own name, the flags of earlier releases stay as aliases;
+``--help`` of a command whose settings are light never imports torch, transformers or the trainers."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import sys
 import pytest
 from toy_catalogue import toy_catalogue, toy_index
 
-from peft_grounded.cli import ground, help, main, sft
+from peft_grounded.cli import COMMANDS, command, ground, main, sft
 from peft_grounded.cli.common import ModelArguments, SFTArguments
+from peft_grounded.cli.model_config import GroundedModelConfig, LoraModelConfig
 from peft_grounded.grounding import GroundingConfig
 from peft_grounded.recommend import RecommendationConfig
 
@@ -33,8 +34,9 @@ SFT_FLAGS = [
 
 def _python_sft():
     return (
-        ModelArguments(sid_index="sids", model_name_or_path="base", init="centroid"),
-        SFTArguments(objective="sequence", lora_r=4),
+        ModelArguments(sid_index="sids", init="centroid"),
+        SFTArguments(objective="sequence"),
+        LoraModelConfig(model_name_or_path="base", lora_r=4),
         RecommendationConfig(
             output_dir="out",
             learning_rate=0.002,
@@ -57,18 +59,18 @@ def test_one_settings_object_from_python_cli_and_yaml(tmp_path):
     lines = [f"{k.removeprefix('--')}: {v}" for k, v in keys.items() if k != "--bf16"]
     yaml_file.write_text("\n".join([*lines, "bf16: true", "max_length: 128"]) + "\n")
     from_yaml = sft.parse(["--config", str(yaml_file)])
-    assert [type(s) for s in cli] == [ModelArguments, SFTArguments, RecommendationConfig]
+    assert [type(s) for s in cli] == [ModelArguments, SFTArguments, LoraModelConfig, RecommendationConfig]
     assert _as_dict(python) == _as_dict(cli) == _as_dict(from_yaml)
     # the command line overrides the file
     overridden = sft.parse(["--config", str(yaml_file), "--learning_rate", "0.5"])
-    assert overridden[2].learning_rate == 0.5 and overridden[2].max_steps == 30
+    assert overridden[3].learning_rate == 0.5 and overridden[3].max_steps == 30
 
 
-def test_every_sft_config_field_is_a_flag_and_old_flags_are_aliases():
-    from trl import SFTConfig
+def test_every_sft_and_model_config_field_is_a_flag_and_old_flags_are_aliases():
+    from trl import ModelConfig, SFTConfig
 
     options = {s for action in sft.parser()._actions for s in action.option_strings}
-    fields = [f.name for f in dataclasses.fields(SFTConfig) if f.init]
+    fields = [f.name for cls in (SFTConfig, ModelConfig) for f in dataclasses.fields(cls) if f.init]
     assert not [name for name in fields if f"--{name}" not in options]
     old = [
         "--sid-index", "sids", "--output", "o", "--steps", "7", "--lr", "0.1", "--batch-size", "4",
@@ -80,26 +82,24 @@ def test_every_sft_config_field_is_a_flag_and_old_flags_are_aliases():
         "--sid_index", "sids", "--output_dir", "o", "--max_steps", "7", "--learning_rate", "0.1",
         "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2", "--max_minutes", "3",
         "--lr_scheduler_type", "linear", "--max_length", "96", "--save_steps", "5", "--seed", "3",
-        "--resume_from_checkpoint", "last", "--model_name_or_path", "base", "--weights_dtype", "bfloat16",
-        "--lora_r", "2", "--lora_target_modules", "q_proj,v_proj", "--max_history", "4", "--with_titles",
+        "--resume_from_checkpoint", "last", "--model_name_or_path", "base", "--dtype", "bfloat16",
+        "--lora_r", "2", "--lora_target_modules", "q_proj", "v_proj", "--max_history", "4", "--with_titles",
     ]  # fmt: skip
     assert _as_dict(sft.parse(old)) == _as_dict(sft.parse(new))
-    model, args, config = sft.parse(old)
-    assert (
-        config.resume is True
-        and model.dtype.is_floating_point
-        and args.lora()["target_modules"] == ["q_proj", "v_proj"]
-    )
+    _, _, base, config = sft.parse(old)
+    assert config.resume is True and base.dtype == "bfloat16" and base.torch_dtype().is_floating_point
+    assert base.lora()["target_modules"] == ["q_proj", "v_proj"]  # commas (old) or spaces (ModelConfig's)
+    assert sft.parse(["--sid-index", "s"])[2].lora()["target_modules"] == "all-linear"
 
 
 def test_stage_defaults_are_the_configs_own():
     """No second set of defaults in the command line: a bare command gives the dataclasses' defaults."""
-    model, config = ground.parse(["--sid-index", "s", "--output", "o"])
+    model, base, config = ground.parse(["--sid-index", "s", "--output", "o"])
     assert _as_dict([config]) == _as_dict([GroundingConfig(output_dir="o")])
     assert config.max_steps == 200 and config.learning_rate == 1e-3
     assert RecommendationConfig(output_dir="o").max_steps == 400
     assert GroundingConfig(output_dir="o", max_minutes=2).max_steps == -1  # time alone, as --minutes gave
-    assert model == ModelArguments(sid_index="s")
+    assert model == ModelArguments(sid_index="s") and base == GroundedModelConfig()
 
 
 def test_bad_settings_fail_at_parse_time():
@@ -111,52 +111,114 @@ def test_bad_settings_fail_at_parse_time():
         evaluate.parse(["--adapter", "a", "--sid-index", "s", "--output", "o", "--splits", "train"])
     with pytest.raises(ValueError, match="num_beams"):
         evaluate.parse(["--adapter", "a", "--sid-index", "s", "--output", "o", "--num-beams", "0"])
+    with pytest.raises(ValueError, match="leave out --use_peft"):
+        ground.parse(["--sid-index", "s", "--use_peft"])
+    with pytest.raises(ValueError, match="load_in_4bit"):
+        sft.parse(["--sid-index", "s", "--load_in_4bit"])
 
 
-@pytest.mark.parametrize("command", sorted(help.SOURCES))
-def test_shipped_help_matches_the_installed_libraries(command):
-    """The snapshot that --help prints is what the installed TRL renders; regenerate it with
-    ``python -m peft_grounded.cli.help`` after changing the settings or upgrading TRL/transformers/PEFT."""
-    first, _, text = (help.SNAPSHOTS / f"{command}.txt").read_text().partition("\n")
-    assert first == help.KEY_PREFIX + help.help_key(command), (
-        "stale snapshot: python -m peft_grounded.cli.help"
-    )
-    assert text == help.render(command)
+LIGHT = ("build-sids", "add-items", "grow-adapter", "evaluate", "diagnose", "push", "pull", "demo")
 
 
-def test_help_lists_sft_config_fields_without_importing_torch():
-    """Every command's --help (and the command list) in one fresh process, which never imports torch or TRL."""
+def test_help_of_light_commands_imports_neither_torch_nor_transformers():
+    """The command list and every light command's --help in one fresh process: no torch, no transformers (TRL's
+    parser loads without them), so they answer in well under a second (benchmarks/bench_cli_help.py)."""
     code = (
         "import contextlib, io, sys\n"
-        "from peft_grounded.cli import build_parser, main\n"
-        "names = [None, *build_parser()._subparsers._group_actions[0].choices]\n"
-        "for name in names:\n"
+        "from peft_grounded.cli import COMMANDS, main\n"
+        f"for name in (None, *{LIGHT!r}):\n"
         "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
         "        main([name, '--help'] if name else ['--help'])\n"
-        "main(['sft', '--help'])\n"
-        "print('COMMANDS', len(names) - 1)\n"
-        "assert 'torch' not in sys.modules and 'trl' not in sys.modules, 'help imported torch'"
+        "with contextlib.suppress(SystemExit):\n"
+        "    main(['diagnose', '--help'])\n"
+        "print('COMMANDS', len(COMMANDS))\n"
+        "heavy = [m for m in ('torch', 'transformers', 'peft') if m in sys.modules]\n"
+        "assert not heavy, heavy"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
-    assert (
-        "COMMANDS 10" in out.stdout
-    )  # build-sids, add-items, grow-adapter, ground, sft, evaluate, diagnose, push, pull, demo
-    flags = ("--learning_rate", "--warmup_ratio", "--weight_decay", "--report_to", "--output_dir", "--lora_r")
-    for flag in (*flags, "--per_device_train_batch_size", "--objective"):
+    assert "COMMANDS 10" in out.stdout
+    for flag in (
+        "--sid_index",
+        "--sids",
+        "--output_dir",
+        "--out",
+        "--config FILE.yaml",
+        "--dry-run",
+        "ADAPTERS",
+    ):
         assert flag in out.stdout
 
 
-def test_help_renders_once_into_the_user_cache_when_no_snapshot_fits(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("PEFT_GROUNDED_CACHE", str(tmp_path))
-    monkeypatch.setattr(help, "SNAPSHOTS", tmp_path / "no-snapshots")
-    assert main(["ground", "--help"]) == 0
-    cached = list((tmp_path / "help").glob("ground-*.txt"))
-    assert len(cached) == 1 and capsys.readouterr().out == help.render("ground")
-    cached[0].write_text(cached[0].read_text().replace("Learning rate of the new rows.", "CACHED TEXT"))
-    assert main(["ground", "-h"]) == 0
-    assert "CACHED TEXT" in capsys.readouterr().out  # read back, not rendered again
+def test_stage_command_help_lists_the_config_fields(capsys):
+    with pytest.raises(SystemExit):
+        main(["sft", "--help"])
+    out = capsys.readouterr().out
+    for flag in (
+        "--learning_rate",
+        "--warmup_ratio",
+        "--report_to",
+        "--output_dir",
+        "--lora_r",
+        "--objective",
+    ):
+        assert flag in out
+    assert "--per_device_train_batch_size" in out and "--weights-dtype" in out
+
+
+def test_one_meaning_per_flag_name_across_commands():
+    """A flag name that several commands take means one thing: --batch-size is a training batch (sft, ground,
+    grow-adapter); the encoder's and the decoder's batches have their own names, and the old flag there says
+    where it went."""
+    dests: dict[str, set[str]] = {}
+    for name in COMMANDS:
+        for action in command(name).parser()._actions:
+            for option in action.option_strings:
+                dests.setdefault(option, set()).add(action.dest)
+    assert dests["--batch-size"] == {"per_device_train_batch_size"}
+    assert dests["--encode-batch-size"] == {"encode_batch_size"} and "--decode-batch-size" in dests
+    clashes = {option: d for option, d in dests.items() if len(d) > 1}
+    assert not clashes
+    for name, new in (("build-sids", "--encode-batch-size"), ("evaluate", "--decode-batch-size")):
+        with pytest.raises(ValueError, match=new):
+            command(name).parse(["--batch-size", "4"])
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_command_reads_a_yaml_config(tmp_path, name):
+    required = {
+        "build-sids": {"output_dir": "o"},
+        "add-items": {"sid_index": "p", "catalogue": "c", "output_dir": "o"},
+        "grow-adapter": {"adapter": "a", "parent_index": "p", "sid_index": "s", "output_dir": "o"},
+        "ground": {"sid_index": "s"},
+        "sft": {"sid_index": "s"},
+        "evaluate": {"adapter": "a", "sid_index": "s", "output_dir": "o"},
+        "diagnose": {"sid_index": "s", "output_dir": "o", "adapters": ["a", "b"]},
+        "push": {"adapter_dir": "a", "repo_id": "u/r"},
+        "pull": {"repo_id": "u/r", "output_dir": "o"},
+        "demo": {"output_dir": "o"},
+    }[name]
+    path = tmp_path / "settings.yaml"
+    path.write_text("".join(f"{k}: {v}\n" for k, v in required.items()))
+    from_yaml = command(name).parse(["--config", str(path)])
+    flags = [x for k, v in required.items() for x in (f"--{k}", *(v if isinstance(v, list) else [v]))]
+    assert _as_dict(from_yaml) == _as_dict(command(name).parse(flags))
+
+
+def test_old_positional_arguments_stay(capsys):
+    push = command("push").parse(["adapter", "user/repo", "--private"])[0]
+    assert (push.adapter_dir, push.repo_id, push.private) == ("adapter", "user/repo", True)
+    pull = command("pull").parse(["user/repo", "out"])[0]
+    assert (pull.repo_id, pull.output_dir) == ("user/repo", "out")
+    diagnose = command("diagnose").parse(
+        ["a", "b", "--sid-index", "s", "--out", "o", "--name", "x", "--name", "y"]
+    )
+    assert (diagnose[0].adapters, diagnose[0].name) == (["a", "b"], ["x", "y"])
+    with pytest.raises(ValueError, match="repo_id"):
+        command("push").parse(["adapter"])
+    assert main(["demo", "--strategies", "mean,gti", "--dry-run"]) == 0
+    assert "settings OK" in capsys.readouterr().out
 
 
 @pytest.fixture
@@ -194,7 +256,7 @@ def test_a_yaml_config_runs_a_stage(tmp_path, stage_data):
 
 
 @pytest.mark.parametrize(
-    ("command", "required"),
+    ("name", "required"),
     [
         ("build-sids", []),
         ("add-items", ["--sid-index", "s", "--catalogue", "c"]),
@@ -203,10 +265,8 @@ def test_a_yaml_config_runs_a_stage(tmp_path, stage_data):
         ("demo", []),
     ],
 )
-def test_every_command_names_its_output_folder_output_dir(command, required):
+def test_every_command_names_its_output_folder_output_dir(name, required):
     """One name for the output folder across commands (as TRL's output_dir); the old flags stay aliases."""
-    from peft_grounded.cli import build_parser
-
-    old = {"diagnose": "--out", "demo": "--output"}.get(command, "-o")
+    old = {"diagnose": "--out", "demo": "--output"}.get(name, "-o")
     for flag in ("--output_dir", "--output-dir", old):
-        assert build_parser().parse_args([command, *required, flag, "out"]).output_dir == "out"
+        assert command(name).parse([*required, flag, "out"])[0].output_dir == "out"

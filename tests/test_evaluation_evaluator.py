@@ -38,7 +38,7 @@ def setup(tokenizer, tiny_model_factory):
 def test_one_pass_equals_the_separate_computations(setup):
     model, tokenizer, catalogue, index, split = setup
     fmt = PromptFormat(max_history=4)
-    settings = EvalSettings(ks=KS, users=8, num_beams=6, batch_size=3, cold_max_count=1)
+    settings = EvalSettings(ks=KS, users=8, num_beams=6, decode_batch_size=3, cold_max_count=1)
     args = (model, tokenizer, split, index, catalogue, fmt, ("valid", "test"), settings)
     ev = evaluate(*args)
     assert ev.metrics == evaluate(*args, likelihood=False).metrics
@@ -89,13 +89,13 @@ def test_popularity_users_match_its_aggregates(setup):
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("batch_size", 0, "batch_size must be a positive integer"),
+        ("decode_batch_size", 0, "decode_batch_size must be a positive integer"),
         ("num_beams", -1, "num_beams must be a positive integer"),
         ("users", 0, "users must be a positive integer or None"),
         ("ks", (0, 5), "ks must be positive integers"),
         ("ks", (), "ks must be positive integers"),
         ("cold_max_count", -1, "cold_max_count must be an integer >= 0"),
-        ("batch_size", 2.5, "batch_size must be a positive integer"),
+        ("decode_batch_size", 2.5, "decode_batch_size must be a positive integer"),
     ],
 )
 def test_eval_settings_refuse_nonsense(field, value, message):
@@ -108,7 +108,7 @@ def test_exclude_history_leaves_the_users_items_out_and_keeps_the_rest_in_order(
     prompt's tail), cut to max(ks): a target the user already had can no longer be hit."""
     model, tokenizer, catalogue, index, split = setup
     fmt = PromptFormat(max_history=2)
-    settings = EvalSettings(ks=KS, users=8, num_beams=12, batch_size=4, cold=False)
+    settings = EvalSettings(ks=KS, users=8, num_beams=12, decode_batch_size=4, cold=False)
     kept = evaluate(model, tokenizer, split, index, catalogue, fmt, ("test",), settings, likelihood=False)
     dropped = evaluate(
         model,

@@ -71,7 +71,10 @@ def test_sft_refuses_a_number_out_of_range(world, tmp_path, capsys, case):
 
 
 EVALUATE = {
-    "batch_size_zero": (["--batch-size", "0"], ["batch_size must be a positive integer", "--batch-size"]),
+    "batch_size_zero": (
+        ["--decode-batch-size", "0"],
+        ["decode_batch_size must be a positive integer", "--decode-batch-size"],
+    ),
     "num_beams_zero": (["--num-beams", "0"], ["num_beams", "--num-beams"]),
     "users_zero": (["--users", "0"], ["users must be a positive integer or None", "--users"]),
     "ks_zero": (["--ks", "0", "5"], ["ks must be positive integers", "--ks"]),
@@ -104,7 +107,10 @@ def test_evaluate_refuses_a_number_out_of_range(world, tmp_path, capsys, case):
 
 BUILD = {
     "max_iter_negative": (["--max-iter", "-3"], ["max_iter", "--max-iter", "-3"]),
-    "batch_size_zero": (["--batch-size", "0"], ["batch_size", "--batch-size", "positive integer"]),
+    "batch_size_zero": (
+        ["--encode-batch-size", "0"],
+        ["batch_size", "--encode-batch-size", "positive integer"],
+    ),
     "levels_zero": (["--levels", "0"], ["levels must be >= 1", "--levels"]),
     "codes_zero": (["--codes", "0"], ["codes_per_level must be >= 1", "--codes"]),
     "k_core_negative": (["--k-core", "-1"], ["k_core", "--k-core", ">= 0"]),
@@ -175,12 +181,12 @@ def test_add_items_refuses_a_zero_batch_size(world, tmp_path, capsys):
         world["catalogue"],
         "--encoder",
         f"lm:{world['base']}",
-        "--batch-size",
+        "--encode-batch-size",
         "0",
         "-o",
         tmp_path / "v2",
     )
-    assert "batch_size must be a positive integer" in line and "--batch-size" in line
+    assert "batch_size must be a positive integer" in line and "--encode-batch-size" in line
     assert not (tmp_path / "v2").exists()
 
 

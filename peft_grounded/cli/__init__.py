@@ -1,12 +1,10 @@
 """The ``peft-grounded`` command line.
 
-One module per command group (``cli/sids.py``, ``cli/ground.py``, ...), each exposing ``add_cli(subparsers)``;
-a command translates its arguments into the stage's settings and calls the stage. Keep these modules light
-(import heavy libraries inside the handlers): ``--help`` must not import torch.
-
-The stage commands (``ground``, ``sft``, ``evaluate``) are parsed by TRL's parser from their settings dataclasses (see
-:mod:`.common`), every field a flag under its own name, ``--config FILE.yaml`` for any of them; their
-``--help`` comes from :mod:`.help`.
+Every command is a :class:`~.common.Command`: settings dataclasses parsed by TRL's parser (every field a flag
+under its own name, old flags as aliases, ``--config FILE.yaml`` for any of them, ``--dry-run`` to check them
+and stop) and the function that runs on them. :data:`COMMANDS` names each one's module and attribute;
+registering a command is one line there. Command modules stay light (heavy libraries are imported inside
+``run`` or inside ``settings`` where a TRL ``SFTConfig`` is needed), so ``--help`` is fast.
 """
 
 from __future__ import annotations
@@ -15,43 +13,41 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Callable, Sequence
-from functools import partial
+from collections.abc import Sequence
+from typing import Any
 
-# Modules that contribute sub-commands, in pipeline order.
-COMMAND_MODULES = (
-    "peft_grounded.cli.sids",
-    "peft_grounded.cli.growth",
-    "peft_grounded.cli.ground",
-    "peft_grounded.cli.sft",
-    "peft_grounded.cli.evaluate",
-    "peft_grounded.cli.diagnose",
-    "peft_grounded.cli.hub",
-    "peft_grounded.cli.demo",
-)
-# Commands parsed by TRL's parser from their settings dataclasses: name -> module
-SETTINGS_COMMANDS = {
-    "ground": "peft_grounded.cli.ground",
-    "sft": "peft_grounded.cli.sft",
-    "evaluate": "peft_grounded.cli.evaluate",
+# name -> "module:attribute" of its Command, in pipeline order
+COMMANDS = {
+    "build-sids": "peft_grounded.cli.sids:COMMAND",
+    "add-items": "peft_grounded.cli.growth:ADD_ITEMS",
+    "grow-adapter": "peft_grounded.cli.growth:GROW_ADAPTER",
+    "ground": "peft_grounded.cli.ground:COMMAND",
+    "sft": "peft_grounded.cli.sft:COMMAND",
+    "evaluate": "peft_grounded.cli.evaluate:COMMAND",
+    "diagnose": "peft_grounded.cli.diagnose:COMMAND",
+    "push": "peft_grounded.cli.hub:PUSH",
+    "pull": "peft_grounded.cli.hub:PULL",
+    "demo": "peft_grounded.cli.demo:COMMAND",
 }
 
 
+def command(name: str) -> Any:
+    """The :class:`~.common.Command` registered as ``name``."""
+    module, _, attribute = COMMANDS[name].partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser: the list of commands (each command parses its own flags)."""
     parser = argparse.ArgumentParser(
         prog="peft-grounded",
         description="Semantic-ID vocabularies for LMs: build SIDs, initialise and ground the new tokens, "
         "train the recommender, decode, evaluate and diagnose.",
+        epilog="peft-grounded COMMAND --help lists a command's flags.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as err:  # a stage not written yet
-            if err.name != name:
-                raise
-            continue
-        module.add_cli(subparsers)
+    for name in COMMANDS:
+        subparsers.add_parser(name, help=command(name).help, add_help=False)
     return parser
 
 
@@ -62,24 +58,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     Set ``PEFT_GROUNDED_DEBUG=1`` to see the traceback instead.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    command: Callable[[], int | None]
-    if argv and argv[0] in SETTINGS_COMMANDS:
-        if {"-h", "--help"} & set(argv[1:]):
-            from .help import help_text
-
-            print(help_text(argv[0]), end="")
-            return 0
-        name = argv[0]
-        module = importlib.import_module(SETTINGS_COMMANDS[name])
-        command = partial(module.main, argv[1:])
-    else:
-        args = build_parser().parse_args(argv)
-        name = args.command
-        command = partial(args.func, args)
+    if not argv or argv[0] not in COMMANDS:
+        build_parser().parse_args(argv)  # --help, or an error naming the commands
+        return 2  # pragma: no cover - parse_args exits
+    name = argv[0]
     from .errors import EXIT_INTERRUPTED, EXIT_USAGE, describe
 
     try:
-        return int(command() or 0)
+        return command(name).main(argv[1:])
     except KeyboardInterrupt:
         if os.environ.get("PEFT_GROUNDED_DEBUG"):
             raise

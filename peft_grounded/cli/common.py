@@ -1,22 +1,30 @@
-"""What the stage commands take besides their stage's config, as dataclasses that TRL's parser turns into flags.
+"""Every command's settings are dataclasses that TRL's parser turns into flags.
 
-A stage command is parsed by ``trl.TrlParser`` from dataclasses (TRL's own scripts do the same with
+Each command is parsed by ``trl.TrlParser`` from dataclasses (TRL's own scripts do the same with
 ``ScriptArguments``, ``SFTConfig`` and ``ModelConfig``): every field is a flag under its own name (``--sid_index``,
-also ``--sid-index``) and a key of a ``--config stage.yaml``. The stage's training settings are its config
-(``GroundingConfig``, ``RecommendationConfig``: TRL's ``SFTConfig`` fields); what is not already a field of it
-lives here:
+also ``--sid-index``; the flags of earlier releases as ``"aliases"`` in the field's metadata) and a key of a
+``--config FILE.yaml``. A stage's training settings are its config (``GroundingConfig``, ``RecommendationConfig``:
+TRL's ``SFTConfig`` fields); the base model and the stacked LoRA are TRL's ``ModelConfig`` fields
+(:class:`~.model_config.GroundedModelConfig`); what is neither lives here or beside its command:
 
-* :class:`ModelArguments`: the base model, the SID index, the catalogue and how the new rows start;
-* :class:`SFTArguments`: the recommendation stage's grounded start, prompt format and stacked LoRA.
+* :class:`ModelArguments`: the SID index and catalogue a stage trains on, and how the new rows start;
+* :class:`SFTArguments`: the recommendation stage's grounded start and prompt format.
 
-This module imports nothing heavy: ``--help`` of a command stays fast.
+A command is a :class:`Command`: its name, help, settings dataclasses and the function that runs on them.
+This module imports nothing heavy (TRL's parser is imported when a command parses; it loads without torch or
+transformers), so ``--help`` of a command whose settings are light answers in a fraction of a second.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
+
+CATALOGUE_FORMATS = ("auto", "lcrec", "amazon", "movielens", "recbole", "table")
+HELP_WIDTH = 100
 
 
 def column_mapping(text: str) -> dict[str, str]:
@@ -25,57 +33,30 @@ def column_mapping(text: str) -> dict[str, str]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = part.partition("=")
         if not sep:
-            raise argparse.ArgumentTypeError(f"{part!r} is not FIELD=COLUMN")
+            raise ValueError(f"{part!r} is not FIELD=COLUMN (write FIELD=COLUMN,FIELD=COLUMN)")
         out[key.strip()] = value.strip()
     return out
 
 
-CATALOGUE_FORMATS = ("auto", "lcrec", "amazon", "movielens", "recbole", "table")
-
-
-def add_output_dir(parser: Any, help: str, old: tuple[str, ...] = ("--output", "-o"), **kwargs: Any) -> None:
-    """The output folder, ``--output_dir`` in every command (as TRL's), the command's ``old`` flags as aliases."""
-    parser.add_argument("--output_dir", "--output-dir", *old, dest="output_dir", help=help, **kwargs)
-
-
-def add_catalogue_format_args(group: Any) -> None:
-    """How a catalogue file is read (build-sids, add-items): its format and, for tables, its item columns."""
-    group.add_argument("--format", default="auto", choices=CATALOGUE_FORMATS)
-    group.add_argument(
-        "--item-columns", type=column_mapping, help="table format: FIELD=COLUMN,... (item_id, title, ...)"
-    )
-
-
-def add_encoding_args(group: Any, device_help: str = "torch device of the encoder (default: cpu)") -> None:
-    """How item texts are encoded (build-sids, add-items): empty texts, batch size, the embedding cache, device."""
-    group.add_argument("--drop-empty-text", action="store_true", help="leave out items whose text is empty")
-    group.add_argument("--batch-size", type=int, default=64, help="encoder batch size (default: %(default)s)")
-    group.add_argument("--cache-dir", help="embedding cache (default: ~/.cache/peft_grounded/embeddings)")
-    group.add_argument("--no-cache", action="store_true", help="neither read nor write the embedding cache")
-    group.add_argument("--device", default="cpu", help=device_help)
+def csv_list(values: Sequence[str] | str | None) -> list[str]:
+    """``["a,b", "c"]`` or ``"a,b,c"`` -> ``["a", "b", "c"]``: a list flag takes spaces, commas or both."""
+    if values is None:
+        return []
+    if isinstance(values, str):
+        values = [values]
+    return [part.strip() for value in values for part in str(value).split(",") if part.strip()]
 
 
 @dataclass
 class ModelArguments:
-    """The base model, the SID index and catalogue a stage trains on, and how the new rows start."""
+    """The SID index and catalogue a stage trains on, and how the new rows start."""
 
     sid_index: str = field(
         metadata={"help": "SID index directory (from `peft-grounded build-sids`).", "aliases": ["--sids"]}
     )
-    model_name_or_path: str | None = field(
-        default=None,
-        metadata={
-            "help": "Local base model directory; None: the packaged SmolLM2-135M.",
-            "aliases": ["--model"],
-        },
-    )
     catalogue: str = field(
         default="movielens-100k",
         metadata={"help": "Catalogue path or 'movielens-100k' (the one the SID index was built from)."},
-    )
-    weights_dtype: Literal["float32", "bfloat16", "float16"] = field(
-        default="float32",
-        metadata={"help": "dtype of the frozen base's weights (adapter weights always train in float32)."},
     )
     init: Literal["mean", "gaussian", "random", "centroid"] = field(
         default="mean", metadata={"help": "How the new rows start (a fresh adapter)."}
@@ -94,17 +75,10 @@ class ModelArguments:
         """The (catalogue, SID index) named here."""
         return load_data(self.catalogue, self.sid_index)
 
-    @property
-    def dtype(self) -> Any:
-        """The frozen base's ``torch.dtype``."""
-        import torch
-
-        return getattr(torch, self.weights_dtype)
-
 
 @dataclass
 class SFTArguments:
-    """The recommendation stage's start (a grounded adapter), prompt format and stacked LoRA."""
+    """The recommendation stage's start (a grounded adapter) and prompt format."""
 
     grounded: str | None = field(
         default=None,
@@ -125,12 +99,6 @@ class SFTArguments:
     prefix: str = field(
         default="", metadata={"help": "sequence objective: a short instruction after the start token."}
     )
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
-    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
-    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
-    lora_target_modules: str = field(
-        default="all-linear", metadata={"help": "LoRA target modules: 'all-linear' or comma-separated names."}
-    )
 
     def prompt_format(self) -> Any:
         """The :class:`~peft_grounded.prompts.PromptFormat` these arguments describe."""
@@ -142,14 +110,42 @@ class SFTArguments:
             max_history=history, with_titles=self.with_titles, objective=self.objective, prefix=self.prefix
         )
 
-    def lora(self) -> dict[str, Any]:
-        """The stacked LoRA as ``peft.LoraConfig`` keyword arguments (what ``add_lora`` takes)."""
-        targets: str | list[str] = self.lora_target_modules
-        if targets != "all-linear":
-            targets = [t.strip() for t in targets.split(",") if t.strip()]
-        return dict(
-            r=self.lora_r, lora_alpha=self.lora_alpha, lora_dropout=self.lora_dropout, target_modules=targets
+
+@dataclass
+class CatalogueArguments:
+    """How a catalogue file is read (build-sids, add-items)."""
+
+    catalogue_format: Literal["auto", "lcrec", "amazon", "movielens", "recbole", "table"] = field(
+        default="auto", metadata={"help": "The catalogue's format (auto: detected).", "aliases": ["--format"]}
+    )
+    item_columns: str | None = field(
+        default=None, metadata={"help": "table format: FIELD=COLUMN,... (item_id, title, ...)."}
+    )
+
+    def catalogue_options(self) -> dict[str, Any]:
+        return {"item_columns": column_mapping(self.item_columns)} if self.item_columns else {}
+
+
+@dataclass
+class EncodingArguments:
+    """How item texts are encoded (build-sids, add-items)."""
+
+    drop_empty_text: bool = field(default=False, metadata={"help": "Leave out items whose text is empty."})
+    encode_batch_size: int = field(default=64, metadata={"help": "Item texts per encoder batch."})
+    cache_dir: str | None = field(
+        default=None, metadata={"help": "Embedding cache; None: ~/.cache/peft_grounded/embeddings."}
+    )
+    no_cache: bool = field(default=False, metadata={"help": "Neither read nor write the embedding cache."})
+    device: str = field(default="cpu", metadata={"help": "torch device of the encoder (and of RQ-KMeans)."})
+    no_progress: bool = field(default=False, metadata={"help": "No progress bar."})
+
+    def __post_init__(self) -> None:
+        from .. import checks
+
+        problem = checks.int_at_least(
+            "encode_batch_size", self.encode_batch_size, 1, flag="--encode-batch-size"
         )
+        checks.raise_problems("EncodingArguments", [problem])
 
 
 def load_data(catalogue: str, sid_index: str) -> tuple[Any, Any]:
@@ -159,23 +155,87 @@ def load_data(catalogue: str, sid_index: str) -> tuple[Any, Any]:
     return load_catalogue(catalogue), SIDIndex.load(sid_index)
 
 
-HELP_WIDTH = 100  # --help is rendered at a fixed width, so that the cached text is the same for everyone
+def _no_dataclasses() -> tuple[type, ...]:
+    return ()
 
 
-def settings_parser(command: str, description: str, dataclass_types: tuple[type, ...]) -> Any:
-    """TRL's parser for a stage command (``peft-grounded COMMAND``): one flag per field of ``dataclass_types``,
-    old flag names as aliases, ``--config stage.yaml`` for any of them."""
-    from functools import partial
+@dataclass(frozen=True)
+class Command:
+    """One ``peft-grounded`` command: its settings dataclasses, parsed by TRL's parser, and what runs on them.
 
-    from trl import TrlParser
+    ``settings`` returns the dataclasses (importing heavy ones, e.g. an ``SFTConfig``, only when called);
+    ``run`` takes one instance of each, in order. ``positionals`` lets fields be given without their flag, as
+    earlier releases took them (``push ADAPTER_DIR REPO_ID``): (field, nargs) pairs. ``renamed`` maps a flag
+    that this command no longer takes, because the name means something else elsewhere, to its new name.
+    ``check`` validates the settings together (what one dataclass cannot see) before anything runs.
+    """
 
-    formatter = partial(argparse.ArgumentDefaultsHelpFormatter, width=HELP_WIDTH, max_help_position=36)
-    return TrlParser(
-        dataclass_types, prog=f"peft-grounded {command}", description=description, formatter_class=formatter
-    )
+    name: str
+    help: str
+    description: str
+    settings: Callable[[], tuple[type, ...]]
+    run: Callable[..., int | None]
+    positionals: tuple[tuple[str, str], ...] = ()
+    renamed: Mapping[str, str] = field(default_factory=dict)
+    check: Callable[..., None] | None = None
+
+    def parser(self) -> Any:
+        """TRL's parser: one flag per field, old names as aliases, ``--config FILE.yaml`` for any of them."""
+        from trl import TrlParser
+
+        formatter = partial(argparse.ArgumentDefaultsHelpFormatter, width=HELP_WIDTH, max_help_position=36)
+        parser = TrlParser(
+            self.settings(),
+            prog=f"peft-grounded {self.name}",
+            description=self.description,
+            formatter_class=formatter,
+            epilog="--config FILE.yaml sets any flag (the command line wins); --dry-run checks the settings "
+            "and stops before any work.",
+        )
+        for name, nargs in self.positionals:
+            parser.add_argument(
+                name, nargs=nargs, default=argparse.SUPPRESS, metavar=name.upper(), help=f"= --{name}"
+            )
+        return parser
+
+    def parse(self, argv: Sequence[str]) -> tuple[Any, ...]:
+        """The settings objects from command-line arguments (and ``--config FILE.yaml``), checked."""
+        argv = list(argv)
+        for old, new in self.renamed.items():
+            if any(arg == old or arg.startswith(old + "=") for arg in argv):
+                raise ValueError(f"{self.name}: {old} is now {new} ({old} means something else elsewhere)")
+        settings = tuple(self.parser().parse_args_and_config(argv))
+        if self.check is not None:
+            self.check(*settings)
+        return settings
+
+    def main(self, argv: Sequence[str]) -> int:
+        """Parse, then run; ``--dry-run``: parse and check only, print the settings, run nothing."""
+        argv = list(argv)
+        dry_run = "--dry-run" in argv or "--dry_run" in argv
+        settings = self.parse([a for a in argv if a not in ("--dry-run", "--dry_run")])
+        if dry_run:
+            for s in settings:
+                print(f"{type(s).__name__}: {_summary(s)}")
+            print(f"{self.name}: settings OK (--dry-run: nothing was run)")
+            return 0
+        return int(self.run(*settings) or 0)
 
 
-def add_settings_command(subparsers: Any, name: str, help: str) -> None:
-    """List a stage command in ``peft-grounded --help``; :func:`peft_grounded.cli.main` hands its arguments to the
-    command's own :func:`settings_parser` (and its ``--help`` to :mod:`peft_grounded.cli.help`)."""
-    subparsers.add_parser(name, help=help, add_help=False)
+def _summary(settings: Any) -> str:
+    """The fields of ``settings`` that differ from a default instance's (or that have no default)."""
+    import dataclasses
+
+    try:
+        baseline = type(settings)()
+    except (TypeError, ValueError):  # required fields
+        baseline = None
+    shown = []
+    for f in dataclasses.fields(settings):
+        if not f.init:
+            continue
+        value = getattr(settings, f.name, None)
+        default = getattr(baseline, f.name, dataclasses.MISSING)
+        if value != default:
+            shown.append(f"{f.name}={value!r}")
+    return ", ".join(shown) or "defaults"

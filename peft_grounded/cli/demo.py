@@ -1,53 +1,79 @@
-"""``peft-grounded demo``: the whole pipeline on SmolLM2-135M and MovieLens-100K, offline."""
+"""``peft-grounded demo``: the whole pipeline on SmolLM2-135M and MovieLens-100K, offline.
+
+The flags are the fields of :class:`DemoArguments`, parsed by TRL's parser; ``--config FILE.yaml`` gives any.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Literal
 
-from .common import add_output_dir
+from .common import Command, csv_list
+
+STRATEGIES = ("mean", "gaussian", "random", "centroid", "gti", "centroid_gti", "peft_default")
 
 
-def add_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "demo",
-        help="build SIDs, run the initialisation strategies under one budget, compare them, write a report",
-        description="Offline end to end: SmolLM2-135M (packaged GGUF) on MovieLens-100K (recbole wheel). "
-        "Presets: default (2-core CPU, minutes), full (GPU), smoke (tests).",
+@dataclass
+class DemoArguments:
+    """The preset, where the report goes, and what to run."""
+
+    preset: Literal["default", "full", "smoke"] = field(
+        default="default", metadata={"help": "default: a 2-core CPU, minutes; full: a GPU; smoke: tests."}
     )
-    p.add_argument("--preset", default="default", choices=["default", "full", "smoke"])
-    add_output_dir(
-        p, "report folder (reused to resume an interrupted run)", old=("--output",), default="runs/demo"
+    output_dir: str = field(
+        default="runs/demo",
+        metadata={"help": "Report folder (reused to resume an interrupted run).", "aliases": ["--output"]},
     )
-    p.add_argument(
-        "--strategies", nargs="+", help="subset of: mean gaussian random centroid gti centroid_gti"
+    strategies: list[str] = field(
+        default_factory=list,
+        metadata={"help": f"Subset of: {' '.join(STRATEGIES)} (spaces or commas); none: the preset's."},
     )
-    p.add_argument("--seeds", nargs="+", type=int, help="seeds (default: the preset's)")
-    p.add_argument("--model", help="another local base model directory")
-    p.add_argument("--catalogue", default="movielens-100k", help="another catalogue (path)")
-    p.add_argument("--no-resume", action="store_true", help="refuse to reuse an existing output folder")
-    p.add_argument("--no-diagnostics", action="store_true", help="skip the geometry report")
-    p.add_argument(
-        "--precision",
+    seeds: list[int] = field(default_factory=list, metadata={"help": "Seeds; none: the preset's."})
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Another local base model directory.", "aliases": ["--model"]}
+    )
+    catalogue: str = field(default="movielens-100k", metadata={"help": "Another catalogue (path)."})
+    no_resume: bool = field(default=False, metadata={"help": "Refuse to reuse an existing output folder."})
+    no_diagnostics: bool = field(default=False, metadata={"help": "Skip the geometry report."})
+    precision: Literal["auto", "bf16", "fp32"] = field(
         default="auto",
-        choices=["auto", "bf16", "fp32"],
-        help="auto (default): the preset's bf16 where the CPU or GPU runs bf16 natively, float32 where it is "
-        "emulated (many times slower); bf16 / fp32: force one",
+        metadata={
+            "help": "auto: the preset's bf16 where the CPU or GPU runs bf16 natively, float32 where it is "
+            "emulated (many times slower); bf16 / fp32: force one."
+        },
     )
-    p.set_defaults(func=run)
+
+    def __post_init__(self) -> None:
+        self.strategies = csv_list(self.strategies)
+        if self.strategies:
+            from ..pipeline.strategies import strategy
+
+            for name in self.strategies:
+                strategy(name)  # an unknown name: "Unknown strategy ...; choose from ..."
 
 
-def run(args) -> int:
+def run(args: DemoArguments) -> int:
     from ..pipeline.demo import run_demo
 
     run_demo(
         args.preset,
         args.output_dir,
-        strategies=tuple(args.strategies or ()),
-        seeds=tuple(args.seeds or ()),
-        model=args.model,
+        strategies=tuple(args.strategies),
+        seeds=tuple(args.seeds),
+        model=args.model_name_or_path,
         catalogue=args.catalogue,
         resume=not args.no_resume,
         diagnostics=not args.no_diagnostics,
         precision=args.precision,
     )
     return 0
+
+
+COMMAND = Command(
+    name="demo",
+    help="build SIDs, run the initialisation strategies under one budget, compare them, write a report",
+    description="Offline end to end: SmolLM2-135M (packaged GGUF) on MovieLens-100K (recbole wheel). Presets: "
+    "default (2-core CPU, minutes), full (GPU), smoke (tests).",
+    settings=lambda: (DemoArguments,),
+    run=run,
+)

@@ -1,145 +1,170 @@
-"""``peft-grounded diagnose``: the geometry of the SID rows of saved adapters, as a report (docs/diagnostics.md)."""
+"""``peft-grounded diagnose``: the geometry of the SID rows of saved adapters, as a report (docs/diagnostics.md).
+
+The flags are the fields of :class:`DiagnoseArguments` and :class:`DiagnoseReportArguments`, parsed by TRL's
+parser; ``--config FILE.yaml`` gives any of them. Adapter folders may also be given without a flag.
+"""
 
 from __future__ import annotations
 
-import argparse
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Literal
 
-from .common import add_output_dir
-
-
-def _csv(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
-def _seeds(text: str) -> str | list[int]:
-    if text in ("first", "all"):
-        return text
-    try:
-        return [int(part) for part in _csv(text)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not 'first', 'all' or a list of seeds (0,1)") from None
+from .common import Command, csv_list
 
 
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None or value != value else f"{value:.3f}"  # NaN != NaN
 
 
-def add_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "diagnose",
-        help="report the geometry of the SID token rows of saved adapters (ranks, RSA, purity, R^2, ...)",
-        description="Read the SID rows of saved grounded adapters (or of every stage of a strategy runner's "
-        "output) and write a report comparing them: cosine heatmaps, singular-value spectra and effective "
-        "rank, RSA against the SID index's centroids, neighbourhood purity, popularity R^2 and the nearest "
-        "vocabulary tokens.",
+@dataclass
+class DiagnoseArguments:
+    """The adapters (or a runner's folder) to read, the SID index, where the report goes, and its inputs."""
+
+    sid_index: str = field(
+        metadata={"help": "The SID index the adapters were made with.", "aliases": ["--sids"]}
     )
-    p.add_argument("adapters", nargs="*", metavar="ADAPTER_DIR", help="saved adapter directories")
-    p.add_argument("--runs", metavar="DIR", help="also take every finished stage of a runner's output folder")
-    p.add_argument(
-        "--sid-index", required=True, metavar="DIR", help="the SID index the adapters were made with"
+    output_dir: str = field(metadata={"help": "Directory of the report.", "aliases": ["--out", "-o"]})
+    adapters: list[str] = field(
+        default_factory=list, metadata={"help": "Saved adapter directories (also given without the flag)."}
     )
-    add_output_dir(p, "directory of the report", old=("--out", "-o"), required=True, metavar="DIR")
-    g = p.add_argument_group("inputs")
-    g.add_argument("--base-model", help="base checkpoint (default: the adapters' base_model_name_or_path)")
-    g.add_argument(
-        "--no-vocabulary", action="store_true", help="no base-model rows: no text tokens, no nearest"
+    runs: str | None = field(
+        default=None, metadata={"help": "Also take every finished stage of a runner's output folder."}
     )
-    g.add_argument("--catalogue", help="catalogue path (or movielens-100k) for categories and target counts")
-    g.add_argument("--catalogue-format", default="auto", help="its format (default: detected)")
-    g.add_argument(
-        "--reference", default="items", help="centroid variant for RSA: items (default), codebook, none"
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Base checkpoint; None: the adapters' base_model_name_or_path.",
+            "aliases": ["--base-model", "--base_model", "--model"],
+        },
     )
-    g.add_argument(
-        "--matrix", default="input", choices=["input", "output"], help="input rows or untied head rows"
+    no_vocabulary: bool = field(
+        default=False, metadata={"help": "No base-model rows: no text tokens, no nearest."}
     )
-    g.add_argument(
-        "--frequencies",
+    catalogue: str | None = field(
+        default=None,
+        metadata={"help": "Catalogue path (or movielens-100k) for categories and target counts."},
+    )
+    catalogue_format: Literal["auto", "lcrec", "amazon", "movielens", "recbole", "table"] = field(
+        default="auto", metadata={"help": "The catalogue's format (auto: detected).", "aliases": ["--format"]}
+    )
+    reference: Literal["items", "codebook", "none"] = field(
+        default="items", metadata={"help": "Centroid variant for RSA."}
+    )
+    matrix: Literal["input", "output"] = field(
+        default="input", metadata={"help": "Input rows or untied head rows."}
+    )
+    frequencies: Literal["auto", "targets", "interactions", "items", "none"] = field(
         default="auto",
-        choices=["auto", "targets", "interactions", "items", "none"],
-        help="code frequency for popularity R^2 (auto: training targets with a catalogue, else interactions)",
+        metadata={
+            "help": "Code frequency for popularity R^2 (auto: training targets with a catalogue, else "
+            "interactions)."
+        },
     )
-    g.add_argument("--category-depth", type=int, default=0, help="category path element used for purity")
-    g.add_argument("--name", action="append", help="label of each ADAPTER_DIR, in order (repeat)")
-    g = p.add_argument_group("runner folder (--runs)")
-    g.add_argument("--strategies", type=_csv, help="only these strategies (comma-separated)")
-    g.add_argument("--stages", type=_csv, help="only these stages, e.g. init,sft")
-    g.add_argument("--seeds", type=_seeds, default="first", help="first (default), all, or a list: 0,1")
-    g.add_argument(
-        "--keep-duplicates", action="store_true", help="also show stages whose rows repeat another's"
+    category_depth: int = field(default=0, metadata={"help": "Category path element used for purity."})
+    name: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Label of each adapter, in order (--name a b, or repeated).", "action": "extend"},
     )
-    g = p.add_argument_group("report")
-    g.add_argument("--title", help="report title")
-    g.add_argument("--n-text", type=int, default=50, help="text tokens in the heatmap")
-    g.add_argument("--n-sid", type=int, default=50, help="SID tokens in the heatmap")
-    g.add_argument("--purity-m", type=int, default=10, help="neighbours for purity P_m")
-    g.add_argument("--r2-q", type=int, default=3, help="principal components for R^2_q")
-    g.add_argument("--nearest-k", type=int, default=5, help="nearest vocabulary tokens per SID token")
-    g.add_argument(
-        "--strict", action="store_true", help="fail when fewer tokens exist than the heatmap asks for"
+    strategies: list[str] = field(
+        default_factory=list, metadata={"help": "--runs: only these strategies (spaces or commas)."}
     )
-    g.add_argument("--html", action="store_true", help="also write report.html")
-    p.set_defaults(func=run)
+    stages: list[str] = field(
+        default_factory=list, metadata={"help": "--runs: only these stages, e.g. init,sft."}
+    )
+    seeds: str = field(default="first", metadata={"help": "--runs: first, all, or a list: 0,1."})
+    keep_duplicates: bool = field(
+        default=False, metadata={"help": "--runs: also show stages whose rows repeat another's."}
+    )
+
+    def __post_init__(self) -> None:
+        self.adapters = csv_list(self.adapters) if self.adapters else []
+        self.seed_choice()
+        if not self.adapters and not self.runs:
+            raise ValueError(
+                "diagnose: give ADAPTER_DIR arguments (or --adapters DIR ...), --runs DIR, or both"
+            )
+        if self.name and len(self.name) != len(self.adapters):
+            raise ValueError(
+                f"diagnose: {len(self.name)} --name for {len(self.adapters)} adapters; give one each"
+            )
+
+    def seed_choice(self) -> str | list[int]:
+        """``--seeds`` as find_run_checkpoints takes it."""
+        if self.seeds in ("first", "all"):
+            return self.seeds
+        try:
+            return [int(part) for part in csv_list(self.seeds)]
+        except ValueError:
+            raise ValueError(f"seeds={self.seeds!r}: give first, all or a list of seeds (0,1)") from None
 
 
-def run(args: argparse.Namespace) -> int:
-    import sys
+@dataclass
+class DiagnoseReportArguments:
+    """What the report shows."""
 
+    _argument_group_name = "report"
+
+    title: str | None = field(default=None, metadata={"help": "Report title."})
+    n_text: int = field(default=50, metadata={"help": "Text tokens in the heatmap."})
+    n_sid: int = field(default=50, metadata={"help": "SID tokens in the heatmap."})
+    purity_m: int = field(default=10, metadata={"help": "Neighbours for purity P_m."})
+    r2_q: int = field(default=3, metadata={"help": "Principal components for R^2_q."})
+    nearest_k: int = field(default=5, metadata={"help": "Nearest vocabulary tokens per SID token."})
+    strict: bool = field(
+        default=False, metadata={"help": "Fail when fewer tokens exist than the heatmap asks for."}
+    )
+    html: bool = field(default=False, metadata={"help": "Also write report.html."})
+
+
+def run(args: DiagnoseArguments, report: DiagnoseReportArguments) -> int:
     from peft_grounded.diagnostics.checkpoints import checkpoint, find_run_checkpoints
     from peft_grounded.diagnostics.diagnose import diagnose
     from peft_grounded.diagnostics.measure import ReportConfig
 
-    if not args.adapters and not args.runs:
-        print("error: give ADAPTER_DIR arguments, --runs DIR, or both", file=sys.stderr)
-        return 2
-    if args.name and len(args.name) != len(args.adapters):
-        print(f"error: {len(args.name)} --name for {len(args.adapters)} ADAPTER_DIR", file=sys.stderr)
-        return 2
-    options = {"title": args.title} if args.title else {}
+    options = {"title": report.title} if report.title else {}
     config = ReportConfig(
-        n_text=args.n_text,
-        n_sid=args.n_sid,
-        purity_m=args.purity_m,
-        r2_q=args.r2_q,
-        nearest_k=args.nearest_k,
-        strict=args.strict,
-        html=args.html,
+        n_text=report.n_text,
+        n_sid=report.n_sid,
+        purity_m=report.purity_m,
+        r2_q=report.r2_q,
+        nearest_k=report.nearest_k,
+        strict=report.strict,
+        html=report.html,
         **options,
     )
-    try:
-        points = [
-            checkpoint(path, name)
-            for path, name in zip(args.adapters, args.name or [None] * len(args.adapters), strict=True)
-        ]
-        intro = []
-        if args.runs:
-            folder = find_run_checkpoints(
-                args.runs, strategies=args.strategies, stages=args.stages, seeds=args.seeds
-            )
-            points += folder.checkpoints
-            intro = [f"Checkpoints from {args.runs}.", *folder.notes]
-        catalogue = None
-        if args.catalogue:
-            from peft_grounded.sids.loaders import load_catalogue
-
-            catalogue = load_catalogue(args.catalogue, format=args.catalogue_format)
-        files = diagnose(
-            points,
-            args.sid_index,
-            out_dir=args.output_dir,
-            base_model=False if args.no_vocabulary else args.base_model,
-            catalogue=catalogue,
-            config=config,
-            reference=None if args.reference == "none" else args.reference,
-            matrix=args.matrix,
-            frequencies=args.frequencies,
-            category_depth=args.category_depth,
-            drop_duplicates=bool(args.runs) and not args.keep_duplicates,
-            intro=intro,
+    points = [
+        checkpoint(path, name)
+        for path, name in zip(args.adapters, args.name or [None] * len(args.adapters), strict=True)
+    ]
+    intro = []
+    if args.runs:
+        folder = find_run_checkpoints(
+            args.runs,
+            strategies=csv_list(args.strategies) or None,
+            stages=csv_list(args.stages) or None,
+            seeds=args.seed_choice(),
         )
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        points += folder.checkpoints
+        intro = [f"Checkpoints from {args.runs}.", *folder.notes]
+    catalogue = None
+    if args.catalogue:
+        from peft_grounded.sids.loaders import load_catalogue
+
+        catalogue = load_catalogue(args.catalogue, format=args.catalogue_format)
+    files = diagnose(
+        points,
+        args.sid_index,
+        out_dir=args.output_dir,
+        base_model=False if args.no_vocabulary else args.model_name_or_path,
+        catalogue=catalogue,
+        config=config,
+        reference=None if args.reference == "none" else args.reference,
+        matrix=args.matrix,
+        frequencies=args.frequencies,
+        category_depth=args.category_depth,
+        drop_duplicates=bool(args.runs) and not args.keep_duplicates,
+        intro=intro,
+    )
     for m in files.metrics:
         rsa, purity = _fmt(m.rsa.pearson if m.rsa else None), _fmt(m.purity.purity if m.purity else None)
         print(
@@ -150,3 +175,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"skipped: {reason}")
     print(f"report: {files.markdown}")
     return 0
+
+
+COMMAND = Command(
+    name="diagnose",
+    help="report the geometry of the SID token rows of saved adapters (ranks, RSA, purity, R^2, ...)",
+    description="Read the SID rows of saved grounded adapters (or of every stage of a strategy runner's output) "
+    "and write a report comparing them: cosine heatmaps, singular-value spectra and effective rank, RSA "
+    "against the SID index's centroids, neighbourhood purity, popularity R^2 and the nearest vocabulary tokens.",
+    settings=lambda: (DiagnoseArguments, DiagnoseReportArguments),
+    run=run,
+    positionals=(("adapters", "*"),),
+)

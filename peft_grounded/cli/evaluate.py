@@ -11,13 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .common import add_settings_command, settings_parser
+from .common import Command
 
 if TYPE_CHECKING:
     from ..evaluation.settings import EvalSettings
 
-NAME = "evaluate"
-HELP = "decode the top-K items of valid/test users with the SID-constrained beam search and score them"
 DESCRIPTION = (
     "Recall@K and NDCG@K on a seeded sample of users and on users whose target is a cold item, for the validation "
     "and test targets of the leave-one-out split. Uses the prompt format recorded in the adapter. Writes "
@@ -63,23 +61,10 @@ class EvaluateArguments:
             raise ValueError(f"splits={self.splits!r}: name valid and/or test.")
 
 
-def add_cli(subparsers: Any) -> None:
-    add_settings_command(subparsers, NAME, HELP)
-
-
-def parser() -> Any:
+def settings() -> tuple[type, ...]:
     from ..evaluation.settings import EvalSettings
 
-    return settings_parser(NAME, DESCRIPTION, (EvaluateArguments, EvalSettings))
-
-
-def parse(argv: Sequence[str]) -> tuple[Any, ...]:
-    """``(EvaluateArguments, EvalSettings)`` from command-line arguments (and ``--config FILE.yaml``)."""
-    return parser().parse_args_and_config(list(argv))
-
-
-def main(argv: Sequence[str]) -> int:
-    return run(*parse(argv))
+    return (EvaluateArguments, EvalSettings)
 
 
 def run(args: EvaluateArguments, settings: EvalSettings) -> int:
@@ -100,3 +85,22 @@ def run(args: EvaluateArguments, settings: EvalSettings) -> int:
     )
     print(markdown_table(evaluation.metrics, title=f"Evaluation of {args.adapter}"))
     return 0
+
+
+COMMAND = Command(
+    name="evaluate",
+    help="decode the top-K items of valid/test users with the SID-constrained beam search and score them",
+    description=DESCRIPTION,
+    settings=settings,
+    run=run,
+    renamed={"--batch-size": "--decode-batch-size", "--batch_size": "--decode_batch_size"},
+)
+
+
+def parser() -> Any:
+    return COMMAND.parser()
+
+
+def parse(argv: Sequence[str]) -> tuple[Any, ...]:
+    """``(EvaluateArguments, EvalSettings)`` from command-line arguments (and ``--config FILE.yaml``)."""
+    return COMMAND.parse(argv)

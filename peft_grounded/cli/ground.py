@@ -1,45 +1,41 @@
 """``peft-grounded ground``: the grounding stage from the command line (:func:`peft_grounded.grounding.ground`).
 
-The flags are the fields of :class:`~.common.ModelArguments` and :class:`~peft_grounded.grounding.GroundingConfig`
-(TRL's ``SFTConfig``), parsed by TRL's parser; ``--config ground.yaml`` gives any of them.
+The flags are the fields of :class:`~.common.ModelArguments`, :class:`~.model_config.GroundedModelConfig` (TRL's
+``ModelConfig``) and :class:`~peft_grounded.grounding.GroundingConfig` (TRL's ``SFTConfig``), parsed by TRL's
+parser; ``--config ground.yaml`` gives any of them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .common import ModelArguments, add_settings_command, settings_parser
+from .common import Command, ModelArguments
 
-NAME = "ground"
-HELP = "ground the new SID tokens (train only their rows on text <-> SID pairs, backbone frozen)"
+if TYPE_CHECKING:
+    from .model_config import GroundedModelConfig
+
 DESCRIPTION = (
     "Add the SID index's tokens to the model, initialise their rows, and train only those rows on the six GTI "
     "text <-> SID templates through TRL's SFTTrainer. Writes OUTPUT_DIR/adapter. Every flag is a field of "
-    "ModelArguments or of GroundingConfig (TRL's SFTConfig); --config FILE.yaml sets any of them."
+    "ModelArguments, ModelConfig (TRL's) or GroundingConfig (TRL's SFTConfig)."
 )
 
 
-def add_cli(subparsers: Any) -> None:
-    add_settings_command(subparsers, NAME, HELP)
+def settings() -> tuple[type, ...]:
+    from ..grounding.config import GroundingConfig
+    from .model_config import GroundedModelConfig
+
+    return (ModelArguments, GroundedModelConfig, GroundingConfig)
 
 
-def parser() -> Any:
-    from ..grounding.trainer import GroundingConfig
-
-    return settings_parser(NAME, DESCRIPTION, (ModelArguments, GroundingConfig))
-
-
-def parse(argv: Sequence[str]) -> tuple[Any, ...]:
-    """``(ModelArguments, GroundingConfig)`` from command-line arguments (and ``--config FILE.yaml``)."""
-    return parser().parse_args_and_config(list(argv))
+def check(model: ModelArguments, base: GroundedModelConfig, config: Any) -> None:
+    """What no single dataclass can refuse: ground trains no LoRA."""
+    if base.use_peft:
+        raise ValueError("ground trains only the new rows: leave out --use_peft (sft stacks the LoRA)")
 
 
-def main(argv: Sequence[str]) -> int:
-    return run(*parse(argv))
-
-
-def run(model: ModelArguments, config: Any) -> int:
+def run(model: ModelArguments, base: GroundedModelConfig, config: Any) -> int:
     """Ground as the settings say; the same call serves the command line, a YAML file and Python."""
     from ..grounding.trainer import ground
 
@@ -48,11 +44,30 @@ def run(model: ModelArguments, config: Any) -> int:
         catalogue,
         index,
         config,
-        model_path=model.model_name_or_path,
+        model_path=base.model_name_or_path,
         init=model.init,
         centroid_variant=model.centroid_variant,
         max_examples=model.max_examples,
-        dtype=model.dtype,
+        dtype=base.torch_dtype(),
     )
     print(f"grounded adapter: {config.output_dir}/adapter")
     return 0
+
+
+COMMAND = Command(
+    name="ground",
+    help="ground the new SID tokens (train only their rows on text <-> SID pairs, backbone frozen)",
+    description=DESCRIPTION,
+    settings=settings,
+    run=run,
+    check=check,
+)
+
+
+def parser() -> Any:
+    return COMMAND.parser()
+
+
+def parse(argv: Sequence[str]) -> tuple[Any, ...]:
+    """``(ModelArguments, GroundedModelConfig, GroundingConfig)`` from command-line arguments (and ``--config``)."""
+    return COMMAND.parse(argv)

@@ -5,99 +5,113 @@
   (:func:`~peft_grounded.growth.grow_adapter`), optionally grounding the new items
   (:func:`~peft_grounded.growth.ground_new_items`); :func:`peft_grounded.growth.run.grow_adapter_into` is the
   command as a function.
+
+The flags are the fields of the dataclasses below (and :class:`~.common.CatalogueArguments`,
+:class:`~.common.EncodingArguments`), parsed by TRL's parser; ``--config FILE.yaml`` gives any of them.
 """
 
 from __future__ import annotations
 
-import argparse
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Literal
 
-from .common import add_catalogue_format_args, add_encoding_args, add_output_dir
+from .common import CatalogueArguments, Command, EncodingArguments
 
 
-def add_cli(subparsers: Any) -> None:
-    add_items_cli(subparsers)
-    p = subparsers.add_parser(
-        "grow-adapter",
-        help="grow a trained adapter onto an index made by add-items (new items without retraining)",
-        description="Load the base with the parent index's tokens and the trained adapter, add the child "
-        "index's new tokens (trained rows and LoRA carried over bit for bit, new rows from --init), "
-        "optionally ground the new items' rows on their text <-> SID pairs (--ground), and save the grown "
-        "adapter to --output (written beside it, then renamed into place).",
+@dataclass
+class GrowAdapterArguments:
+    """The trained adapter, the parent and child indexes, the base model and where the grown adapter goes."""
+
+    adapter: str = field(metadata={"help": "The trained adapter's directory (trained on --parent_index)."})
+    parent_index: str = field(metadata={"help": "Directory of the SID index the adapter was trained on."})
+    sid_index: str = field(
+        metadata={
+            "help": "Directory of the child index (from `peft-grounded add-items --sid-index PARENT`).",
+            "aliases": ["--sids"],
+        }
     )
-    p.add_argument(
-        "--adapter", required=True, help="the trained adapter's directory (trained on --parent-index)"
+    output_dir: str = field(
+        metadata={"help": "Directory of the grown adapter.", "aliases": ["--output", "-o"]}
     )
-    p.add_argument(
-        "--parent-index", required=True, help="directory of the SID index the adapter was trained on"
-    )
-    p.add_argument(
-        "--sid-index",
-        "--sids",
-        dest="sid_index",
-        required=True,
-        help="directory of the child index (from `peft-grounded add-items --sid-index PARENT`)",
-    )
-    add_output_dir(p, "directory of the grown adapter", required=True)
-    p.add_argument(
-        "--model",
+    model_name_or_path: str | None = field(
         default=None,
-        help="local base model directory (default: the base recorded in the adapter)",
+        metadata={
+            "help": "Local base model directory; None: the base recorded in the adapter.",
+            "aliases": ["--model"],
+        },
     )
-    p.add_argument(
-        "--init",
-        default="centroid",
-        choices=["centroid", "mean", "gaussian", "random"],
-        help="how the new tokens' rows start (default: %(default)s, the child's item centroids projected "
-        "with the parent's tokens)",
-    )
-    p.add_argument(
-        "--weights-dtype",
-        choices=["float32", "bfloat16"],
+    dtype: Literal["float32", "bfloat16"] = field(
         default="float32",
-        help="dtype of the frozen base's weights (adapter rows and LoRA stay float32; default: %(default)s)",
+        metadata={
+            "help": "dtype of the frozen base's weights (adapter rows and LoRA stay float32).",
+            "aliases": ["--weights-dtype", "--weights_dtype"],
+        },
     )
-    g = p.add_argument_group("incremental grounding (with --ground)")
-    g.add_argument(
-        "--ground",
-        metavar="CATALOGUE",
+    init: Literal["centroid", "mean", "gaussian", "random"] = field(
+        default="centroid",
+        metadata={
+            "help": "How the new tokens' rows start (centroid: the child's item centroids projected with the "
+            "parent's tokens)."
+        },
+    )
+    overwrite: bool = field(
+        default=False,
+        metadata={
+            "help": "Replace an adapter already in --output_dir (its config, weights and PEFT's card; other files "
+            "are kept)."
+        },
+    )
+
+
+@dataclass
+class IncrementalGroundingArguments:
+    """Incremental grounding of the new items' rows (with --ground); names as TRL's training settings."""
+
+    _argument_group_name = "incremental grounding (with --ground)"
+
+    ground: str | None = field(
         default=None,
-        help="ground the new items' rows on this catalogue's text (any format build-sids reads; it needs "
-        "the old items' text too for --replay, else pass --replay 0)",
+        metadata={
+            "help": "Ground the new items' rows on this catalogue's text (any format build-sids reads; it needs "
+            "the old items' text too for --replay, else pass --replay 0).",
+            "metavar": "CATALOGUE",
+        },
     )
-    g.add_argument(
-        "--ground-steps",
-        type=int,
+    ground_steps: int = field(
         default=30,
-        help="AdamW steps of incremental grounding (default: %(default)s)",
+        metadata={"help": "AdamW steps of incremental grounding (0: count the pairs, take no step)."},
     )
-    g.add_argument(
-        "--replay",
-        type=float,
+    replay: float = field(
         default=1.0,
-        help="old items per new item whose pairs are mixed in (0: the new items alone; default: %(default)s)",
+        metadata={"help": "Old items per new item whose pairs are mixed in (0: the new items alone)."},
     )
-    g.add_argument(
-        "--rows",
-        choices=["used", "new"],
+    rows: Literal["used", "new"] = field(
         default="used",
-        help="rows that train: every token a new item's SID uses (used, default) or only the new tokens",
+        metadata={"help": "Rows that train: every token a new item's SID uses, or only the new tokens."},
     )
-    g.add_argument("--lr", type=float, default=1e-3, help="learning rate (default: %(default)s)")
-    g.add_argument("--batch-size", type=int, default=8, help="pairs per step (default: %(default)s)")
-    g.add_argument("--seed", type=int, default=0, help="seed of the replay sample and the batch order")
-    g.add_argument(
-        "--bf16", action="store_true", help="ground under bf16 autocast (CPU with AVX-512 bf16, or GPU)"
+    learning_rate: float = field(default=1e-3, metadata={"help": "Learning rate.", "aliases": ["--lr"]})
+    per_device_train_batch_size: int = field(
+        default=8, metadata={"help": "Text <-> SID pairs per step.", "aliases": ["--batch-size"]}
     )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace an adapter already in --output (its config, weights and PEFT's card; other files are kept)",
+    seed: int = field(default=0, metadata={"help": "Seed of the replay sample and the batch order."})
+    bf16: bool = field(
+        default=False, metadata={"help": "Ground under bf16 autocast (CPU with AVX-512 bf16, or GPU)."}
     )
-    p.set_defaults(func=run)
+
+    def __post_init__(self) -> None:
+        from ..growth.grounding import check_settings
+
+        check_settings(
+            rows=self.rows,
+            replay=self.replay,
+            steps=self.ground_steps,
+            learning_rate=self.learning_rate,
+            batch_size=self.per_device_train_batch_size,
+            seed=self.seed,
+        )
 
 
-def run(args: argparse.Namespace) -> int:
+def run_grow_adapter(args: GrowAdapterArguments, grounding: IncrementalGroundingArguments) -> int:
     """Grow, optionally ground, save; prints a JSON summary and the output path."""
     import json
 
@@ -108,87 +122,102 @@ def run(args: argparse.Namespace) -> int:
         args.parent_index,
         args.sid_index,
         args.output_dir,
-        model=args.model,
+        model=args.model_name_or_path,
         init=args.init,
-        weights_dtype=args.weights_dtype,
+        weights_dtype=args.dtype,
         overwrite=args.overwrite,
-        ground=args.ground,
-        ground_steps=args.ground_steps,
-        replay=args.replay,
-        rows=args.rows,
-        lr=args.lr,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        bf16=args.bf16,
+        ground=grounding.ground,
+        ground_steps=grounding.ground_steps,
+        replay=grounding.replay,
+        rows=grounding.rows,
+        lr=grounding.learning_rate,
+        batch_size=grounding.per_device_train_batch_size,
+        seed=grounding.seed,
+        bf16=grounding.bf16,
     )
     print(json.dumps(summary))
     print(f"saved to {args.output_dir}")
     return 0
 
 
-def add_items_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "add-items",
-        help="add new items to a SID index (a new version; existing SIDs unchanged)",
-        description="Encode the new items with the index's encoder and text template, code them with its "
-        "codebooks, resolve collisions through the disambiguation level (new tokens are appended) and write "
-        "a new index version whose parent is the given one. Grow a trained adapter onto it with "
-        "`peft-grounded grow-adapter` (or peft_grounded.growth.grow_adapter).",
-    )
-    p.add_argument("--sid-index", required=True, help="directory of the parent SID index")
-    p.add_argument("--catalogue", required=True, help="the new items (any format build-sids reads)")
-    add_catalogue_format_args(p)
-    p.add_argument(
-        "--encoder",
-        help="the index's encoder as a build-sids spec (default: minilm when the index was built with the "
-        "packaged MiniLM); another encoder is refused",
-    )
-    p.add_argument(
-        "--skip-problems",
-        action="store_true",
-        help="leave out items already in the index or repeated in the batch (listed) instead of failing",
-    )
-    add_encoding_args(p)
-    add_output_dir(p, "directory of the new index version", required=True)
-    p.add_argument("--overwrite", action="store_true", help="replace an index already in --output")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=run_add_items)
+GROW_ADAPTER = Command(
+    name="grow-adapter",
+    help="grow a trained adapter onto an index made by add-items (new items without retraining)",
+    description="Load the base with the parent index's tokens and the trained adapter, add the child index's new "
+    "tokens (trained rows and LoRA carried over bit for bit, new rows from --init), optionally ground the new "
+    "items' rows on their text <-> SID pairs (--ground), and save the grown adapter to --output_dir (written "
+    "beside it, then renamed into place).",
+    settings=lambda: (GrowAdapterArguments, IncrementalGroundingArguments),
+    run=run_grow_adapter,
+)
 
 
-def run_add_items(args: argparse.Namespace) -> int:
+@dataclass
+class AddItemsArguments:
+    """The parent index, the new items and where the new index version goes."""
+
+    sid_index: str = field(metadata={"help": "Directory of the parent SID index.", "aliases": ["--sids"]})
+    catalogue: str = field(metadata={"help": "The new items (any format build-sids reads)."})
+    output_dir: str = field(
+        metadata={"help": "Directory of the new index version.", "aliases": ["--output", "-o"]}
+    )
+    encoder: str | None = field(
+        default=None,
+        metadata={
+            "help": "The index's encoder as a build-sids spec (None: minilm when the index was built with the "
+            "packaged MiniLM); another encoder is refused."
+        },
+    )
+    skip_problems: bool = field(
+        default=False,
+        metadata={
+            "help": "Leave out items already in the index or repeated in the batch (listed) instead of failing."
+        },
+    )
+    overwrite: bool = field(default=False, metadata={"help": "Replace an index already in --output_dir."})
+
+
+def run_add_items(args: AddItemsArguments, catalogue: CatalogueArguments, encoding: EncodingArguments) -> int:
     import json
     import logging
-    import sys
     from pathlib import Path
 
-    from ..growth.index import GrowthError, GrowthReport, add_items_to
-    from ..sids.catalogue import CatalogueError
+    from ..growth.index import GrowthReport, add_items_to
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     output = Path(args.output_dir).resolve()
     report = GrowthReport()
-    try:
-        child = add_items_to(
-            args.sid_index,
-            args.catalogue,
-            output,
-            overwrite=args.overwrite,
-            encoder=args.encoder,
-            on_problem="skip" if args.skip_problems else "error",
-            empty_text="drop" if args.drop_empty_text else "error",
-            batch_size=args.batch_size,
-            cache_dir=args.cache_dir,
-            use_cache=not args.no_cache,
-            device=args.device,
-            show_progress=not args.no_progress,
-            catalogue_format=args.format,
-            catalogue_options={"item_columns": args.item_columns} if args.item_columns else None,
-            report=report,
-        )
-    except (CatalogueError, GrowthError, FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    child = add_items_to(
+        args.sid_index,
+        args.catalogue,
+        output,
+        overwrite=args.overwrite,
+        encoder=args.encoder,
+        on_problem="skip" if args.skip_problems else "error",
+        empty_text="drop" if encoding.drop_empty_text else "error",
+        batch_size=encoding.encode_batch_size,
+        cache_dir=encoding.cache_dir,
+        use_cache=not encoding.no_cache,
+        device=encoding.device,
+        show_progress=not encoding.no_progress,
+        catalogue_format=catalogue.catalogue_format,
+        catalogue_options=catalogue.catalogue_options() or None,
+        report=report,
+    )
     print(report.summary())
     print(json.dumps({"parent": child.parent, "fingerprint": child.fingerprint(), "n_items": child.n_items}))
     print(f"saved to {output}")
     return 0
+
+
+ADD_ITEMS = Command(
+    name="add-items",
+    help="add new items to a SID index (a new version; existing SIDs unchanged)",
+    description="Encode the new items with the index's encoder and text template, code them with its codebooks, "
+    "resolve collisions through the disambiguation level (new tokens are appended) and write a new index "
+    "version whose parent is the given one. Grow a trained adapter onto it with `peft-grounded grow-adapter` "
+    "(or peft_grounded.growth.grow_adapter).",
+    settings=lambda: (AddItemsArguments, CatalogueArguments, EncodingArguments),
+    run=run_add_items,
+    renamed={"--batch-size": "--encode-batch-size"},
+)

@@ -1,7 +1,8 @@
 """``peft-grounded sft``: recommendation SFT (LoRA + the new rows) from the command line
 (:func:`peft_grounded.recommend.train_recommender`).
 
-The flags are the fields of :class:`~.common.ModelArguments`, :class:`~.common.SFTArguments` and
+The flags are the fields of :class:`~.common.ModelArguments`, :class:`~.common.SFTArguments`,
+:class:`~.model_config.LoraModelConfig` (TRL's ``ModelConfig``: the base model and the LoRA) and
 :class:`~peft_grounded.recommend.RecommendationConfig` (TRL's ``SFTConfig``), parsed by TRL's parser;
 ``--config sft.yaml`` gives any of them.
 """
@@ -9,40 +10,29 @@ The flags are the fields of :class:`~.common.ModelArguments`, :class:`~.common.S
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .common import ModelArguments, SFTArguments, add_settings_command, settings_parser
+from .common import Command, ModelArguments, SFTArguments
 
-NAME = "sft"
-HELP = "train the recommender: next-item SID prediction with a LoRA stacked on the grounded rows"
+if TYPE_CHECKING:
+    from .model_config import LoraModelConfig
+
 DESCRIPTION = (
     "Start the new rows from a grounded adapter (--grounded) or a fresh initialisation (--init), stack a LoRA, "
     "and train next-item SFT on the catalogue's leave-one-out training histories. Writes OUTPUT_DIR/adapter "
-    "(rows + LoRA, one artefact). Every flag is a field of ModelArguments, SFTArguments or RecommendationConfig "
-    "(TRL's SFTConfig); --config FILE.yaml sets any of them."
+    "(rows + LoRA, one artefact). Every flag is a field of ModelArguments, SFTArguments, ModelConfig (TRL's: "
+    "the base model and the LoRA) or RecommendationConfig (TRL's SFTConfig)."
 )
 
 
-def add_cli(subparsers: Any) -> None:
-    add_settings_command(subparsers, NAME, HELP)
+def settings() -> tuple[type, ...]:
+    from ..recommend.config import RecommendationConfig
+    from .model_config import LoraModelConfig
+
+    return (ModelArguments, SFTArguments, LoraModelConfig, RecommendationConfig)
 
 
-def parser() -> Any:
-    from ..recommend.trainer import RecommendationConfig
-
-    return settings_parser(NAME, DESCRIPTION, (ModelArguments, SFTArguments, RecommendationConfig))
-
-
-def parse(argv: Sequence[str]) -> tuple[Any, ...]:
-    """``(ModelArguments, SFTArguments, RecommendationConfig)`` from command-line arguments (and ``--config``)."""
-    return parser().parse_args_and_config(list(argv))
-
-
-def main(argv: Sequence[str]) -> int:
-    return run(*parse(argv))
-
-
-def run(model: ModelArguments, sft: SFTArguments, config: Any) -> int:
+def run(model: ModelArguments, sft: SFTArguments, base: LoraModelConfig, config: Any) -> int:
     """Train the recommender as the settings say; the same call serves the command line, YAML and Python."""
     from ..recommend.trainer import train_recommender
 
@@ -51,14 +41,32 @@ def run(model: ModelArguments, sft: SFTArguments, config: Any) -> int:
         catalogue,
         index,
         config,
-        model_path=model.model_name_or_path,
+        model_path=base.model_name_or_path,
         grounded=sft.grounded,
         init=model.init,
         centroid_variant=model.centroid_variant,
-        lora=sft.lora(),
+        lora=base.lora(),
         fmt=sft.prompt_format(),
         max_examples=model.max_examples,
-        dtype=model.dtype,
+        dtype=base.torch_dtype(),
     )
     print(f"recommender adapter: {config.output_dir}/adapter")
     return 0
+
+
+COMMAND = Command(
+    name="sft",
+    help="train the recommender: next-item SID prediction with a LoRA stacked on the grounded rows",
+    description=DESCRIPTION,
+    settings=settings,
+    run=run,
+)
+
+
+def parser() -> Any:
+    return COMMAND.parser()
+
+
+def parse(argv: Sequence[str]) -> tuple[Any, ...]:
+    """``(ModelArguments, SFTArguments, LoraModelConfig, RecommendationConfig)`` from arguments (and ``--config``)."""
+    return COMMAND.parse(argv)

@@ -91,7 +91,7 @@ def evaluate(
                     trie,
                     k=max(settings.ks) if new_items is None and not settings.exclude_history else beams,
                     num_beams=beams,
-                    batch_size=settings.batch_size,
+                    batch_size=settings.decode_batch_size,
                     targets=target_ids if together else None,
                 )
                 if new_items is not None:
@@ -117,7 +117,7 @@ def evaluate(
                     recs.extra["target_nlls"]
                     if together
                     else target_log_likelihood(
-                        model, tokenizer, prompts, target_ids, trie, settings.batch_size
+                        model, tokenizer, prompts, target_ids, trie, settings.decode_batch_size
                     )
                 )
                 for record, score in zip(records, scores, strict=True):

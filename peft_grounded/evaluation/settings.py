@@ -21,7 +21,7 @@ class EvalSettings:
     )
     seed: int = field(default=0, metadata={"help": "Seed of the user samples."})
     num_beams: int = field(default=20, metadata={"help": "Beams of the constrained beam search."})
-    batch_size: int = field(default=16, metadata={"help": "Prompts decoded per batch."})
+    decode_batch_size: int = field(default=16, metadata={"help": "Prompts decoded per batch."})
     cold_max_count: int = field(
         default=1, metadata={"help": "Cold item: a target seen at most this often as a training target."}
     )
@@ -57,7 +57,9 @@ class EvalSettings:
             "EvalSettings",
             [
                 checks.int_at_least("num_beams", self.num_beams, 1, flag="--num-beams"),
-                checks.int_at_least("batch_size", self.batch_size, 1, flag="--batch-size"),
+                checks.int_at_least(
+                    "decode_batch_size", self.decode_batch_size, 1, flag="--decode-batch-size"
+                ),
                 checks.int_at_least("users", self.users, 1, flag="--users", none_ok=True),
                 checks.int_at_least("cold_max_count", self.cold_max_count, 0, flag="--cold-max-count"),
                 None if ks_ok else f"ks must be positive integers, got {self.ks!r} (--ks)",

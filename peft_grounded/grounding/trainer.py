@@ -14,33 +14,15 @@ states: ``train(resume_from_checkpoint=True)`` after a crash ends where an unint
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from functools import partial
-from typing import ClassVar
 
 import torch
 from peft import PeftModel, get_peft_model
 
 from .._locks import locks_output
 from ..adapter import GroundedTokenConfig
-from ..training.config import RunConfig
 from ..training.trainer import RunTrainer, StageRun, run_stage
-
-
-@dataclass
-class GroundingConfig(RunConfig):
-    """``RunConfig`` with the grounding stage's defaults.
-
-    The GTI paper grounds with learning rate 1e-3 (only embedding rows move, so a large rate is safe) and
-    computes the loss on the completion only.
-    """
-
-    default_steps: ClassVar[int] = 200
-
-    learning_rate: float = field(
-        default=1e-3, metadata={"help": "Learning rate of the new rows.", "aliases": ["--lr"]}
-    )
-    weight_decay: float = field(default=0.0, metadata={"help": "No decay: it would pull the rows to zero."})
+from .config import GroundingConfig
 
 
 def _refuse_lora(config: GroundedTokenConfig) -> None:

@@ -293,7 +293,7 @@ def add_items(
         [
             checks.one_of("empty_text", empty_text, ("error", "drop")),
             checks.one_of("on_problem", on_problem, ("error", "skip")),
-            checks.int_at_least("batch_size", batch_size, 1, flag="--batch-size"),
+            checks.int_at_least("batch_size", batch_size, 1, flag="--encode-batch-size"),
         ],
     )
     if vectors is None:

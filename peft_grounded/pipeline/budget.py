@@ -189,7 +189,7 @@ class Budget:
             "eval_users": e.users,
             "ks": list(e.ks),
             "num_beams": e.num_beams,
-            "eval_batch_size": e.batch_size,
+            "eval_batch_size": e.decode_batch_size,
             "cold_max_count": e.cold_max_count,
             "exclude_history": e.exclude_history or None,  # None: what runs recorded before the field hold
             **{
@@ -229,7 +229,7 @@ SHARED = {
 }
 # config fields the record's keys hold (or the runner sets)
 STAGE_FIELDS = {"max_steps", "learning_rate", "max_minutes", "disable_tqdm", "output_dir", *SHARED.values()}
-EVAL_RECORDED = {"users", "ks", "num_beams", "batch_size", "cold_max_count", "exclude_history"}
+EVAL_RECORDED = {"users", "ks", "num_beams", "decode_batch_size", "cold_max_count", "exclude_history"}
 
 
 def _changed(config: Any, covered: set[str], shared: Any = None) -> dict[str, Any]:

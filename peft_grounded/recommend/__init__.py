@@ -1,18 +1,25 @@
-"""Recommendation SFT: next-item data (prompt or sequence objective), the trainer and its training callbacks."""
+"""Recommendation SFT: next-item data (prompt or sequence objective), the trainer and its training callbacks.
 
-from .callbacks import ValidationLikelihood, ValidationRecall, learning_curve
-from .data import recommendation_examples, training_dataset
-from .sequence import sequence_dataset
-from .trainer import RecommendationConfig, RecommendationTrainer, train_recommender
+Names load on first use (:mod:`peft_grounded._lazy`), so that the settings (:mod:`.config`) parse without the
+trainer.
+"""
 
-__all__ = [
-    "RecommendationConfig",
-    "RecommendationTrainer",
-    "ValidationLikelihood",
-    "ValidationRecall",
-    "learning_curve",
-    "recommendation_examples",
-    "sequence_dataset",
-    "train_recommender",
-    "training_dataset",
-]
+from __future__ import annotations
+
+from .._lazy import lazy_exports
+
+_LAZY = {
+    "RecommendationConfig": "config",
+    "RecommendationTrainer": "trainer",
+    "ValidationLikelihood": "callbacks",
+    "ValidationRecall": "callbacks",
+    "learning_curve": "callbacks",
+    "recommendation_examples": "data",
+    "sequence_dataset": "sequence",
+    "train_recommender": "trainer",
+    "training_dataset": "data",
+}
+
+__all__ = list(_LAZY)
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

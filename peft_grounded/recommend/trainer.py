@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from functools import partial
-from typing import ClassVar
 
 import torch
 from peft import PeftModel
@@ -12,22 +11,11 @@ from peft import PeftModel
 from .._locks import locks_output
 from ..adapter import GroundedTokenConfig
 from ..prompts import PromptFormat
-from ..training.config import RunConfig
 from ..training.trainer import RunTrainer, StageRun, run_stage
 from .callbacks import ValidationRecall
+from .config import RecommendationConfig
 
 __all__ = ["RecommendationConfig", "RecommendationTrainer", "ValidationRecall", "train_recommender"]
-
-
-@dataclass
-class RecommendationConfig(RunConfig):
-    """``RunConfig`` with the recommendation stage's defaults (LoRA + new rows, loss on the SID only)."""
-
-    default_steps: ClassVar[int] = 400
-
-    learning_rate: float = field(
-        default=5e-4, metadata={"help": "Learning rate of the LoRA and the new rows.", "aliases": ["--lr"]}
-    )
 
 
 class RecommendationTrainer(RunTrainer):

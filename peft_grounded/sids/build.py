@@ -264,7 +264,7 @@ def build_sids(
     checks.raise_problems(
         "build_sids",
         [
-            checks.int_at_least("batch_size", batch_size, 1, flag="--batch-size"),
+            checks.int_at_least("batch_size", batch_size, 1, flag="--encode-batch-size"),
             checks.int_at_least("k_core", k_core, 0, flag="--k-core"),
             checks.int_at_least("rqvae_epochs", rqvae_epochs, 1, flag="--rqvae-epochs"),
             checks.one_of("empty_text", empty_text, ("error", "drop")),

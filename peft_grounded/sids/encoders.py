@@ -374,7 +374,7 @@ def encode_texts(
     checks.raise_problems(
         "encode_texts",
         [
-            checks.int_at_least("batch_size", batch_size, 1, flag="--batch-size"),
+            checks.int_at_least("batch_size", batch_size, 1, flag="--encode-batch-size"),
             checks.int_at_least("flush_every", flush_every, 1),
         ],
     )

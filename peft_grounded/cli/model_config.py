@@ -1,0 +1,96 @@
+"""TRL's ``ModelConfig`` with this package's defaults: the base model and the stacked LoRA of ``ground``/``sft``.
+
+Kept apart from :mod:`.common` so that the command list does not import TRL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trl import ModelConfig
+
+from .common import csv_list
+
+
+@dataclass
+class GroundedModelConfig(ModelConfig):
+    """TRL's ``ModelConfig`` with this package's defaults: the base model (``--model``), the dtype of its frozen
+    weights (``--weights-dtype``) and, for ``sft``, the stacked LoRA (``--lora_r``, ...)."""
+
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Local base model directory; None: the packaged SmolLM2-135M.",
+            "aliases": ["--model"],
+        },
+    )
+    dtype: str | None = field(
+        default="float32",
+        metadata={
+            "help": "dtype of the frozen base's weights (adapter weights always train in float32).",
+            "choices": ["float32", "bfloat16", "float16"],
+            "aliases": ["--weights-dtype", "--weights_dtype"],
+        },
+    )
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
+    lora_target_modules: list[str] | None = field(
+        default_factory=lambda: ["all-linear"],
+        metadata={
+            "help": "LoRA target modules: all-linear, or module names (spaces or commas between them)."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        targets = csv_list(self.lora_target_modules)  # "q_proj,v_proj" (earlier releases) or q_proj v_proj
+        self.lora_target_modules = targets[0] if len(targets) == 1 else targets or None
+        unsupported = {
+            "model_revision": "main",
+            "attn_implementation": None,
+            "lora_task_type": "CAUSAL_LM",
+            "load_in_8bit": False,
+            "load_in_4bit": False,
+        }
+        given = [name for name, default in unsupported.items() if getattr(self, name) != default]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: not supported by peft-grounded (a local base model in float32, bfloat16 "
+                "or float16, no quantisation); leave them out"
+            )
+
+    def torch_dtype(self) -> Any:
+        """The frozen base's ``torch.dtype``."""
+        import torch
+
+        return getattr(torch, self.dtype or "float32")
+
+    def lora(self) -> dict[str, Any]:
+        """The stacked LoRA as ``peft.LoraConfig`` keyword arguments (what ``add_lora`` takes)."""
+        targets: str | list[str] = csv_list(self.lora_target_modules) or ["all-linear"]
+        if targets == ["all-linear"]:
+            targets = "all-linear"
+        out: dict[str, Any] = dict(
+            r=self.lora_r, lora_alpha=self.lora_alpha, lora_dropout=self.lora_dropout, target_modules=targets
+        )
+        if self.use_rslora:
+            out["use_rslora"] = True
+        if self.use_dora:
+            out["use_dora"] = True
+        if self.lora_target_parameters:
+            out["target_parameters"] = csv_list(self.lora_target_parameters)
+        if self.lora_modules_to_save:
+            out["modules_to_save"] = csv_list(self.lora_modules_to_save)
+        return out
+
+
+@dataclass
+class LoraModelConfig(GroundedModelConfig):
+    """:class:`GroundedModelConfig` for ``sft``, which always stacks a LoRA on the new rows."""
+
+    use_peft: bool = field(default=True, metadata={"help": "Stack a LoRA (sft always does)."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.use_peft:
+            raise ValueError("sft always stacks a LoRA on the new rows: leave out --no_use_peft")

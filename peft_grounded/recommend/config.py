@@ -1,0 +1,20 @@
+"""The recommendation stage's settings (a TRL ``SFTConfig``), apart from its trainer so that parsing them stays
+light."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ..training.config import RunConfig
+
+
+@dataclass
+class RecommendationConfig(RunConfig):
+    """``RunConfig`` with the recommendation stage's defaults (LoRA + new rows, loss on the SID only)."""
+
+    default_steps: ClassVar[int] = 400
+
+    learning_rate: float = field(
+        default=5e-4, metadata={"help": "Learning rate of the LoRA and the new rows.", "aliases": ["--lr"]}
+    )
