@@ -34,7 +34,10 @@ def setup(tokenizer, factory, arch, tied):
     )
     add_lora(model, r=2, target_modules=["q_proj", "v_proj"])
     torch.manual_seed(1)
-    for name, param in model.named_parameters():  # LoRA B starts at 0: give it values so that A gets a gradient
+    for (
+        name,
+        param,
+    ) in model.named_parameters():  # LoRA B starts at 0: give it values so that A gets a gradient
         if "lora_B" in name:
             param.data.normal_(0, 0.02)
     add_fused_lm_head(model.get_base_model(), outputs=("log_probs", "entropy", "is_top1"))
@@ -115,7 +118,9 @@ def test_gradients_reach_exactly_the_allowed_rows_and_the_lora(tokenizer, tiny_m
     (tied: unless they are inputs), every LoRA weight gets one, the frozen base none."""
     model, new = setup(tokenizer, tiny_model_factory, arch, tied)
     allowed, other = sorted(new[:8]), new[8:]
-    ids = torch.tensor([[1, allowed[0], allowed[3], allowed[5], allowed[1]], [5, allowed[2], allowed[7], 9, 2]])
+    ids = torch.tensor(
+        [[1, allowed[0], allowed[3], allowed[5], allowed[1]], [5, allowed[2], allowed[7], 9, 2]]
+    )
     labels = ids.clone()
     labels[1, 3:] = -100  # every target is an allowed SID token
     model.zero_grad()
@@ -174,7 +179,9 @@ def test_a_run_records_it_and_resumes(toy, model_dir, tmp_path):
     args = dict(max_steps=4, save_steps=2)
     whole, out = tmp_path / "whole", tmp_path / "resumed"
     torch.manual_seed(0)  # the LoRA's initialisation draws from the global generator
-    model = train_recommender(catalogue, index, _config(whole, **args), model_path=model_dir, fmt=SEQ, lora=dict(r=2))
+    model = train_recommender(
+        catalogue, index, _config(whole, **args), model_path=model_dir, fmt=SEQ, lora=dict(r=2)
+    )
     assert sid_softmax_of(model)
     assert read_adapter_config(str(whole / "adapter"))["metadata"]["sid_softmax"] is True
     torch.manual_seed(0)

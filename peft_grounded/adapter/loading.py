@@ -132,7 +132,9 @@ def sid_softmax_of(model) -> bool:
     """Whether ``model``'s active adapter was trained with the SID-only softmax (recorded in its metadata
     by :class:`~peft_grounded.recommend.RecommendationTrainer`); False for a model without a grounded adapter."""
     config = getattr(model, "peft_config", {}).get(getattr(model, "active_adapter", None))
-    return bool(((getattr(config, "metadata", None) or {}) if config is not None else {}).get(SID_SOFTMAX_KEY))
+    return bool(
+        ((getattr(config, "metadata", None) or {}) if config is not None else {}).get(SID_SOFTMAX_KEY)
+    )
 
 
 def prompt_format_of(model, default: PromptFormat | None = None) -> PromptFormat:

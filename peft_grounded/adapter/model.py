@@ -373,7 +373,9 @@ class GroundedTokenModel(BaseTuner):
         layer = self.model.get_input_embeddings()
         names = [n for n in layer.active_adapters if n in layer.grounded_indices]
         if not names:
-            raise ValueError("sid_softmax needs an active grounded-token adapter (its rows are the SID rows).")
+            raise ValueError(
+                "sid_softmax needs an active grounded-token adapter (its rows are the SID rows)."
+            )
         return torch.cat([layer.grounded_indices[n] for n in names]).unique(sorted=True)
 
     def forward(self, *args, compact_fused_lm_head: bool = False, sid_softmax: bool = False, **kwargs):
