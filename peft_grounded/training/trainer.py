@@ -182,6 +182,9 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
             problem = "TRL's fused loss (no label_smoothing_factor, no compute_loss_func)"
         elif getattr(self, "aux_loss_enabled", False):
             problem = "a model without a MoE router loss"
+        elif self.is_deepspeed_enabled or self.is_fsdp_enabled:
+            # it reads the head's SID rows outside the head's forward, where ZeRO-3 and FSDP hold only shards
+            problem = "unsharded training (not DeepSpeed or FSDP; DDP is fine)"
         if problem is not None:
             raise ValueError(
                 f"sid_softmax_loss=True needs {problem}; set sid_softmax_loss=False (--sid_softmax_loss false)."
