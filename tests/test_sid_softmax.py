@@ -20,7 +20,7 @@ from peft_grounded.adapter import add_lora
 from peft_grounded.adapter.compact_head import compact_fused_forward
 from peft_grounded.adapter.loading import sid_softmax_of
 from peft_grounded.prompts import PromptFormat
-from peft_grounded.recommend import RecommendationConfig, train_recommender
+from peft_grounded.recommend import RecommendationConfig, train_recommender, training_dataset
 
 CASES = [("llama", True), ("llama", False), ("qwen3", True), ("qwen3", False)]
 SEQ = PromptFormat(objective="sequence", max_history=3)
@@ -262,3 +262,28 @@ def test_copying_a_model_keeps_its_record(tokenizer, tiny_model_factory):
     assert sid_softmax_of(copy.deepcopy(model))
     record_sid_softmax(model, False)
     assert not sid_softmax_of(model)
+
+
+def test_trls_loop_without_the_compact_head_takes_the_same_loss(toy, model_dir, tmp_path):
+    """compact_loss=False (TRL's own fused head for the full softmax) still gets the SID-only loss."""
+    from peft_grounded.adapter.loading import sid_model
+    from peft_grounded.recommend import RecommendationTrainer
+
+    catalogue, index = toy
+    tokenizer, model = sid_model(model_dir, index, init="centroid", fmt=SEQ)
+    add_lora(model, r=2, target_modules="all-linear")
+    data = training_dataset(catalogue.leave_one_out(), index, catalogue, tokenizer, SEQ)
+    trainers = {
+        (compact, sid): RecommendationTrainer(
+            model,
+            _config(tmp_path / f"c{compact}{sid}", max_steps=1, compact_loss=compact, sid_softmax_loss=sid),
+            train_dataset=data,
+            processing_class=tokenizer,
+        )
+        for compact, sid in ((True, True), (False, True), (True, False))
+    }
+    batch = next(iter(trainers[True, True].get_train_dataloader()))
+    model.train()
+    losses = {key: trainer.compute_loss(model, dict(batch)).item() for key, trainer in trainers.items()}
+    assert losses[False, True] == pytest.approx(losses[True, True], rel=1e-6)
+    assert losses[True, True] < losses[True, False]  # fewer rows to share the mass with
