@@ -5,7 +5,9 @@
 Engines: ``generate`` (transformers' beam search, the path before), ``fast`` (decoding/beam.py), and
 ``fast+nll`` (the fast search also scoring each user's target from the same prompt cache, as
 ``evaluation.evaluate`` does); ``--likelihood`` adds the separate teacher-forced likelihood pass
-(what an evaluation of rankings + likelihood cost before, on top of ``generate``).
+(what an evaluation of rankings + likelihood cost before, on top of ``generate``); ``fast+sid`` is the fast
+search under the SID-only softmax (each step computes the head's SID rows only, as for an adapter trained
+with ``sid_softmax_loss``: its lists differ from the full head's by construction, the normalisation differs).
 
 SIDs for MovieLens-100K (all-MiniLM-L6-v2 + RQ-KMeans 3 x 64 + a disambiguation level, cached under
 ``--output``), a fresh centroid-initialised adapter (mean init would tie every SID token) with a LoRA
@@ -102,8 +104,9 @@ def main() -> None:
                     k=20,
                     num_beams=args.beams,
                     batch_size=args.batch_size,
-                    engine=engine.removesuffix("+nll"),
+                    engine=engine.removesuffix("+nll").removesuffix("+sid"),
                     targets=[sids[x] for x in targets] if engine.endswith("+nll") else None,
+                    sid_softmax=engine.endswith("+sid"),
                 )
                 timings[engine].append((time.perf_counter() - wall, time.process_time() - cpu))
             lists[engine] = recs.items

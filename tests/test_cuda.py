@@ -112,6 +112,31 @@ def test_compact_head_equals_trl_fused_head_on_cuda(tokenizer, tiny_model_factor
         torch.testing.assert_close(grad, expected[key], rtol=1e-3, atol=1e-5)
 
 
+@pytest.mark.parametrize(("arch", "tied"), [("llama", False), ("qwen3", True)])
+def test_sid_only_softmax_on_cuda_matches_cpu(tokenizer, tiny_model_factory, arch, tied):
+    """The SID-only softmax (SID rows read from the head and the adapter) on CUDA against the CPU, and its
+    decoding head: the same logits over the SID rows."""
+    pytest.importorskip("trl")
+    from trl.trainer.utils import add_fused_lm_head
+
+    from peft_grounded.decoding.heads import StepHead
+
+    model, new = wrapped(tokenizer, tiny_model_factory, arch, tied, task_type="CAUSAL_LM")
+    gpu = copy.deepcopy(model).to(DEVICE)
+    results = []
+    for m, device in ((model, "cpu"), (gpu, DEVICE)):
+        add_fused_lm_head(m.get_base_model(), outputs=("log_probs", "entropy", "is_top1"))
+        out = m(**batch(new, device), fused_lm_head=True, sid_softmax=True)
+        out.loss.backward()
+        logits, _ = StepHead(m, m.base_model.sid_token_ids())(m, 2, input_ids=batch(new, device)["input_ids"])
+        results.append((out.loss.detach().cpu(), row_grads(m), logits.cpu()))
+    (cpu_loss, cpu_grads, cpu_logits), (gpu_loss, gpu_grads, gpu_logits) = results
+    torch.testing.assert_close(gpu_loss, cpu_loss, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(gpu_logits, cpu_logits, rtol=1e-3, atol=1e-4)
+    for key, grad in cpu_grads.items():
+        assert_close_scaled(gpu_grads[key], grad, TOLERANCE[torch.float32])
+
+
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_trains_inside_trl_sft_trainer_on_cuda(tokenizer, tiny_model_factory, tmp_path, tied, precision):

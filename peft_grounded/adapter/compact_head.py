@@ -11,6 +11,10 @@ through the model's own head (so the grounded rows get their gradient as usual).
 package request it with ``compact_fused_lm_head=True``; models with logit soft-capping or scaling,
 pre-shifted labels, and MoE forwards asked for router logits (whose load-balancing loss TRL reads from
 the output) keep TRL's own path.
+
+With ``sid_ids`` (``RecommendationConfig.sid_softmax_loss``) it is also the SID-only softmax: a SID target's
+logits are ``hidden @ W[sid_ids].T``, normalised over the SID rows only (:func:`head_rows` reads just those
+rows of the head, the grounded ones from the adapter), so a step never projects onto the text vocabulary.
 """
 
 from __future__ import annotations
@@ -33,22 +37,71 @@ def supports_compact_head(model) -> bool:
     )
 
 
-def compact_fused_forward(model, *args, labels: torch.Tensor, num_items_in_batch=None, **kwargs):
-    """``FusedCausalLMOutput`` of ``model`` (a transformers causal LM) from the labelled positions only."""
+def head_rows(model, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(weight[ids], bias[ids])`` of ``model``'s output layer, grounded rows included (differentiable w.r.t.
+    them): the rows a softmax over ``ids`` needs, never the whole ``vocab x d`` matrix."""
+    head = model.get_output_embeddings()
+    if hasattr(head, "rows"):  # GroundedHead
+        return head.rows(ids)
+    bias = getattr(head, "bias", None)
+    return head.weight[ids.to(head.weight.device)], None if bias is None else bias[ids.to(bias.device)]
+
+
+def sid_columns(ids: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(column, inside)``: each token's column among the sorted ``ids``, and whether it is one of them."""
+    column = torch.searchsorted(ids, tokens).clamp(max=ids.numel() - 1)
+    return column, ids[column] == tokens
+
+
+def _token_stats(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``(log p(target), entropy, target is the argmax)`` of each row of float ``logits``."""
+    log_z = torch.logsumexp(logits, dim=-1)
+    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
+    with torch.no_grad():
+        probs = torch.softmax(logits, dim=-1)
+        entropy = log_z - (probs * logits).sum(-1)
+        is_top1 = logits.argmax(-1) == targets
+    return log_probs, entropy, is_top1
+
+
+def compact_fused_forward(
+    model,
+    *args,
+    labels: torch.Tensor,
+    num_items_in_batch=None,
+    sid_ids: torch.Tensor | None = None,
+    **kwargs,
+):
+    """``FusedCausalLMOutput`` of ``model`` (a transformers causal LM) from the labelled positions only.
+
+    ``sid_ids`` (sorted token ids): the SID-only softmax. A position whose target is one of them is
+    normalised over those rows only (``hidden @ W[sid_ids].T``, through the model's own head rows); any
+    other labelled target (an end-of-turn token after the SID) keeps the whole vocabulary. With every
+    vocabulary row in ``sid_ids`` this is the full loss."""
     from trl.trainer.utils import FusedCausalLMOutput
 
     kwargs["use_cache"] = False
     hidden = model.base_model(*args, **kwargs).last_hidden_state[:, :-1]
     labels = labels[:, 1:].to(hidden.device)
     mask = labels != -100
-    logits = model.get_output_embeddings()(hidden[mask]).float()
-    log_z = torch.logsumexp(logits, dim=-1)
-    targets = labels[mask]
-    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
-    with torch.no_grad():
-        probs = torch.softmax(logits, dim=-1)
-        entropy = log_z - (probs * logits).sum(-1)
-        is_top1 = logits.argmax(-1) == targets
+    hidden, targets = hidden[mask], labels[mask]
+    if sid_ids is None:
+        logits = model.get_output_embeddings()(hidden).float()
+        log_probs, entropy, is_top1 = _token_stats(logits, targets)
+    else:
+        sid_ids = sid_ids.to(hidden.device)
+        column, inside = sid_columns(sid_ids, targets)
+        weight, bias = head_rows(model, sid_ids)
+        sid_logits = torch.nn.functional.linear(
+            hidden[inside], weight.to(hidden.dtype), None if bias is None else bias.to(hidden.dtype)
+        ).float()
+        sid_stats = _token_stats(sid_logits, column[inside])
+        rest = ~inside  # other targets (if any) through the whole head; an empty batch costs nothing
+        rest_stats = _token_stats(model.get_output_embeddings()(hidden[rest]).float(), targets[rest])
+        log_probs, entropy, is_top1 = (
+            a.new_zeros(targets.shape).masked_scatter(inside, a).masked_scatter(rest, b)
+            for a, b in zip(sid_stats, rest_stats, strict=True)
+        )
 
     def scatter(values: torch.Tensor) -> torch.Tensor:
         return values.new_zeros(mask.shape).masked_scatter(mask, values)

@@ -253,6 +253,22 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
                 weight = weight.index_copy(0, index, on_device_of(rows, weight))
         return weight
 
+    def head_rows(self, head: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(weight[ids], bias[ids])`` of the head with the adapter rows written in (differentiable w.r.t.
+        those rows): what a softmax over the rows ``ids`` only needs, without the full head weight."""
+        self._check_size()
+        weight, bias = head.weight, getattr(head, "bias", None)
+        ids = ids.to(weight.device)
+        rows = weight[ids]
+        for name in self._adapters_in_effect():
+            adapter = self._output_rows(name)
+            if adapter is None:
+                continue
+            local = self._local_index(name, weight.device)[ids]
+            new = F.embedding(local.clamp(min=0), on_device_of(adapter, rows))
+            rows = torch.where((local >= 0).unsqueeze(-1), new, rows.to(new.dtype))
+        return rows, None if bias is None else bias[ids]
+
     # --- merge ---------------------------------------------------------------------------------------------
 
     def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
@@ -422,6 +438,10 @@ class GroundedHead(_OwnedView):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.owner.head_forward(self.base_layer, hidden)
+
+    def rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The head's ``(weight[ids], bias[ids])``, adapter rows included (see :meth:`GroundedTokenLayer.head_rows`)."""
+        return self.owner.head_rows(self.base_layer, ids)
 
 
 class GroundedTiedEmbedding(_OwnedView):

@@ -124,6 +124,19 @@ def base_model_path(adapter: str) -> str:
     )
 
 
+SID_SOFTMAX_KEY = "sid_softmax"
+"""Adapter metadata key: True when the adapter trained with the SID-only softmax (absent: full vocabulary)."""
+
+
+def sid_softmax_of(model) -> bool:
+    """Whether ``model``'s active adapter was trained with the SID-only softmax (recorded in its metadata
+    by :class:`~peft_grounded.recommend.RecommendationTrainer`); False for a model without a grounded adapter."""
+    config = getattr(model, "peft_config", {}).get(getattr(model, "active_adapter", None))
+    return bool(
+        ((getattr(config, "metadata", None) or {}) if config is not None else {}).get(SID_SOFTMAX_KEY)
+    )
+
+
 def prompt_format_of(model, default: PromptFormat | None = None) -> PromptFormat:
     """The prompt format recorded in the model's adapter config (else ``default`` or the standard one)."""
     recorded = (getattr(model.peft_config[model.active_adapter], "metadata", None) or {}).get("prompt_format")

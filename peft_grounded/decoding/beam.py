@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from .heads import StepHead
 from .scoring import target_nlls
 from .trie import SIDTrie
 
@@ -35,10 +36,10 @@ def _cache_of(output: Any) -> Any:
 
 
 def _candidates(
-    trie: SIDTrie, nodes: torch.Tensor, log_probs: torch.Tensor, base: torch.Tensor
+    trie: SIDTrie, nodes: torch.Tensor, log_probs: torch.Tensor, base: torch.Tensor, head: StepHead
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(scores, tokens)``, each ``[rows, max degree]``: every allowed continuation of every row, scored
-    ``base + log p(token)``, in token order; absent slots score ``-inf``."""
+    ``base + log p(token)`` (``log_probs`` in ``head``'s columns), in token order; absent slots score ``-inf``."""
     t = trie.tensors(nodes.device)
     rows, tokens = trie.allowed_pairs(nodes)
     live = nodes >= 0
@@ -47,7 +48,7 @@ def _candidates(
     offsets = torch.repeat_interleave(torch.cumsum(degree, 0) - degree, degree, output_size=rows.numel())
     columns = torch.arange(rows.numel(), device=nodes.device) - offsets
     scores = torch.full((nodes.shape[0], width), float("-inf"), device=nodes.device)
-    scores[rows, columns] = base[rows] + log_probs[rows, tokens]
+    scores[rows, columns] = base[rows] + log_probs[rows, head.columns(tokens)]
     chosen = torch.zeros((nodes.shape[0], width), dtype=torch.long, device=nodes.device)
     chosen[rows, columns] = tokens
     return scores, chosen
@@ -63,14 +64,15 @@ def _cache_argument(model: Any) -> str:
     return "cache" if "cache" in parameters else "past_key_values"
 
 
-def _forward(model: Any, keep: int = 1, **kwargs: Any) -> Any:
+def _forward(model: Any, head: StepHead, keep: int = 1, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """``(float logits of the last keep positions in head's columns, output)`` of a cached forward."""
     if "past_key_values" in kwargs:
         kwargs[_cache_argument(model)] = kwargs.pop("past_key_values")
     try:
-        return model(**kwargs, use_cache=True, logits_to_keep=keep)
+        return head(model, keep, **kwargs)
     except TypeError as err:
         raise TypeError(
-            f"the model's forward rejected the cached decoding call ({err}); it needs input_ids, "
+            f"the model's forward rejected the cached decoding or scoring call ({err}); it needs input_ids, "
             "attention_mask, position_ids, past_key_values, use_cache and logits_to_keep. Decode with "
             "recommend(..., engine='generate') for such a model"
         ) from err
@@ -85,6 +87,7 @@ def constrained_beam_search(
     num_beams: int,
     targets: torch.Tensor | None = None,
     shared_prompt: bool | None = None,
+    head: StepHead | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[dict[str, float]] | None]:
     """``(tokens [prompts, num_beams, L], scores [prompts, num_beams], target NLLs)`` for left-padded
     prompts and a fixed-length trie. Beams that could not be filled (fewer reachable items than beams)
@@ -92,9 +95,12 @@ def constrained_beam_search(
     (:func:`~.scoring.target_nlls`) from the same prompt cache: ``L - 1`` teacher-forced tokens per prompt,
     before the beams start; otherwise the NLLs are ``None``. ``shared_prompt``: keep one cache row per
     prompt and mask the beams apart (:func:`_tree_steps`; default when the attention is sdpa or eager),
-    or repeat the prompt's cache to every beam (:func:`_repeat_steps`)."""
+    or repeat the prompt's cache to every beam (:func:`_repeat_steps`). ``head``: what each step scores
+    (:class:`~.heads.StepHead`; default the whole vocabulary; the SID rows only for a model trained with
+    the SID-only softmax)."""
     if not trie.fixed_length:
         raise ValueError("constrained_beam_search needs SIDs of one length; use engine='generate'")
+    head = head or StepHead(model)
     prompts = input_ids.shape[0]
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     cache = None
@@ -102,41 +108,71 @@ def constrained_beam_search(
         cache = _cache_of(
             _forward(
                 model,
+                head,
                 input_ids=input_ids[:, :-1],
                 attention_mask=attention_mask[:, :-1],
                 position_ids=positions[:, :-1],
-            )
+            )[1]
         )
-    output = _forward(
+    logits, output = _forward(
         model,
+        head,
         input_ids=input_ids[:, -1:],
         attention_mask=attention_mask,
         position_ids=positions[:, -1:],
         past_key_values=cache,
     )
     cache = _cache_of(output)
-    first_logits = output.logits[:, -1, :].float()
-    log_probs = first_logits.log_softmax(-1)
-    trie.check_vocab_size(log_probs.shape[-1])
+    first_logits = logits[:, -1, :]
+    head.check(trie, first_logits.shape[-1])
     nlls = None
     if targets is not None:
-        nlls = _score_targets(model, cache, first_logits, targets, attention_mask, positions[:, -1:], trie)
-    root = torch.zeros(prompts, dtype=torch.long, device=input_ids.device)
-    scores, tokens = _candidates(trie, root, log_probs, torch.zeros(prompts, device=input_ids.device))
-    if scores.shape[1] < num_beams:  # fewer first tokens than beams: pad with empty beams
-        pad = num_beams - scores.shape[1]
-        scores = torch.nn.functional.pad(scores, (0, pad), value=float("-inf"))
-        tokens = torch.nn.functional.pad(tokens, (0, pad), value=0)
-    beam_scores, index = scores.topk(num_beams, dim=1)
-    generated = tokens.gather(1, index).reshape(-1, 1)
-    beam_scores = beam_scores.reshape(-1)
+        nlls = _score_targets(
+            model, head, cache, first_logits, targets, attention_mask, positions[:, -1:], trie
+        )
+    empty = input_ids.new_zeros(prompts, 0)
+    generated, beam_scores, _ = _select(
+        trie, head, empty, first_logits.log_softmax(-1), first_logits.new_zeros(prompts), prompts, num_beams
+    )
     if shared_prompt and not _mask_kind(model):
         raise ValueError("shared_prompt needs sdpa or eager attention (a custom 4D mask)")
     steps = _tree_steps if (_mask_kind(model) if shared_prompt is None else shared_prompt) else _repeat_steps
     generated, beam_scores = steps(
-        model, cache, attention_mask, positions[:, -1:], generated, beam_scores, trie, num_beams
+        model, head, cache, attention_mask, positions[:, -1:], generated, beam_scores, trie, num_beams
     )
     return generated.view(prompts, num_beams, -1), beam_scores.view(prompts, num_beams), nlls
+
+
+def _select(
+    trie: SIDTrie,
+    head: StepHead,
+    generated: torch.Tensor,
+    log_probs: torch.Tensor,
+    beam_scores: torch.Tensor,
+    prompts: int,
+    num_beams: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One beam step for every prompt: the ``num_beams`` best continuations of its rows.
+
+    ``generated`` ``[prompts * rows, steps]`` holds each prompt's current rows (its beams, or one row
+    before the first token), ``log_probs`` their next-token log-probabilities in ``head``'s columns and
+    ``beam_scores`` their scores. Returns the new ``generated`` ``[prompts * num_beams, steps + 1]`` and
+    scores, and each new beam's parent (its row among its prompt's, ``[prompts, num_beams]``). A prompt
+    with fewer continuations than beams gets ``-inf`` beams (token 0)."""
+    scores, tokens = _candidates(trie, trie.walk(generated), log_probs, beam_scores, head)
+    rows = generated.shape[0] // prompts
+    width = scores.shape[1]
+    scores, tokens = scores.view(prompts, rows * width), tokens.view(prompts, rows * width)
+    if rows * width < num_beams:  # fewer continuations than beams: pad with empty beams
+        pad = num_beams - rows * width
+        scores = torch.nn.functional.pad(scores, (0, pad), value=float("-inf"))
+        tokens = torch.nn.functional.pad(tokens, (0, pad), value=0)
+    best, index = scores.topk(num_beams, dim=1)
+    parent = torch.div(index, width, rounding_mode="floor").clamp(max=rows - 1)
+    offsets = (torch.arange(prompts, device=generated.device) * rows)[:, None]
+    chosen = tokens.gather(1, index).reshape(-1, 1)
+    generated = torch.cat([generated[(offsets + parent).reshape(-1)], chosen], dim=1)
+    return generated, best.reshape(-1), parent
 
 
 def _mask_kind(model: Any) -> str | None:
@@ -147,6 +183,7 @@ def _mask_kind(model: Any) -> str | None:
 
 def _tree_steps(
     model: Any,
+    head: StepHead,
     cache: Any,
     attention_mask: torch.Tensor,
     last_position: torch.Tensor,
@@ -162,7 +199,6 @@ def _tree_steps(
     device = attention_mask.device
     slots = torch.arange(num_beams, device=device).expand(prompts, num_beams)
     path = slots[:, :, None]  # path[p, j, g]: the slot of beam j's token fed at forward g
-    offsets = (torch.arange(prompts, device=device) * num_beams)[:, None]
     prompt_mask = attention_mask.bool()[:, None, None, :].expand(prompts, 1, num_beams, width)
     kind = _mask_kind(model)
     for step in range(1, trie.max_length):
@@ -171,28 +207,26 @@ def _tree_steps(
         mask = torch.cat([prompt_mask, own.view(prompts, 1, num_beams, step * num_beams)], dim=-1)
         if kind == "float":
             mask = torch.zeros(mask.shape, device=device).masked_fill(~mask, torch.finfo(torch.float32).min)
-        output = _forward(
+        logits, _ = _forward(
             model,
+            head,
             keep=0,
             input_ids=generated[:, -1].view(prompts, num_beams),
             attention_mask=mask,
             position_ids=(last_position + step).expand(prompts, num_beams),
             past_key_values=cache,
         )
-        log_probs = output.logits.float().log_softmax(-1).view(prompts * num_beams, -1)
-        scores, tokens = _candidates(trie, trie.walk(generated), log_probs, beam_scores)
-        columns = scores.shape[1]
-        best, index = scores.view(prompts, num_beams * columns).topk(num_beams, dim=1)
-        parent = torch.div(index, columns, rounding_mode="floor")
-        chosen = tokens.view(prompts, num_beams * columns).gather(1, index).reshape(-1, 1)
-        generated = torch.cat([generated[(offsets + parent).reshape(-1)], chosen], dim=1)
-        beam_scores = best.reshape(-1)
+        log_probs = logits.log_softmax(-1).view(prompts * num_beams, -1)
+        generated, beam_scores, parent = _select(
+            trie, head, generated, log_probs, beam_scores, prompts, num_beams
+        )
         path = torch.cat([path.gather(1, parent[:, :, None].expand(-1, -1, step)), slots[:, :, None]], dim=2)
     return generated, beam_scores
 
 
 def _repeat_steps(
     model: Any,
+    head: StepHead,
     cache: Any,
     attention_mask: torch.Tensor,
     last_position: torch.Tensor,
@@ -207,32 +241,30 @@ def _repeat_steps(
     mask = attention_mask.repeat_interleave(num_beams, 0)
     position = last_position.repeat_interleave(num_beams, 0)
     offsets = (torch.arange(prompts, device=attention_mask.device) * num_beams)[:, None]
-    source = None
+    parent = None
     for _ in range(1, trie.max_length):
-        if source is not None:
-            cache.reorder_cache(source)
+        if parent is not None:
+            cache.reorder_cache((offsets + parent).reshape(-1))
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
         position = position + 1
-        output = _forward(
+        logits, _ = _forward(
             model,
+            head,
             input_ids=generated[:, -1:],
             attention_mask=mask,
             position_ids=position,
             past_key_values=cache,
         )
-        log_probs = output.logits[:, -1, :].float().log_softmax(-1)
-        scores, tokens = _candidates(trie, trie.walk(generated), log_probs, beam_scores)
-        width = scores.shape[1]
-        best, index = scores.view(prompts, num_beams * width).topk(num_beams, dim=1)
-        source = (offsets + torch.div(index, width, rounding_mode="floor")).reshape(-1)
-        chosen = tokens.view(prompts, num_beams * width).gather(1, index).reshape(-1, 1)
-        generated = torch.cat([generated[source], chosen], dim=1)
-        beam_scores = best.reshape(-1)
+        log_probs = logits[:, -1, :].log_softmax(-1)
+        generated, beam_scores, parent = _select(
+            trie, head, generated, log_probs, beam_scores, prompts, num_beams
+        )
     return generated, beam_scores
 
 
 def _score_targets(
     model: Any,
+    head: StepHead,
     cache: Any,
     first_logits: torch.Tensor,
     targets: torch.Tensor,
@@ -248,26 +280,16 @@ def _score_targets(
             [attention_mask, attention_mask.new_ones(attention_mask.shape[0], length - 1)], dim=1
         )
         steps = torch.arange(1, length, device=targets.device)[None, :]
-        output = _forward_keep(model, targets[:, :-1], mask, last_position + steps, cache, length - 1)
-        columns.append(output.logits.float())
+        logits, _ = _forward(
+            model,
+            head,
+            keep=length - 1,
+            input_ids=targets[:, :-1],
+            attention_mask=mask,
+            position_ids=last_position + steps,
+            past_key_values=cache,
+        )
+        columns.append(logits)
         cache.crop(-(length - 1))  # drop the teacher-forced target tokens again
     logits = torch.cat(columns, dim=1)  # column j predicts target token j
-    return target_nlls(logits, targets.tolist(), length + 1, trie)
-
-
-def _forward_keep(
-    model: Any, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any, keep: int
-) -> Any:
-    try:
-        return model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=keep,
-            **{_cache_argument(model): cache},
-        )
-    except TypeError as err:
-        raise TypeError(
-            f"the model's forward rejected the cached scoring call ({err}); use engine='generate'"
-        ) from err
+    return target_nlls(logits, targets.tolist(), length + 1, trie, head.sid_ids)

@@ -18,6 +18,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from .beam import constrained_beam_search
+from .heads import StepHead
 from .processor import SIDConstraintLogitsProcessor
 from .trie import SIDTrie, check_targets
 
@@ -132,6 +133,7 @@ def recommend(
     show_progress: bool = False,
     engine: str = "auto",
     targets: Sequence[Sequence[int]] | None = None,
+    sid_softmax: bool | None = None,
 ) -> Recommendations:
     """Top-``k`` items for each prompt by constrained beam search.
 
@@ -154,6 +156,9 @@ def recommend(
         targets: optional, one complete SID (token ids) per prompt: the fast engine then also scores it
             from the same prompt cache, in ``extra["target_nlls"]`` (one dict per prompt, as
             :func:`~.scoring.target_nlls`). Needs the fast engine.
+        sid_softmax: normalise each step over the SID rows only (the SID-only softmax); None: as the
+            model's adapter was trained (``sid_softmax_loss``, recorded in its metadata), else the whole
+            vocabulary. The fast engine then computes only the SID rows of the head at each step.
 
     Returns:
         :class:`Recommendations`, items and scores best first; a score is the model's summed
@@ -180,6 +185,7 @@ def recommend(
         raise ValueError(
             f"engine='fast' needs SIDs of one length, these have lengths {trie.lengths}; use engine='generate'"
         )
+    head = StepHead.for_model(model, sid_softmax)
     encoded = _encode_prompts(tokenizer, prompts, add_special_tokens)
     if targets is not None:
         if engine != "fast":
@@ -210,14 +216,14 @@ def recommend(
                         [list(targets[i]) for i in batch], dtype=torch.long, device=device
                     )
                 generated, scores, scored = constrained_beam_search(
-                    model, input_ids, attention_mask, trie, num_beams, batch_targets
+                    model, input_ids, attention_mask, trie, num_beams, batch_targets, head=head
                 )
                 generated, scores = generated.cpu(), scores.cpu()
                 for index, value in zip(batch, scored or (), strict=False):
                     nlls[index] = value
             else:
                 generated, scores = _generate(
-                    model, input_ids, attention_mask, trie, config, num_beams, prefix_cache
+                    model, input_ids, attention_mask, trie, config, num_beams, prefix_cache, head.sid_ids
                 )
             if trie.fixed_length and generated.shape[-1] != trie.max_length:
                 raise RuntimeError(
@@ -252,9 +258,11 @@ def _generate(
     config: GenerationConfig,
     num_beams: int,
     prefix_cache: bool,
+    sid_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(tokens [prompts, num_beams, new tokens], scores [prompts, num_beams])`` from ``model.generate``."""
-    processor = SIDConstraintLogitsProcessor(trie, prompt_length=input_ids.shape[1])
+    """``(tokens [prompts, num_beams, new tokens], scores [prompts, num_beams])`` from ``model.generate``
+    (``sid_ids``: each step renormalised over those rows)."""
+    processor = SIDConstraintLogitsProcessor(trie, prompt_length=input_ids.shape[1], sid_ids=sid_ids)
     cache = _prompt_cache(model, input_ids, attention_mask, num_beams) if prefix_cache else {}
     output = model.generate(
         input_ids=input_ids,

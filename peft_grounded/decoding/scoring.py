@@ -9,14 +9,19 @@ import torch
 
 
 def target_nlls(
-    logits: torch.Tensor, targets: list[list[int]], keep: int, trie: Any
+    logits: torch.Tensor,
+    targets: list[list[int]],
+    keep: int,
+    trie: Any,
+    sid_ids: torch.Tensor | None = None,
 ) -> list[dict[str, float]]:
     """``{"nll", "constrained_nll", "uniform_nll"}`` of each row's target SID, with one host transfer.
 
     ``logits[row, keep - 1 - len(target) + j]`` must predict ``target[j]`` (the last ``keep`` positions of
     left-padded prompt + target sequences; column ``j`` when ``keep = len + 1``). ``constrained_nll``
     renormalises each step over the tokens the trie allows there; ``uniform_nll`` is the NLL of a model
-    spreading its mass evenly over the trie.
+    spreading its mass evenly over the trie. ``sid_ids`` (sorted token ids): the logits hold those columns
+    only (a model trained with the SID-only softmax), so ``nll`` is normalised over the SID rows.
     """
     rows, width = len(targets), max(map(len, targets))
     device = logits.device
@@ -35,9 +40,16 @@ def target_nlls(
         pair_tokens.append(padded[live, j])
         pair_nodes.append(nodes)
     r, c, tok, nodes = (torch.cat(x) for x in (pair_rows, pair_cols, pair_tokens, pair_nodes))
-    columns = logits[r, c]  # [pairs, vocab]: the logits predicting each target token
+    columns = logits[r, c]  # [pairs, vocab or SID rows]: the logits predicting each target token
+    if sid_ids is None:
+        allowed = trie.allowed_mask(nodes, columns.shape[-1])
+    else:
+        sid_ids = sid_ids.to(device)
+        tok = torch.searchsorted(sid_ids, tok)
+        allowed = torch.zeros(columns.shape, dtype=torch.bool, device=device)
+        pairs, tokens = trie.allowed_pairs(nodes)
+        allowed[pairs, torch.searchsorted(sid_ids, tokens)] = True
     full = columns.log_softmax(-1).gather(1, tok[:, None]).squeeze(1)
-    allowed = trie.allowed_mask(nodes, columns.shape[-1])
     constrained = columns.gather(1, tok[:, None]).squeeze(1) - columns.masked_fill(
         ~allowed, float("-inf")
     ).logsumexp(-1)

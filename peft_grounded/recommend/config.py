@@ -18,3 +18,11 @@ class RecommendationConfig(RunConfig):
     learning_rate: float = field(
         default=5e-4, metadata={"help": "Learning rate of the LoRA and the new rows.", "aliases": ["--lr"]}
     )
+    sid_softmax_loss: bool = field(
+        default=False,
+        metadata={
+            "help": "SID-only softmax: normalise the loss of every SID target over the SID tokens only (the "
+            "head's SID rows, never the text vocabulary); other labelled tokens keep the full vocabulary. "
+            "Recorded in the adapter (metadata sid_softmax), so decoding and evaluation normalise the same way."
+        },
+    )

@@ -10,6 +10,7 @@ from peft import PeftModel
 
 from .._locks import locks_output
 from ..adapter import GroundedTokenConfig
+from ..adapter.loading import SID_SOFTMAX_KEY
 from ..prompts import PromptFormat
 from ..training.trainer import RunTrainer, StageRun, run_stage
 from .callbacks import ValidationRecall
@@ -38,7 +39,24 @@ class RecommendationTrainer(RunTrainer):
         args = args or RecommendationConfig(output_dir="recommendation")
         if not grounded:
             args.compact_loss = False  # the compact head is this package's; the baseline keeps TRL's
+            if getattr(args, "sid_softmax_loss", False):
+                raise ValueError(
+                    "sid_softmax_loss=True normalises over a grounded adapter's SID rows; this model carries "
+                    "PEFT's own LoRA with trainable_token_indices. Set sid_softmax_loss=False for it."
+                )
+        else:
+            record_sid_softmax(model, bool(getattr(args, "sid_softmax_loss", False)))
         super().__init__(model, args, **kwargs)
+
+
+def record_sid_softmax(model, on: bool) -> None:
+    """Write the normalisation the adapter trains under into its metadata (``sid_softmax: true``; absent:
+    the full vocabulary, as every adapter before it), before the run manifest fingerprints the config."""
+    config = model.peft_config[model.active_adapter]
+    metadata = {k: v for k, v in (config.metadata or {}).items() if k != SID_SOFTMAX_KEY}
+    if on:
+        metadata[SID_SOFTMAX_KEY] = True
+    config.metadata = metadata if metadata or config.metadata is not None else None
 
 
 @locks_output("args.output_dir", "sft")

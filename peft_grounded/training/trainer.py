@@ -168,6 +168,31 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
                 stacklevel=2,
             )
 
+        self._sid_softmax = bool(getattr(self.args, "sid_softmax_loss", False))
+        if self._sid_softmax:
+            self._check_sid_softmax()
+
+    def _check_sid_softmax(self) -> None:
+        """Refuse ``sid_softmax_loss`` where the SID-only head cannot compute the loss, before any step."""
+        from ..adapter.compact_head import supports_compact_head
+
+        problem = None
+        if not isinstance(self.model, PeftModelForCausalLM):
+            problem = f"a model wrapped with task_type='CAUSAL_LM' (a PeftModelForCausalLM), not a {type(self.model).__name__}"
+        elif not supports_compact_head(self.model.get_base_model()):
+            problem = "a head without logit soft-capping or scaling"
+        elif self.args.label_smoothing_factor > 0 or self.compute_loss_func is not None:
+            problem = "TRL's fused loss (no label_smoothing_factor, no compute_loss_func)"
+        elif getattr(self, "aux_loss_enabled", False):
+            problem = "a model without a MoE router loss"
+        elif self.is_deepspeed_enabled or self.is_fsdp_enabled:
+            # it reads the head's SID rows outside the head's forward, where ZeRO-3 and FSDP hold only shards
+            problem = "unsharded training (not DeepSpeed or FSDP; DDP is fine)"
+        if problem is not None:
+            raise ValueError(
+                f"sid_softmax_loss=True needs {problem}; set sid_softmax_loss=False (--sid_softmax_loss false)."
+            )
+
     def build_manifest(self, data_fingerprint: str) -> dict:
         a = self.args
         config = (
@@ -260,7 +285,8 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
         super().log(logs, start_time)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """TRL's loss, with the fused head scoring only the labelled positions on every device.
+        """TRL's loss, with the fused head scoring only the labelled positions on every device (and with
+        ``sid_softmax_loss``, each SID target normalised over the SID rows only).
 
         PEFT's own trainable tokens on a tied head wrap ``lm_head`` in a ``TrainableTokensWrapper``, which
         TRL 1.16's fused head cannot read (it has no ``bias``: ``AttributeError``): such a model (the
@@ -278,6 +304,8 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
             )
         if self._compact_loss:
             inputs = {**inputs, "compact_fused_lm_head": True}
+        if self._sid_softmax:
+            inputs = {**inputs, "sid_softmax": True}
         return super().compute_loss(
             model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
         )

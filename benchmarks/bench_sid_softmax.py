@@ -1,0 +1,163 @@
+"""Training step time and item targets/s with the full head vs the SID-only softmax, at equal batch.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_sid_softmax.py --layers 8 30 [--fp32 | --bf16] [--rounds 4]
+
+SmolLM2-135M cut to ``--layers`` decoder blocks (peft_grounded.recommend.shallow_base; 30 = the whole
+model), a centroid-initialised adapter for MovieLens-100K SIDs (all-MiniLM-L6-v2 + RQ-KMeans 3 x 64 + a
+disambiguation level, cached under ``--output``) with a LoRA (r 8, all linear), one batch of ``--batch-size``
+sequence-objective rows (20 items, every item after the first a target). A step is what the trainer runs:
+forward through TRL's fused head request with the compact path (labelled positions only), backward, AdamW;
+``full`` normalises over the 49,152+ rows of the head, ``sid`` over the SID rows only
+(``sid_softmax_loss``). The two alternate step by step in one process after a warm-up step each, so a
+machine shared with other jobs slows both alike; the table gives the median step, item targets/s and the
+median of the per-round ratios, and the bytes of the float32 logits of the batch.
+
+Float32 on AVX2 only: run with ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+MKL_ENABLE_INSTRUCTIONS=AVX2`` and ``--fp32``; ``--bf16``: bf16 autocast (fp32 master weights), as the
+trainer does where the CPU has native bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from peft_grounded import assets
+from peft_grounded._scripts import parse_script_args
+from peft_grounded.adapter import add_lora
+from peft_grounded.adapter.loading import sid_model
+from peft_grounded.precision import script_precision
+from peft_grounded.prompts import PromptFormat
+from peft_grounded.recommend import training_dataset
+from peft_grounded.recommend.shallow_base import shallow_base
+from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
+from peft_grounded.sids.index import JSON_NAME
+from peft_grounded.training.trainer import count_targets
+
+
+def ml100k_index(catalogue, output: Path) -> SIDIndex:
+    sid_dir = output / "sids"
+    if (sid_dir / JSON_NAME).is_file():
+        return SIDIndex.load(sid_dir)
+    return build_sids(
+        catalogue,
+        sid_dir,
+        levels=3,
+        codes=64,
+        text_template=["title", "brand", "categories", "release_year", "description"],
+    )
+
+
+def one_batch(rows, pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids``/``attention_mask``/``labels`` (labels on the mask's SID tokens), as TRL's
+    collator builds them."""
+    width = max(len(r["input_ids"]) for r in rows)
+    ids = torch.full((len(rows), width), pad_id)
+    mask = torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)
+    for i, r in enumerate(rows):
+        n = len(r["input_ids"])
+        ids[i, :n] = torch.tensor(r["input_ids"])
+        mask[i, :n] = 1
+        labels[i, :n] = torch.where(torch.tensor(r["completion_mask"]) == 1, ids[i, :n], -100)
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def measure(base: str, catalogue, index, args, bf16: bool) -> dict:
+    from trl.trainer.utils import add_fused_lm_head
+
+    tokenizer, model = sid_model(base, index, init="centroid", dtype=torch.float32)
+    add_lora(model, r=8, lora_alpha=16, target_modules="all-linear")
+    add_fused_lm_head(model.get_base_model(), outputs=("log_probs", "entropy", "is_top1"))
+    model.train()
+    fmt = PromptFormat(objective="sequence", max_history=19)
+    data = training_dataset(catalogue.leave_one_out(), index, catalogue, tokenizer, fmt)
+    rows = [data[i] for i in random.Random(0).sample(range(len(data)), args.batch_size)]
+    batch = one_batch(rows, tokenizer.pad_token_id or 0)
+    tokens, items = (int(v) for v in count_targets(batch["labels"]))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
+
+    def step(sid: bool) -> float:
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        with autocast:
+            out = model(**batch, fused_lm_head=True, compact_fused_lm_head=True, sid_softmax=sid)
+        out.loss.backward()
+        optimizer.step()
+        return time.perf_counter() - start
+
+    times: dict[bool, list[float]] = {False: [], True: []}
+    step(False), step(True)  # warm-up
+    for _ in range(args.rounds):
+        for sid in (False, True):
+            times[sid].append(step(sid))
+    vocab = model.get_input_embeddings().base_layer.weight.shape[0]
+    n_sid = model.base_model.sid_token_ids().numel()
+    full_s, sid_s = (statistics.median(times[k]) for k in (False, True))
+    ratios = [f / s for f, s in zip(times[False], times[True], strict=True)]
+    return {
+        "layers": model.config.num_hidden_layers,
+        "tokens": tokens,
+        "items": items,
+        "full_s": full_s,
+        "sid_s": sid_s,
+        "ratio": statistics.median(ratios),
+        "ratio_range": (min(ratios), max(ratios)),
+        "full_logits": tokens * vocab * 4,
+        "sid_logits": tokens * n_sid * 4,
+        "vocab": vocab,
+        "n_sid": n_sid,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--layers", type=int, nargs="+", default=[8, 30])
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=4, help="timed steps per head, alternating")
+    parser.add_argument("--fp32", action="store_true", help="float32 (no autocast)")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast even where bf16 is emulated")
+    parser.add_argument("--output", type=Path, default=Path("runs/bench_sid_softmax"))
+    args = parse_script_args(parser)
+    bf16 = script_precision(args.fp32, args.bf16).bf16
+    catalogue = load_catalogue("movielens-100k")
+    index = ml100k_index(catalogue, args.output)
+    load = os.getloadavg()[0]
+    results = []
+    for layers in args.layers:
+        base = str(assets.smollm2())
+        if layers < 30:
+            base = str(shallow_base(base, layers, args.output / f"base-{layers}"))
+        results.append(measure(base, catalogue, index, args, bf16))
+    isa = os.environ.get("ATEN_CPU_CAPABILITY", "default")
+    print(
+        f"\nbatch {args.batch_size} sequence rows, {'bf16 autocast' if bf16 else 'float32'}, ATEN_CPU_CAPABILITY={isa}, "
+        f"{torch.get_num_threads()} thread(s), load average {load:.2f} at start, {args.rounds} timed steps per head\n"
+    )
+    print(
+        "| blocks | item targets / batch | full: s / step | SID-only: s / step | full items/s | SID-only items/s "
+        "| speed-up (median; range) | fp32 logits full -> SID-only |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---|---|")
+    for r in results:
+        lo, hi = r["ratio_range"]
+        print(
+            f"| {r['layers']} | {r['items']} | {r['full_s']:.3f} | {r['sid_s']:.3f} | {r['items'] / r['full_s']:.1f} "
+            f"| {r['items'] / r['sid_s']:.1f} | {r['ratio']:.2f}x ({lo:.2f}-{hi:.2f}) "
+            f"| {r['full_logits'] / 2**20:.1f} MiB -> {r['sid_logits'] / 2**20:.2f} MiB "
+            f"({r['tokens']} x {r['vocab']} -> {r['tokens']} x {r['n_sid']}) |"
+        )
+
+
+if __name__ == "__main__":
+    main()
