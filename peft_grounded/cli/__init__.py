@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "peft_grounded.cli.ground",
     "peft_grounded.cli.sft",
     "peft_grounded.cli.evaluate",
+    "peft_grounded.cli.recommend",
     "peft_grounded.cli.diagnose",
     "peft_grounded.cli.hub",
     "peft_grounded.cli.demo",
@@ -34,6 +35,7 @@ SETTINGS_COMMANDS = {
     "ground": "peft_grounded.cli.ground",
     "sft": "peft_grounded.cli.sft",
     "evaluate": "peft_grounded.cli.evaluate",
+    "recommend": "peft_grounded.cli.recommend",
 }
 
 
@@ -65,10 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     command: Callable[[], int | None]
     if argv and argv[0] in SETTINGS_COMMANDS:
         if {"-h", "--help"} & set(argv[1:]):
-            from .help import help_text
+            from .help import SOURCES, help_text
 
-            print(help_text(argv[0]), end="")
-            return 0
+            if argv[0] in SOURCES:  # a command without a help snapshot: its parser prints it below
+                print(help_text(argv[0]), end="")
+                return 0
         name = argv[0]
         module = importlib.import_module(SETTINGS_COMMANDS[name])
         command = partial(module.main, argv[1:])

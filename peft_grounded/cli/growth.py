@@ -90,6 +90,13 @@ def add_cli(subparsers: Any) -> None:
         "--bf16", action="store_true", help="ground under bf16 autocast (CPU with AVX-512 bf16, or GPU)"
     )
     p.add_argument(
+        "--interactions",
+        default=None,
+        help="JSONL of histories logged since the adapter was trained ({\"user\": ID, \"history\": [...]}, newest "
+        "item last): fit the new-item rule on it and store it with the grown adapter, so that `recommend` serves "
+        "the new items",
+    )
+    p.add_argument(
         "--overwrite",
         action="store_true",
         help="replace an adapter already in --output (its config, weights and PEFT's card; other files are kept)",
@@ -120,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         seed=args.seed,
         bf16=args.bf16,
+        interactions=args.interactions,
     )
     print(json.dumps(summary))
     print(f"saved to {args.output_dir}")
