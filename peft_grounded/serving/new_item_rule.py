@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,8 +122,24 @@ class NewItemRule:
             )
 
     def apply(self, recommendations: Any, histories: Sequence[Sequence[str]], k: int) -> Any:
-        """The lists served: :meth:`SemanticMixture.mix` in this rule's mode (history items left out)."""
-        return self.mixture.mix(recommendations, [list(h) for h in histories], k, mode=self.mode)
+        """The lists served: :meth:`SemanticMixture.mix` in this rule's mode (history items left out), each
+        filled up to ``k`` with the model's next items where the new items ran out (``share`` gives a user
+        ``round(k * pi_u)`` places however few new items are left), scored as the mixture scores a model
+        item, ``log(1 - pi_u) + log p_model``."""
+        histories = [list(h) for h in histories]
+        mixed = self.mixture.mix(recommendations, histories, k, mode=self.mode)
+        priors = mixed.extra["new_item_prior"]
+        for u, (items, scores) in enumerate(zip(mixed.items, mixed.scores, strict=True)):
+            taken = set(items) | set(histories[u])
+            share = math.log(max(1.0 - priors[u], 1e-12))
+            for item, score in zip(recommendations.items[u], recommendations.scores[u], strict=True):
+                if len(items) >= k:
+                    break
+                if item not in taken and math.isfinite(score):
+                    items.append(item)
+                    scores.append(share + score)
+                    taken.add(item)
+        return mixed
 
     def save(self, folder: str | Path) -> list[Path]:
         """Write the two files into ``folder`` (each atomically; the JSON, written last, names the vectors'

@@ -276,7 +276,7 @@ class GroundedRecommender:
             show_progress=show_progress,
         )
         if self.new_item_rule is not None:
-            recs = _backfilled(self.new_item_rule.apply(recs, histories, k), recs, histories, k)
+            recs = self.new_item_rule.apply(recs, histories, k)
         out = []
         for history, items, scores in zip(histories, recs.items, recs.scores, strict=True):
             seen = set(history) if excluding else set()
@@ -335,27 +335,6 @@ class GroundedRecommender:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return target
-
-
-def _backfilled(mixed: Any, model: Any, histories: list[list[str]], k: int) -> Any:
-    """The rule's lists, filled up to ``k`` with the model's next items when it ran out of new items to
-    give (each scored as the mixture scores a model item: ``log(1 - pi_u) + log p_model``)."""
-    import math
-
-    priors = mixed.extra.get("new_item_prior", [0.0] * len(histories))
-    for u, (items, scores) in enumerate(zip(mixed.items, mixed.scores, strict=True)):
-        if len(items) >= k:
-            continue
-        taken = set(items) | set(histories[u])
-        share = math.log(max(1.0 - priors[u], 1e-12))
-        for item, score in zip(model.items[u], model.scores[u], strict=True):
-            if len(items) == k:
-                break
-            if item not in taken and math.isfinite(score):
-                items.append(item)
-                scores.append(share + score)
-                taken.add(item)
-    return mixed
 
 
 # ---------------------------------------------------------------------- loading helpers
