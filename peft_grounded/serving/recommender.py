@@ -74,7 +74,7 @@ class GroundedRecommender:
         self.tokenizer = tokenizer
         self.index = index
         self.fmt = fmt or PromptFormat()
-        self.catalogue = catalogue
+        self.catalogue = _catalogue(catalogue)
         self.num_beams = num_beams
         self.batch_size = batch_size
         self.sids = item_token_ids(tokenizer, index)
