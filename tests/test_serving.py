@@ -316,7 +316,7 @@ def test_hub_id_without_network_is_a_clear_error(tmp_path, monkeypatch, capsys):
         ["recommend", "--adapter", "someone/grounded-adapter", "--history", "1", "--output_dir", str(out)]
     )
     assert code == 2 and "HF_HUB_OFFLINE" in capsys.readouterr().err
-    assert not (out / "recommendations.jsonl").exists()
+    assert not out.exists()
     assert not (tmp_path / "home").exists() or not any((tmp_path / "home").rglob("*.safetensors"))
 
 
@@ -387,3 +387,18 @@ def test_pushed_adapter_recommends_in_a_fresh_process(world, hub_endpoint, hub_e
     )
     assert cli.returncode == 0, cli.stderr[-3000:]
     assert [line.split()[1] for line in cli.stdout.splitlines()[1:]] == local[0].items
+
+
+@pytest.mark.cuda
+def test_a_cuda_recommender_gives_the_cpu_lists(world):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    folder = world["root"] / "adapter"
+    histories = list(HISTORIES.values())
+    on_cpu = GroundedRecommender.from_pretrained(folder, num_beams=8, device="cpu", dtype="float32")
+    on_gpu = GroundedRecommender.from_pretrained(folder, num_beams=8, device="cuda", dtype="float32")
+    assert [r.items for r in on_gpu.recommend(histories, k=5)] == [
+        r.items for r in on_cpu.recommend(histories, k=5)
+    ]

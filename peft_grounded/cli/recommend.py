@@ -122,6 +122,16 @@ def main(argv: Sequence[str]) -> int:
 
 
 def run(args: RecommendArguments) -> int:
+    """Recommend as the arguments say; ``--output_dir`` is locked while the command runs."""
+    from contextlib import nullcontext
+
+    from .._locks import output_lock
+
+    with output_lock(args.output_dir, NAME) if args.output_dir else nullcontext():
+        return _run(args)
+
+
+def _run(args: RecommendArguments) -> int:
     from ..serving import GroundedRecommender, read_histories
     from ..serving.histories import parse_history
 
@@ -130,7 +140,7 @@ def run(args: RecommendArguments) -> int:
     )
     out = Path(args.output_dir) if args.output_dir else None
     done: dict[str, str] = {}
-    if out is not None:
+    if out is not None:  # checked before anything loads; nothing is written until decoding starts
         done = _resume(out, args)
     recommender = GroundedRecommender.from_pretrained(
         args.adapter,
@@ -168,7 +178,7 @@ def run(args: RecommendArguments) -> int:
 def _resume(out: Path, args: RecommendArguments) -> dict[str, str]:
     """The lines already written for each user (final file and partial file), after checking that they were
     written with these settings."""
-    from .._io import atomic_write_text, read_json
+    from .._io import read_json
 
     if out.exists() and not out.is_dir():
         raise ValueError(f"--output_dir {out} is a file; choose a folder")
@@ -180,8 +190,6 @@ def _resume(out: Path, args: RecommendArguments) -> dict[str, str]:
                 f"{out} holds recommendations made with other settings ({recorded}); choose another --output_dir, "
                 f"or delete {OUTPUT}* and {SETTINGS} there to start over"
             )
-    else:
-        atomic_write_text(settings, json.dumps(args.settings(), indent=1) + "\n")
     done: dict[str, str] = {}
     for path in (out / OUTPUT, out / (OUTPUT + ".partial")):
         if not path.is_file():
@@ -210,6 +218,7 @@ def _run_file(
     from .._io import atomic_write_text
 
     partial = out / (OUTPUT + ".partial")
+    atomic_write_text(out / SETTINGS, json.dumps(args.settings(), indent=1) + "\n")
     todo = [u for u, user in enumerate(users) if user not in done]
     skipped = 0
     with tqdm(total=len(users), initial=len(users) - len(todo), desc="recommend", unit="user") as bar:
