@@ -86,7 +86,7 @@ class RecommendArguments:
         default=None, metadata={"help": "torch device; None: cuda when available, else cpu."}
     )
     dtype: Literal["auto", "float32", "bfloat16"] = field(
-        default="auto", metadata={"help": "Weights' dtype; auto: bf16 where this device runs it natively."}
+        default="auto", metadata={"help": "Weights' dtype; auto: bf16 on a GPU that has it, float32 on a CPU."}
     )
     revision: str | None = field(default=None, metadata={"help": "Hub revision of the adapter repo."})
 

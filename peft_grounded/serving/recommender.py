@@ -110,8 +110,9 @@ class GroundedRecommender:
             model_name_or_path: base model; default the one the adapter records (a local folder, or the
                 packaged SmolLM2-135M when it was made on SmolLM2).
             catalogue: a catalogue (path, ``"movielens-100k"`` or a loaded one) for the items' titles.
-            device: ``"cpu"``, ``"cuda"``, ...; default CUDA when available. dtype: ``"auto"`` (bf16 where this
-                device runs it natively, see :mod:`peft_grounded.precision`), ``"float32"`` or ``"bfloat16"``.
+            device: ``"cpu"``, ``"cuda"``, ...; default CUDA when available. dtype: ``"auto"`` (bf16 on a GPU
+                that supports it, see :mod:`peft_grounded.precision`; float32 on a CPU, where bf16 served no
+                faster and changed the lists), ``"float32"`` or ``"bfloat16"``.
             merge: fold the adapter into the base weights (the same outputs up to rounding, a faster forward).
             num_beams, batch_size: the beam width (at least ``k``) and users per decoding batch.
         """
@@ -374,10 +375,13 @@ def _network_error(err: BaseException, repo: Any) -> Exception:
 def _dtype(dtype: str, device: str) -> Any:
     import torch
 
-    if dtype == "auto":
+    if dtype == "auto":  # bf16 on a GPU that has it; float32 on a CPU, where serving in bf16 was slower even
+        # with native bf16 and changed the lists (BENCHMARKS.md, "Serving: recommend against generate")
         from ..precision import choose_precision
 
-        return torch.bfloat16 if choose_precision(device).bf16 else torch.float32
+        return (
+            torch.bfloat16 if device.startswith("cuda") and choose_precision(device).bf16 else torch.float32
+        )
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"dtype={dtype!r}: choose auto, float32, bfloat16 or float16")
     return getattr(torch, dtype)
