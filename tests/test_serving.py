@@ -271,6 +271,17 @@ def test_cli_one_history_and_a_resumable_file(world, tmp_path, capsys):
     assert "other settings" in capsys.readouterr().err
 
 
+def test_cli_fits_the_new_item_rule_for_one_call(world, tmp_path, capsys):
+    logged = write_histories(tmp_path / "logged.jsonl", LOGGED)
+    argv = ["recommend", "--adapter", str(world["root"] / "grown"), "--history", "0,new0", "--k", "5"]
+    assert main([*argv, "--interactions", str(logged), "--output_dir", str(tmp_path / "o")]) == 0
+    assert "new-item rule fitted on {'pairs': 5, 'pairs_with_new_item': 3}" in capsys.readouterr().err
+    (record,) = [
+        json.loads(line) for line in (tmp_path / "o" / "recommendations.jsonl").read_text().splitlines()
+    ]
+    assert record["user"] == "history" and len(record["items"]) == 5 and record["new_items"] >= 1
+
+
 def test_cli_bad_input_is_one_line(world, tmp_path, capsys):
     adapter = str(world["root"] / "adapter")
     for argv, message in (

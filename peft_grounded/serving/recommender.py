@@ -118,7 +118,7 @@ class GroundedRecommender:
         """
         import torch
 
-        from ..hub.repo import ADAPTER_CONFIG, SAFE_PATTERNS, GroundedHubError
+        from ..hub.repo import ADAPTER_CONFIG, SAFE_PATTERNS, GroundedHubError, check_adapter_files
 
         source = _open_source(path_or_hub_id, revision, token)
         if ADAPTER_CONFIG not in source.files and "config.json" not in source.files:
@@ -126,6 +126,8 @@ class GroundedRecommender:
                 f"The {source.where} holds neither a grounded adapter ({ADAPTER_CONFIG}) nor a merged model "
                 "(config.json): give the adapter's folder (e.g. OUTPUT_DIR/adapter of `sft`) or its Hub repo id"
             )
+        if ADAPTER_CONFIG in source.files:  # a repo with pickled weights only: refused before any download
+            check_adapter_files(list(source.files), source.where)
         folder = source.folder or _fetch(source, SAFE_PATTERNS)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         torch_dtype = _dtype(dtype, device)
