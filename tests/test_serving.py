@@ -413,3 +413,21 @@ def test_a_cuda_recommender_gives_the_cpu_lists(world):
     assert [r.items for r in on_gpu.recommend(histories, k=5)] == [
         r.items for r in on_cpu.recommend(histories, k=5)
     ]
+
+
+def test_the_benchmark_compares_like_with_like(world):
+    """bench_recommend's `generate` engine (transformers' beam search with prefix_allowed_tokens_fn over the
+    same trie) returns the recommender's lists on the same model, so its speed ratio is at equal lists."""
+    from benchmarks import bench_recommend
+    from peft_grounded.prompts import inference_prompts
+
+    recommender = GroundedRecommender.from_pretrained(world["root"] / "adapter", num_beams=8, dtype="float32")
+    histories = list(HISTORIES.values())
+    ours = [r.items for r in recommender.recommend(histories, k=5, exclude_history=False)]
+    examples = [(str(u), h, None) for u, h in enumerate(histories)]
+    _, prompts, _ = inference_prompts(
+        examples, recommender.index, recommender.tokenizer, None, recommender.fmt
+    )
+    theirs = bench_recommend.generate_top(recommender, prompts, beams=8, k=5)
+    assert bench_recommend.compare(ours, theirs, 5) == (1.0, 1.0)
+    assert bench_recommend.compare([["a", "b"]], [["b", "c"]], 2) == (0.0, 0.5)
