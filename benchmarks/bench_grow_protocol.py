@@ -466,10 +466,11 @@ def main(argv=None) -> None:
     )
     budget = Budget.from_training(
         training,
-        grounding=dict(
-            max_steps=args.grounding_steps, max_minutes=args.grounding_minutes if grounds else None
-        ),
-        sft=dict(max_steps=args.sft_steps, max_minutes=args.minutes or None),
+        # a step cap of 0 means "the time alone": no step limit (None) under the stage's minutes
+        grounding=dict(max_steps=args.grounding_steps or None, max_minutes=args.grounding_minutes)
+        if grounds
+        else False,
+        sft=dict(max_steps=args.sft_steps or None, max_minutes=args.minutes or None),
         lora=dict(r=args.lora_r, lora_alpha=args.lora_alpha, target_modules="all-linear"),
         evaluation=EvalSettings(
             users=args.run_eval_users, num_beams=args.k, ks=(args.k,), seed=args.seed, bf16=bf16

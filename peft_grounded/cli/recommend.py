@@ -86,7 +86,8 @@ class RecommendArguments:
         default=None, metadata={"help": "torch device; None: cuda when available, else cpu."}
     )
     dtype: Literal["auto", "float32", "bfloat16"] = field(
-        default="auto", metadata={"help": "Weights' dtype; auto: bf16 on a GPU that has it, float32 on a CPU."}
+        default="auto",
+        metadata={"help": "Weights' dtype; auto: bf16 on a GPU that has it, float32 on a CPU."},
     )
     revision: str | None = field(default=None, metadata={"help": "Hub revision of the adapter repo."})
 
@@ -100,7 +101,16 @@ class RecommendArguments:
 
     def settings(self) -> dict[str, Any]:
         """What a resumed run must share with the one it continues."""
-        keys = ("adapter", "sid_index", "k", "model_name_or_path", "interactions", "include_history")
+        keys = (
+            "adapter",
+            "sid_index",
+            "k",
+            "model_name_or_path",
+            "interactions",
+            "include_history",
+            "skip_unknown",
+        )
+        keys += ("num_beams", "dtype")
         return {key: getattr(self, key) for key in keys} | {"revision": self.revision}
 
 
