@@ -92,7 +92,7 @@ def add_cli(subparsers: Any) -> None:
     p.add_argument(
         "--interactions",
         default=None,
-        help="JSONL of histories logged since the adapter was trained ({\"user\": ID, \"history\": [...]}, newest "
+        help='JSONL of histories logged since the adapter was trained ({"user": ID, "history": [...]}, newest '
         "item last): fit the new-item rule on it and store it with the grown adapter, so that `recommend` serves "
         "the new items",
     )
