@@ -24,6 +24,11 @@ how long) is printed first.
    the same budget (the upper reference); popularity over the training targets (which cannot rank a new
    item). Paired bootstrap intervals (the same resampled users for both rows) of the differences grown -
    retrained and grown+incremental - grown. Also the share of the top-K slots that go to new items.
+5. The served rule (the semantic mixture in ``share`` mode, what ``peft-grounded recommend`` serves) against
+   two controls, paired, on both user groups: the *text-only mixture* (the same mixture with a softmax of
+   text KNN over all items in place of the LLM's beams, :func:`text_knn_beams`) and the new items ranked by
+   ``p_text`` alone (no model, :func:`p_text_lists`). Where the served rule does not beat them, the LLM's
+   beams add nothing for new-item users.
 
 Writes ``<out>/protocol.json`` (with per-user ranks of the target) and ``<out>/protocol.md``; training
 runs resume (``<out>/old``, ``<out>/full``).
@@ -59,6 +64,7 @@ from peft_grounded.peers import TextKNN
 from peft_grounded.pipeline import Budget, Experiment, run_strategy, strategy
 from peft_grounded.precision import script_precision
 from peft_grounded.prompts import PromptFormat, inference_prompts
+from peft_grounded.serving import NewItemRule
 from peft_grounded.sids import build_sids, load_catalogue
 from peft_grounded.sids.encoders import encode_texts, load_encoder
 from peft_grounded.sids.text import TextTemplate
@@ -139,6 +145,56 @@ def cached_decode(
     recs = decode_fn()
     path.write_text(json.dumps({"key": key, "items": recs.items, "scores": recs.scores}))
     return recs
+
+
+SERVED = "grown + semantic mixture (share)"  # the rule `recommend` serves (peft_grounded.serving.NewItemRule)
+TEXT_ONLY = "text-only mixture (control)"
+P_TEXT = "new items by p_text alone (control)"
+
+
+def text_knn_beams(mixture: SemanticMixture, histories, beams: int) -> Recommendations:
+    """The LLM's beams replaced by text KNN over ALL items: each user's ``beams`` items nearest their recency
+    profile (the mixture's own: ``decay``, ``window``; history items left out), scored by a log-softmax of
+    ``cos / temperature`` over all items, so the mixture gets a text "model" in place of the LLM."""
+    vectors = mixture.vectors
+    profiles = np.zeros((len(histories), vectors.shape[1]), dtype=np.float32)
+    row = {item: r for r, item in enumerate(mixture.item_ids)}
+    for u, history in enumerate(histories):
+        rows = [row[i] for i in history if i in row][-mixture.window :]
+        if rows:
+            w = mixture.decay ** np.arange(len(rows) - 1, -1, -1, dtype=np.float32)
+            profile = w @ vectors[rows]
+            profiles[u] = profile / max(float(np.linalg.norm(profile)), 1e-12)
+    logits = (profiles @ vectors.T) / mixture.temperature
+    for u, history in enumerate(histories):
+        seen = [row[i] for i in history if i in row]
+        logits[u, seen] = -np.inf
+    logits = logits - logits.max(axis=1, keepdims=True)
+    log_p = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    top = np.argsort(-log_p, axis=1, kind="stable")[:, :beams]
+    items = [[mixture.item_ids[j] for j in user] for user in top]
+    scores = [[float(log_p[u, j]) for j in user] for u, user in enumerate(top)]
+    return Recommendations(items=items, scores=scores, k=beams, num_beams=beams)
+
+
+def p_text_lists(mixture: SemanticMixture, histories, k: int) -> list[list[str]]:
+    """The new items ranked by ``p_text`` alone (no model): each user's top ``k`` new items."""
+    text = mixture.text_probabilities(histories)
+    order = np.argsort(-text, axis=1, kind="stable")[:, :k]
+    return [[mixture.new_items[j] for j in user if text[u, j] > 0] for u, user in enumerate(order)]
+
+
+def served(mixture: SemanticMixture, recs: Recommendations, histories, k: int, mode: str = "share") -> list:
+    """The lists ``peft-grounded recommend`` serves with this mixture (:class:`NewItemRule`, ``mode``)."""
+    return NewItemRule(mixture, "protocol", mode).apply(recs, histories, k).items
+
+
+def control_lists(mixture: SemanticMixture, histories, k: int, beams: int, mode: str) -> dict[str, list]:
+    """The two controls of the served rule: the same rule over text KNN beams, and p_text alone."""
+    return {
+        TEXT_ONLY: served(mixture, text_knn_beams(mixture, histories, beams), histories, k, mode),
+        P_TEXT: p_text_lists(mixture, histories, k),
+    }
 
 
 def full_histories(split, examples: list[tuple]) -> list[tuple[str, ...]]:
@@ -455,9 +511,7 @@ def main(argv=None) -> None:
             variants["grown + semantic mixture"] = lambda recs, part: (
                 mixture.mix(recs, histories[part], args.k).items
             )
-            variants["grown + semantic mixture (share)"] = lambda recs, part: (
-                mixture.mix(recs, histories[part], args.k, mode="share").items
-            )
+            variants[SERVED] = lambda recs, part: served(mixture, recs, histories[part], args.k)
         for label, rule in variants.items():
             for part, table, wanted in (("new", results, targets), ("old", old_results, old_targets)):
                 table[label] = score(rule(lists[part], part), wanted, new, args.k)
@@ -499,6 +553,9 @@ def main(argv=None) -> None:
             model_path, full_index, adapter=str(out / "full" / "sft" / "adapter"), dtype=dtype
         )
         score_both("retrained (full catalogue)", full, full_index, out / "full" / "sft" / "adapter")
+    for part, table, wanted in (("new", results, targets), ("old", old_results, old_targets)):
+        for name, lists in control_lists(mixture, histories[part], args.k, args.num_beams, "share").items():
+            table[name] = score(lists, wanted, new, args.k)
     for profile in ("last", "recency"):  # the peers a shop has without any model: no training at all
         knn = TextKNN(item_ids, vectors, profile=profile)
         results[knn.name] = score(knn.recommend(histories["new"], args.k), targets, new, args.k)
@@ -521,6 +578,10 @@ def main(argv=None) -> None:
         for mix in ("grown + semantic mixture", "grown + semantic mixture (share)")
         for knn in ("text KNN (last item)", "text KNN (recency)")
     }
+    pairs |= {
+        f"served: {SERVED.removeprefix('grown + ')} - {control}": (SERVED, control)
+        for control in (TEXT_ONLY, P_TEXT)
+    }
     for label, (a, b) in pairs.items():
         for m in metrics:
             arrays[(label, m)] = arrays[(a, m)] - arrays[(b, m)]
@@ -529,6 +590,7 @@ def main(argv=None) -> None:
         for name in old_results
         if name.startswith("grown + ") and ("slots" in name or "mixture" in name)
     }
+    old_pairs |= {f"served - {c}": (SERVED, c) for c in (TEXT_ONLY, P_TEXT)}
     old_differences = {}
     for label, (a, b) in old_pairs.items():
         m = f"recall@{args.k}"

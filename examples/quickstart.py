@@ -8,6 +8,8 @@
    grounding config is a TRL SFTConfig whose unset fields the machine chooses: bf16 where the CPU (or GPU)
    runs it natively, the CPU unless CUDA is available.
 4. Stack a LoRA for the recommendation SFT, and merge the grounded rows into the base model.
+5. Recommend for one user with the saved adapter (GroundedRecommender; this adapter is grounded, not yet
+   trained to recommend, so the list shows the path, not a good recommender).
 """
 
 from __future__ import annotations
@@ -95,6 +97,12 @@ def main() -> None:
     print(
         f"merged into the base model: {type(merged).__name__} with {merged.get_input_embeddings().weight.shape[0]} rows"
     )
+
+    recommender = peft_grounded.GroundedRecommender.from_pretrained(
+        adapter_dir, sid_index=index, catalogue=catalogue
+    )
+    (user,) = recommender.recommend([["1", "50", "181"]], k=10)  # Toy Story, Star Wars, Return of the Jedi
+    print(user.table())
 
 
 if __name__ == "__main__":

@@ -32,12 +32,16 @@ _ADAPTER_NAMES = (
     "initialize_grounded_rows",
 )
 
-__all__ = ["__version__", *_ADAPTER_NAMES]
+_SERVING_NAMES = ("GroundedRecommender",)
+
+__all__ = ["__version__", *_ADAPTER_NAMES, *_SERVING_NAMES]
 
 
 def __getattr__(name: str) -> Any:
     if name in _ADAPTER_NAMES:
         return getattr(importlib.import_module(".adapter", __name__), name)
+    if name in _SERVING_NAMES:
+        return getattr(importlib.import_module(".serving", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -117,7 +117,17 @@ def test_bad_settings_fail_at_parse_time():
         sft.parse(["--sid-index", "s", "--load_in_4bit"])
 
 
-LIGHT = ("build-sids", "add-items", "grow-adapter", "evaluate", "diagnose", "push", "pull", "demo")
+LIGHT = (
+    "build-sids",
+    "add-items",
+    "grow-adapter",
+    "evaluate",
+    "recommend",
+    "diagnose",
+    "push",
+    "pull",
+    "demo",
+)
 
 
 def test_help_of_light_commands_imports_neither_torch_nor_transformers():
@@ -138,7 +148,7 @@ def test_help_of_light_commands_imports_neither_torch_nor_transformers():
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
-    assert "COMMANDS 10" in out.stdout
+    assert "COMMANDS 11" in out.stdout
     for flag in (
         "--sid_index",
         "--sids",
@@ -194,6 +204,7 @@ def test_every_command_reads_a_yaml_config(tmp_path, name):
         "ground": {"sid_index": "s"},
         "sft": {"sid_index": "s"},
         "evaluate": {"adapter": "a", "sid_index": "s", "output_dir": "o"},
+        "recommend": {"adapter": "a", "history": "1,2"},
         "diagnose": {"sid_index": "s", "output_dir": "o", "adapters": ["a", "b"]},
         "push": {"adapter_dir": "a", "repo_id": "u/r"},
         "pull": {"repo_id": "u/r", "output_dir": "o"},

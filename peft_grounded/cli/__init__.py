@@ -24,6 +24,7 @@ COMMANDS = {
     "ground": "peft_grounded.cli.ground:COMMAND",
     "sft": "peft_grounded.cli.sft:COMMAND",
     "evaluate": "peft_grounded.cli.evaluate:COMMAND",
+    "recommend": "peft_grounded.cli.recommend:COMMAND",
     "diagnose": "peft_grounded.cli.diagnose:COMMAND",
     "push": "peft_grounded.cli.hub:PUSH",
     "pull": "peft_grounded.cli.hub:PULL",

@@ -54,6 +54,14 @@ class GrowAdapterArguments:
             "parent's tokens)."
         },
     )
+    interactions: str | None = field(
+        default=None,
+        metadata={
+            "help": 'JSONL of histories logged since the adapter was trained ({"user": ID, "history": [...]}, '
+            "newest item last): fit the new-item rule on it and store it with the grown adapter, so that "
+            "`recommend` serves the new items."
+        },
+    )
     overwrite: bool = field(
         default=False,
         metadata={
@@ -134,6 +142,7 @@ def run_grow_adapter(args: GrowAdapterArguments, grounding: IncrementalGrounding
         batch_size=grounding.per_device_train_batch_size,
         seed=grounding.seed,
         bf16=grounding.bf16,
+        interactions=args.interactions,
     )
     print(json.dumps(summary))
     print(f"saved to {args.output_dir}")

@@ -12,7 +12,13 @@ from .._locks import locks_output
 from .._owned import PEFT_CARD_MARKER, is_generated_card, replace_keeping_others
 
 ADAPTER_CONFIG = "adapter_config.json"  # what PEFT's save_pretrained writes first
-ADAPTER_FILES = (ADAPTER_CONFIG, "adapter_model.safetensors", "adapter_model.bin")  # an adapter's own files
+ADAPTER_FILES = (  # an adapter's own files (its new-item rule included: fitted for this adapter's index)
+    ADAPTER_CONFIG,
+    "adapter_model.safetensors",
+    "adapter_model.bin",
+    "new_item_rule.json",
+    "new_item_rule.safetensors",
+)
 
 
 def check_output(output: Path, adapter: Path, overwrite: bool) -> None:
@@ -89,12 +95,15 @@ def grow_adapter_into(
     batch_size: int = 8,
     seed: int = 0,
     bf16: bool = False,
+    interactions: str | Path | None = None,
 ) -> dict[str, Any]:
     """Grow the adapter saved in ``adapter`` (trained on ``parent_index``) onto ``sid_index``, ground the new
     items on the catalogue ``ground`` when given, and save it to ``output``; returns a summary.
 
     ``output`` is locked and checked before anything is loaded; with ``overwrite`` an adapter there is
-    replaced, its other files kept."""
+    replaced, its other files kept. ``interactions``: a JSONL file of histories logged since the adapter was
+    trained (``{"user": ..., "history": [...]}``, newest item last): the new-item rule
+    (:class:`~peft_grounded.serving.NewItemRule`) is fitted on it and saved with the grown adapter."""
     import torch
 
     from ..adapter.loading import base_model_path, sid_model
@@ -109,6 +118,11 @@ def grow_adapter_into(
     )
     parent, child = SIDIndex.load(parent_index), SIDIndex.load(sid_index)
     check_lineage(parent, child)  # the refusal grow_adapter gives, before the model is loaded
+    rule = None
+    if interactions is not None:  # fitted before the model loads: a bad file fails fast
+        from ..serving import NewItemRule, read_histories
+
+        rule = NewItemRule.fit(child, read_histories(interactions)[1], new_items=new_item_ids(parent, child))
     catalogue = None
     if ground is not None:
         catalogue = load_catalogue(ground)
@@ -171,6 +185,9 @@ def grow_adapter_into(
         }
     check_output(output, adapter, overwrite)  # again: the folder may have changed while this ran
     kept = save_adapter_keeping_others(grown, output)
+    if rule is not None:
+        rule.save(output)
+        summary["new_item_rule"] = {"mode": rule.mode, **rule.fitted_on}
     if kept:
         summary["kept"] = kept
     return summary

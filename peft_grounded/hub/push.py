@@ -43,11 +43,13 @@ DEFAULT_COMMIT_MESSAGE = "Upload grounded adapter (peft_grounded)"
 # a stale pickled adapter_model.bin) always, the SID index folder only when an index is pushed.
 ADAPTER_WEIGHT_FILES = f"{Path(ADAPTER_WEIGHTS).stem}.*"
 INDEX_FILES = f"{SID_INDEX_DIR}/*"
+RULE_FILES = ("new_item_rule.json", "new_item_rule.safetensors")  # peft_grounded.serving's new-item rule
 
 
 def replaced_patterns(with_index: bool) -> list[str]:
     """The Hub files a push deletes before it uploads: never any it is not given a replacement for."""
-    return [ADAPTER_WEIGHT_FILES, INDEX_FILES] if with_index else [ADAPTER_WEIGHT_FILES]
+    own = [ADAPTER_WEIGHT_FILES, "new_item_rule.*"]  # a rule belongs to the adapter it was fitted for
+    return [*own, INDEX_FILES] if with_index else own
 
 
 def push_grounded(
@@ -132,6 +134,9 @@ def stage_adapter(
         check_adapter_files(files, f"folder {str(folder)!r}")
         for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
             shutil.copyfile(folder / name, stage / name)
+        for name in RULE_FILES:  # the new-item rule stored with the adapter, when there is one
+            if (folder / name).is_file():
+                shutil.copyfile(folder / name, stage / name)
     else:
         _save_model(model, stage, adapter_name)
     config = read_adapter_config(stage, "adapter")

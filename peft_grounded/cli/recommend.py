@@ -1,0 +1,266 @@
+"""``peft-grounded recommend``: the top-K items for users' histories with a trained adapter
+(:class:`peft_grounded.serving.GroundedRecommender`).
+
+One history (``--history 1,2,3``) prints a readable list; a JSONL file of users (``--histories users.jsonl``,
+``{"user": ..., "history": [...]}`` per line) writes ``OUTPUT_DIR/recommendations.jsonl``, one line per user,
+with a progress bar. That run resumes: finished users are kept in ``recommendations.jsonl.partial`` (a torn
+last line is dropped) and skipped by the next run with the same settings; the final file appears complete or
+not at all. The flags are the fields of :class:`RecommendArguments`, parsed by TRL's parser; ``--config
+recommend.yaml`` gives any of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from .common import Command
+
+NAME = "recommend"
+HELP = "recommend the top-K items for a history (or a JSONL file of users) with a trained adapter"
+DESCRIPTION = (
+    "Loads the adapter (a folder or a Hub repo id), its base model, its SID index and prompt format, and the "
+    "new-item rule stored with it, then decodes each user's top-K items by SID-constrained beam search. "
+    "--history ID,ID,... prints a list; --histories users.jsonl writes OUTPUT_DIR/recommendations.jsonl "
+    "(resumable). Every flag is a field of RecommendArguments; --config FILE.yaml sets any of them."
+)
+OUTPUT = "recommendations.jsonl"
+SETTINGS = "recommendations.settings.json"
+
+
+@dataclass
+class RecommendArguments:
+    """What to load, whom to recommend for, and where the lists go."""
+
+    adapter: str = field(
+        metadata={
+            "help": "Adapter folder (e.g. OUTPUT_DIR/adapter of `sft`), merged model folder, or Hub repo id."
+        }
+    )
+    sid_index: str | None = field(
+        default=None,
+        metadata={"help": "SID index folder; None: the adapter's own sid_index/.", "aliases": ["--sids"]},
+    )
+    history: str | None = field(
+        default=None, metadata={"help": "One user's history: item ids, oldest first, comma-separated."}
+    )
+    histories: str | None = field(
+        default=None,
+        metadata={
+            "help": 'JSONL file, one {"user": ID, "history": [ITEM, ...]} per line (needs --output_dir).'
+        },
+    )
+    k: int = field(default=10, metadata={"help": "Items per user."})
+    output_dir: str | None = field(
+        default=None, metadata={"help": f"Folder for {OUTPUT} (resumable).", "aliases": ["--output"]}
+    )
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Base model; None: the one the adapter records.", "aliases": ["--model"]},
+    )
+    catalogue: str | None = field(
+        default=None, metadata={"help": "Catalogue path or 'movielens-100k', for the items' titles."}
+    )
+    interactions: str | None = field(
+        default=None,
+        metadata={
+            "help": "JSONL of histories logged since training (newest item last): fit the new-item rule on it for "
+            "this call (grow-adapter --interactions stores one with the adapter)."
+        },
+    )
+    include_history: bool = field(
+        default=False, metadata={"help": "Keep items the user already has in the list (default: left out)."}
+    )
+    skip_unknown: bool = field(
+        default=False,
+        metadata={"help": "Drop history items the SID index does not hold (counted) instead of failing."},
+    )
+    num_beams: int = field(default=20, metadata={"help": "Beam width (at least k)."})
+    decode_batch_size: int = field(default=32, metadata={"help": "Users per decoding batch."})
+    device: str | None = field(
+        default=None, metadata={"help": "torch device; None: cuda when available, else cpu."}
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = field(
+        default="auto",
+        metadata={"help": "Weights' dtype; auto: bf16 on a GPU that has it, float32 on a CPU."},
+    )
+    revision: str | None = field(default=None, metadata={"help": "Hub revision of the adapter repo."})
+
+    def __post_init__(self) -> None:
+        if (self.history is None) == (self.histories is None):
+            raise ValueError("give one of --history ID,ID,... (one user) or --histories users.jsonl (many)")
+        if self.histories is not None and self.output_dir is None:
+            raise ValueError(f"--histories writes {OUTPUT}: pass --output_dir DIR")
+        if self.k < 1:
+            raise ValueError(f"--k must be >= 1, got {self.k}")
+
+    def settings(self) -> dict[str, Any]:
+        """What a resumed run must share with the one it continues."""
+        keys = (
+            "adapter",
+            "sid_index",
+            "k",
+            "model_name_or_path",
+            "interactions",
+            "include_history",
+            "skip_unknown",
+        )
+        keys += ("num_beams", "dtype")
+        return {key: getattr(self, key) for key in keys} | {"revision": self.revision}
+
+
+def run(args: RecommendArguments) -> int:
+    """Recommend as the arguments say; ``--output_dir`` is locked while the command runs."""
+    from contextlib import nullcontext
+
+    from .._locks import output_lock
+
+    with output_lock(args.output_dir, NAME) if args.output_dir else nullcontext():
+        return _run(args)
+
+
+def _run(args: RecommendArguments) -> int:
+    from ..serving import GroundedRecommender, read_histories
+    from ..serving.histories import parse_history
+
+    users, histories = (
+        (["history"], [parse_history(args.history)]) if args.history else read_histories(args.histories)
+    )
+    out = Path(args.output_dir) if args.output_dir else None
+    done: dict[str, str] = {}
+    if out is not None:  # checked before anything loads; nothing is written until decoding starts
+        done = _resume(out, args)
+    recommender = GroundedRecommender.from_pretrained(
+        args.adapter,
+        sid_index=args.sid_index,
+        model_name_or_path=args.model_name_or_path,
+        catalogue=args.catalogue,
+        revision=args.revision,
+        device=args.device,
+        dtype=args.dtype,
+        num_beams=args.num_beams,
+        batch_size=args.decode_batch_size,
+    )
+    if args.interactions:
+        rule = recommender.fit_new_items(read_histories(args.interactions)[1])
+        print(f"new-item rule fitted on {rule.fitted_on} ({len(rule.new_items)} new items)", file=sys.stderr)
+    options = dict(k=args.k, exclude_history=not args.include_history, skip_unknown=args.skip_unknown)
+    from ..serving import check_histories
+
+    check_histories(histories, recommender.index, skip_unknown=args.skip_unknown, users=users)  # all, first
+    if args.history:
+        (result,) = recommender.recommend(histories, users=users, **options)
+        print(result.table())
+        if result.skipped:
+            print(
+                f"skipped {len(result.skipped)} unknown history items: {result.skipped[:10]}", file=sys.stderr
+            )
+        if out is not None:
+            from .._io import atomic_write_text
+
+            atomic_write_text(out / OUTPUT, json.dumps(result.to_dict()) + "\n")
+        return 0
+    return _run_file(recommender, users, histories, done, out, args, options)
+
+
+def _resume(out: Path, args: RecommendArguments) -> dict[str, str]:
+    """The lines already written for each user (final file and partial file), after checking that they were
+    written with these settings."""
+    from .._io import read_json
+
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--output_dir {out} is a file; choose a folder")
+    settings = out / SETTINGS
+    if settings.is_file():
+        recorded = read_json(settings)
+        if recorded != args.settings():
+            raise ValueError(
+                f"{out} holds recommendations made with other settings ({recorded}); choose another --output_dir, "
+                f"or delete {OUTPUT}* and {SETTINGS} there to start over"
+            )
+    done: dict[str, str] = {}
+    for path in (out / OUTPUT, out / (OUTPUT + ".partial")):
+        if not path.is_file():
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+            if not line.endswith("\n"):
+                break  # torn by an interrupted write: decoded again
+            try:
+                done[str(json.loads(line)["user"])] = line
+            except (json.JSONDecodeError, KeyError, TypeError):
+                break
+    return done
+
+
+def _run_file(
+    recommender: Any,
+    users: list[str],
+    histories: list[list[str]],
+    done: dict[str, str],
+    out: Path,
+    args: RecommendArguments,
+    options: dict[str, Any],
+) -> int:
+    from tqdm.auto import tqdm
+
+    from .._io import atomic_write_text
+
+    partial = out / (OUTPUT + ".partial")
+    atomic_write_text(out / SETTINGS, json.dumps(args.settings(), indent=1) + "\n")
+    todo = [u for u, user in enumerate(users) if user not in done]
+    skipped = 0
+    with tqdm(total=len(users), initial=len(users) - len(todo), desc="recommend", unit="user") as bar:
+        # a partial file holds complete lines only: rewrite it from what was kept before appending
+        atomic_write_text(partial, "".join(done.values()))
+        with partial.open("a", encoding="utf-8") as handle:
+            for start in range(0, len(todo), args.decode_batch_size):
+                chunk = todo[start : start + args.decode_batch_size]
+                results = recommender.recommend(
+                    [histories[u] for u in chunk], users=[users[u] for u in chunk], **options
+                )
+                for result in results:
+                    line = json.dumps(result.to_dict()) + "\n"
+                    done[result.user] = line
+                    skipped += len(result.skipped)
+                handle.write("".join(done[users[u]] for u in chunk))
+                handle.flush()
+                os.fsync(handle.fileno())
+                bar.update(len(chunk))
+    atomic_write_text(out / OUTPUT, "".join(done[user] for user in users))
+    partial.unlink(missing_ok=True)
+    note = f"; skipped {skipped} unknown history items" if skipped else ""
+    print(f"{len(users)} users ({len(todo)} decoded now) -> {out / OUTPUT}{note}")
+    return 0
+
+
+def settings() -> tuple[type, ...]:
+    return (RecommendArguments,)
+
+
+COMMAND = Command(
+    name=NAME,
+    help=HELP,
+    description=DESCRIPTION,
+    settings=settings,
+    run=run,
+    renamed={"--batch-size": "--decode-batch-size", "--batch_size": "--decode_batch_size"},
+)
+
+
+def parser() -> Any:
+    return COMMAND.parser()
+
+
+def parse(argv: Sequence[str]) -> RecommendArguments:
+    """:class:`RecommendArguments` from command-line arguments (and ``--config FILE.yaml``)."""
+    (args,) = COMMAND.parse(argv)
+    return args
+
+
+def main(argv: Sequence[str]) -> int:
+    return COMMAND.main(argv)

@@ -1,0 +1,204 @@
+"""The new-item rule stored with an adapter: items added after the adapter was trained (``add-items`` /
+``grow-adapter``) served by :class:`~peft_grounded.decoding.semantic_mixture.SemanticMixture`, fitted on the
+interactions logged since training.
+
+Two files beside ``adapter_config.json``: ``new_item_rule.json`` (mode, temperature, logistic weights, the
+new items, the SID index fingerprint it was fitted on, the sha256 of the vectors file) and
+``new_item_rule.safetensors`` (one unit text vector per item of the index). No pickle.
+
+The shipped mode is ``"share"``: the model's own list keeps its first ``k - round(k * pi_u)`` places and the
+rest go to the new items of highest ``p_text``. ``"probability"`` (one ranking by the mixture probability)
+wins more new-item hits but on Office cost users whose target is an old item -0.010 Recall@10
+[-0.020, -0.002] against the model alone, while ``"share"`` kept them whole (+0.002 [0.000, +0.006]); see
+BENCHMARKS.md, "New items (Office)".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RULE_JSON = "new_item_rule.json"
+RULE_TENSORS = "new_item_rule.safetensors"
+RULE_FILES = (RULE_JSON, RULE_TENSORS)
+DEFAULT_MODE = "share"
+MODES = ("share", "probability")
+FORMAT = 1
+
+
+class NewItemRuleError(ValueError):
+    """A new-item rule that cannot be fitted or used as given; the message names the fix."""
+
+
+def index_vectors(index: Any) -> np.ndarray:
+    """``[items, dim]``: each item's point in the quantiser's space (the sum of its codebook vectors), the
+    text vectors' reconstruction that every SID index carries."""
+    from ..decoding.new_items import quantised_vector
+
+    return np.stack([quantised_vector(index, item) for item in index.item_ids]).astype(np.float32)
+
+
+def calibration_pairs(histories: Iterable[Sequence[str]], index: Any) -> list[tuple[tuple[str, ...], str]]:
+    """``(history, next item)`` from each logged history of two or more items: its last item is the one
+    logged since training. Items the index does not hold are refused by name."""
+    pairs, unknown = [], []
+    for history in histories:
+        history = tuple(str(i) for i in history)
+        unknown += [i for i in history if i not in index]
+        if len(history) >= 2:
+            pairs.append((history[:-1], history[-1]))
+    if unknown:
+        raise NewItemRuleError(
+            f"{len(set(unknown))} items of the logged interactions are not in the SID index (e.g. "
+            f"{sorted(set(unknown))[:5]}); pass the grown index that holds them (add-items), or drop them"
+        )
+    if not pairs:
+        raise NewItemRuleError(
+            "the logged interactions hold no history of two or more items: the rule is fitted on (history, next "
+            "item) pairs; log at least one user with two interactions"
+        )
+    return pairs
+
+
+@dataclass
+class NewItemRule:
+    """The mixture and how it serves (``mode``), for the SID index of fingerprint ``index_fingerprint``."""
+
+    mixture: Any  # SemanticMixture
+    index_fingerprint: str
+    mode: str = DEFAULT_MODE
+    fitted_on: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise NewItemRuleError(f"mode={self.mode!r}: choose one of {', '.join(MODES)}")
+
+    @property
+    def new_items(self) -> list[str]:
+        return list(self.mixture.new_items)
+
+    @classmethod
+    def fit(
+        cls,
+        index: Any,
+        interactions: Iterable[Sequence[str]],
+        *,
+        new_items: Sequence[str] | None = None,
+        vectors: np.ndarray | None = None,
+        mode: str = DEFAULT_MODE,
+    ) -> NewItemRule:
+        """Fit on logged ``interactions`` (each user's items in time order, the last one logged since
+        training). ``new_items``: default the index's last growth (``index.added_items()``); ``vectors``:
+        one text vector per item of the index, default :func:`index_vectors`."""
+        from ..decoding.semantic_mixture import SemanticMixture
+
+        new_items = list(index.added_items() if new_items is None else new_items)
+        if not new_items:
+            raise NewItemRuleError(
+                "the SID index added no items since its parent: there is nothing for a new-item rule to serve "
+                "(grow the index with `peft-grounded add-items` first)"
+            )
+        vectors = index_vectors(index) if vectors is None else np.asarray(vectors, dtype=np.float32)
+        pairs = calibration_pairs(interactions, index)
+        mixture = SemanticMixture.fit(list(index.item_ids), vectors, new_items, pairs)
+        new = set(new_items)
+        fitted = {"pairs": len(pairs), "pairs_with_new_item": sum(t in new for _, t in pairs)}
+        return cls(mixture, index.fingerprint(), mode, fitted)
+
+    def check_index(self, index: Any, where: str) -> None:
+        """Refuse an index other than the one the rule was fitted on."""
+        if index.fingerprint() != self.index_fingerprint:
+            raise NewItemRuleError(
+                f"the new-item rule in {where} was fitted on SID index {self.index_fingerprint}, not on this one "
+                f"({index.fingerprint()}); fit it again on this index (grow-adapter --interactions FILE, or "
+                "recommend --interactions FILE)"
+            )
+
+    def apply(self, recommendations: Any, histories: Sequence[Sequence[str]], k: int) -> Any:
+        """The lists served: :meth:`SemanticMixture.mix` in this rule's mode (history items left out), each
+        filled up to ``k`` with the model's next items where the new items ran out (``share`` gives a user
+        ``round(k * pi_u)`` places however few new items are left), scored as the mixture scores a model
+        item, ``log(1 - pi_u) + log p_model``."""
+        histories = [list(h) for h in histories]
+        mixed = self.mixture.mix(recommendations, histories, k, mode=self.mode)
+        priors = mixed.extra["new_item_prior"]
+        for u, (items, scores) in enumerate(zip(mixed.items, mixed.scores, strict=True)):
+            taken = set(items) | set(histories[u])
+            share = math.log(max(1.0 - priors[u], 1e-12))
+            for item, score in zip(recommendations.items[u], recommendations.scores[u], strict=True):
+                if len(items) >= k:
+                    break
+                if item not in taken and math.isfinite(score):
+                    items.append(item)
+                    scores.append(share + score)
+                    taken.add(item)
+        return mixed
+
+    def save(self, folder: str | Path) -> list[Path]:
+        """Write the two files into ``folder`` (each atomically; the JSON, written last, names the vectors'
+        sha256, so a reader never pairs it with other vectors)."""
+        from safetensors.numpy import save
+
+        from .._io import atomic_write, atomic_write_text
+
+        m = self.mixture
+        tensors = save({"vectors": np.ascontiguousarray(m.vectors, dtype=np.float32)})
+        record = {
+            "format": FORMAT,
+            "mode": self.mode,
+            "sid_index_fingerprint": self.index_fingerprint,
+            "temperature": float(m.temperature),
+            "weights": [float(w) for w in m.weights],
+            "decay": float(m.decay),
+            "window": int(m.window),
+            "item_ids": list(m.item_ids),
+            "new_items": list(m.new_items),
+            "fitted_on": self.fitted_on,
+            "vectors_sha256": hashlib.sha256(tensors).hexdigest(),
+        }
+        folder = Path(folder)
+        return [
+            atomic_write(folder / RULE_TENSORS, tensors),
+            atomic_write_text(folder / RULE_JSON, json.dumps(record, indent=1) + "\n"),
+        ]
+
+    @classmethod
+    def load(cls, folder: str | Path) -> NewItemRule | None:
+        """The rule saved in ``folder``, or ``None`` when it holds none."""
+        from safetensors.numpy import load
+
+        from .._io import read_json
+        from ..decoding.semantic_mixture import SemanticMixture
+
+        folder = Path(folder)
+        if not (folder / RULE_JSON).is_file():
+            return None
+        record = read_json(folder / RULE_JSON)
+        fix = f"fit it again (grow-adapter --interactions FILE) or delete {RULE_JSON} and {RULE_TENSORS}"
+        if not isinstance(record, dict) or record.get("format") != FORMAT:
+            raise NewItemRuleError(f"{folder / RULE_JSON} is not a new-item rule of format {FORMAT}; {fix}")
+        try:
+            data = (folder / RULE_TENSORS).read_bytes()
+        except FileNotFoundError:
+            raise NewItemRuleError(f"{folder} has {RULE_JSON} but no {RULE_TENSORS}; {fix}") from None
+        if hashlib.sha256(data).hexdigest() != record.get("vectors_sha256"):
+            raise NewItemRuleError(
+                f"{folder / RULE_TENSORS} is not the file {RULE_JSON} was saved with; {fix}"
+            )
+        mixture = SemanticMixture(
+            record["item_ids"],
+            load(data)["vectors"],
+            record["new_items"],
+            temperature=record["temperature"],
+            weights=np.asarray(record["weights"], dtype=np.float64),
+            decay=record["decay"],
+            window=record["window"],
+        )
+        return cls(mixture, record["sid_index_fingerprint"], record["mode"], record.get("fitted_on", {}))

@@ -1,0 +1,91 @@
+"""End to end on the real SmolLM2-135M (slow): an adapter trained on a toy catalogue's SIDs, grown onto three
+new items with the new-item rule stored, recommended for in fresh processes, from a local folder and from the
+loopback Hub, in Python and on the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from growth_fixtures import grown_indices
+
+pytestmark = pytest.mark.slow
+
+LOGGED = {"a": ["0", "4", "new0"], "b": ["1", "new0", "new1"], "c": ["2", "6"], "d": ["3", "new2"]}
+
+
+@pytest.fixture(scope="module")
+def grown_folder(tmp_path_factory):
+    import torch
+
+    from peft_grounded import assets
+    from peft_grounded.adapter.loading import sid_model
+    from peft_grounded.growth import grow_adapter
+    from peft_grounded.serving import NewItemRule
+
+    root = tmp_path_factory.mktemp("smollm2-serving")
+    parent, child = grown_indices()
+    tokenizer, model = sid_model(str(assets.smollm2()), parent, init="centroid")
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # "trained": the rows moved off their start
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.01 * torch.randn(p.shape, generator=generator))
+    grown = grow_adapter(model, tokenizer, parent, child)
+    grown.save_pretrained(root / "grown")
+    child.save(root / "grown" / "sid_index")
+    NewItemRule.fit(child, LOGGED.values()).save(root / "grown")
+    return root / "grown"
+
+
+def _python(code: str, env: dict) -> str:
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
+RECOMMEND = (
+    "import json, sys\n"
+    "from peft_grounded import GroundedRecommender\n"
+    "r = GroundedRecommender.from_pretrained(sys.argv[1] if len(sys.argv) > 1 else {where!r}, num_beams=10)\n"
+    "out = r.recommend([['0', 'new0'], ['3', '7']], k=5)\n"
+    "print(json.dumps([[x.items, x.new_items] for x in out]))\n"
+)
+
+
+def test_fresh_processes_recommend_from_a_folder_and_the_hub(grown_folder, hub_endpoint, hub_env, tmp_path):
+    from peft_grounded.hub import push_grounded
+
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    local = json.loads(_python(RECOMMEND.format(where=str(grown_folder)), env))
+    assert all(len(items) == 5 for items, _ in local)
+    assert local[0][1] >= 1  # the user whose last item is new gets new items, by the stored rule
+    cli = subprocess.run(
+        [sys.executable, "-m", "peft_grounded.cli", "recommend", "--adapter", str(grown_folder),
+         "--history", "0,new0", "--k", "5", "--num_beams", "10"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    assert [line.split()[1] for line in cli.stdout.splitlines()[1:]] == local[0][0]
+
+    facts = {"base_model": "HuggingFaceTB/SmolLM2-135M-Instruct"}  # the packaged copy is what loads
+    push_grounded(
+        str(grown_folder), "tester/smollm2-grown", index=grown_folder / "sid_index", card_facts=facts
+    )
+    hub = json.loads(
+        _python(RECOMMEND.format(where="tester/smollm2-grown"), {**hub_env, "PYTHONPATH": os.getcwd()})
+    )
+    assert hub == local
+    users = tmp_path / "users.jsonl"
+    users.write_text("".join(json.dumps({"user": u, "history": h}) + "\n" for u, h in LOGGED.items()))
+    cli = subprocess.run(
+        [sys.executable, "-m", "peft_grounded.cli", "recommend", "--adapter", "tester/smollm2-grown",
+         "--histories", str(users), "--k", "3", "--output_dir", str(tmp_path / "out")],
+        env={**hub_env, "PYTHONPATH": os.getcwd()}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    lines = (tmp_path / "out" / "recommendations.jsonl").read_text().splitlines()
+    assert [json.loads(line)["user"] for line in lines] == list(LOGGED)
