@@ -363,7 +363,7 @@ def _fetch(source: Any, patterns: Sequence[str]) -> Path:
 
 
 def _network_error(err: BaseException, repo: Any) -> Exception:
-    from ..cli.errors import describe
+    from .._errors import describe
     from ..hub.repo import GroundedHubError
 
     message = describe(err)
