@@ -5,12 +5,18 @@ Tolerances (trained rows and LoRA, sharded vs one process with the same global b
 
 * tiny models: elementwise ``rtol=1e-4, atol=1e-5`` (as tests/test_distributed.py for DDP; measured: at most
   3.4e-6 absolute, 3e-5 of the largest value);
-* SmolLM2-135M: per tensor, ``|sharded - single| <= 1e-2 |single - initial|`` (the update): over 30 layers the
-  summation order of the reduced gradients moves single elements of a LoRA matrix whose gradient is near 0
-  by up to ~1e-3, which Adam's normalisation makes a visible part of that element's first steps (measured:
-  at most 2e-3 of an update);
+* SmolLM2-135M: per tensor, every element within ``1e-2`` of the tensor's largest update
+  ``max |single - initial|``, except at most one in 200 (at least four), and none beyond twice that update:
+  over 30 layers the summation order of the reduced gradients (which varies from run to run) can flip the
+  sign of a LoRA element whose gradient is near 0, and Adam's first steps are sign-like, so that element
+  moves the other way by a whole step (measured over runs: 1-2 elements of 1,152-3,072 in a ``lora_A``, up
+  to 3.3e-2 of the tensor's update norm; the 99th percentile of the others within 3e-5 of the largest
+  update);
 * a killed run resumed vs the uninterrupted run: ``rtol=1e-5, atol=1e-6`` (measured: identical);
-* logits of the saved adapter loaded in one process vs the sharded model's: ``rtol=1e-5, atol=1e-5``.
+* logits of the saved adapter loaded in one process vs the sharded model's: ``rtol=1e-5, atol=1e-5``; for
+  SmolLM2 ``atol=2e-4``: its logits reach ~20 after 30 fp32 blocks, and this process and the ranks run the
+  matmuls with different thread counts, so in other blockings (measured: 6e-5 at most, 357 of 737,430
+  logits above 1e-5).
 """
 
 from __future__ import annotations
@@ -129,13 +135,21 @@ def assert_matches_single(run_dir: Path, single: Path, *, per_tensor_update: flo
             if per_tensor_update is None:
                 torch.testing.assert_close(got[key], value, rtol=1e-4, atol=1e-5, msg=f"rank {r}: {key}")
             else:
-                error = (got[key] - value).norm() / (value - initial[key]).norm()
-                assert error <= per_tensor_update, f"rank {r}: {key} off by {error:.2e} of its update"
+                difference, update = (got[key] - value).abs(), (value - initial[key]).abs().max()
+                off = int((difference > per_tensor_update * update).sum())
+                allowed = max(4, difference.numel() // 200)
+                assert off <= allowed, (
+                    f"rank {r}: {key}: {off} elements off by more than {per_tensor_update} of its largest"
+                    f" update (at most {allowed} may be: Adam's sign-like first steps)"
+                )
+                assert difference.max() <= 2 * update, f"rank {r}: {key} moved beyond a flipped update"
 
 
-def assert_saved_adapter_is_the_gathered_rows_and_lora(run_dir: Path, single: Path, job: str) -> None:
+def assert_saved_adapter_is_the_gathered_rows_and_lora(
+    run_dir: Path, single: Path, job: str, *, logits_atol: float = 1e-5
+) -> None:
     """The final adapter holds the rows and the LoRA only, at full size, equal to what rank 0 trained, and
-    loaded in this process onto a fresh base it gives the sharded model's logits."""
+    loaded in this process onto a fresh base it gives the sharded model's logits (to ``logits_atol``)."""
     saved = load_file(run_dir / "adapter" / "adapter_model.safetensors")
     expected = load_file(single / "adapter" / "adapter_model.safetensors")
     assert saved.keys() == expected.keys()
@@ -145,7 +159,10 @@ def assert_saved_adapter_is_the_gathered_rows_and_lora(run_dir: Path, single: Pa
     assert sum(v.numel() for v in saved.values()) == sum(v.numel() for v in trained.values())
     model, tokenizer = sharded_run.load_trained(job, run_dir / "adapter")
     torch.testing.assert_close(
-        sharded_run.probe_logits(model, tokenizer), tensors(run_dir, "probe_logits.pt"), rtol=1e-5, atol=1e-5
+        sharded_run.probe_logits(model, tokenizer),
+        tensors(run_dir, "probe_logits.pt"),
+        rtol=1e-5,
+        atol=logits_atol,
     )
 
 

@@ -42,5 +42,5 @@ def test_fsdp_on_smollm2(tmp_path, tmp_path_factory):
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir, single = job_dir(tmp_path, job), reference(job, tmp_path_factory, max_steps=2)
     assert_matches_single(run_dir, single, per_tensor_update=1e-2)
-    assert_saved_adapter_is_the_gathered_rows_and_lora(run_dir, single, job)
+    assert_saved_adapter_is_the_gathered_rows_and_lora(run_dir, single, job, logits_atol=2e-4)
     assert_sharded_memory(run_dir, single)
