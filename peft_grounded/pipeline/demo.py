@@ -38,6 +38,8 @@ class Preset:
     max_history: int = 10
     with_titles: bool = False
     seeds: tuple[int, ...] = (0,)
+    # keep the base's first N decoder blocks (0: all; recommend.shallow_base): a CPU step costs ~N / total
+    layers: int = 0
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     # the prompt format, objective included (None: built from max_history and with_titles)
@@ -223,11 +225,17 @@ def run_demo(
         "catalogue": data.name,
         "items": len(data),
         "model": model_path,
+        "layers": spec.layers,
         "levels": spec.levels,
         "codes": spec.codes,
         "text_fields": list(spec.text_fields),
     }
     runs.check_and_write(out, manifest, out if (out / runs.MANIFEST).is_file() else None)
+    if spec.layers:
+        from ..recommend.shallow_base import shallow_base
+
+        model_path = str(shallow_base(model_path, spec.layers, out / f"base-{spec.layers}-blocks"))
+        print(f"[demo] base: its first {spec.layers} decoder blocks, {model_path}", flush=True)
     if (sid_dir / JSON_NAME).is_file():  # built by an earlier (possibly interrupted) run
         index = SIDIndex.load(sid_dir)
     else:
