@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from growth_fixtures import grown_indices, trained
+from helpers.growth_fixtures import grown_indices, trained
 
 from peft_grounded.growth import grow_adapter
 from peft_grounded.growth.grounding import ground_new_items, rows_used
