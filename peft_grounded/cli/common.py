@@ -75,6 +75,17 @@ class ModelArguments:
         """The (catalogue, SID index) named here."""
         return load_data(self.catalogue, self.sid_index)
 
+    def start(self, base: Any) -> dict[str, Any]:
+        """The keywords every stage's training function takes for its base model (``base``: TRL's
+        ``ModelConfig``) and the rows' start."""
+        return {
+            "model_path": base.model_name_or_path,
+            "init": self.init,
+            "centroid_variant": self.centroid_variant,
+            "max_examples": self.max_examples,
+            "dtype": base.torch_dtype(),
+        }
+
 
 @dataclass
 class SFTArguments:
