@@ -21,7 +21,7 @@ from .._lazy import lazy_exports
 _LAZY = {  # module: the names it exports
     "index": "GrowthError GrowthReport add_items add_items_to add_vectors encoder_spec",
     "adapter": "GROW_INITS check_lineage grow_adapter",
-    "grounding": "IncrementalResult ground_new_items new_item_ids rows_used",
+    "grounding": "IncrementalGroundingConfig IncrementalResult ground_new_items new_item_ids rows_used",
     "run": "grow_adapter_into",
 }
 
