@@ -150,6 +150,17 @@ class EncodingArguments:
     device: str = field(default="cpu", metadata={"help": "torch device of the encoder (and of RQ-KMeans)."})
     no_progress: bool = field(default=False, metadata={"help": "No progress bar."})
 
+    def keywords(self) -> dict[str, Any]:
+        """The encoding keywords of ``build_sids`` and ``add_items_to``."""
+        return {
+            "empty_text": "drop" if self.drop_empty_text else "error",
+            "batch_size": self.encode_batch_size,
+            "cache_dir": self.cache_dir,
+            "use_cache": not self.no_cache,
+            "device": self.device,
+            "show_progress": not self.no_progress,
+        }
+
     def __post_init__(self) -> None:
         from .. import checks
 
