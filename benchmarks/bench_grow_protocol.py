@@ -525,20 +525,19 @@ def main(argv=None) -> None:
         name = "grown"
         if replay is not None:
             name = "grown + incremental " + ("(new items alone)" if not replay else f"(replay {replay:g})")
-            autocast = torch.autocast(grown.device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
-            with autocast:
-                inc = ground_new_items(
-                    grown,
-                    tokenizer,
-                    parent,
-                    child,
-                    catalogue,
-                    replay=replay,
-                    steps=args.incremental_steps,
-                    batch_size=args.batch_size,
-                    learning_rate=args.incremental_lr or args.lr,
-                    seed=args.seed,
-                )
+            inc = ground_new_items(  # an IncrementalGroundingConfig from these fields
+                grown,
+                tokenizer,
+                parent,
+                child,
+                catalogue,
+                replay=replay,
+                max_steps=args.incremental_steps,
+                per_device_train_batch_size=args.batch_size,
+                learning_rate=args.incremental_lr or args.lr,
+                seed=args.seed,
+                bf16=bf16,
+            )
             incremental[name] = {
                 "seconds": round(inc.seconds, 2),
                 "rows": len(inc.trained_rows),

@@ -1,7 +1,7 @@
 """Memory per rank under sharding: the grounded rows (and a LoRA), their optimiser state and the frozen weights,
 one process vs DDP, FSDP2 and DeepSpeed ZeRO-3 on two CPU processes (gloo).
 
-Runs tests/sharded_run.py (SmolLM2-135M; a toy catalogue whose SID vocabulary has ``--index ITEMS LEVELS CODES``
+Runs tests/helpers/sharded_run.py (SmolLM2-135M; a toy catalogue whose SID vocabulary has ``--index ITEMS LEVELS CODES``
 tokens) for ``--steps`` steps under each launcher with the shipped examples/accelerate configs (process count 2,
 precision fp32), and reads every rank's ``rank{R}.json``: bytes of the tensors the rank holds (FSDP2's local
 shards, ZeRO-3's partitions, or whole tensors), of the optimiser's Adam moments (plus master copies where the
@@ -28,7 +28,7 @@ from pathlib import Path
 from peft_grounded._scripts import parse_script_args
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNNER = ROOT / "tests" / "sharded_run.py"
+RUNNER = ROOT / "tests" / "helpers" / "sharded_run.py"
 CONFIGS = ROOT / "examples" / "accelerate"
 SETUPS = {  # setup -> accelerate config (None: one plain process)
     "single": None,
@@ -114,7 +114,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--job", default="grounding:smollm2:tied", help="tests/sharded_run.py's JOB")
+    parser.add_argument("--job", default="grounding:smollm2:tied", help="tests/helpers/sharded_run.py's JOB")
     parser.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
     parser.add_argument(
         "--index", type=int, nargs=3, default=(1024, 3, 256), metavar=("ITEMS", "LEVELS", "CODES")

@@ -16,37 +16,22 @@ import importlib.util
 import sys
 from typing import Any
 
+from ._lazy import lazy_exports
+
 __version__ = "0.1.0"
 
-_ADAPTER_NAMES = (
-    "GROUNDED_TOKENS",
-    "AddedTokens",
-    "GroundedProvenance",
-    "GroundedRuntimeConfig",
-    "GroundedTokenConfig",
-    "GroundedTokenModel",
-    "add_lora",
-    "add_sid_tokens",
-    "add_tokens",
-    "check_tokenizer",
-    "initialize_grounded_rows",
+__getattr__, __dir__, _lazy_names = lazy_exports(
+    __name__,
+    {
+        "adapter": (
+            "GROUNDED_TOKENS AddedTokens GroundedProvenance GroundedRuntimeConfig GroundedTokenConfig "
+            "GroundedTokenModel add_lora add_sid_tokens add_tokens check_tokenizer initialize_grounded_rows"
+        ),
+        "serving": "GroundedRecommender",
+    },
 )
 
-_SERVING_NAMES = ("GroundedRecommender",)
-
-__all__ = ["__version__", *_ADAPTER_NAMES, *_SERVING_NAMES]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _ADAPTER_NAMES:
-        return getattr(importlib.import_module(".adapter", __name__), name)
-    if name in _SERVING_NAMES:
-        return getattr(importlib.import_module(".serving", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__all__ = ["__version__", *_lazy_names]
 
 
 def _register() -> None:

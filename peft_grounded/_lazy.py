@@ -10,9 +10,14 @@ from typing import Any
 
 
 def lazy_exports(
-    package: str, exports: Mapping[str, str]
-) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """``(__getattr__, __dir__)`` for ``package``: ``exports`` maps a name to the submodule that defines it."""
+    package: str, modules: Mapping[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]], list[str]]:
+    """``(__getattr__, __dir__, names)`` for ``package``.
+
+    ``modules`` maps a submodule to the names it defines, space-separated (``{"config": "RunConfig
+    check_run_config"}``); ``names`` lists them all, in that order, for ``__all__``.
+    """
+    exports = {name: module for module, names in modules.items() for name in names.split()}
 
     def __getattr__(name: str) -> Any:
         module = exports.get(name)
@@ -25,4 +30,4 @@ def lazy_exports(
     def __dir__() -> list[str]:
         return sorted({*vars(sys.modules[package]), *exports})
 
-    return __getattr__, __dir__
+    return __getattr__, __dir__, list(exports)

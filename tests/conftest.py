@@ -88,8 +88,8 @@ def model_dir(tmp_path, save_tiny_model):
     return save_tiny_model(tmp_path / "base")
 
 
-# Loopback Hugging Face Hub for push/pull tests (hub_server, hub_endpoint, hub_env): see tests/hub_fixtures.py.
-from hub_fixtures import hub_endpoint, hub_env, hub_server  # noqa: E402, F401
+# Loopback Hugging Face Hub for push/pull tests (hub_server, hub_endpoint, hub_env): see tests/helpers/hub_fixtures.py.
+from helpers.hub_fixtures import hub_endpoint, hub_env, hub_server  # noqa: E402, F401
 
-# A folder another user can reach, for the tests that run a child as another uid: see tests/robust_faults.py.
-from robust_faults import public_tmp  # noqa: E402, F401
+# A folder another user can reach, for the tests that run a child as another uid: see tests/helpers/robust_faults.py.
+from helpers.robust_faults import public_tmp  # noqa: E402, F401

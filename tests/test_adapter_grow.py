@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from growth_fixtures import grown_indices, trained
+from helpers.growth_fixtures import grown_indices, trained
+from helpers.toy_catalogue import toy_catalogue, toy_index, toy_vectors
 from peft import PeftModel
-from toy_catalogue import toy_catalogue, toy_index, toy_vectors
 
 import peft_grounded
 from peft_grounded.decoding import recommend, sid_token_ids

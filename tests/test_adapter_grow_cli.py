@@ -7,9 +7,9 @@ import json
 
 import pytest
 import torch
-from growth_fixtures import grow, grow_world
+from helpers.growth_fixtures import grow, grow_world
+from helpers.toy_catalogue import toy_catalogue, toy_index
 from safetensors.torch import load_file
-from toy_catalogue import toy_catalogue, toy_index
 
 from peft_grounded.adapter.loading import sid_model
 from peft_grounded.growth.grounding import rows_used

@@ -228,7 +228,7 @@ def test_refuses_a_same_vocabulary_embedding_on_a_separate_weight():
 
 @pytest.mark.parametrize(("arch", "tied"), CASES)
 def test_growing_keeps_the_rows_and_every_embedding_module_uses_the_new_ones(tokenizer, arch, tied):
-    from growth_fixtures import grown_indices
+    from helpers.growth_fixtures import grown_indices
 
     from peft_grounded.growth import grow_adapter
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from planted_catalogue import SMALL_SASREC, planted_catalogue
+from helpers.planted_catalogue import SMALL_SASREC, planted_catalogue
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "check_sasrec.py"
 

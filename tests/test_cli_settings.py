@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from toy_catalogue import toy_catalogue, toy_index
+from helpers.toy_catalogue import toy_catalogue, toy_index
 
 from peft_grounded.cli import COMMANDS, command, ground, main, sft
 from peft_grounded.cli.common import ModelArguments, SFTArguments

@@ -17,7 +17,7 @@ from peft_grounded._extras import EXTRA_OF, MissingExtraError, require
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "peft_grounded"
-SCRIPT = Path(__file__).resolve().parent / "core_only.py"
+SCRIPT = Path(__file__).resolve().parent / "helpers" / "core_only.py"
 HARNESS = ("pipeline", "diagnostics", "peers")  # the research harness inside the package (docs/layout.md)
 
 

@@ -216,7 +216,7 @@ def test_save_on_cuda_load_on_cpu_bit_identical(tokenizer, tiny_model_factory, t
 
 @pytest.mark.parametrize(("arch", "tied"), [("llama", True), ("qwen3", False)])
 def test_constrained_beam_search_on_cuda_gives_the_cpu_ranking(tokenizer, tiny_model_factory, arch, tied):
-    from decoding_fixtures import N_ITEMS, add_sid_tokens, chat_prompts, make_catalogue
+    from helpers.decoding_fixtures import N_ITEMS, add_sid_tokens, chat_prompts, make_catalogue
 
     from peft_grounded.decoding import recommend
 
@@ -234,7 +234,7 @@ def test_constrained_beam_search_on_cuda_gives_the_cpu_ranking(tokenizer, tiny_m
 
 
 def test_rqkmeans_on_cuda_codes_as_good_as_cpu():
-    from sids_fixtures import clustered_vectors, purity
+    from helpers.sids_fixtures import clustered_vectors, purity
 
     from peft_grounded.sids.rqkmeans import RQKMeansConfig, fit_rqkmeans
 
@@ -254,7 +254,7 @@ def test_rqkmeans_on_cuda_codes_as_good_as_cpu():
 
 def _recommendation_step(tokenizer, tiny_model_factory, tmp_path, objective: str) -> None:
     """One SFT run of a few steps on CUDA through the package's RecommendationTrainer."""
-    from toy_catalogue import toy_catalogue, toy_index
+    from helpers.toy_catalogue import toy_catalogue, toy_index
 
     from peft_grounded.pipeline import Budget, Experiment, run_strategy
     from peft_grounded.prompts import PromptFormat

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from decoding_fixtures import (
+from helpers.decoding_fixtures import (
     N_ITEMS,
     QUESTIONS,
     add_sid_tokens,

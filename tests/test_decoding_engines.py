@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from decoding_fixtures import add_sid_tokens, chat_prompts, make_catalogue
+from helpers.decoding_fixtures import add_sid_tokens, chat_prompts, make_catalogue
 
 from peft_grounded.decoding import SIDTrie, recommend
 

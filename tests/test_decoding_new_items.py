@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from sids_fixtures import ENCODER, growth_vectors, parent_index
-from toy_catalogue import toy_catalogue, toy_vectors
+from helpers.sids_fixtures import ENCODER, growth_vectors, parent_index
+from helpers.toy_catalogue import toy_catalogue, toy_vectors
 
 from peft_grounded.adapter import add_tokens
 from peft_grounded.decoding import SIDTrie, mix_new_items, recommend, sid_token_ids

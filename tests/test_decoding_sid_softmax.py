@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from decoding_fixtures import N_ITEMS, add_sid_tokens, chat_prompts, exhaustive_scores, make_catalogue
+from helpers.decoding_fixtures import N_ITEMS, add_sid_tokens, chat_prompts, exhaustive_scores, make_catalogue
 from peft import get_peft_model
 
 from peft_grounded import GroundedTokenConfig

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from toy_catalogue import toy_catalogue, toy_vectors
+from helpers.toy_catalogue import toy_catalogue, toy_vectors
 
 from peft_grounded.diagnostics import (
     ReportConfig,

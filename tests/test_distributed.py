@@ -23,7 +23,7 @@ def test_two_processes_match_one_with_the_same_global_batch(tmp_path):
     single = subprocess.run(
         [
             sys.executable,
-            str(HERE / "grounding_run.py"),
+            str(HERE / "helpers" / "grounding_run.py"),
             tmp_path / "one",
             "--max-steps",
             "4",
@@ -44,7 +44,7 @@ def test_two_processes_match_one_with_the_same_global_batch(tmp_path):
             str(CONFIG),
             "--main_process_port",
             "29517",
-            str(HERE / "grounding_run.py"),
+            str(HERE / "helpers" / "grounding_run.py"),
             str(tmp_path / "two"),
             "--max-steps",
             "4",

@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from decoding_fixtures import add_sid_tokens, chat_prompts, make_catalogue
+from helpers.decoding_fixtures import add_sid_tokens, chat_prompts, make_catalogue
 
 from peft_grounded.decoding import recommend
 from peft_grounded.evaluation import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from toy_catalogue import toy_catalogue, toy_index
+from helpers.toy_catalogue import toy_catalogue, toy_index
 
 from peft_grounded.adapter import add_tokens
 from peft_grounded.decoding import SIDTrie, recommend

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from decoding_fixtures import add_sid_tokens, chat_prompts, exhaustive_scores, make_catalogue
+from helpers.decoding_fixtures import add_sid_tokens, chat_prompts, exhaustive_scores, make_catalogue
 
 from peft_grounded.decoding import SIDTrie
 from peft_grounded.evaluation import target_log_likelihood

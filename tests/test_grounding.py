@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from toy_catalogue import toy_catalogue, toy_index
+from helpers.toy_catalogue import toy_catalogue, toy_index
 
 import peft_grounded
 from peft_grounded.grounding import GroundingConfig, GroundingTrainer, grounding_dataset, grounding_examples
 from peft_grounded.training.runs import RunMismatchError
 
-SCRIPT = Path(__file__).parent / "grounding_run.py"
+SCRIPT = Path(__file__).parent / "helpers" / "grounding_run.py"
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from growth_fixtures import grown_indices, trained
+from helpers.growth_fixtures import grown_indices, trained
 
 from peft_grounded.growth import grow_adapter
 from peft_grounded.growth.grounding import ground_new_items, rows_used
@@ -70,3 +70,43 @@ def test_replay_needs_old_items_text(tokenizer, tiny_model_factory):
         ground_new_items(grown, tokenizer, parent, child, _catalogue(child.item_ids[16:]), steps=1)
     with pytest.raises(ValueError, match="replay must be >= 0"):
         ground_new_items(grown, tokenizer, parent, child, _catalogue(child.item_ids), replay=-1, steps=1)
+
+
+def test_runs_through_the_grounding_trainer_with_a_grounding_config(tokenizer, tiny_model_factory, tmp_path):
+    """A GroundingConfig drives it: with output_dir the run leaves the grounding stage's manifest, loss log and
+    adapter there, and a resume of the finished run takes no step."""
+    from peft_grounded.grounding import GroundingConfig
+    from peft_grounded.growth.grounding import IncrementalGroundingConfig
+
+    parent, child = grown_indices()
+    grown = grow_adapter(
+        trained(tokenizer, tiny_model_factory, parent, "llama", True, False), tokenizer, parent, child
+    )
+    args = IncrementalGroundingConfig(output_dir=str(tmp_path / "run"), max_steps=3, replay=0.0)
+    assert isinstance(args, GroundingConfig) and args.lr_scheduler_type == "constant"
+    catalogue = _catalogue(child.item_ids[16:])
+    result = ground_new_items(grown, tokenizer, parent, child, catalogue, args)
+    assert len(result.losses) == 3
+    assert {"run.json", "log_history.json", "adapter"} <= {p.name for p in (tmp_path / "run").iterdir()}
+    after = {n: p.detach().clone() for n, p in grown.named_parameters()}
+    resumed = IncrementalGroundingConfig(
+        output_dir=str(tmp_path / "run"), max_steps=3, replay=0.0, resume_from_checkpoint="last"
+    )
+    ground_new_items(grown, tokenizer, parent, child, catalogue, resumed)
+    assert all(torch.equal(p, after[n]) for n, p in grown.named_parameters())
+    with pytest.raises(ValueError, match="weight_decay must be 0"):
+        IncrementalGroundingConfig(weight_decay=0.01)
+
+
+def test_grow_adapter_flags_build_the_config():
+    """The command's old flags stay aliases of the config's fields; unset ones keep the config's defaults."""
+    from peft_grounded.cli import growth
+
+    old = ["--ground-steps", "4", "--lr", "0.01", "--batch-size", "2", "--replay", "0", "--rows", "new"]
+    args = ["--adapter", "a", "--parent_index", "p", "--sid_index", "s", "--output_dir", "o"]
+    _, grounding = growth.GROW_ADAPTER.parse([*args, *old])
+    config = grounding.config
+    assert (config.max_steps, config.learning_rate, config.per_device_train_batch_size) == (4, 0.01, 2)
+    assert (config.replay, config.rows, config.seed, config.bf16) == (0.0, "new", 0, False)
+    _, default = growth.GROW_ADAPTER.parse(args)
+    assert (default.config.max_steps, default.config.per_device_train_batch_size) == (30, 8)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from growth_fixtures import grown_indices, trained
+from helpers.growth_fixtures import grown_indices, trained
 from huggingface_hub import HfApi
 from transformers import AutoTokenizer
 

@@ -9,11 +9,11 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from hub_fixtures import run_python
+from helpers.hub_fixtures import run_python
+from helpers.toy_catalogue import toy_catalogue, toy_index
 from huggingface_hub import HfApi, ModelCard
 from peft import LoraConfig, PeftConfig, get_peft_model
 from safetensors import safe_open
-from toy_catalogue import toy_catalogue, toy_index
 
 import peft_grounded
 from peft_grounded import GroundedTokenConfig

@@ -1,4 +1,4 @@
-"""The loopback Hub (tests/hub_server.py) driven by the real huggingface_hub client, in-process and in fresh processes."""
+"""The loopback Hub (tests/helpers/hub_server.py) driven by the real huggingface_hub client, in-process and in fresh processes."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from hub_fixtures import run_python
-from hub_server import HubServer, git_blob_oid
+from helpers.hub_fixtures import run_python
+from helpers.hub_server import HubServer, git_blob_oid
 from huggingface_hub import (
     HfApi,
     constants,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from toy_catalogue import toy_catalogue, toy_index
+from helpers.toy_catalogue import toy_catalogue, toy_index
 
 from peft_grounded.evaluation import EvalSettings, compare_users, popularity_users
 from peft_grounded.peers import TextKNN, peer_records, peer_results

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from planted_catalogue import N_ITEMS, SMALL_SASREC, planted_catalogue
+from helpers.planted_catalogue import N_ITEMS, SMALL_SASREC, planted_catalogue
 
 from peft_grounded.evaluation.users import EvalSettings, popularity_users
 from peft_grounded.peers.base import peer_records, peer_results

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from toy_catalogue import toy_catalogue, toy_index
+from helpers.toy_catalogue import toy_catalogue, toy_index
 
 from peft_grounded.cli import main
 from peft_grounded.pipeline import run_demo

@@ -34,7 +34,7 @@ def test_runner_under_two_processes(tmp_path, tiny_model_factory, tokenizer):
             str(CONFIG),
             "--main_process_port",
             "29523",
-            str(HERE / "strategy_run.py"),
+            str(HERE / "helpers" / "strategy_run.py"),
             str(model_dir),
             str(tmp_path / "run"),
             str(tmp_path / "results"),

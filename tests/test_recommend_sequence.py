@@ -10,7 +10,7 @@ from dataclasses import asdict
 
 import pytest
 import torch
-from toy_catalogue import toy_catalogue, toy_index
+from helpers.toy_catalogue import toy_catalogue, toy_index
 
 from peft_grounded.pipeline import Budget
 from peft_grounded.prompts import PromptFormat, inference_prompts

@@ -2,7 +2,7 @@
 last complete one, ``--resume`` ends where an uninterrupted run ends, a finished run's resume changes
 nothing, and the trainer replaces no file of the user's.
 
-Faults happen in forked children (tests/forked.py): SIGKILL at chosen instants of a checkpoint write, and
+Faults happen in forked children (tests/helpers/forked.py): SIGKILL at chosen instants of a checkpoint write, and
 a full disk as a file-size limit (``RLIMIT_FSIZE``: a write beyond it fails with ``EFBIG``)."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import sys
 
 import pytest
 import torch
-from forked import limit_file_size, run
-from robust_faults import assert_same_rows, grounding_trainer, logged_steps, rows, snapshot, train
+from helpers.forked import limit_file_size, run
+from helpers.robust_faults import assert_same_rows, grounding_trainer, logged_steps, rows, snapshot, train
 from transformers import TrainerCallback
 
 from peft_grounded._locks import lock_path

@@ -10,9 +10,9 @@ import logging
 import os
 
 import pytest
-from forked import limit_file_size, run, start, wait_for
-from growth_fixtures import grow, grow_world
-from robust_faults import TINY, fresh_tokenizer, ground_args, make_world, snapshot
+from helpers.forked import limit_file_size, run, start, wait_for
+from helpers.growth_fixtures import grow, grow_world
+from helpers.robust_faults import TINY, fresh_tokenizer, ground_args, make_world, snapshot
 
 from peft_grounded._locks import lock_path
 from peft_grounded.cli import main
@@ -36,7 +36,7 @@ def cli_world(tmp_path_factory):
 @pytest.fixture(scope="module")
 def strategy_run(cli_world, tmp_path_factory):
     """A finished strategy run (the runner's folder: run.json, metrics.json, curve.json, stage adapters)."""
-    from toy_catalogue import toy_catalogue
+    from helpers.toy_catalogue import toy_catalogue
 
     from peft_grounded.pipeline import Budget, Experiment, run_strategy
     from peft_grounded.prompts import PromptFormat
@@ -282,7 +282,7 @@ def test_a_full_disk_during_ground_is_reported_and_resume_finishes_the_run(cli_w
 
 
 def test_the_demo_refuses_a_folder_holding_a_report_of_the_users(cli_world, tmp_path):
-    from toy_catalogue import toy_catalogue
+    from helpers.toy_catalogue import toy_catalogue
 
     from peft_grounded.pipeline import run_demo
 

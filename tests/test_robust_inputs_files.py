@@ -15,7 +15,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from robust_world import (
+from helpers.robust_world import (
     build_sids_args,
     copy_adapter,
     data_args,
@@ -341,7 +341,7 @@ def test_diagnose_on_a_truncated_adapter_names_the_file(world, tmp_path, capsys)
 
 
 def test_an_adapter_older_than_its_grown_index_says_grow_it_first(world, tmp_path, capsys):
-    from growth_fixtures import grown_indices
+    from helpers.growth_fixtures import grown_indices
 
     parent, child = grown_indices()
     from peft_grounded.sids import SIDIndex
@@ -443,7 +443,7 @@ def new_items_file(tmp_path, **overrides):
 
 
 def add_items(capsys, world, lm_index, catalogue, out, *extra):
-    from robust_world import run_cli
+    from helpers.robust_world import run_cli
 
     return run_cli(
         capsys,
@@ -495,7 +495,7 @@ def test_add_items_refuses_an_item_without_text(world, lm_index, tmp_path, capsy
 
 
 def test_a_zeroed_embedding_cache_is_detected_and_encoded_again(world, tmp_path, capsys, caplog):
-    from robust_world import run_cli
+    from helpers.robust_world import run_cli
 
     from peft_grounded.sids import SIDIndex
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import socket
 
 import pytest
-from hub_fixtures import point_client_at
-from robust_world import refused, snapshot, world  # noqa: F401
+from helpers.hub_fixtures import point_client_at
+from helpers.robust_world import refused, snapshot, world  # noqa: F401
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from robust_world import snapshot, world  # noqa: F401
+from helpers.robust_world import snapshot, world  # noqa: F401
 
 
 @pytest.mark.multiproc

@@ -9,7 +9,7 @@ same values (see the last tests)."""
 from __future__ import annotations
 
 import pytest
-from robust_world import build_sids_args, data_args, refused, snapshot, world  # noqa: F401 (world: a fixture)
+from helpers.robust_world import build_sids_args, data_args, refused, snapshot, world  # noqa: F401 (world: a fixture)
 
 # (flag values, words the message must hold); each command adds its required arguments
 TRAINING = {

@@ -14,9 +14,9 @@ import warnings
 import pytest
 import torch
 from conftest import build_tiny_model
+from helpers.robust_faults import fresh_tokenizer
+from helpers.toy_catalogue import toy_catalogue, toy_index
 from peft import PeftModel, get_peft_model
-from robust_faults import fresh_tokenizer
-from toy_catalogue import toy_catalogue, toy_index
 
 import peft_grounded
 from peft_grounded import GroundedTokenConfig, add_lora

@@ -1,6 +1,6 @@
 """Writes under faults: a SIGKILL at each step of a SID index save leaves an index that loads (the old or the
 new one), Ctrl-C or a full disk in the middle of a write keeps the previous file, and a folder the user
-cannot write is named in a clear error. Faults happen in forked children (tests/forked.py)."""
+cannot write is named in a clear error. Faults happen in forked children (tests/helpers/forked.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from forked import run
-from robust_faults import NOBODY, as_another_user
-from toy_catalogue import toy_catalogue, toy_vectors
+from helpers.forked import run
+from helpers.robust_faults import NOBODY, as_another_user
+from helpers.toy_catalogue import toy_catalogue, toy_vectors
 
 from peft_grounded._io import atomic_write, atomic_write_text
 from peft_grounded._locks import lock_path

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 from conftest import build_tiny_model
-from serving_fixtures import serving_world, write_histories
+from helpers.serving_fixtures import serving_world, write_histories
 
 from peft_grounded.cli import main
 from peft_grounded.serving import GroundedRecommender, HistoryInputError, NewItemRule
@@ -87,7 +87,7 @@ def _trie(tokenizer, world):
 
 
 def test_include_history_candidates_titles_and_batches(world, recommender):
-    from toy_catalogue import toy_catalogue
+    from helpers.toy_catalogue import toy_catalogue
 
     history = ["0", "1", "2"]
     kept = recommender.recommend([history], k=5, exclude_history=False)[0]
@@ -334,7 +334,7 @@ def test_hub_id_without_network_is_a_clear_error(tmp_path, monkeypatch, capsys):
 def test_hub_unreachable_endpoint_is_a_clear_error(monkeypatch, tmp_path):
     import socket
 
-    from hub_fixtures import point_client_at
+    from helpers.hub_fixtures import point_client_at
 
     from peft_grounded.hub.repo import GroundedHubError
 

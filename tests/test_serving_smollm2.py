@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from growth_fixtures import grown_indices
+from helpers.growth_fixtures import grown_indices
 
 pytestmark = pytest.mark.slow
 

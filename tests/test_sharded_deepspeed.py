@@ -7,7 +7,7 @@ rows under ZeRO-3, and saving them). DeepSpeed is the ``deepspeed`` extra (scrip
 from __future__ import annotations
 
 import pytest
-from sharded_checks import check_sharded_training
+from helpers.sharded_checks import check_sharded_training
 
 pytest.importorskip("deepspeed", reason="the deepspeed extra: pip install -e '.[deepspeed]'")
 

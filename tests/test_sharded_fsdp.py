@@ -4,16 +4,16 @@ grounding and SFT with a stacked LoRA, tied and untied heads, Llama and Qwen3 (t
 For each run: the trained rows and LoRA equal one process with the same global batch; the saved adapter holds
 only them, gathered, and loads in one process with the sharded model's logits; each rank holds half of them,
 of their optimiser state and of the frozen weights; and a run killed after its first checkpoint resumes to
-where the uninterrupted run ends. The tolerances are in tests/sharded_checks.py.
+where the uninterrupted run ends. The tolerances are in tests/helpers/sharded_checks.py.
 
-accelerate 1.15 keeps FSDP on accelerator devices only; tests/sharded_run.py makes on CPU the state change it
+accelerate 1.15 keeps FSDP on accelerator devices only; tests/helpers/sharded_run.py makes on CPU the state change it
 makes on a GPU (``enable_fsdp_on_cpu``), the rest is accelerate's and torch's own code.
 """
 
 from __future__ import annotations
 
 import pytest
-from sharded_checks import (
+from helpers.sharded_checks import (
     assert_matches_single,
     assert_saved_adapter_is_the_gathered_rows_and_lora,
     assert_sharded_memory,
@@ -21,7 +21,7 @@ from sharded_checks import (
     launch,
     reference,
 )
-from sharded_run import job_dir
+from helpers.sharded_run import job_dir
 
 # the last one runs twice: straight, and killed after its checkpoint at step 2, then resumed
 JOBS = ["grounding:llama:untied", "grounding:qwen3:tied", "sft:llama:tied", "sft:qwen3:untied"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from sharded_checks import assert_matches_single, launch_two_nodes, ranks, reference
-from sharded_run import job_dir
+from helpers.sharded_checks import assert_matches_single, launch_two_nodes, ranks, reference
+from helpers.sharded_run import job_dir
 
 JOBS = ["grounding:llama:untied", "sft:llama:tied"]  # also in test_sharded_fsdp.py: one reference each
 

@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 import torch
+from helpers.toy_catalogue import toy_catalogue, toy_index
 from peft import get_peft_model
-from toy_catalogue import toy_catalogue, toy_index
 from trl.trainer.utils import add_fused_lm_head
 
 import peft_grounded

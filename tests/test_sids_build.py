@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from sids_fixtures import clustered_vectors, office_dir, write_lcrec
+from helpers.sids_fixtures import clustered_vectors, office_dir, write_lcrec
 
 from peft_grounded.cli import main
 from peft_grounded.diagnostics.codes import majority_labels, token_frequencies
@@ -304,7 +304,7 @@ def test_build_refuses_to_replace_an_index_unless_asked(tmp_path):
     tensor file that another index JSON in the folder still names."""
     import shutil
 
-    from toy_catalogue import toy_catalogue, toy_vectors
+    from helpers.toy_catalogue import toy_catalogue, toy_vectors
 
     from peft_grounded.sids.index import tensors_path
 

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from sids_fixtures import ENCODER, growth_vectors, parent_index
+from helpers.sids_fixtures import ENCODER, growth_vectors, parent_index
 
 from peft_grounded.diagnostics.codes import token_frequencies
 from peft_grounded.growth.index import GrowthError, GrowthReport, add_items, add_vectors

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from sids_fixtures import clustered_vectors
+from helpers.sids_fixtures import clustered_vectors
 
 from peft_grounded.diagnostics.codes import level0_labels, majority_labels, token_frequencies
 from peft_grounded.sids.build import index_from_vectors

@@ -6,7 +6,7 @@ import importlib.util
 import json
 
 import pytest
-from sids_fixtures import (
+from helpers.sids_fixtures import (
     EXPECTED_SEQUENCES,
     TABLE_INTERACTION_COLUMNS,
     TABLE_ITEM_COLUMNS,

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from sids_fixtures import clustered_vectors, purity
+from helpers.sids_fixtures import clustered_vectors, purity
 
 from peft_grounded.sids.kmeans import QuantizationError, assign, balanced_assign, kmeans
 from peft_grounded.sids.rqkmeans import RQKMeansConfig, fit_rqkmeans, quantize

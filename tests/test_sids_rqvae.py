@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from sids_fixtures import clustered_vectors, purity, write_lcrec
+from helpers.sids_fixtures import clustered_vectors, purity, write_lcrec
 
 from peft_grounded.cli import main
 from peft_grounded.sids.build import index_from_vectors

@@ -75,6 +75,17 @@ class ModelArguments:
         """The (catalogue, SID index) named here."""
         return load_data(self.catalogue, self.sid_index)
 
+    def start(self, base: Any) -> dict[str, Any]:
+        """The keywords every stage's training function takes for its base model (``base``: TRL's
+        ``ModelConfig``) and the rows' start."""
+        return {
+            "model_path": base.model_name_or_path,
+            "init": self.init,
+            "centroid_variant": self.centroid_variant,
+            "max_examples": self.max_examples,
+            "dtype": base.torch_dtype(),
+        }
+
 
 @dataclass
 class SFTArguments:
@@ -138,6 +149,17 @@ class EncodingArguments:
     no_cache: bool = field(default=False, metadata={"help": "Neither read nor write the embedding cache."})
     device: str = field(default="cpu", metadata={"help": "torch device of the encoder (and of RQ-KMeans)."})
     no_progress: bool = field(default=False, metadata={"help": "No progress bar."})
+
+    def keywords(self) -> dict[str, Any]:
+        """The encoding keywords of ``build_sids`` and ``add_items_to``."""
+        return {
+            "empty_text": "drop" if self.drop_empty_text else "error",
+            "batch_size": self.encode_batch_size,
+            "cache_dir": self.cache_dir,
+            "use_cache": not self.no_cache,
+            "device": self.device,
+            "show_progress": not self.no_progress,
+        }
 
     def __post_init__(self) -> None:
         from .. import checks

@@ -7,9 +7,8 @@ by TRL's parser; ``--config evaluate.yaml`` gives any of them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .common import Command
 
@@ -97,10 +96,5 @@ COMMAND = Command(
 )
 
 
-def parser() -> Any:
-    return COMMAND.parser()
-
-
-def parse(argv: Sequence[str]) -> tuple[Any, ...]:
-    """``(EvaluateArguments, EvalSettings)`` from command-line arguments (and ``--config FILE.yaml``)."""
-    return COMMAND.parse(argv)
+parser = COMMAND.parser
+parse = COMMAND.parse  # (EvaluateArguments, EvalSettings) from arguments (and --config FILE.yaml)

@@ -7,7 +7,6 @@ parser; ``--config ground.yaml`` gives any of them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .common import Command, ModelArguments
@@ -40,16 +39,7 @@ def run(model: ModelArguments, base: GroundedModelConfig, config: Any) -> int:
     from ..grounding.trainer import ground
 
     catalogue, index = model.load()
-    ground(
-        catalogue,
-        index,
-        config,
-        model_path=base.model_name_or_path,
-        init=model.init,
-        centroid_variant=model.centroid_variant,
-        max_examples=model.max_examples,
-        dtype=base.torch_dtype(),
-    )
+    ground(catalogue, index, config, **model.start(base))
     print(f"grounded adapter: {config.output_dir}/adapter")
     return 0
 
@@ -64,10 +54,5 @@ COMMAND = Command(
 )
 
 
-def parser() -> Any:
-    return COMMAND.parser()
-
-
-def parse(argv: Sequence[str]) -> tuple[Any, ...]:
-    """``(ModelArguments, GroundedModelConfig, GroundingConfig)`` from command-line arguments (and ``--config``)."""
-    return COMMAND.parse(argv)
+parser = COMMAND.parser
+parse = COMMAND.parse  # (ModelArguments, GroundedModelConfig, GroundingConfig) from arguments (and --config)

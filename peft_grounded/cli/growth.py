@@ -13,7 +13,7 @@ The flags are the fields of the dataclasses below (and :class:`~.common.Catalogu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from .common import CatalogueArguments, Command, EncodingArguments
 
@@ -71,9 +71,16 @@ class GrowAdapterArguments:
     )
 
 
+def _unset(help: str, *aliases: str) -> Any:
+    """A field left None unless given (None: the config's default; a bool field then takes --flag alone)."""
+    return field(default=None, metadata={"help": help, "aliases": list(aliases)})
+
+
 @dataclass
 class IncrementalGroundingArguments:
-    """Incremental grounding of the new items' rows (with --ground); names as TRL's training settings."""
+    """Incremental grounding of the new items' rows (with --ground): the fields of
+    :class:`~peft_grounded.growth.grounding.IncrementalGroundingConfig` (a ``GroundingConfig``) that the command
+    takes, under the config's names; None: the config's default."""
 
     _argument_group_name = "incremental grounding (with --ground)"
 
@@ -85,38 +92,41 @@ class IncrementalGroundingArguments:
             "metavar": "CATALOGUE",
         },
     )
-    ground_steps: int = field(
-        default=30,
-        metadata={"help": "AdamW steps of incremental grounding (0: count the pairs, take no step)."},
+    max_steps: int | None = _unset(
+        "Steps of incremental grounding (0: count the pairs, take no step); None: 30.",
+        "--ground-steps",
+        "--ground_steps",
     )
-    replay: float = field(
-        default=1.0,
-        metadata={"help": "Old items per new item whose pairs are mixed in (0: the new items alone)."},
+    replay: float | None = _unset(
+        "Old items per new item whose pairs are mixed in (0: the new items alone); None: 1."
     )
-    rows: Literal["used", "new"] = field(
-        default="used",
-        metadata={"help": "Rows that train: every token a new item's SID uses, or only the new tokens."},
+    rows: Literal["used", "new"] | None = _unset(
+        "Rows that train: every token a new item's SID uses, or only the new tokens; None: used."
     )
-    learning_rate: float = field(default=1e-3, metadata={"help": "Learning rate.", "aliases": ["--lr"]})
-    per_device_train_batch_size: int = field(
-        default=8, metadata={"help": "Text <-> SID pairs per step.", "aliases": ["--batch-size"]}
-    )
-    seed: int = field(default=0, metadata={"help": "Seed of the replay sample and the batch order."})
-    bf16: bool = field(
-        default=False, metadata={"help": "Ground under bf16 autocast (CPU with AVX-512 bf16, or GPU)."}
+    learning_rate: float | None = _unset("Learning rate; None: 1e-3.", "--lr")
+    per_device_train_batch_size: int | None = _unset("Text <-> SID pairs per step; None: 8.", "--batch-size")
+    seed: int | None = _unset("Seed of the replay sample and the batch order; None: 0.")
+    bf16: bool = _unset("bf16 mixed precision (CPU with AVX-512 bf16, or GPU); default off.")
+    grounding_dir: str | None = _unset(
+        "Folder of the grounding run (checkpoints, run.json, log_history.json), the config's output_dir; None: "
+        "a temporary folder, removed afterwards."
     )
 
     def __post_init__(self) -> None:
-        from ..growth.grounding import check_settings
+        self.config = self.to_config()  # checked now, before anything loads (with or without --ground)
 
-        check_settings(
-            rows=self.rows,
-            replay=self.replay,
-            steps=self.ground_steps,
-            learning_rate=self.learning_rate,
-            batch_size=self.per_device_train_batch_size,
-            seed=self.seed,
-        )
+    def to_config(self) -> Any:
+        """The :class:`~peft_grounded.growth.grounding.IncrementalGroundingConfig` these settings give."""
+        from dataclasses import fields
+
+        from ..growth.grounding import IncrementalGroundingConfig
+
+        given = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("ground", "grounding_dir") and getattr(self, f.name) is not None
+        }
+        return IncrementalGroundingConfig(output_dir=self.grounding_dir, **given)
 
 
 def run_grow_adapter(args: GrowAdapterArguments, grounding: IncrementalGroundingArguments) -> int:
@@ -135,13 +145,7 @@ def run_grow_adapter(args: GrowAdapterArguments, grounding: IncrementalGrounding
         weights_dtype=args.dtype,
         overwrite=args.overwrite,
         ground=grounding.ground,
-        ground_steps=grounding.ground_steps,
-        replay=grounding.replay,
-        rows=grounding.rows,
-        lr=grounding.learning_rate,
-        batch_size=grounding.per_device_train_batch_size,
-        seed=grounding.seed,
-        bf16=grounding.bf16,
+        grounding=grounding.config,
         interactions=args.interactions,
     )
     print(json.dumps(summary))
@@ -203,12 +207,7 @@ def run_add_items(args: AddItemsArguments, catalogue: CatalogueArguments, encodi
         overwrite=args.overwrite,
         encoder=args.encoder,
         on_problem="skip" if args.skip_problems else "error",
-        empty_text="drop" if encoding.drop_empty_text else "error",
-        batch_size=encoding.encode_batch_size,
-        cache_dir=encoding.cache_dir,
-        use_cache=not encoding.no_cache,
-        device=encoding.device,
-        show_progress=not encoding.no_progress,
+        **encoding.keywords(),
         catalogue_format=catalogue.catalogue_format,
         catalogue_options=catalogue.catalogue_options() or None,
         report=report,

@@ -252,8 +252,7 @@ COMMAND = Command(
 )
 
 
-def parser() -> Any:
-    return COMMAND.parser()
+parser = COMMAND.parser
 
 
 def parse(argv: Sequence[str]) -> RecommendArguments:

@@ -9,7 +9,6 @@ The flags are the fields of :class:`~.common.ModelArguments`, :class:`~.common.S
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .common import Command, ModelArguments, SFTArguments
@@ -41,14 +40,10 @@ def run(model: ModelArguments, sft: SFTArguments, base: LoraModelConfig, config:
         catalogue,
         index,
         config,
-        model_path=base.model_name_or_path,
         grounded=sft.grounded,
-        init=model.init,
-        centroid_variant=model.centroid_variant,
         lora=base.lora(),
         fmt=sft.prompt_format(),
-        max_examples=model.max_examples,
-        dtype=base.torch_dtype(),
+        **model.start(base),
     )
     print(f"recommender adapter: {config.output_dir}/adapter")
     return 0
@@ -63,10 +58,6 @@ COMMAND = Command(
 )
 
 
-def parser() -> Any:
-    return COMMAND.parser()
-
-
-def parse(argv: Sequence[str]) -> tuple[Any, ...]:
-    """``(ModelArguments, SFTArguments, LoraModelConfig, RecommendationConfig)`` from arguments (and ``--config``)."""
-    return COMMAND.parse(argv)
+parser = COMMAND.parser
+# (ModelArguments, SFTArguments, LoraModelConfig, RecommendationConfig) from arguments (and --config)
+parse = COMMAND.parse

@@ -131,12 +131,7 @@ def run(args: BuildSIDsArguments, catalogue: CatalogueArguments, encoding: Encod
         quantizer=args.quantizer,
         rqvae_epochs=args.rqvae_epochs,
         k_core=args.k_core,
-        empty_text="drop" if encoding.drop_empty_text else "error",
-        batch_size=encoding.encode_batch_size,
-        cache_dir=encoding.cache_dir,
-        use_cache=not encoding.no_cache,
-        device=encoding.device,
-        show_progress=not encoding.no_progress,
+        **encoding.keywords(),
         overwrite=args.overwrite,
     )
     print(index.summary())

@@ -9,43 +9,20 @@ from __future__ import annotations
 
 from .._lazy import lazy_exports
 
-_LAZY = {
-    "DEFAULT_KS": "metrics",
-    "LIKELIHOOD_METRICS": "likelihood",
-    "POPULARITY_LABEL": "users",
-    "EvalSettings": "settings",
-    "Evaluation": "evaluator",
-    "bootstrap_interval": "intervals",
-    "calibration_pairs": "new_items",
-    "compare_users": "intervals",
-    "comparison_table": "reports",
-    "evaluate": "evaluator",
-    "evaluate_adapter": "evaluator",
-    "evaluate_adapter_into": "evaluator",
-    "evaluate_popularity": "users",
-    "evaluate_predictions": "reports",
-    "evaluate_split": "reports",
-    "first_seen": "new_items",
-    "intervals_table": "intervals",
-    "item_token_ids": "users",
-    "markdown_table": "reports",
-    "metric_names": "metrics",
-    "metric_value": "metrics",
-    "ndcg_at_k": "metrics",
-    "new_item_examples": "new_items",
-    "paired_intervals": "intervals",
-    "popularity_users": "users",
-    "rank_metrics": "metrics",
-    "ranking_metrics": "metrics",
-    "recall_at_k": "metrics",
-    "target_log_likelihood": "likelihood",
-    "target_rank": "metrics",
-    "user_values": "intervals",
-    "write_json": "reports",
-    "write_markdown": "reports",
-    "write_text_atomic": "reports",
+_LAZY = {  # module: the names it exports
+    "metrics": (
+        "DEFAULT_KS metric_names metric_value ndcg_at_k rank_metrics ranking_metrics recall_at_k target_rank"
+    ),
+    "likelihood": "LIKELIHOOD_METRICS target_log_likelihood",
+    "users": "POPULARITY_LABEL evaluate_popularity item_token_ids popularity_users",
+    "settings": "EvalSettings",
+    "evaluator": "Evaluation evaluate evaluate_adapter evaluate_adapter_into",
+    "intervals": "bootstrap_interval compare_users intervals_table paired_intervals user_values",
+    "new_items": "calibration_pairs first_seen new_item_examples",
+    "reports": (
+        "comparison_table evaluate_predictions evaluate_split markdown_table write_json write_markdown "
+        "write_text_atomic"
+    ),
 }
 
-__all__ = list(_LAZY)
-
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY)

@@ -8,17 +8,10 @@ from __future__ import annotations
 
 from .._lazy import lazy_exports
 
-_LAZY = {
-    "DEFAULT_TEMPLATES": "data",
-    "GroundingConfig": "config",
-    "GroundingData": "data",
-    "GroundingTemplate": "data",
-    "GroundingTrainer": "trainer",
-    "ground": "trainer",
-    "grounding_dataset": "data",
-    "grounding_examples": "data",
+_LAZY = {  # module: the names it exports
+    "data": "DEFAULT_TEMPLATES GroundingData GroundingTemplate grounding_dataset grounding_examples",
+    "config": "GroundingConfig",
+    "trainer": "GroundingTrainer ground",
 }
 
-__all__ = list(_LAZY)
-
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY)

@@ -14,6 +14,7 @@ states: ``train(resume_from_checkpoint=True)`` after a crash ends where an unint
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 
 import torch
@@ -38,7 +39,12 @@ def _trainable_names(model) -> list[str]:
 
 
 class GroundingTrainer(RunTrainer):
-    """``SFTTrainer`` for the grounding stage: only the grounded rows train; resumable and run-checked."""
+    """``SFTTrainer`` for the grounding stage: only the grounded rows train; resumable and run-checked.
+
+    ``rows``: train only these rows of the grounded matrices (incremental grounding of a grown adapter,
+    :func:`peft_grounded.growth.ground_new_items`): a gradient mask keeps every other row bit-identical, which
+    needs ``weight_decay=0``; a stacked LoRA is then allowed as long as it is frozen.
+    """
 
     stage = "grounding"
 
@@ -48,6 +54,7 @@ class GroundingTrainer(RunTrainer):
         args: GroundingConfig | None = None,
         *,
         peft_config: GroundedTokenConfig | None = None,
+        rows: Sequence[int] | None = None,
         **kwargs,
     ) -> None:
         if peft_config is not None:
@@ -63,7 +70,8 @@ class GroundingTrainer(RunTrainer):
             raise ValueError(
                 "GroundingTrainer needs a model with a grounded-token adapter (or pass peft_config)."
             )
-        _refuse_lora(model.peft_config[model.active_adapter])
+        if rows is None:
+            _refuse_lora(model.peft_config[model.active_adapter])
         others = [n for n in _trainable_names(model) if ".grounded_" not in n]
         if others:
             raise ValueError(
@@ -71,7 +79,34 @@ class GroundingTrainer(RunTrainer):
             )
         if not _trainable_names(model):
             raise ValueError("No grounded rows are trainable: load the adapter with is_trainable=True.")
-        super().__init__(model, args or GroundingConfig(output_dir="grounding"), **kwargs)
+        args = args or GroundingConfig(output_dir="grounding")
+        if rows is not None and args.weight_decay:
+            raise ValueError(
+                f"training only some rows needs weight_decay=0 (decay would move the others), got {args.weight_decay}"
+            )
+        self.rows = None if rows is None else list(rows)
+        super().__init__(model, args, **kwargs)
+
+    def train(self, *args, **kwargs):
+        """Train (see :meth:`RunTrainer.train`); with ``rows``, the other rows' gradients are zeroed meanwhile."""
+        if self.rows is None:
+            return super().train(*args, **kwargs)
+        handles = []
+        for name, param in self.model.named_parameters():
+            if param.requires_grad and ".grounded_" in name:
+                mask = torch.zeros(param.shape[0], 1, dtype=torch.bool, device=param.device)
+                mask[torch.as_tensor(self.rows, device=param.device)] = True
+                handles.append(param.register_hook(partial(_keep_rows, mask)))
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
+def _keep_rows(mask: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """``grad`` with the rows outside ``mask`` zeroed."""
+    return grad * mask.to(grad.device, grad.dtype)
 
 
 @locks_output("args.output_dir", "ground")

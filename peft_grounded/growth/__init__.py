@@ -18,24 +18,11 @@ from __future__ import annotations
 
 from .._lazy import lazy_exports
 
-_LAZY = {
-    "GrowthError": "index",
-    "GrowthReport": "index",
-    "add_items": "index",
-    "add_items_to": "index",
-    "add_vectors": "index",
-    "encoder_spec": "index",
-    "GROW_INITS": "adapter",
-    "check_lineage": "adapter",
-    "grow_adapter": "adapter",
-    "IncrementalResult": "grounding",
-    "ground_new_items": "grounding",
-    "new_item_ids": "grounding",
-    "rows_used": "grounding",
-    "grow_adapter_into": "run",
+_LAZY = {  # module: the names it exports
+    "index": "GrowthError GrowthReport add_items add_items_to add_vectors encoder_spec",
+    "adapter": "GROW_INITS check_lineage grow_adapter",
+    "grounding": "IncrementalGroundingConfig IncrementalResult ground_new_items new_item_ids rows_used",
+    "run": "grow_adapter_into",
 }
 
-__all__ = list(_LAZY)
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY)

@@ -1,11 +1,15 @@
 """Incremental grounding: GTI pairs of the new items only, training only the rows their SIDs use.
 
-After :func:`~peft_grounded.growth.grow_adapter`, :func:`ground_new_items` runs a few AdamW steps on
-the grounding pairs (text -> SID, SID -> text) of the items the child index added. Every other weight
-is frozen, and a gradient mask keeps every row outside ``rows`` bit-identical (a zero gradient from
-the first step gives AdamW a zero update): ``rows="used"`` trains the rows of every token a new item's
-SID uses (shared prefixes included), ``rows="new"`` only the tokens the child added. A stacked LoRA
-is left as it is. Seconds on a CPU for a few hundred items, not a rerun.
+After :func:`~peft_grounded.growth.grow_adapter`, :func:`ground_new_items` runs a few steps of the grounding
+stage's own trainer (:class:`~peft_grounded.grounding.GroundingTrainer`, settings an
+:class:`IncrementalGroundingConfig`, a :class:`~peft_grounded.grounding.GroundingConfig` with the defaults of a
+few seconds' top-up) on the grounding pairs (text -> SID, SID -> text) of the items the child index added.
+Every other weight is frozen, and the trainer's row mask (``GroundingTrainer(rows=...)``) keeps every row
+outside the trained ones bit-identical (a zero gradient from the first step gives AdamW without weight decay a
+zero update): ``rows="used"`` trains the rows of every token a new item's SID uses (shared prefixes included),
+``rows="new"`` only the tokens the child added. A stacked LoRA is left as it is (frozen). Seconds on a CPU for a
+few hundred items, not a rerun. With ``output_dir`` set the run keeps its checkpoints, manifest and loss log
+there and resumes like any grounding run (``resume_from_checkpoint``); without, it runs in a temporary folder.
 
 ``replay`` mixes in the pairs of a seeded sample of the parent's items (``replay`` old items per new
 one). They train the same rows only, but they keep those rows calibrated: on the new items' pairs
@@ -15,18 +19,101 @@ items far more of its slots than their share of the targets.
 
 from __future__ import annotations
 
+import contextlib
 import random
+import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import torch
-
-from ..grounding.data import GroundingData, grounding_examples
+from ..grounding.config import GroundingConfig
+from ..grounding.data import GroundingData, grounding_dataset
 
 if TYPE_CHECKING:
     from ..sids.index import SIDIndex
+
+# the keyword names of earlier releases (ground_new_items(steps=..., batch_size=...)) and the config's
+LEGACY_NAMES = {"steps": "max_steps", "batch_size": "per_device_train_batch_size"}
+
+
+@dataclass
+class IncrementalGroundingConfig(GroundingConfig):
+    """``GroundingConfig`` for grounding the new items of a grown adapter (:func:`ground_new_items`).
+
+    Defaults of a top-up rather than a stage: 30 steps (0: count the pairs, take no step), 8 pairs per step,
+    a constant learning rate without warm-up, a loss logged every step, bf16 off; no weight decay (it would
+    move the rows outside the mask). ``output_dir`` None: a temporary folder, removed afterwards.
+    """
+
+    default_steps: ClassVar[int] = 30
+    min_steps: ClassVar[int] = 0
+
+    replay: float = field(
+        default=1.0,
+        metadata={"help": "Old items per new item whose pairs are mixed in (0: the new items alone)."},
+    )
+    rows: Literal["used", "new"] = field(
+        default="used",
+        metadata={"help": "Rows that train: every token a new item's SID uses, or only the new tokens."},
+    )
+    per_device_train_batch_size: int = field(
+        default=8, metadata={"help": "Text <-> SID pairs per step.", "aliases": ["--batch-size"]}
+    )
+    lr_scheduler_type: str = field(
+        default="constant", metadata={"help": "Learning-rate schedule.", "aliases": ["--lr-scheduler"]}
+    )
+    warmup_ratio: float = field(default=0.0, metadata={"help": "Share of the steps spent warming up."})
+    logging_steps: float = field(default=1, metadata={"help": "Steps between loss logs."})
+    bf16: bool | None = field(
+        default=False,
+        metadata={
+            "help": "bf16 mixed precision (CPU with AVX-512 bf16, or GPU); None: the machine's choice.",
+            "nargs": "?",
+            "const": True,
+        },
+    )
+
+    def __post_init__(self) -> None:
+        from .. import checks
+
+        self.temporary_output = self.output_dir is None
+        checks.raise_problems(
+            "incremental grounding",
+            [
+                checks.one_of("rows", self.rows, ("used", "new"), flag="--rows"),
+                None
+                if checks.is_number(self.replay) and self.replay >= 0
+                else "replay must be >= 0 (old items per new item; 0: the new items alone), got "
+                f"{self.replay!r} (--replay)",
+                checks.int_at_least(
+                    "max_steps",
+                    self.max_steps,
+                    0,
+                    flag="--ground-steps; 0: count the pairs, take no step",
+                    none_ok=True,
+                ),
+                None
+                if self.weight_decay == 0
+                else f"weight_decay must be 0 (decay would move the rows outside the mask), got {self.weight_decay!r}",
+            ],
+        )
+        super().__post_init__()
+
+
+def incremental_config(
+    args: IncrementalGroundingConfig | None = None, **settings: Any
+) -> IncrementalGroundingConfig:
+    """``args``, or an :class:`IncrementalGroundingConfig` from keyword settings (its fields, or the names of
+    earlier releases: ``steps``, ``batch_size``)."""
+    if args is not None:
+        if settings:
+            raise TypeError(
+                f"pass an IncrementalGroundingConfig or keyword settings, not both ({sorted(settings)})"
+            )
+        return args
+    return IncrementalGroundingConfig(**{LEGACY_NAMES.get(k, k): v for k, v in settings.items()})
 
 
 @dataclass
@@ -64,160 +151,98 @@ def rows_used(child_index: SIDIndex, item_ids: Sequence[str]) -> list[int]:
     return sorted(rows)
 
 
-def _encode(tokenizer: Any, rows: list[dict], chat: bool) -> list[tuple[list[int], list[int]]]:
-    out = []
-    for row in rows:
-        if chat:
-            prompt = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
-            full = tokenizer.apply_chat_template(row["prompt"] + row["completion"], tokenize=False)
-            completion = full[len(prompt) :] if full.startswith(prompt) else row["completion"][0]["content"]
-        else:
-            prompt, completion = row["prompt"], row["completion"]
-        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        c = tokenizer(completion, add_special_tokens=False)["input_ids"]
-        out.append((p, c))
-    return out
-
-
-def _batch(
-    pairs: list[tuple[list[int], list[int]]], pad: int, device: torch.device
-) -> dict[str, torch.Tensor]:
-    from torch.nn.utils.rnn import pad_sequence
-
-    def padded(rows: list[list[int]], value: int) -> torch.Tensor:
-        return pad_sequence(
-            [torch.tensor(r, dtype=torch.long) for r in rows], batch_first=True, padding_value=value
-        )
-
-    ids = padded([p + c for p, c in pairs], pad)
-    labels = padded([[-100] * len(p) + c for p, c in pairs], -100)  # the completion only
-    mask = padded([[1] * (len(p) + len(c)) for p, c in pairs], 0)
-    return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "labels": labels.to(device)}
-
-
-def check_settings(
-    *,
-    rows: str = "used",
-    replay: float = 1.0,
-    steps: int = 30,
-    learning_rate: float = 1e-3,
-    batch_size: int = 8,
-    seed: int = 0,
-) -> None:
-    """Refuse :func:`ground_new_items` settings out of range (entry points call it before loading a model)."""
-    from .. import checks
-
-    checks.raise_problems(
-        "incremental grounding",
-        [
-            checks.one_of("rows", rows, ("used", "new"), flag="--rows"),
-            None
-            if checks.is_number(replay) and replay >= 0
-            else f"replay must be >= 0 (old items per new item; 0: the new items alone), got {replay!r} (--replay)",
-            checks.int_at_least("steps", steps, 0, flag="--ground-steps; 0: count the pairs, take no step"),
-            checks.number_in("learning_rate", learning_rate, 0, low_open=True, flag="--lr"),
-            checks.int_at_least("batch_size", batch_size, 1, flag="--batch-size"),
-            checks.seed("seed", seed, flag="--seed"),
-        ],
-    )
-
-
 def ground_new_items(
     model: Any,
     tokenizer: Any,
     parent_index: SIDIndex,
     child_index: SIDIndex,
     catalogue: Any,
+    args: IncrementalGroundingConfig | None = None,
     *,
-    rows: str = "used",
-    replay: float = 1.0,
-    steps: int = 30,
-    learning_rate: float = 1e-3,
-    batch_size: int = 8,
-    seed: int = 0,
     data: GroundingData | None = None,
     chat: bool | None = None,
     adapter_name: str | None = None,
+    callbacks: list | None = None,
+    **settings: Any,
 ) -> IncrementalResult:
     """Ground the rows of the child's new items in place (see the module doc); returns the losses.
 
     ``model``: the grown ``PeftModel`` (its adapter must record ``child_index``). ``catalogue``: a
     :class:`~peft_grounded.sids.Catalogue` (or anything with ``.items``) holding the new items' text, and
-    the old items' text that ``replay`` samples from. ``replay``: old items per new item whose pairs are
-    mixed in (0: the new items alone).
+    the old items' text that ``replay`` samples from. ``args``: the settings (default: an
+    :class:`IncrementalGroundingConfig`), or give its fields as keywords (``replay=0, max_steps=6``; the names
+    of earlier releases ``steps`` and ``batch_size`` too).
     """
-    check_settings(
-        rows=rows, replay=replay, steps=steps, learning_rate=learning_rate, batch_size=batch_size, seed=seed
-    )
+    args = incremental_config(args, **settings)
     name = adapter_name or model.active_adapter
-    config = model.peft_config[name]
-    child_index.check_adapter(config)
+    child_index.check_adapter(model.peft_config[name])
     new_ids = new_item_ids(parent_index, child_index)
     if not new_ids:
         raise ValueError("the child index adds no items to the parent: nothing to ground")
-    if rows == "used":
+    if args.rows == "used":
         train_rows = rows_used(child_index, new_ids)
     else:
         train_rows = list(range(parent_index.n_tokens, child_index.n_tokens))
-    if chat is None:
-        chat = getattr(tokenizer, "chat_template", None) is not None
     old_ids = [i for i in parent_index.item_ids if i in catalogue.items]
-    n_old = min(len(old_ids), round(replay * len(new_ids)))
-    if replay and not old_ids:
+    n_old = min(len(old_ids), round(args.replay * len(new_ids)))
+    if args.replay and not old_ids:
         raise ValueError(
             "replay needs the text of some of the parent's items, and the catalogue holds none of them: pass "
             "the whole catalogue (old and new items), or replay=0 to ground on the new items alone"
         )
-    replayed = random.Random(seed).sample(old_ids, n_old) if n_old else []
-    examples = grounding_examples(catalogue, _NewItemsView(child_index, new_ids + replayed), data, chat=chat)
-    pairs = _encode(tokenizer, examples, chat)
+    replayed = random.Random(args.seed).sample(old_ids, n_old) if n_old else []
+    view = _NewItemsView(child_index, new_ids + replayed)
+    dataset = grounding_dataset(catalogue, view, tokenizer, data, chat=chat)
+    result = IncrementalResult(
+        n_items=len(new_ids), n_examples=len(dataset), trained_rows=train_rows, n_replayed=len(replayed)
+    )
+    if args.max_steps == 0:
+        return result
+    if args.temporary_output:
+        with tempfile.TemporaryDirectory(prefix="peft-grounded-incremental-") as folder:
+            args.output_dir = folder
+            try:
+                return _train(model, tokenizer, name, dataset, args, callbacks, result)
+            finally:
+                args.output_dir = None
+    return _train(model, tokenizer, name, dataset, args, callbacks, result)
+
+
+def _train(
+    model, tokenizer, name: str, dataset, args, callbacks, result: IncrementalResult
+) -> IncrementalResult:
+    """Train the grounded rows of adapter ``name`` (only ``result.trained_rows``) with a ``GroundingTrainer``;
+    every other weight frozen meanwhile. Trainability, dtypes and the train/eval mode are restored after."""
+    from ..grounding.trainer import GroundingTrainer
+
     layer = model.get_input_embeddings()
     params = [layer.grounded_embedding[name]]
     if name in layer.grounded_head:
         params.append(layer.grounded_head[name])
-    mask = torch.zeros(params[0].shape[0], 1, dtype=params[0].dtype, device=params[0].device)
-    mask[torch.as_tensor(train_rows, device=mask.device)] = 1.0
-    states = {p: p.requires_grad for p in model.parameters()}
+    states = {p: (p.requires_grad, p.dtype) for p in model.parameters()}
     was_training = model.training
-    handles = []
     try:
         for p in model.parameters():
             p.requires_grad_(False)
         for p in params:
             p.requires_grad_(True)
-            handles.append(p.register_hook(lambda grad: grad * mask.to(grad.dtype)))
-        optimizer = torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        device = params[0].device
-        order = list(range(len(pairs)))
-        rng = random.Random(seed)
-        losses: list[float] = []
+        trainer = GroundingTrainer(
+            model,
+            args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=callbacks,
+            rows=result.trained_rows,
+        )
         start = time.perf_counter()
-        model.train()
-        cursor = len(order)
-        for _ in range(steps):
-            if cursor + batch_size > len(order):
-                rng.shuffle(order)
-                cursor = 0
-            chosen = [pairs[i] for i in order[cursor : cursor + batch_size]]
-            cursor += batch_size
-            loss = model(**_batch(chosen, pad, device)).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            losses.append(float(loss.detach()))
-        seconds = time.perf_counter() - start
+        with contextlib.redirect_stdout(sys.stderr):  # the trainer's loss lines: stdout stays the caller's
+            trainer.train()
+        result.seconds = time.perf_counter() - start
+        result.losses = [float(e["loss"]) for e in trainer.state.log_history if "loss" in e]
     finally:
-        for handle in handles:
-            handle.remove()
-        for p, flag in states.items():
+        for p, (flag, dtype) in states.items():
+            if p.dtype != dtype:  # the trainer keeps half-precision rows in float32 while they train
+                p.data = p.data.to(dtype)
             p.requires_grad_(flag)
         model.train(was_training)
-    return IncrementalResult(
-        n_items=len(new_ids),
-        n_examples=len(pairs),
-        trained_rows=train_rows,
-        losses=losses,
-        seconds=seconds,
-        n_replayed=len(replayed),
-    )
+    return result

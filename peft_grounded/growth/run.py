@@ -4,12 +4,14 @@ ground the new items, and save it into a folder, replacing only what the command
 from __future__ import annotations
 
 import sys
-from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._locks import locks_output
 from .._owned import PEFT_CARD_MARKER, is_generated_card, replace_keeping_others
+
+if TYPE_CHECKING:
+    from .grounding import IncrementalGroundingConfig
 
 ADAPTER_CONFIG = "adapter_config.json"  # what PEFT's save_pretrained writes first
 ADAPTER_FILES = (  # an adapter's own files (its new-item rule included: fitted for this adapter's index)
@@ -88,17 +90,13 @@ def grow_adapter_into(
     weights_dtype: str = "float32",
     overwrite: bool = False,
     ground: str | None = None,
-    ground_steps: int = 30,
-    replay: float = 1.0,
-    rows: str = "used",
-    lr: float = 1e-3,
-    batch_size: int = 8,
-    seed: int = 0,
-    bf16: bool = False,
+    grounding: IncrementalGroundingConfig | None = None,
     interactions: str | Path | None = None,
 ) -> dict[str, Any]:
     """Grow the adapter saved in ``adapter`` (trained on ``parent_index``) onto ``sid_index``, ground the new
-    items on the catalogue ``ground`` when given, and save it to ``output``; returns a summary.
+    items on the catalogue ``ground`` when given (settings: ``grounding``, default an
+    :class:`~peft_grounded.growth.grounding.IncrementalGroundingConfig`, checked when it is made), and save it
+    to ``output``; returns a summary.
 
     ``output`` is locked and checked before anything is loaded; with ``overwrite`` an adapter there is
     replaced, its other files kept. ``interactions``: a JSONL file of histories logged since the adapter was
@@ -109,13 +107,12 @@ def grow_adapter_into(
     from ..adapter.loading import base_model_path, sid_model
     from ..sids import SIDIndex, load_catalogue
     from .adapter import check_lineage, grow_adapter
-    from .grounding import check_settings, ground_new_items, new_item_ids
+    from .grounding import IncrementalGroundingConfig, ground_new_items, new_item_ids
 
     output, adapter = Path(output), Path(adapter)
     check_output(output, adapter, overwrite)
-    check_settings(  # before anything loads (checked with or without ground: a typo is a typo)
-        rows=rows, replay=replay, steps=ground_steps, learning_rate=lr, batch_size=batch_size, seed=seed
-    )
+    if ground is not None and grounding is None:
+        grounding = IncrementalGroundingConfig()
     parent, child = SIDIndex.load(parent_index), SIDIndex.load(sid_index)
     check_lineage(parent, child)  # the refusal grow_adapter gives, before the model is loaded
     rule = None
@@ -155,26 +152,7 @@ def grow_adapter_into(
         "fingerprint": child.fingerprint(),
     }
     if catalogue is not None:
-        device = next(grown.parameters()).device.type
-        if bf16:
-            from ..precision import warn_if_emulated
-
-            warn_if_emulated("bf16 grounding (--bf16)", device)
-        autocast = torch.autocast(device, dtype=torch.bfloat16) if bf16 else nullcontext()
-        with autocast:
-            result = ground_new_items(
-                grown,
-                tokenizer,
-                parent,
-                child,
-                catalogue,
-                rows=rows,
-                replay=replay,
-                steps=ground_steps,
-                learning_rate=lr,
-                batch_size=batch_size,
-                seed=seed,
-            )
+        result = ground_new_items(grown, tokenizer, parent, child, catalogue, grounding)
         summary["grounding"] = {
             "seconds": round(result.seconds, 3),
             "steps": len(result.losses),

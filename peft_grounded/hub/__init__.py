@@ -12,22 +12,12 @@ from __future__ import annotations
 
 from .._lazy import lazy_exports
 
-_EXPORTS = {
-    "push_grounded": "push",
-    "load_grounded": "load",
-    "load_sid_index": "load",
-    "prepare_base": "load",
-    "pull_grounded": "pull",
-    "GroundedHubError": "repo",
-    "check_repo_id": "repo",
-    "render_model_card": "card",
-    "GroundedCardFacts": "card",
-    "SIDFacts": "card",
-    "InitFacts": "card",
-    "GroundingFacts": "card",
+_LAZY = {  # module: the names it exports
+    "push": "push_grounded",
+    "load": "load_grounded load_sid_index prepare_base",
+    "pull": "pull_grounded",
+    "repo": "GroundedHubError check_repo_id",
+    "card": "render_model_card GroundedCardFacts SIDFacts InitFacts GroundingFacts",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY)

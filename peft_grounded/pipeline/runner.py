@@ -136,13 +136,10 @@ def run_strategy(
 
     def validation(live_model, ranking: bool) -> dict:
         """The fixed validation users' Recall/NDCG (``ranking``) or target NLL, for the learning curves."""
-        result = evaluate(
+        result = _evaluate(
             live_model,
             tokenizer,
-            experiment.split,
-            experiment.index,
-            experiment.catalogue,
-            experiment.fmt,
+            experiment,
             ("valid",),
             curve_settings,
             trie,
@@ -198,17 +195,8 @@ def run_strategy(
     ]
     _write_json(out / CURVE_FILE, curves)
     t = time.perf_counter()
-    evaluation = evaluate(  # rankings, likelihoods and per-user records in one pass
-        model,
-        tokenizer,
-        experiment.split,
-        experiment.index,
-        experiment.catalogue,
-        experiment.fmt,
-        budget.parts,
-        budget.eval_settings(),
-        trie,
-    )
+    # rankings, likelihoods and per-user records in one pass
+    evaluation = _evaluate(model, tokenizer, experiment, budget.parts, budget.eval_settings(), trie)
     results, likelihoods = evaluation.metrics, evaluation.likelihood
     timings["eval_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - started
@@ -230,6 +218,23 @@ def run_strategy(
     return record
 
 
+def _evaluate(model, tokenizer, experiment: Experiment, parts, settings, trie=None, **options):
+    """:func:`~peft_grounded.evaluation.evaluator.evaluate` on the experiment's split, index, catalogue and
+    prompt format."""
+    return evaluate(
+        model,
+        tokenizer,
+        experiment.split,
+        experiment.index,
+        experiment.catalogue,
+        experiment.fmt,
+        parts,
+        settings,
+        trie,
+        **options,
+    )
+
+
 def _log_history(stage: Path) -> list[dict]:
     """The loss log a stage's trainer wrote (empty when there is none)."""
     path = stage / LOG_FILE
@@ -245,17 +250,7 @@ def _add_likelihood(record: dict, experiment: Experiment, budget: Budget, out: P
         is_trainable=False,
         dtype=budget.dtype,
     )
-    measured = evaluate(
-        model,
-        tokenizer,
-        experiment.split,
-        experiment.index,
-        experiment.catalogue,
-        experiment.fmt,
-        budget.parts,
-        budget.eval_settings(),
-        ranking=False,
-    )
+    measured = _evaluate(model, tokenizer, experiment, budget.parts, budget.eval_settings(), ranking=False)
     record = record | {"likelihood": measured.likelihood}
     _write_json(out / RESULTS_FILE, record)
     return record

@@ -8,18 +8,12 @@ from __future__ import annotations
 
 from .._lazy import lazy_exports
 
-_LAZY = {
-    "RecommendationConfig": "config",
-    "RecommendationTrainer": "trainer",
-    "ValidationLikelihood": "callbacks",
-    "ValidationRecall": "callbacks",
-    "learning_curve": "callbacks",
-    "recommendation_examples": "data",
-    "sequence_dataset": "sequence",
-    "train_recommender": "trainer",
-    "training_dataset": "data",
+_LAZY = {  # module: the names it exports
+    "config": "RecommendationConfig",
+    "trainer": "RecommendationTrainer train_recommender",
+    "callbacks": "ValidationLikelihood ValidationRecall learning_curve",
+    "data": "recommendation_examples training_dataset",
+    "sequence": "sequence_dataset",
 }
 
-__all__ = list(_LAZY)
-
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY)

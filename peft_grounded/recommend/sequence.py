@@ -90,6 +90,10 @@ def sequence_rows(
     users: Sequence[str] | None = None,
 ) -> list[dict]:
     """One row per chunk of every user's training history (see the module docstring)."""
+    if tokenizer is None:
+        raise ValueError(
+            "The sequence objective tokenises its rows: pass the tokenizer (with the SID tokens)."
+        )
     fmt = fmt or PromptFormat(objective="sequence")
     fmt = replace(fmt, start=fmt.start_token(tokenizer))  # resolved once, not per chunk
     keep = None if users is None else set(users)
@@ -106,19 +110,9 @@ def sequence_rows(
     return rows
 
 
-def sequence_dataset(
-    split,
-    index,
-    tokenizer,
-    catalogue=None,
-    fmt: PromptFormat | None = None,
-    users: Sequence[str] | None = None,
-):
-    """:func:`sequence_rows` as a ``datasets.Dataset`` (pre-tokenised: TRL builds the labels from the mask)."""
+def sequence_dataset(*args, **kwargs):
+    """:func:`sequence_rows` (same arguments) as a ``datasets.Dataset`` (pre-tokenised: TRL builds the labels
+    from the mask)."""
     from datasets import Dataset
 
-    if tokenizer is None:
-        raise ValueError(
-            "The sequence objective tokenises its rows: pass the tokenizer (with the SID tokens)."
-        )
-    return Dataset.from_list(sequence_rows(split, index, tokenizer, catalogue, fmt, users))
+    return Dataset.from_list(sequence_rows(*args, **kwargs))

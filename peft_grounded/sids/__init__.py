@@ -20,39 +20,20 @@ from __future__ import annotations
 from .._lazy import lazy_exports
 from .tokens import DEFAULT_TEMPLATE, level_name, parse_sid, sid_string, sid_token, sid_vocabulary
 
-_LAZY = {
-    "Catalogue": "catalogue",
-    "CatalogueError": "catalogue",
-    "Item": "catalogue",
-    "LeaveOneOut": "catalogue",
-    "LoadReport": "catalogue",
-    "UserSplit": "catalogue",
-    "load_catalogue": "loaders",
-    "load_lcrec": "loaders",
-    "load_amazon": "loaders",
-    "load_movielens": "loaders",
-    "load_recbole": "loaders",
-    "load_table": "loaders",
-    "TextTemplate": "text",
-    "TextEncoder": "encoders",
-    "SentenceTransformerEncoder": "encoders",
-    "LMEncoder": "encoders",
-    "load_encoder": "encoders",
-    "encode_texts": "encoders",
-    "encode_items": "item_vectors",
-    "EncodedItems": "item_vectors",
-    "RQKMeansConfig": "rqkmeans",
-    "QuantizationError": "kmeans",
-    "fit_rqkmeans": "rqkmeans",
-    "kmeans": "kmeans",
-    "RQVAEConfig": "rqvae",
-    "fit_rqvae": "rqvae",
-    "SIDIndex": "index",
-    "IndexFileError": "index",
-    "EncoderMismatchError": "index",
-    "build_sids": "build",
-    "index_from_vectors": "build",
+_LAZY = {  # module: the names it exports
+    "catalogue": "Catalogue CatalogueError Item LeaveOneOut LoadReport UserSplit",
+    "loaders": "load_catalogue load_lcrec load_amazon load_movielens load_recbole load_table",
+    "text": "TextTemplate",
+    "encoders": "TextEncoder SentenceTransformerEncoder LMEncoder load_encoder encode_texts",
+    "item_vectors": "encode_items EncodedItems",
+    "rqkmeans": "RQKMeansConfig fit_rqkmeans",
+    "kmeans": "QuantizationError kmeans",
+    "rqvae": "RQVAEConfig fit_rqvae",
+    "index": "SIDIndex IndexFileError EncoderMismatchError",
+    "build": "build_sids index_from_vectors",
 }
+
+__getattr__, __dir__, _lazy_names = lazy_exports(__name__, _LAZY)
 
 __all__ = [
     "DEFAULT_TEMPLATE",
@@ -61,8 +42,5 @@ __all__ = [
     "sid_string",
     "sid_token",
     "sid_vocabulary",
-    *_LAZY,
+    *_lazy_names,
 ]
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -10,21 +10,12 @@ from __future__ import annotations
 
 from .._lazy import lazy_exports
 
-_LAZY = {
-    "RunConfig": "config",
-    "check_max_examples": "config",
-    "check_run_config": "config",
-    "RunTrainer": "trainer",
-    "save_adapter_atomic": "adapter_files",
-    "load_adapter_weights": "adapter_files",
-    "upcast_trainable": "trainer",
-    "sample_rows": "trainer",
-    "TrainingClock": "clock",
-    "time_schedule": "clock",
-    "RunMismatchError": "runs",
+_LAZY = {  # module: the names it exports
+    "config": "RunConfig check_max_examples check_run_config",
+    "trainer": "RunTrainer upcast_trainable sample_rows",
+    "adapter_files": "save_adapter_atomic load_adapter_weights",
+    "clock": "TrainingClock time_schedule",
+    "runs": "RunMismatchError",
 }
 
-__all__ = list(_LAZY)
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY)

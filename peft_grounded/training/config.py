@@ -23,6 +23,7 @@ class RunConfig(SFTConfig):
     """
 
     default_steps: ClassVar[int] = -1  # max_steps when none is given (-1: TRL's epochs)
+    min_steps: ClassVar[int] = 1  # the fewest max_steps taken (incremental grounding takes 0: no step)
 
     output_dir: str | None = field(
         default=None,
@@ -138,7 +139,7 @@ def check_run_config(args: Any) -> None:
     steps = args.max_steps
     if minutes is None:
         steps_problem = None
-        if not checks.is_int(steps) or (steps < 1 and steps != -1):
+        if not checks.is_int(steps) or (steps < getattr(args, "min_steps", 1) and steps != -1):
             steps_problem = (
                 f"max_steps must be a positive number of optimisation steps, got {steps!r} (--steps), which "
                 "transformers does not take as a step count (it falls back to training epochs); give --steps "

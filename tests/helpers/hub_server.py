@@ -718,7 +718,7 @@ class HubServer:
         self.stop()
 
 
-if __name__ == "__main__":  # manual use: python tests/hub_server.py  (Ctrl-C to stop)
+if __name__ == "__main__":  # manual use: python tests/helpers/hub_server.py  (Ctrl-C to stop)
     with HubServer() as hub:
         print(f"HF_ENDPOINT={hub.url}", flush=True)
         threading.Event().wait()

@@ -210,7 +210,7 @@ def purity(pred: np.ndarray, truth: np.ndarray) -> float:
 
 def office_dir() -> Path | None:
     """The shared Amazon Office catalogue (``<checkout>/../shared/data/amazon-office``), if present."""
-    here = Path(__file__).resolve().parent.parent
+    here = Path(__file__).resolve().parents[2]
     for candidate in (
         here.parent / "shared" / "data" / "amazon-office",
         Path("/work/shared/data/amazon-office"),

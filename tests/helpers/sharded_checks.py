@@ -1,4 +1,4 @@
-"""Launching tests/sharded_run.py under accelerate (FSDP2, DeepSpeed, DDP over two simulated nodes), the
+"""Launching tests/helpers/sharded_run.py under accelerate (FSDP2, DeepSpeed, DDP over two simulated nodes), the
 single-process references, and the checks every sharded test makes.
 
 Tolerances (trained rows and LoRA, sharded vs one process with the same global batch, 4 steps):
@@ -31,12 +31,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-import sharded_run
 import torch
 from safetensors.torch import load_file
 
-HERE = Path(__file__).parent
-CONFIGS = HERE.parent / "examples" / "accelerate"
+from helpers import sharded_run
+
+HERE = Path(__file__).resolve().parent
+CONFIGS = HERE.parents[1] / "examples" / "accelerate"
 RUNNER = HERE / "sharded_run.py"
 TIMEOUT = 600
 _references: dict[tuple, Path] = {}

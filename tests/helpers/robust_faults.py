@@ -16,7 +16,8 @@ import pytest
 import torch
 from conftest import build_tiny_model
 from safetensors.torch import load_file
-from toy_catalogue import toy_catalogue, toy_index
+
+from helpers.toy_catalogue import toy_catalogue, toy_index
 
 WEIGHTS = "adapter_model.safetensors"
 NOBODY = 65534  # the uid the tests of other users' permissions run as

@@ -1,4 +1,4 @@
-"""Pytest fixtures that point the real ``huggingface_hub`` client at the loopback Hub (tests/hub_server.py).
+"""Pytest fixtures that point the real ``huggingface_hub`` client at the loopback Hub (tests/helpers/hub_server.py).
 
 - ``hub_server``: a started :class:`HubServer` (fresh, empty) for the test.
 - ``hub_endpoint``: its URL, with THIS process's client pointed at it: env vars set (so that
@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hub_server import HubServer
+
+from helpers.hub_server import HubServer
 
 HUB_TOKEN = "hf_loopback_dummy_token"
 

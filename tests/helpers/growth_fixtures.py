@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 from peft import get_peft_model
-from toy_catalogue import toy_catalogue, toy_index, toy_vectors
 
 import peft_grounded
+from helpers.toy_catalogue import toy_catalogue, toy_index, toy_vectors
 from peft_grounded import GroundedTokenConfig
 from peft_grounded.cli import main
 from peft_grounded.growth import add_items, grow_adapter

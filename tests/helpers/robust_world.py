@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from conftest import build_tiny_model
-from toy_catalogue import toy_catalogue, toy_index
 
+from helpers.toy_catalogue import toy_catalogue, toy_index
 from peft_grounded.cli import main
 
 

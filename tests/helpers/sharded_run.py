@@ -1,7 +1,7 @@
 """Small grounding and SFT runs as a script, for the sharded (FSDP2, DeepSpeed ZeRO) and multi-node tests and
 benchmarks/bench_sharding.py.
 
-python tests/sharded_run.py OUT JOB [JOB ...] [--max-steps 4] [--batch 4] [--kill-at 2] [--resume]
+python tests/helpers/sharded_run.py OUT JOB [JOB ...] [--max-steps 4] [--batch 4] [--kill-at 2] [--resume]
 
 JOB is ``stage:model:head``: stage ``grounding`` or ``sft`` (a LoRA stacked on the rows), model ``llama`` or
 ``qwen3`` (tiny, from tests/conftest.py) or ``smollm2`` (the real weights), head ``tied`` or ``untied``; an
@@ -26,7 +26,11 @@ import json
 import os
 import resource
 import signal
+import sys
 from pathlib import Path
+
+if not __package__:  # run by path: tests/ on sys.path, as under pytest (``helpers``, ``conftest``)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PROBE = "The Comedy Story 0 is <a_1><b_2>, and <a_0><b_3> is"
 
@@ -107,7 +111,7 @@ def base_model(model_name: str, tied: bool):
 
 
 def toy_data(items: int = 16, levels: int = 2, codes: int = 4):
-    from toy_catalogue import toy_catalogue, toy_index
+    from helpers.toy_catalogue import toy_catalogue, toy_index
 
     catalogue = toy_catalogue(n_items=items)
     return catalogue, toy_index(catalogue, levels=levels, codes=codes)

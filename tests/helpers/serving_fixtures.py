@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from growth_fixtures import grown_indices, trained
-
+from helpers.growth_fixtures import grown_indices, trained
 from peft_grounded.growth import grow_adapter
 
 

@@ -1,6 +1,6 @@
 """A small grounding run as a script, for the crash-resume and multi-process tests.
 
-python tests/grounding_run.py OUT --max-steps 6 [--kill-at 4] [--resume] [--batch 4] [--lr 0.05]
+python tests/helpers/grounding_run.py OUT --max-steps 6 [--kill-at 4] [--resume] [--batch 4] [--lr 0.05]
 """
 
 from __future__ import annotations
@@ -8,7 +8,11 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 from pathlib import Path
+
+if not __package__:  # run by path: tests/ on sys.path, as under pytest (``helpers``, ``conftest``)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> None:
@@ -24,10 +28,10 @@ def main() -> None:
 
     import torch
     from conftest import build_tiny_model
-    from toy_catalogue import toy_catalogue, toy_index
     from transformers import AutoTokenizer, TrainerCallback
 
     import peft_grounded
+    from helpers.toy_catalogue import toy_catalogue, toy_index
     from peft_grounded import assets
     from peft_grounded.grounding import GroundingConfig, GroundingTrainer, grounding_dataset
 

@@ -1,6 +1,6 @@
 """One strategy through the runner as a script, for the multi-process test (tests/test_recommend_distributed.py).
 
-python tests/strategy_run.py MODEL_DIR OUT RESULTS_DIR
+python tests/helpers/strategy_run.py MODEL_DIR OUT RESULTS_DIR
 """
 
 from __future__ import annotations
@@ -10,11 +10,13 @@ import os
 import sys
 from pathlib import Path
 
+if not __package__:  # run by path: tests/ on sys.path, as under pytest (``helpers``)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 
 def main() -> None:
     model_dir, out, results = sys.argv[1:4]
-    from toy_catalogue import toy_catalogue, toy_index
-
+    from helpers.toy_catalogue import toy_catalogue, toy_index
     from peft_grounded.evaluation import EvalSettings
     from peft_grounded.pipeline import Budget, Experiment, run_strategy
     from peft_grounded.prompts import PromptFormat
