@@ -28,7 +28,8 @@ how long) is printed first.
    two controls, paired, on both user groups: the *text-only mixture* (the same mixture with a softmax of
    text KNN over all items in place of the LLM's beams, :func:`text_knn_beams`) and the new items ranked by
    ``p_text`` alone (no model, :func:`p_text_lists`). Where the served rule does not beat them, the LLM's
-   beams add nothing for new-item users.
+   beams add nothing for new-item users. Then all users as the population holds them (the two groups
+   weighted by their shares of the users, :func:`blended`): what a shop serving one rule to everyone gets.
 
 Writes ``<out>/protocol.json`` (with per-user ranks of the target) and ``<out>/protocol.md``; training
 runs resume (``<out>/old``, ``<out>/full``).
@@ -76,6 +77,18 @@ def interval(values: np.ndarray, seed: int, rounds: int) -> tuple[float, float]:
         return float("nan"), float("nan")
     found = bootstrap_interval([values], resamples=rounds, seed=seed)
     return found["low"], found["high"]
+
+
+def blended(
+    new: np.ndarray, old: np.ndarray, weight: float, seed: int, rounds: int
+) -> tuple[float, float, float]:
+    """``weight * mean(new) + (1 - weight) * mean(old)`` (``weight``: the new-item users' share of all users)
+    and its 95% stratified bootstrap interval (each group's users resampled within the group)."""
+    rng = np.random.default_rng(seed)
+    value = weight * new.mean() + (1 - weight) * old.mean()
+    draws = weight * new[rng.integers(0, len(new), (rounds, len(new)))].mean(1)
+    draws += (1 - weight) * old[rng.integers(0, len(old), (rounds, len(old)))].mean(1)
+    return float(value), float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))
 
 
 def per_user(predictions: list[list[str]], targets: list[str], k: int) -> dict[str, np.ndarray]:
@@ -150,31 +163,14 @@ def cached_decode(
 SERVED = "grown + semantic mixture (share)"  # the rule `recommend` serves (peft_grounded.serving.NewItemRule)
 TEXT_ONLY = "text-only mixture (control)"
 P_TEXT = "new items by p_text alone (control)"
+CHOSEN = "grown + served, beams chosen on the log"  # NewItemRule.choose_beams: the model's, or text KNN
 
 
 def text_knn_beams(mixture: SemanticMixture, histories, beams: int) -> Recommendations:
-    """The LLM's beams replaced by text KNN over ALL items: each user's ``beams`` items nearest their recency
-    profile (the mixture's own: ``decay``, ``window``; history items left out), scored by a log-softmax of
-    ``cos / temperature`` over all items, so the mixture gets a text "model" in place of the LLM."""
-    vectors = mixture.vectors
-    profiles = np.zeros((len(histories), vectors.shape[1]), dtype=np.float32)
-    row = {item: r for r, item in enumerate(mixture.item_ids)}
-    for u, history in enumerate(histories):
-        rows = [row[i] for i in history if i in row][-mixture.window :]
-        if rows:
-            w = mixture.decay ** np.arange(len(rows) - 1, -1, -1, dtype=np.float32)
-            profile = w @ vectors[rows]
-            profiles[u] = profile / max(float(np.linalg.norm(profile)), 1e-12)
-    logits = (profiles @ vectors.T) / mixture.temperature
-    for u, history in enumerate(histories):
-        seen = [row[i] for i in history if i in row]
-        logits[u, seen] = -np.inf
-    logits = logits - logits.max(axis=1, keepdims=True)
-    log_p = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
-    top = np.argsort(-log_p, axis=1, kind="stable")[:, :beams]
-    items = [[mixture.item_ids[j] for j in user] for user in top]
-    scores = [[float(log_p[u, j]) for j in user] for u, user in enumerate(top)]
-    return Recommendations(items=items, scores=scores, k=beams, num_beams=beams)
+    """The LLM's beams replaced by text KNN over ALL items (:meth:`SemanticMixture.text_beams`: each user's
+    ``beams`` items nearest their recency profile, history items left out, a log-softmax of
+    ``cos / temperature``), so the mixture gets a text "model" in place of the LLM."""
+    return mixture.text_beams(histories, beams)
 
 
 def p_text_lists(mixture: SemanticMixture, histories, k: int) -> list[list[str]]:
@@ -213,6 +209,7 @@ SMOKE = dict(  # a path check, not a measurement: seconds of training, a few use
     max_examples=64,
     users=4,
     old_users=4,
+    choice_users=8,
     incremental_steps=2,
     run_eval_users=1,
 )
@@ -260,6 +257,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--no-bf16", action="store_true", help="float32 base, no autocast (default: the machine's choice)"
     )
     parser.add_argument("--bf16", action="store_true", help="bf16 base and autocast even where emulated")
+    parser.add_argument(
+        "--choice-users",
+        type=int,
+        default=500,
+        help="logged (history, next item) pairs, a seeded sample of the calibration positions, on which the "
+        "served rule chooses whose beams it mixes (NewItemRule.choose_beams; 0: no choice row)",
+    )
     parser.add_argument("--incremental-steps", type=int, default=30)
     parser.add_argument(
         "--incremental-lr",
@@ -471,7 +475,9 @@ def main(argv=None) -> None:
     histories = {"new": full_histories(split, examples), "old": full_histories(split, old_examples)}
     item_ids = list(catalogue.items)
     t = time.perf_counter()
-    mixture = SemanticMixture.fit(item_ids, vectors, new_ids, calibration_pairs(split, args.positions))
+    logged = calibration_pairs(split, args.positions)  # what serving logged since the model trained
+    mixture = SemanticMixture.fit(item_ids, vectors, new_ids, logged)
+    choice: dict = {}
     timings["fit_mixture_s"] = round(time.perf_counter() - t, 2)
     mixture_fit = {"temperature": mixture.temperature, "weights": mixture.weights.tolist()}
     print(f"semantic mixture calibrated: {mixture_fit}", flush=True)
@@ -512,6 +518,31 @@ def main(argv=None) -> None:
                 mixture.mix(recs, histories[part], args.k).items
             )
             variants[SERVED] = lambda recs, part: served(mixture, recs, histories[part], args.k)
+            if args.choice_users:
+                sample = random.Random(args.seed).sample(logged, min(args.choice_users, len(logged)))
+                logged_examples = [(f"log-{i}-{t}", list(h), t) for i, (h, t) in enumerate(sample)]
+                logged_beams = cached_decode(
+                    out / "beams-grown-logged.json",
+                    adapter,
+                    lambda: decode(
+                        model, tokenizer, logged_examples, index, catalogue, fmt, args.num_beams, bf16
+                    ),
+                    logged_examples,
+                    args.num_beams,
+                )
+                log_rule = NewItemRule(mixture, "protocol")
+                choice.update(
+                    log_rule.choose_beams(
+                        logged_beams, [e[1] for e in logged_examples], [e[2] for e in logged_examples], args.k
+                    )
+                )
+                print(f"served rule's beams chosen on {len(sample)} logged pairs: {choice}", flush=True)
+                variants[CHOSEN] = lambda recs, part, beams=log_rule.beams: served(
+                    mixture,
+                    recs if beams == "model" else text_knn_beams(mixture, histories[part], args.num_beams),
+                    histories[part],
+                    args.k,
+                )
         for label, rule in variants.items():
             for part, table, wanted in (("new", results, targets), ("old", old_results, old_targets)):
                 table[label] = score(rule(lists[part], part), wanted, new, args.k)
@@ -581,6 +612,10 @@ def main(argv=None) -> None:
         f"served: {SERVED.removeprefix('grown + ')} - {control}": (SERVED, control)
         for control in (TEXT_ONLY, P_TEXT)
     }
+    if CHOSEN in results:
+        pairs |= {
+            f"{CHOSEN.removeprefix('grown + ')} - {c}": (CHOSEN, c) for c in (TEXT_ONLY, P_TEXT, "grown")
+        }
     for label, (a, b) in pairs.items():
         for m in metrics:
             arrays[(label, m)] = arrays[(a, m)] - arrays[(b, m)]
@@ -590,6 +625,8 @@ def main(argv=None) -> None:
         if name.startswith("grown + ") and ("slots" in name or "mixture" in name)
     }
     old_pairs |= {f"served - {c}": (SERVED, c) for c in (TEXT_ONLY, P_TEXT)}
+    if CHOSEN in old_results:
+        old_pairs |= {f"{CHOSEN.removeprefix('grown + ')} - {c}": (CHOSEN, c) for c in (TEXT_ONLY, P_TEXT)}
     old_differences = {}
     for label, (a, b) in old_pairs.items():
         m = f"recall@{args.k}"
@@ -603,12 +640,30 @@ def main(argv=None) -> None:
         | {f"{m}_ci95": interval(arrays[(label, m)], args.seed, args.rounds) for m in metrics}
         for label in pairs
     }
+    weight = len(pool) / (len(pool) + len(old_pool))  # the new-item users' share of the population
+    m = f"recall@{args.k}"
+    everyone = {}
+    if len(targets) and len(old_targets):
+        both = {
+            name: (results[name]["per_user"][m], old_results[name]["per_user"][m]) for name in old_results
+        }
+        rules = [SERVED, *([CHOSEN] if CHOSEN in both else [])]
+        for name in (*rules, TEXT_ONLY, P_TEXT, "grown", "text KNN (last item)", "popularity"):
+            everyone[name] = blended(*both[name], weight, args.seed, args.rounds)
+        for rule_name in rules:
+            for control in (TEXT_ONLY, P_TEXT, "grown", "text KNN (last item)"):
+                new_diff = both[rule_name][0] - both[control][0]
+                old_diff = both[rule_name][1] - both[control][1]
+                label = f"{'served' if rule_name == SERVED else CHOSEN.removeprefix('grown + ')} - {control}"
+                everyone[label] = blended(new_diff, old_diff, weight, args.seed, args.rounds)
     timings["total_s"] = round(time.perf_counter() - started, 1)
 
     per_user_ranks = {
         "users": [e[0] for e in examples],
         "targets": targets,
         "rank_of_target": {name: r["per_user"]["rank"].tolist() for name, r in results.items()},
+        "old_item_users": [e[0] for e in old_examples],
+        "old_item_rank_of_target": {name: r["per_user"]["rank"].tolist() for name, r in old_results.items()},
     }
     for r in [*results.values(), *old_results.values()]:
         del r["per_user"]
@@ -633,8 +688,10 @@ def main(argv=None) -> None:
             "paired_differences": old_differences,
         },
         "semantic_mixture": mixture_fit,
+        "beams_choice": choice,
         "incremental": incremental,
         "paired_differences": differences,
+        "all_users": {"new_item_user_share": weight, f"{m}_and_ci95": everyone},
         "per_user": per_user_ranks,
     }
     (out / "protocol.json").write_text(json.dumps(summary, indent=1))
@@ -669,9 +726,17 @@ def main(argv=None) -> None:
     for label, d in old_differences.items():
         lo, hi = d[f"recall@{k}_ci95"]
         lines.append(f"| {label} | {d[f'recall@{k}']:+.4f} [{lo:+.4f}, {hi:+.4f}] |")
+    if everyone:
+        lines += [
+            "",
+            f"| all users ({weight:.1%} with a new-item target, the groups weighted so) | Recall@{k} [95% CI] |",
+            "|---|---|",
+        ]
+        lines += [f"| {label} | {v:+.4f} [{lo:+.4f}, {hi:+.4f}] |" for label, (v, lo, hi) in everyone.items()]
     lines += [
         "",
         f"Semantic mixture calibrated on the position before the scored one: {mixture_fit}.",
+        f"Served rule's beams chosen on a seeded sample of those logged pairs (NewItemRule.choose_beams): {choice}.",
         f"Intervals: percentile bootstrap over users ({args.rounds} resamples, seed {args.seed}; the paired "
         "rows resample the same users for both models).",
         f"add_items: {add_seconds:.3f} s, {summary['new_tokens']} new tokens; incremental grounding "

@@ -186,3 +186,15 @@ def test_the_served_rule_fills_lists_to_k_when_new_items_run_out(protocol):
     )
     (lst,) = protocol.served(mixture, beams, histories, k=4)
     assert len(lst) == 4 and "n3" in lst and not {"n0", "n1", "n2"} & set(lst)
+
+
+def test_blended_weights_the_groups_and_resamples_within_each(protocol):
+    """All users as the population holds them: the groups' means weighted by their shares; a group without
+    spread adds none to the interval, and the interval holds the value."""
+    new, old = np.array([1.0, 0.0, 1.0, 0.0]), np.full(6, 0.5)
+    value, low, high = protocol.blended(new, old, 0.25, seed=0, rounds=2000)
+    assert value == pytest.approx(0.25 * 0.5 + 0.75 * 0.5)
+    assert low < value < high and high - low <= 0.25 * 1.0 + 1e-9  # only the new group's 25% can move
+    assert protocol.blended(new, old, 0.25, seed=0, rounds=2000) == (value, low, high)  # seeded
+    constant = protocol.blended(np.ones(3), np.zeros(5), 0.1, seed=1, rounds=500)
+    assert constant == pytest.approx((0.1, 0.1, 0.1))

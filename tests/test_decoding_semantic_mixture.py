@@ -113,3 +113,47 @@ def test_share_mode_keeps_the_models_first_places_for_unlikely_users():
     assert all(i in new for i in shared.items[1][4 - quota[1] :]) and "n1" not in shared.items[1]
     with pytest.raises(ValueError, match="mode"):
         mixture.mix(recs, histories, mode="slots")
+
+
+def test_text_beams_rank_every_listable_item_by_the_profile_without_the_history():
+    ids, vectors, new = catalogue()
+    mixture = SemanticMixture(ids, vectors, new, temperature=0.1)
+    beams = mixture.text_beams([["o0"], ["o1", "n1"]], 4)
+    assert beams.items[0][0] == "n0" and "o0" not in beams.items[0]  # o0's text neighbour; o0 itself left out
+    assert not {"o1", "n1"} & set(beams.items[1])
+    for scores in beams.scores:
+        assert scores == sorted(scores, reverse=True) and sum(math.exp(s) for s in scores) <= 1 + 1e-6
+    only = mixture.text_beams([["o0"]], 4, allowed={"o2", "o3", "o0"})
+    assert set(only.items[0]) == {"o2", "o3"}  # what may be listed, less the history
+    assert math.isclose(sum(math.exp(s) for s in only.scores[0]), 1.0, rel_tol=1e-5)
+
+
+def test_the_rule_serves_text_only_where_it_beats_the_model_on_the_log():
+    from peft_grounded.serving import NewItemRule, NewItemRuleError
+
+    ids, vectors, new = catalogue()
+    pairs = [([f"n{j}"], f"o{j}") for j in range(4)] * 10  # the logged next item: the new item's text twin
+    histories, targets = [h for h, _ in pairs], [t for _, t in pairs]
+    mixture = SemanticMixture.fit(ids, vectors, new, pairs, temperature=0.1)
+    rule = NewItemRule(mixture, "fingerprint")
+    others = [[f"o{(j + r) % 4}" for r in (1, 2, 3)] for j in range(4)] * 10
+
+    def lists(items):
+        scores = [[-float(r) for r in range(len(i))] for i in items]
+        return Recommendations(items=items, scores=scores, k=4, num_beams=4)
+
+    # a model whose beams never hold the logged next items: text wins, with an interval above 0
+    wrong = lists(others)
+    choice = rule.choose_beams(wrong, histories, targets, k=1)
+    assert rule.beams == "text" and choice["choice_text_minus_model_ci95"][0] > 0
+    assert rule.fitted_on["beams"] == "text" and choice["choice_pairs"] == 40
+    # a model whose first beam is the logged next item: the model stays
+    right = lists([[t, *o] for t, o in zip(targets, others, strict=True)])
+    rule.choose_beams(right, histories, targets, k=1)
+    assert rule.beams == "model"
+    # a tie (both right) keeps the model: text must win, not draw
+    assert rule.choose_beams(right, histories, targets, k=4)["beams"] == "model"
+    with pytest.raises(NewItemRuleError, match="one logged next item and one model list per history"):
+        rule.choose_beams(right, histories[:3], targets, k=1)
+    with pytest.raises(NewItemRuleError, match="beams='other'"):
+        NewItemRule(mixture, "fingerprint", beams="other")

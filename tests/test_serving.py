@@ -156,7 +156,11 @@ def test_new_items_served_by_the_stored_rule(world, tmp_path):
     with pytest.warns(UserWarning, match="holds no new-item rule"):
         plain = GroundedRecommender.from_pretrained(grown, num_beams=8)
     rule = plain.fit_new_items(LOGGED.values())
-    assert rule.mode == "share" and rule.fitted_on == {"pairs": 5, "pairs_with_new_item": 3}
+    assert rule.mode == "share" and {"pairs": 5, "pairs_with_new_item": 3}.items() <= rule.fitted_on.items()
+    # whose beams it mixes, chosen on the 5 logged pairs: text must win with an interval above 0, and 5 pairs
+    # cannot show that, so the model's beams stay
+    assert rule.beams == "model" and rule.fitted_on["choice_pairs"] == 5
+    assert rule.fitted_on["choice_text_minus_model_ci95"][0] <= 0
     assert rule.new_items == world["child"].added_items()
     rule.save(grown)
     loaded = NewItemRule.load(grown)
@@ -182,6 +186,35 @@ def test_new_items_served_by_the_stored_rule(world, tmp_path):
         GroundedRecommender.from_pretrained(grown)
 
 
+def test_a_rule_that_chose_text_serves_without_the_model(world, tmp_path, monkeypatch):
+    import shutil
+
+    grown = tmp_path / "grown"
+    shutil.copytree(world["root"] / "grown", grown)
+    with pytest.warns(UserWarning, match="holds no new-item rule"):
+        plain = GroundedRecommender.from_pretrained(grown, num_beams=8)
+    rule = plain.fit_new_items(LOGGED.values(), choose_beams=False)
+    assert rule.beams == "model" and "choice_pairs" not in rule.fitted_on
+    rule.beams = "text"
+    rule.save(grown)
+    served = GroundedRecommender.from_pretrained(grown, num_beams=8)
+    assert served.new_item_rule.beams == "text"
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a text rule decodes no model")
+
+    monkeypatch.setattr(served, "_model_beams", no_model)
+    users = [["0", "new0"], ["3", "4"]]
+    out = served.recommend(users, k=5)
+    expected = rule.apply(rule.mixture.text_beams(users, 8, served.trie), users, 5)
+    assert [r.items for r in out] == [items[:5] for items in expected.items]
+    # a rule saved before the choice existed (no "beams" key) mixes the model's beams
+    record = json.loads((grown / "new_item_rule.json").read_text())
+    del record["beams"]
+    (grown / "new_item_rule.json").write_text(json.dumps(record))
+    assert NewItemRule.load(grown).beams == "model"
+
+
 def test_grow_adapter_stores_the_rule(world, tmp_path):
     logged = write_histories(tmp_path / "logged.jsonl", LOGGED)
     root = world["root"]
@@ -201,7 +234,9 @@ def test_grow_adapter_stores_the_rule(world, tmp_path):
         ]
     )
     assert code == 0
-    assert NewItemRule.load(tmp_path / "grown").fitted_on == {"pairs": 5, "pairs_with_new_item": 3}
+    stored = NewItemRule.load(tmp_path / "grown")
+    assert {"pairs": 5, "pairs_with_new_item": 3}.items() <= stored.fitted_on.items()
+    assert stored.beams == stored.fitted_on["beams"] == "model" and stored.fitted_on["choice_pairs"] == 5
     bad = write_histories(tmp_path / "bad.jsonl", {"a": ["0", "unknown-item"]})
     assert (
         main(
@@ -275,7 +310,9 @@ def test_cli_fits_the_new_item_rule_for_one_call(world, tmp_path, capsys):
     logged = write_histories(tmp_path / "logged.jsonl", LOGGED)
     argv = ["recommend", "--adapter", str(world["root"] / "grown"), "--history", "0,new0", "--k", "5"]
     assert main([*argv, "--interactions", str(logged), "--output_dir", str(tmp_path / "o")]) == 0
-    assert "new-item rule fitted on {'pairs': 5, 'pairs_with_new_item': 3}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "new-item rule (share mode) fitted on 5 logged pairs (3 to a new item), 3 new items" in err
+    assert "mixing the model beams (Recall@10 of 5 logged next items: model " in err
     (record,) = [
         json.loads(line) for line in (tmp_path / "o" / "recommendations.jsonl").read_text().splitlines()
     ]

@@ -148,7 +148,7 @@ def _run(args: RecommendArguments) -> int:
     )
     if args.interactions:
         rule = recommender.fit_new_items(read_histories(args.interactions)[1])
-        print(f"new-item rule fitted on {rule.fitted_on} ({len(rule.new_items)} new items)", file=sys.stderr)
+        print(rule.describe(), file=sys.stderr)
     options = dict(k=args.k, exclude_history=not args.include_history, skip_unknown=args.skip_unknown)
     from ..serving import check_histories
 

@@ -90,8 +90,9 @@ class SemanticMixture:
         """``pi_u``: the probability that each user's next item is a new one."""
         return 1.0 / (1.0 + np.exp(-self.features(histories) @ self.weights))
 
-    def _cosines(self, histories: Sequence[Sequence[str]]) -> np.ndarray:
-        """``[n, new items]`` cosines to each history's recency profile, history items at ``-inf``."""
+    def _profiles(self, histories: Sequence[Sequence[str]]) -> np.ndarray:
+        """``[n, d]``: each history's recency profile (the last ``window`` items, weights ``decay ** age``),
+        unit length (zero for a history of no known item)."""
         profiles = np.zeros((len(histories), self.vectors.shape[1]), dtype=np.float32)
         for u, history in enumerate(histories):
             rows = [self._row[i] for i in history if i in self._row][-self.window :]
@@ -99,7 +100,11 @@ class SemanticMixture:
                 w = self.decay ** np.arange(len(rows) - 1, -1, -1, dtype=np.float32)
                 profile = w @ self.vectors[rows]
                 profiles[u] = profile / max(float(np.linalg.norm(profile)), 1e-12)
-        cos = profiles @ self.vectors[self._new_rows].T
+        return profiles
+
+    def _cosines(self, histories: Sequence[Sequence[str]]) -> np.ndarray:
+        """``[n, new items]`` cosines to each history's recency profile, history items at ``-inf``."""
+        cos = self._profiles(histories) @ self.vectors[self._new_rows].T
         position = {item: j for j, item in enumerate(self.new_items)}
         for u, history in enumerate(histories):
             seen = [position[i] for i in history if i in position]
@@ -113,6 +118,28 @@ class SemanticMixture:
         logits -= logits.max(axis=1, keepdims=True)
         p = np.exp(logits)
         return p / p.sum(axis=1, keepdims=True)
+
+    def text_beams(
+        self, histories: Sequence[Sequence[str]], beams: int, allowed: Any = None
+    ) -> Recommendations:
+        """Text KNN over ALL items (``allowed``: a container of the items that may be listed) in place of a
+        model's beams: each history's ``beams`` items nearest its recency profile, history items left out,
+        scored by a log-softmax of ``cos / temperature`` over the listable items."""
+        logits = (self._profiles(histories) @ self.vectors.T) / self.temperature
+        if allowed is not None:
+            logits[:, [r for r, item in enumerate(self.item_ids) if item not in allowed]] = -np.inf
+        for u, history in enumerate(histories):
+            logits[u, [self._row[i] for i in history if i in self._row]] = -np.inf
+        top = np.argsort(-logits, axis=1, kind="stable")[:, :beams]
+        finite = np.isfinite(logits).any(axis=1, keepdims=True)
+        peak = np.where(finite, logits.max(axis=1, keepdims=True), 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_p = logits - peak - np.log(np.exp(logits - peak).sum(axis=1, keepdims=True))
+        items = [[self.item_ids[j] for j in user if np.isfinite(log_p[u, j])] for u, user in enumerate(top)]
+        scores = [
+            [float(log_p[u, j]) for j in user if np.isfinite(log_p[u, j])] for u, user in enumerate(top)
+        ]
+        return Recommendations(items=items, scores=scores, k=beams, num_beams=beams)
 
     # ------------------------------------------------------------------ calibration
 

@@ -119,7 +119,8 @@ def grow_adapter_into(
     if interactions is not None:  # fitted before the model loads: a bad file fails fast
         from ..serving import NewItemRule, read_histories
 
-        rule = NewItemRule.fit(child, read_histories(interactions)[1], new_items=new_item_ids(parent, child))
+        logged = read_histories(interactions)[1]
+        rule = NewItemRule.fit(child, logged, new_items=new_item_ids(parent, child))
     catalogue = None
     if ground is not None:
         catalogue = load_catalogue(ground)
@@ -161,6 +162,13 @@ def grow_adapter_into(
             "trained_rows": len(result.trained_rows),
             "loss": [round(result.losses[0], 4), round(result.losses[-1], 4)] if result.losses else None,
         }
+    if rule is not None:  # whose beams the rule mixes: the grown model's, or text KNN where that wins
+        from ..adapter.loading import prompt_format_of
+        from ..serving import GroundedRecommender
+
+        GroundedRecommender(grown, tokenizer, child, prompt_format_of(grown)).choose_new_item_beams(
+            rule, logged
+        )
     check_output(output, adapter, overwrite)  # again: the folder may have changed while this ran
     kept = save_adapter_keeping_others(grown, output)
     if rule is not None:

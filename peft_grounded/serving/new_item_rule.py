@@ -11,6 +11,13 @@ rest go to the new items of highest ``p_text``. ``"probability"`` (one ranking b
 wins more new-item hits but on Office cost users whose target is an old item -0.010 Recall@10
 [-0.020, -0.002] against the model alone, while ``"share"`` kept them whole (+0.002 [0.000, +0.006]); see
 BENCHMARKS.md, "New items (Office)".
+
+Whose list the rule mixes (``beams``) is chosen on the logged interactions too
+(:meth:`NewItemRule.choose_beams`, which ``GroundedRecommender.fit_new_items`` and ``grow-adapter
+--interactions`` call): the model's beams, or text KNN over all items where that serves the logged next
+items better with a paired interval above 0. An undertrained model loses to text KNN (Office after 100
+SFT steps: BENCHMARKS.md, "New items: the served rule against its controls"); then the rule says so and
+serves the text.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ RULE_TENSORS = "new_item_rule.safetensors"
 RULE_FILES = (RULE_JSON, RULE_TENSORS)
 DEFAULT_MODE = "share"
 MODES = ("share", "probability")
+BEAMS = ("model", "text")  # whose list the rule mixes: the model's beams, or text KNN over all items
 FORMAT = 1
 
 
@@ -74,11 +82,14 @@ class NewItemRule:
     mixture: Any  # SemanticMixture
     index_fingerprint: str
     mode: str = DEFAULT_MODE
-    fitted_on: dict[str, int] = field(default_factory=dict)
+    fitted_on: dict[str, Any] = field(default_factory=dict)
+    beams: str = "model"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise NewItemRuleError(f"mode={self.mode!r}: choose one of {', '.join(MODES)}")
+        if self.beams not in BEAMS:
+            raise NewItemRuleError(f"beams={self.beams!r}: choose one of {', '.join(BEAMS)}")
 
     @property
     def new_items(self) -> list[str]:
@@ -111,6 +122,73 @@ class NewItemRule:
         new = set(new_items)
         fitted = {"pairs": len(pairs), "pairs_with_new_item": sum(t in new for _, t in pairs)}
         return cls(mixture, index.fingerprint(), mode, fitted)
+
+    def choose_beams(
+        self,
+        model_beams: Any,
+        histories: Sequence[Sequence[str]],
+        targets: Sequence[str],
+        k: int = 10,
+        *,
+        resamples: int = 2000,
+        seed: int = 0,
+    ) -> dict[str, Any]:
+        """Choose whose list this rule mixes, on logged ``(history, next item)`` pairs: ``model_beams`` (the
+        model's :class:`~peft_grounded.decoding.Recommendations` for ``histories``) or text KNN over all
+        items (:meth:`SemanticMixture.text_beams`). Text wins only where its Recall@``k`` of the logged next
+        items is higher with a paired 95% bootstrap interval above 0; the model stays otherwise. Sets
+        :attr:`beams` and returns (and records in :attr:`fitted_on`) both recalls and the interval."""
+        from ..evaluation.intervals import bootstrap_interval
+
+        histories = [list(h) for h in histories]
+        if not histories or len(histories) != len(targets) or len(model_beams.items) != len(histories):
+            raise NewItemRuleError(
+                f"choose_beams needs one logged next item and one model list per history: got "
+                f"{len(histories)} histories, {len(targets)} targets, {len(model_beams.items)} lists"
+            )
+        width = max(model_beams.num_beams, k)
+        hits = {}
+        for beams, recs in (("model", model_beams), ("text", self.mixture.text_beams(histories, width))):
+            lists = self.apply(recs, histories, k).items
+            hits[beams] = np.array([t in lst[:k] for lst, t in zip(lists, targets, strict=True)], dtype=float)
+        difference = hits["text"] - hits["model"]
+        found = bootstrap_interval([difference], resamples=resamples, seed=seed)
+        self.beams = "text" if found["low"] > 0 else "model"
+        choice = {
+            "beams": self.beams,
+            "choice_pairs": len(histories),
+            f"choice_recall@{k}_model": float(hits["model"].mean()),
+            f"choice_recall@{k}_text": float(hits["text"].mean()),
+            "choice_text_minus_model_ci95": [float(found["low"]), float(found["high"])],
+        }
+        self.fitted_on = {**self.fitted_on, **choice}
+        return choice
+
+    def listed(self, model_search: Any, histories: Sequence[Sequence[str]], beams: int, allowed: Any) -> Any:
+        """The beams this rule mixes for ``histories``: ``model_search()`` (the model's), or text KNN over
+        the ``allowed`` items when :attr:`beams` is ``"text"`` (the model is then not run)."""
+        if self.beams == "text":
+            return self.mixture.text_beams([list(h) for h in histories], beams, allowed)
+        return model_search()
+
+    def describe(self) -> str:
+        """One line: what the rule was fitted on and whose beams it mixes (with the choice's figures)."""
+        fitted = self.fitted_on
+        line = (
+            f"new-item rule ({self.mode} mode) fitted on {fitted.get('pairs', '?')} logged pairs "
+            f"({fitted.get('pairs_with_new_item', '?')} to a new item), {len(self.new_items)} new items; "
+            f"mixing the {'model' if self.beams == 'model' else 'text KNN'} beams"
+        )
+        recalls = sorted(key for key in fitted if key.startswith("choice_recall@") and key.endswith("_model"))
+        if recalls:
+            at = recalls[0].removeprefix("choice_recall@").removesuffix("_model")
+            low, high = fitted["choice_text_minus_model_ci95"]
+            line += (
+                f" (Recall@{at} of {fitted['choice_pairs']} logged next items: model "
+                f"{fitted[recalls[0]]:.3f}, text KNN {fitted[f'choice_recall@{at}_text']:.3f}, "
+                f"text - model [{low:+.3f}, {high:+.3f}])"
+            )
+        return line
 
     def check_index(self, index: Any, where: str) -> None:
         """Refuse an index other than the one the rule was fitted on."""
@@ -153,6 +231,7 @@ class NewItemRule:
         record = {
             "format": FORMAT,
             "mode": self.mode,
+            "beams": self.beams,
             "sid_index_fingerprint": self.index_fingerprint,
             "temperature": float(m.temperature),
             "weights": [float(w) for w in m.weights],
@@ -201,4 +280,6 @@ class NewItemRule:
             decay=record["decay"],
             window=record["window"],
         )
-        return cls(mixture, record["sid_index_fingerprint"], record["mode"], record.get("fitted_on", {}))
+        fitted_on = record.get("fitted_on", {})
+        beams = record.get("beams", "model")  # rules saved before the choice existed mix the model's beams
+        return cls(mixture, record["sid_index_fingerprint"], record["mode"], fitted_on, beams)

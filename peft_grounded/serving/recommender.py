@@ -170,12 +170,51 @@ class GroundedRecommender:
         rule.check_index(self.index, "the given rule")
         self.new_item_rule = rule
 
-    def fit_new_items(self, interactions: Iterable[Sequence[str]], **kwargs: Any) -> NewItemRule:
+    def fit_new_items(
+        self,
+        interactions: Iterable[Sequence[str]],
+        *,
+        choose_beams: bool = True,
+        choice_users: int = 500,
+        k: int = 10,
+        seed: int = 0,
+        **kwargs: Any,
+    ) -> NewItemRule:
         """Fit the new-item rule on logged ``interactions`` (each user's items, the newest last) and serve
-        with it; see :meth:`NewItemRule.fit` for ``kwargs``. Save it with ``rule.save(adapter_folder)``."""
+        with it; see :meth:`NewItemRule.fit` for ``kwargs``. Save it with ``rule.save(adapter_folder)``.
+
+        ``choose_beams``: decode this model on up to ``choice_users`` logged histories (a seeded sample) and
+        let :meth:`NewItemRule.choose_beams` keep the model's beams or, where text KNN serves the logged next
+        items better with a paired interval above 0, switch the rule to text."""
+        interactions = [list(h) for h in interactions]
         rule = NewItemRule.fit(self.index, interactions, **kwargs)
+        if choose_beams:
+            self.choose_new_item_beams(rule, interactions, choice_users=choice_users, k=k, seed=seed)
         self.set_new_item_rule(rule)
         return rule
+
+    def choose_new_item_beams(
+        self,
+        rule: NewItemRule,
+        interactions: Iterable[Sequence[str]],
+        *,
+        choice_users: int = 500,
+        k: int = 10,
+        seed: int = 0,
+    ) -> dict[str, Any]:
+        """:meth:`NewItemRule.choose_beams` with this model's beams on up to ``choice_users`` logged
+        histories (a seeded sample of the ``(history, next item)`` pairs); returns the choice."""
+        import random
+
+        from .new_item_rule import calibration_pairs
+
+        rule.check_index(self.index, "the given rule")
+        pairs = calibration_pairs(interactions, self.index)
+        pairs = random.Random(seed).sample(pairs, min(choice_users, len(pairs)))
+        histories = [list(h) for h, _ in pairs]
+        beams = min(len(self.trie), max(self.num_beams, k))
+        found = self._model_beams(histories, self.trie, beams, show_progress=False)
+        return rule.choose_beams(found, histories, [t for _, t in pairs], k, seed=seed)
 
     # ------------------------------------------------------------------ serving
 
@@ -263,12 +302,27 @@ class GroundedRecommender:
     def _search(
         self, histories: list[list[str]], trie: Any, beams: int, k: int, excluding: bool, show_progress: bool
     ) -> list[tuple[list[Hashable], list[float]]]:
+        rule = self.new_item_rule
+        if rule is None:
+            recs = self._model_beams(histories, trie, beams, show_progress)
+        else:
+            model = lambda: self._model_beams(histories, trie, beams, show_progress)  # noqa: E731
+            recs = rule.apply(rule.listed(model, histories, beams, trie), histories, k)
+        out = []
+        for history, items, scores in zip(histories, recs.items, recs.scores, strict=True):
+            seen = set(history) if excluding else set()
+            pairs = [(i, s) for i, s in zip(items, scores, strict=True) if i not in seen and i in trie]
+            out.append(([i for i, _ in pairs[:k]], [s for _, s in pairs[:k]]))
+        return out
+
+    def _model_beams(self, histories: list[list[str]], trie: Any, beams: int, show_progress: bool) -> Any:
+        """The model's ``beams`` best items per history (:class:`~peft_grounded.decoding.Recommendations`)."""
         from ..decoding import recommend
         from ..prompts import inference_prompts
 
         examples = [(str(u), h, None) for u, h in enumerate(histories)]
         _, prompts, _ = inference_prompts(examples, self.index, self.tokenizer, self.catalogue, self.fmt)
-        recs = recommend(
+        return recommend(
             self.model,
             self.tokenizer,
             prompts,
@@ -278,14 +332,6 @@ class GroundedRecommender:
             batch_size=self.batch_size,
             show_progress=show_progress,
         )
-        if self.new_item_rule is not None:
-            recs = self.new_item_rule.apply(recs, histories, k)
-        out = []
-        for history, items, scores in zip(histories, recs.items, recs.scores, strict=True):
-            seen = set(history) if excluding else set()
-            pairs = [(i, s) for i, s in zip(items, scores, strict=True) if i not in seen and i in trie]
-            out.append(([i for i, _ in pairs[:k]], [s for _, s in pairs[:k]]))
-        return out
 
     def _result(
         self, user: str, items: list[Hashable], scores: list[float], skipped: list[str]
