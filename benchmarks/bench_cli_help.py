@@ -23,19 +23,15 @@ import time
 
 from peft_grounded._scripts import parse_script_args
 
-COMMANDS = (
-    "",
-    "build-sids",
-    "add-items",
-    "grow-adapter",
-    "ground",
-    "sft",
-    "evaluate",
-    "diagnose",
-    "push",
-    "pull",
-    "demo",
-)
+
+def _commands() -> tuple[str, ...]:
+    """The top level ("") and every command the CLI has, in its order."""
+    from peft_grounded.cli import COMMANDS as registered
+
+    return ("", *registered)
+
+
+COMMANDS = _commands()
 CONTROL = "trl sft --help (control)"
 START = "python -c pass (interpreter start)"
 
