@@ -42,7 +42,12 @@ def test_sigint_during_build_sids_exits_130_and_leaves_nothing_half_written(worl
         str(out),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PEFT_GROUNDED_DEBUG": ""}
-    proc = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    # SIGINT as a terminal delivers it: a shell that started this suite in the background (`cmd &`) left it
+    # ignored, which the child would inherit and Python would then never turn into KeyboardInterrupt
+    default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    proc = subprocess.Popen(
+        command, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, preexec_fn=default_sigint
+    )
     lines = []
     try:
         for line in proc.stderr:  # the build logs the catalogue once it has loaded it
