@@ -106,7 +106,9 @@ def test_init_weights_false_starts_as_a_no_op(tokenizer, tiny_model_factory, arc
     base, new = base_with_tokens(tokenizer, tiny_model_factory, arch, tied)
     expected = logits(base, new)
     model = get_peft_model(base, GroundedTokenConfig(token_indices=new, init=init, init_weights=False))
-    torch.testing.assert_close(logits(model, new), expected, rtol=0, atol=0)
+    # the same numbers up to the kernels' rounding: the adapter computes the new rows' logits apart from the
+    # rest of the head (AVX2 kernels: up to 1.2e-10 absolute, 9e-7 relative, on the new columns)
+    torch.testing.assert_close(logits(model, new), expected, rtol=1e-5, atol=1e-8)
     assert any(p.requires_grad for p in model.parameters())  # the rows still train
 
     started, new2 = base_with_tokens(tokenizer, tiny_model_factory, arch, tied)
