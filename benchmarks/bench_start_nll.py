@@ -1,0 +1,87 @@
+"""How far from uniform each start puts the SID tokens before any training: held-out constrained NLL at step 0.
+
+    python benchmarks/bench_start_nll.py --demo-dir runs/demo-l8-full --blocks 8 --scales 1 0.5 0.25 0.1
+
+Reads a demo folder (``peft-grounded demo`` or ``benchmarks/bench_demo_recipe.py``: its ``sids/`` and, with
+``--blocks N``, its ``base-N-blocks/``), starts the SID rows with each strategy, and for the centroid start
+also with its rows shrunk toward the mean row by ``--scales`` (``mean + s * (row - mean)``; 1 is the start
+as shipped), then scores the validation users' next items under the SID trie (the constrained NLL that
+beam search ranks by; uniform: every SID equally likely). Issue 28, item 4: why centroid starts high.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from peft_grounded._scripts import parse_script_args
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bench_start_nll.py", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--demo-dir", type=Path, required=True, help="a demo output folder (sids/, base-N-blocks/)"
+    )
+    p.add_argument("--blocks", type=int, default=0, help="the demo's --layers (0: the whole SmolLM2)")
+    p.add_argument("--starts", nargs="+", default=["mean", "centroid", "gaussian"])
+    p.add_argument("--scales", type=float, nargs="+", default=[1.0, 0.5, 0.25, 0.1])
+    p.add_argument("--users", type=int, default=200, help="validation users scored")
+    p.add_argument("--seed", type=int, default=0)
+    return parse_script_args(p, argv, check=check)
+
+
+def check(args: argparse.Namespace) -> dict:
+    if any(not 0 < s <= 1 for s in args.scales):
+        raise SystemExit(f"--scales are fractions in (0, 1], got {args.scales}")
+    return {"sids": args.demo_dir / "sids", "base": base_of(args)}
+
+
+def base_of(args: argparse.Namespace) -> str:
+    if args.blocks:
+        return str(args.demo_dir / f"base-{args.blocks}-blocks")
+    from peft_grounded import assets
+
+    return str(assets.smollm2())
+
+
+def main(argv=None) -> None:
+    import torch
+
+    from peft_grounded.adapter.loading import sid_model
+    from peft_grounded.decoding import SIDTrie
+    from peft_grounded.evaluation.settings import EvalSettings
+    from peft_grounded.evaluation.users import item_token_ids
+    from peft_grounded.pipeline.budget import Experiment
+    from peft_grounded.pipeline.demo import PRESETS
+    from peft_grounded.pipeline.runner import _evaluate
+    from peft_grounded.sids import SIDIndex, load_catalogue
+
+    args = parse_args(argv)
+    base, index = base_of(args), SIDIndex.load(args.demo_dir / "sids")
+    fmt = PRESETS["default"].prompt_format()
+    experiment = Experiment(base, load_catalogue("movielens-100k"), index, fmt=fmt)
+    settings = EvalSettings(users=args.users, seed=args.seed + 1, ks=(10,), cold=False)
+    runs = [(start, 1.0) for start in args.starts]
+    runs += [("centroid", s) for s in args.scales if s != 1.0 and "centroid" in args.starts]
+    print("| start | shrink toward the mean row | constrained NLL | uniform | mean row norm |")
+    print("|---|---:|---:|---:|---:|")
+    for start, scale in runs:
+        torch.manual_seed(args.seed)
+        tokenizer, model = sid_model(base, index, init=start, fmt=fmt, seed=args.seed)
+        rows = model.get_input_embeddings().grounded_embedding["default"]
+        with torch.no_grad():
+            rows.copy_(rows.mean(0) + scale * (rows - rows.mean(0)))
+            norm = float(rows.norm(dim=1).mean())
+        trie = SIDTrie(item_token_ids(tokenizer, index))
+        found = _evaluate(
+            model, tokenizer, experiment, ("valid",), settings, trie, ranking=False, likelihood=True
+        )
+        nll = found.likelihood["valid"]["all"]
+        print(
+            f"| {start} | {scale:g} | {nll['constrained_nll']:.2f} | {nll['uniform_nll']:.2f} | {norm:.3f} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
