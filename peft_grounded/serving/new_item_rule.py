@@ -157,19 +157,13 @@ class NewItemRule:
         choice = {
             "beams": self.beams,
             "choice_pairs": len(histories),
-            f"choice_recall@{k}_model": float(hits["model"].mean()),
-            f"choice_recall@{k}_text": float(hits["text"].mean()),
+            "choice_k": k,
+            "choice_recall_model": float(hits["model"].mean()),
+            "choice_recall_text": float(hits["text"].mean()),
             "choice_text_minus_model_ci95": [float(found["low"]), float(found["high"])],
         }
         self.fitted_on = {**self.fitted_on, **choice}
         return choice
-
-    def listed(self, model_search: Any, histories: Sequence[Sequence[str]], beams: int, allowed: Any) -> Any:
-        """The beams this rule mixes for ``histories``: ``model_search()`` (the model's), or text KNN over
-        the ``allowed`` items when :attr:`beams` is ``"text"`` (the model is then not run)."""
-        if self.beams == "text":
-            return self.mixture.text_beams([list(h) for h in histories], beams, allowed)
-        return model_search()
 
     def describe(self) -> str:
         """One line: what the rule was fitted on and whose beams it mixes (with the choice's figures)."""
@@ -179,13 +173,11 @@ class NewItemRule:
             f"({fitted.get('pairs_with_new_item', '?')} to a new item), {len(self.new_items)} new items; "
             f"mixing the {'model' if self.beams == 'model' else 'text KNN'} beams"
         )
-        recalls = sorted(key for key in fitted if key.startswith("choice_recall@") and key.endswith("_model"))
-        if recalls:
-            at = recalls[0].removeprefix("choice_recall@").removesuffix("_model")
+        if "choice_k" in fitted:
             low, high = fitted["choice_text_minus_model_ci95"]
             line += (
-                f" (Recall@{at} of {fitted['choice_pairs']} logged next items: model "
-                f"{fitted[recalls[0]]:.3f}, text KNN {fitted[f'choice_recall@{at}_text']:.3f}, "
+                f" (Recall@{fitted['choice_k']} of {fitted['choice_pairs']} logged next items: model "
+                f"{fitted['choice_recall_model']:.3f}, text KNN {fitted['choice_recall_text']:.3f}, "
                 f"text - model [{low:+.3f}, {high:+.3f}])"
             )
         return line

@@ -303,11 +303,12 @@ class GroundedRecommender:
         self, histories: list[list[str]], trie: Any, beams: int, k: int, excluding: bool, show_progress: bool
     ) -> list[tuple[list[Hashable], list[float]]]:
         rule = self.new_item_rule
-        if rule is None:
-            recs = self._model_beams(histories, trie, beams, show_progress)
+        if rule is not None and rule.beams == "text":  # the rule chose text KNN on the log: no model run
+            recs = rule.mixture.text_beams(histories, beams, trie)
         else:
-            model = lambda: self._model_beams(histories, trie, beams, show_progress)  # noqa: E731
-            recs = rule.apply(rule.listed(model, histories, beams, trie), histories, k)
+            recs = self._model_beams(histories, trie, beams, show_progress)
+        if rule is not None:
+            recs = rule.apply(recs, histories, k)
         out = []
         for history, items, scores in zip(histories, recs.items, recs.scores, strict=True):
             seen = set(history) if excluding else set()
