@@ -325,3 +325,84 @@ def test_a_tensor_file_without_the_key_lists_at_most_ten_names(tmp_path):
     with pytest.raises(KeyError, match=r"no tensor named 'vectors' .*and 290 more") as err:
         load_tensor(str(path), what="init_vectors", key="vectors")
     assert len(str(err.value)) < 500
+
+
+@pytest.mark.parametrize(
+    ("init", "tied", "arch"),
+    [
+        ("centroid", True, "llama"),
+        ("centroid", False, "qwen3"),
+        ("gaussian", False, "llama"),
+        ("random", True, "qwen3"),
+    ],
+)
+def test_init_scale_pulls_every_row_toward_the_vocabulary_mean(
+    tokenizer, tiny_model_factory, init, tied, arch
+):
+    data = {"init_vectors": torch.randn(16, 100, generator=torch.Generator().manual_seed(0))}
+    kw = data if init == "centroid" else {"init_seed": 3}
+    full, full_out, vocab_in, vocab_out, _ = wrap(
+        tokenizer, tiny_model_factory, init, tied=tied, arch=arch, **kw
+    )
+    pulled, pulled_out, *_ = wrap(
+        tokenizer, tiny_model_factory, init, tied=tied, arch=arch, init_scale=0.1, **kw
+    )
+    for rows, start, vocab in ((pulled, full, vocab_in), (pulled_out, full_out, vocab_out)):
+        if rows is None:
+            continue
+        mean = vocab.double().mean(0)
+        torch.testing.assert_close(rows.double() - mean, 0.1 * (start.double() - mean), rtol=1e-5, atol=1e-6)
+        # the directions of the deviations (a centroid start's geometry) are kept
+        cosines = torch.nn.functional.cosine_similarity(rows.double() - mean, start.double() - mean, dim=1)
+        assert cosines.min() > 1 - 1e-6
+
+
+def test_init_scale_leaves_mean_and_copied_adapter_rows_alone(tokenizer, tiny_model_factory, tmp_path):
+    rows, *_ = wrap(tokenizer, tiny_model_factory, "mean", init_scale=0.25)
+    plain, *_ = wrap(tokenizer, tiny_model_factory, "mean")
+    torch.testing.assert_close(rows, plain, rtol=0, atol=1e-6)
+    base = tiny_model_factory("llama", False)
+    new = peft_grounded.add_sid_tokens(tokenizer, base, [4, 4])
+    saved = get_peft_model(base, GroundedTokenConfig(token_indices=new, init="random", init_seed=5))
+    saved.save_pretrained(tmp_path / "saved")
+    other = tiny_model_factory("llama", False)
+    from transformers import AutoTokenizer
+
+    added = peft_grounded.add_sid_tokens(AutoTokenizer.from_pretrained(tokenizer.name_or_path), other, [4, 4])
+    config = GroundedTokenConfig(
+        token_indices=added, init="adapter", init_vectors=str(tmp_path / "saved"), init_scale=0.25
+    )
+    warm = get_peft_model(other, config)
+    for name in ("grounded_embedding", "grounded_head"):  # trained rows are copied as they are
+        assert torch.equal(
+            getattr(warm.get_input_embeddings(), name)["default"],
+            getattr(saved.get_input_embeddings(), name)["default"],
+        )
+
+
+@pytest.mark.parametrize("bad", [0, -0.5, float("nan"), float("inf"), "0.1", True])
+def test_init_scale_is_refused_outside_positive_finite_numbers(bad):
+    with pytest.raises(ValueError, match="init_scale"):
+        GroundedTokenConfig(token_indices=[70, 71], init_scale=bad)
+
+
+def test_init_scale_is_saved_and_loaded(tokenizer, tiny_model_factory, tmp_path):
+    from peft import PeftModel
+
+    vectors = torch.randn(16, 100, generator=torch.Generator().manual_seed(0))
+    base = tiny_model_factory("llama", True)
+    from transformers import AutoTokenizer
+
+    new = peft_grounded.add_sid_tokens(AutoTokenizer.from_pretrained(tokenizer.name_or_path), base, [8, 8])
+    model = get_peft_model(
+        base, GroundedTokenConfig(token_indices=new, init="centroid", init_vectors=vectors, init_scale=0.1)
+    )
+    rows = model.get_input_embeddings().grounded_embedding["default"].detach().clone()
+    model.save_pretrained(tmp_path / "a")
+    fresh = tiny_model_factory("llama", True)
+    peft_grounded.add_sid_tokens(AutoTokenizer.from_pretrained(tokenizer.name_or_path), fresh, [8, 8])
+    loaded = PeftModel.from_pretrained(fresh, tmp_path / "a")
+    config = loaded.peft_config["default"]
+    assert config.init_scale == 0.1
+    # the saved rows come back as they were (the scale is not applied a second time on load)
+    assert torch.equal(loaded.get_input_embeddings().grounded_embedding["default"].detach(), rows)

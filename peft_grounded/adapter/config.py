@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from peft.config import PeftConfig
 
+from .. import checks
 from ..init.projection import PROJECTIONS, ProjectionName
 from ..init.strategies import DATA_INITS, INITS, InitName
 from .lora_settings import checked_lora
@@ -71,6 +72,7 @@ class GroundedTokenConfig(PeftConfig):
         init_weights (`bool`): False keeps the base's rows (a no-op start) instead of starting them by `init`.
         centroid_projection (`str`): centroid: auto, truncate, pca or lstsq.
         norm_match (`bool`): centroid: scale deviations to the vocabulary's RMS deviation.
+        init_scale (`float`): pull the started rows toward the vocabulary mean, `mean + init_scale * (row - mean)`.
         init_seed (`int`): seed of the gaussian and random initialisations.
         lora (`dict`, *optional*): the stacked LoRA as `peft.LoraConfig` keyword arguments (set by `add_lora`);
             None without LoRA.
@@ -154,6 +156,15 @@ class GroundedTokenConfig(PeftConfig):
             "equals the vocabulary rows' (one global factor; keeps all cosine ratios)."
         },
     )
+    init_scale: float = field(
+        default=1.0,
+        metadata={
+            "help": "Every computed start (not init='adapter', which copies trained rows): row = mean + init_scale "
+            "* (row - mean), the vocabulary mean. 1 keeps the start as computed; below 1 keeps the rows' "
+            "directions (a centroid start's geometry) while the frozen head's distribution over the new tokens "
+            "starts nearer uniform (SmolLM2, centroid: 36.7 nats per 4-token SID at 1, 8.8 at 0.1, uniform 7.8)."
+        },
+    )
     init_seed: int = field(
         default=0, metadata={"help": "Seed of the random initialisations (gaussian, random)."}
     )
@@ -234,6 +245,12 @@ class GroundedTokenConfig(PeftConfig):
                     "but the tokens are declared new. Add the tokens with peft_grounded.add_tokens and pass the "
                     "indices it returns, or set tokens_are_new=False to re-learn existing tokens."
                 )
+        checks.raise_problems(
+            "GroundedTokenConfig",
+            [checks.number_in("init_scale", self.init_scale, 0, low_open=True)],
+            "1 keeps the start as computed; init='mean' puts every row at the mean.",
+        )
+        self.init_scale = float(self.init_scale)
         self.lora = checked_lora(self.lora)
 
     @staticmethod

@@ -71,6 +71,7 @@ def start_rows(
             data,
             seed=config.init_seed + (0 if matrix == "input" else 1),
             initializer_range=initializer_range,
+            scale=config.init_scale,
         )
     return rows["input"], rows.get("output")
 

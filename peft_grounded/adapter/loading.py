@@ -49,6 +49,7 @@ def sid_model(
     *,
     init: str = "mean",
     centroid_variant: str = "items",
+    init_scale: float = 1.0,
     seed: int = 0,
     fmt: PromptFormat | None = None,
     adapter: str | None = None,
@@ -59,7 +60,7 @@ def sid_model(
 
     With ``adapter`` (a saved grounded adapter), its rows (and LoRA) are loaded after checking that it was
     made for this index; otherwise a fresh adapter starts from ``init`` (``centroid``: the index's
-    ``centroid_variant`` centroids). The config records the index fingerprint and the prompt format.
+    ``centroid_variant`` centroids; ``init_scale``: :class:`GroundedTokenConfig`'s). The config records the index fingerprint and the prompt format.
     """
     from peft import PeftModel, get_peft_model
 
@@ -96,6 +97,7 @@ def sid_model(
         token_indices=added,
         init=init,
         init_vectors=vectors,
+        init_scale=init_scale,
         init_seed=seed,
         task_type="CAUSAL_LM",
         metadata={

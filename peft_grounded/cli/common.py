@@ -67,9 +67,22 @@ class ModelArguments:
             "help": "init=centroid: the centroid of the items under a code, or the code's codebook vector."
         },
     )
+    init_scale: float = field(
+        default=1.0,
+        metadata={
+            "help": "Pull the started rows toward the vocabulary mean: mean + init_scale * (row - mean); below 1 a "
+            "centroid start keeps its geometry and starts nearer a uniform distribution over the SIDs."
+        },
+    )
     max_examples: int | None = field(
         default=None, metadata={"help": "A seeded sample of this many training examples; None: all."}
     )
+
+    def __post_init__(self) -> None:
+        from .. import checks
+
+        problem = checks.number_in("init_scale", self.init_scale, 0, low_open=True, flag="--init_scale")
+        checks.raise_problems("ModelArguments", [problem])
 
     def load(self) -> tuple[Any, Any]:
         """The (catalogue, SID index) named here."""
@@ -82,6 +95,7 @@ class ModelArguments:
             "model_path": base.model_name_or_path,
             "init": self.init,
             "centroid_variant": self.centroid_variant,
+            "init_scale": self.init_scale,
             "max_examples": self.max_examples,
             "dtype": base.torch_dtype(),
         }

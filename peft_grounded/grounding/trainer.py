@@ -118,6 +118,7 @@ def ground(
     model_path: str | None = None,
     init: str = "mean",
     centroid_variant: str = "items",
+    init_scale: float = 1.0,
     max_examples: int | None = None,
     resume: bool = False,
     model: PeftModel | None = None,
@@ -136,6 +137,7 @@ def ground(
     from .data import grounding_dataset
 
     run = StageRun(model, tokenizer, max_examples, callbacks, resume)
-    start = {"model_path": model_path, "init": init, "centroid_variant": centroid_variant, "dtype": dtype}
+    start = {"model_path": model_path, "init": init, "centroid_variant": centroid_variant}
+    start |= {"init_scale": init_scale, "dtype": dtype}
     data = partial(grounding_dataset, catalogue, index)
     return run_stage(GroundingTrainer, index, args, run, data, caller="ground", **start)

@@ -68,14 +68,23 @@ def _new_rows(
     if init == "centroid":  # projected together with the parent's tokens, so the new rows share their frame
         _, vectors = child_index.adapter_init(centroid_variant)
         data = InitData(vectors=vectors, projection=config.centroid_projection, norm_match=config.norm_match)
-        rows = initial_rows("centroid", weight, [*old_ids, *new_ids], reference, data, seed=seed)
+        rows = initial_rows(
+            "centroid", weight, [*old_ids, *new_ids], reference, data, seed=seed, scale=config.init_scale
+        )
         return rows[len(old_ids) :]
     data = InitData(
         vectors=None if init_vectors is None else torch.as_tensor(init_vectors, dtype=torch.float32),
         token_id_lists=token_id_lists,
     )
     return initial_rows(
-        init, weight, list(new_ids), reference, data, seed=seed, initializer_range=initializer_range
+        init,
+        weight,
+        list(new_ids),
+        reference,
+        data,
+        seed=seed,
+        initializer_range=initializer_range,
+        scale=config.init_scale,
     )
 
 
@@ -177,6 +186,7 @@ def grow_adapter(
     child_config.token_strings = list(child_index.token_strings)
     child_config.init = "tensor"
     child_config.init_weights = True
+    child_config.init_scale = 1.0  # the grown rows are given as they are (the new ones already scaled)
     child_config.runtime_config = GroundedRuntimeConfig(
         init_vectors=grown if "output" in grown else grown["input"]
     )

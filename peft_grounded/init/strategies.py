@@ -177,8 +177,10 @@ def initial_rows(
     *,
     seed: int = 0,
     initializer_range: float = 0.02,
+    scale: float = 1.0,
 ) -> torch.Tensor:
-    """Starting rows [n, d] (float32) for ``token_indices`` of ``weight`` under ``strategy``."""
+    """Starting rows [n, d] (float32) for ``token_indices`` of ``weight`` under ``strategy``, pulled toward the
+    vocabulary mean by ``scale`` (``mean + scale * (row - mean)``; 1: as computed)."""
     if strategy not in _STRATEGY_FNS:
         raise ValueError(f"Unknown init {strategy!r}; choose one of {', '.join(INITS)}.")
     matrix = weight.detach()
@@ -187,6 +189,8 @@ def initial_rows(
     rows = _STRATEGY_FNS[strategy](
         matrix, list(token_indices), reference, data or InitData(), generator, initializer_range
     )
+    if scale != 1.0:
+        rows = reference.mean + scale * (rows - reference.mean)
     if not torch.isfinite(rows).all():
         raise ValueError(f"init={strategy!r} produced non-finite rows; check the inputs it was given.")
     return rows.to(torch.float32)

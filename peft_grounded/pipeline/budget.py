@@ -48,6 +48,7 @@ class Budget:
     # dtype the frozen base is loaded in ("bfloat16" halves its memory traffic); adapter weights stay float32
     weights_dtype: str = "float32"
     centroid_variant: str = "items"
+    init_scale: float = 1.0  # GroundedTokenConfig.init_scale of every strategy's start
     eval_parts: tuple[str, ...] | None = None  # the parts decoded at the end (None: valid and test)
     eval_every: int = 0  # validation Recall during SFT every N steps (0: off)
     curve_every: int | None = (
@@ -79,6 +80,7 @@ class Budget:
                 least("curve_every", self.curve_every, 0, none_ok=True),
                 least("curve_users", self.curve_users, 1),
                 checks.one_of("centroid_variant", self.centroid_variant, ("items", "codebook")),
+                checks.number_in("init_scale", self.init_scale, 0, low_open=True),
                 least("max_train_examples", self.max_train_examples, 1, none_ok=True),
                 least("max_grounding_examples", self.max_grounding_examples, 1, none_ok=True),
             ],
@@ -213,6 +215,8 @@ class Budget:
             "evaluation": _changed_evaluation(e, expected={"seed": s.seed, "bf16": s.bf16}),
         }
         settings = {k: v for k, v in settings.items() if v}
+        if self.init_scale != 1.0:  # absent at 1: the manifests of runs from before the field stay the same
+            record["init_scale"] = self.init_scale
         return record | ({"settings": settings} if settings else {})
 
 

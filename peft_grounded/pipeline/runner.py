@@ -103,6 +103,7 @@ def run_strategy(
             experiment.index,
             init=spec.init,
             centroid_variant=budget.centroid_variant,
+            init_scale=budget.init_scale,
             seed=budget.seed,
             fmt=experiment.fmt,
             dtype=budget.dtype,

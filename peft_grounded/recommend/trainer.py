@@ -69,6 +69,7 @@ def train_recommender(
     grounded: str | None = None,
     init: str = "mean",
     centroid_variant: str = "items",
+    init_scale: float = 1.0,
     lora: dict | None = None,
     fmt: PromptFormat | None = None,
     max_examples: int | None = None,
@@ -109,7 +110,8 @@ def train_recommender(
             )
 
     run = StageRun(model, tokenizer, max_examples, callbacks, resume)
-    start = {"model_path": model_path, "init": init, "centroid_variant": centroid_variant, "dtype": dtype}
+    start = {"model_path": model_path, "init": init, "centroid_variant": centroid_variant}
+    start |= {"init_scale": init_scale, "dtype": dtype}
     data = partial(training_dataset, split, index, catalogue, fmt=fmt)
     start |= {"caller": "train_recommender", "fmt": fmt, "adapter": grounded}
     return run_stage(RecommendationTrainer, index, args, run, data, stack_lora, **start)
