@@ -145,3 +145,25 @@ def test_a_child_without_new_tokens_only_changes_the_recorded_index(tokenizer, t
     )
     assert grown.peft_config["default"].metadata["sid_index_fingerprint"] == child.fingerprint()
     child.check_adapter(grown.peft_config["default"])
+
+
+def test_new_rows_start_at_the_parents_init_scale(tokenizer, tiny_model_factory, indices):
+    from transformers import AutoTokenizer
+
+    parent, child = indices
+    grown = {}
+    for scale in (1.0, 0.2):
+        tok = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
+        model = trained(tok, tiny_model_factory, parent, "qwen3", False, False)
+        model.peft_config["default"].init_scale = scale  # as if the parent had started at this scale
+        grown[scale] = grow_adapter(model, tok, parent, child)
+    layer = grown[0.2].get_input_embeddings()
+    n_old = parent.n_tokens
+    for name in ("grounded_embedding", "grounded_head"):  # input rows and the untied head's rows
+        weight = layer.base_layer.weight if name == "grounded_embedding" else layer.head.weight
+        mean = weight[: grown[0.2].peft_config["default"].base_vocab_size].double().mean(0)
+        plain = getattr(grown[1.0].get_input_embeddings(), name)["default"][n_old:].double()
+        scaled = getattr(layer, name)["default"][n_old:].double()
+        torch.testing.assert_close(scaled - mean, 0.2 * (plain - mean), rtol=1e-4, atol=1e-5)
+    # the grown adapter's rows are given as they are: its config does not scale them again on a re-creation
+    assert grown[0.2].peft_config["default"].init_scale == 1.0

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from helpers.toy_catalogue import toy_catalogue, toy_index
@@ -115,6 +116,15 @@ def test_bad_settings_fail_at_parse_time():
         ground.parse(["--sid-index", "s", "--use_peft"])
     with pytest.raises(ValueError, match="load_in_4bit"):
         sft.parse(["--sid-index", "s", "--load_in_4bit"])
+    for stage in (sft, ground):
+        with pytest.raises(ValueError, match=r"init_scale must be a finite number > 0.*--init_scale"):
+            stage.parse(["--sid-index", "s", "--init", "centroid", "--init-scale", "0"])
+    settings = sft.parse(["--sid-index", "s", "--init", "centroid", "--init_scale", "0.1"])
+    model_args = next(s for s in settings if type(s).__name__ == "ModelArguments")
+    assert (
+        model_args.start(SimpleNamespace(model_name_or_path="m", torch_dtype=lambda: None))["init_scale"]
+        == 0.1
+    )
 
 
 LIGHT = (
