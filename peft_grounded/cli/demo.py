@@ -18,7 +18,8 @@ class DemoArguments:
     """The preset, where the report goes, and what to run."""
 
     preset: Literal["default", "full", "smoke"] = field(
-        default="default", metadata={"help": "default: a 2-core CPU, minutes; full: a GPU; smoke: tests."}
+        default="default",
+        metadata={"help": "default: a 2-core CPU (about 9 minutes); full: a GPU; smoke: tests."},
     )
     output_dir: str = field(
         default="runs/demo",
@@ -73,7 +74,7 @@ COMMAND = Command(
     name="demo",
     help="build SIDs, run the initialisation strategies under one budget, compare them, write a report",
     description="Offline end to end: SmolLM2-135M (packaged GGUF) on MovieLens-100K (recbole wheel). Presets: "
-    "default (2-core CPU, minutes), full (GPU), smoke (tests).",
+    "default (2-core CPU, about 9 minutes), full (GPU), smoke (tests).",
     settings=lambda: (DemoArguments,),
     run=run,
 )

@@ -385,7 +385,7 @@ def _side_by_side(spec: Preset, records: dict[str, list[dict]], experiment, sett
     lines = [
         "## Side by side with what a shop could run without this package",
         "",
-        f"The same {settings[seed].users or 'all'} test users (seed {seed}); the peers are "
+        f"The same {settings[seed].users or 'all the'} test users (seed {seed}); the peers are "
         + ", ".join(row["label"] for row in found.values())
         + "; their minutes are their training time, the LLM rows' their SFT (+ grounding) time.",
         "",
