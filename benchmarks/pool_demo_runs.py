@@ -1,0 +1,72 @@
+"""Pool the strategies of several demo runs (one seed each, e.g. ``bench_demo_recipe.py --seed N``) into one
+table of paired intervals against a reference strategy.
+
+    python benchmarks/pool_demo_runs.py runs/demo runs/demo-seed1 runs/demo-seed2 --reference mean
+
+Reads each run's ``strategies/<name>-seed<N>/metrics.json`` (the runner's per-user records of the test
+part) and gives, per strategy and metric, the seeds' mean and the paired difference to the reference with the
+package's bootstrap (users resampled within each seed, ``evaluation.intervals.paired_intervals``). Every run
+must hold the reference and score the same users in it as in the other strategies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from peft_grounded._scripts import parse_script_args
+from peft_grounded.evaluation.intervals import paired_intervals, user_values
+
+METRICS = ("recall@10", "ndcg@10", "constrained_nll")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="pool_demo_runs.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", help="demo output folders (each with strategies/<name>-seed<N>/)")
+    p.add_argument("--reference", default="mean", help="the strategy every other one is compared with")
+    p.add_argument("--part", default="test")
+    return parse_script_args(p, argv)
+
+
+def records(runs: list[str], part: str) -> dict[str, list[list[dict]]]:
+    """``strategy -> one per-user record list per run`` (only strategies every run holds)."""
+    found: dict[str, list[list[dict]]] = {}
+    for run in runs:
+        folders = sorted((Path(run) / "strategies").glob("*-seed*/metrics.json"))
+        if not folders:
+            raise SystemExit(f"{run} holds no finished strategy (strategies/<name>-seed<N>/metrics.json)")
+        for path in folders:
+            name = path.parent.name.rsplit("-seed", 1)[0]
+            found.setdefault(name, []).append(json.loads(path.read_text())["users"][part])
+    return {name: recs for name, recs in found.items() if len(recs) == len(runs)}
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    found = records(args.runs, args.part)
+    if args.reference not in found:
+        raise SystemExit(f"--reference {args.reference!r} is not in every run; found {sorted(found)}")
+    reference = found[args.reference]
+    print(
+        f"{len(args.runs)} runs, {args.part} users: {[len(r) for r in reference]}; reference {args.reference}"
+    )
+    print("| strategy | metric | mean over runs | - reference | 95% interval |")
+    print("|---|---|---:|---:|---|")
+    for name, runs in found.items():
+        for metric in METRICS:
+            mean = np.mean([np.mean(list(user_values(r, metric).values())) for r in runs])
+            if name == args.reference:
+                print(f"| {name} | {metric} | {mean:.4f} | | |")
+                continue
+            row = paired_intervals(runs, reference, [metric])[metric]
+            print(
+                f"| {name} | {metric} | {mean:.4f} | {row['difference']:+.4f} | "
+                f"[{row['low']:+.4f}, {row['high']:+.4f}] |"
+            )
+
+
+if __name__ == "__main__":
+    main()

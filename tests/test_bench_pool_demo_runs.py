@@ -1,0 +1,47 @@
+"""Pooling demo runs of several seeds: per-user records paired within each run; no model runs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+
+def write_run(root, seed, ranks_by_strategy, nll_by_strategy):
+    for name, ranks in ranks_by_strategy.items():
+        folder = root / "strategies" / f"{name}-seed{seed}"
+        folder.mkdir(parents=True)
+        users = [
+            {"user": str(u), "rank": r, "constrained_nll": n, "all": True, "cold": False}
+            for u, (r, n) in enumerate(zip(ranks, nll_by_strategy[name], strict=True))
+        ]
+        (folder / "metrics.json").write_text(json.dumps({"users": {"test": users}}))
+
+
+def test_pooled_differences_pair_users_within_each_run(tmp_path, capsys):
+    from benchmarks import pool_demo_runs
+
+    rng = np.random.default_rng(0)
+    runs = []
+    expected_recall = []
+    for seed in (0, 1):
+        n = 40 + 10 * seed
+        centroid = [int(r) if r < 12 else None for r in rng.integers(0, 30, n)]
+        mean = [int(r) if r < 8 else None for r in rng.integers(0, 30, n)]
+        nll = {"centroid": rng.normal(7, 1, n).tolist(), "mean": rng.normal(7.3, 1, n).tolist()}
+        write_run(tmp_path / f"s{seed}", seed, {"centroid": centroid, "mean": mean}, nll)
+        runs.append(str(tmp_path / f"s{seed}"))
+        hit = lambda ranks: np.array([r is not None and r < 10 for r in ranks], dtype=float)  # noqa: E731
+        expected_recall.append(hit(centroid) - hit(mean))
+    pool_demo_runs.main([*runs, "--reference", "mean"])
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| centroid | recall@10 |"))
+    difference = float(row.split("|")[4])
+    # users pooled over both runs (each run's users weigh as users, not as a seed's mean)
+    assert difference == pytest.approx(np.concatenate(expected_recall).mean(), abs=5e-5)
+    assert "2 runs, test users: [40, 50]" in out
+    with pytest.raises(SystemExit, match="--reference 'gaussian'"):
+        pool_demo_runs.main([*runs, "--reference", "gaussian"])
+    with pytest.raises(SystemExit, match="holds no finished strategy"):
+        pool_demo_runs.main([str(tmp_path / "nowhere")])
