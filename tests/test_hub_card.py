@@ -161,3 +161,15 @@ def test_the_template_is_package_data_and_model_cards_links_to_it():
     assert Path(str(packaged)) == TEMPLATE_PATH and TEMPLATE_PATH.is_file()
     browsed = Path(__file__).resolve().parent.parent / "model_cards" / "grounded_adapter.md"
     assert browsed.is_symlink() and browsed.resolve() == TEMPLATE_PATH.resolve()
+
+
+def test_the_cards_init_facts_name_a_scaled_start():
+    from peft_grounded import GroundedTokenConfig
+    from peft_grounded.hub.facts import init_facts
+
+    plain = init_facts(GroundedTokenConfig(token_indices=[5, 6], init="centroid"))
+    assert plain["params"] == {"projection": "auto", "norm_match": True}
+    scaled = init_facts(
+        GroundedTokenConfig(token_indices=[5, 6], init="gaussian", init_scale=0.1, init_seed=3)
+    )
+    assert scaled["params"] == {"seed": 3, "init_scale": 0.1}
