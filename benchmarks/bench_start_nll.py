@@ -1,11 +1,11 @@
 """How far from uniform each start puts the SID tokens before any training: held-out constrained NLL at step 0.
 
-    python benchmarks/bench_start_nll.py --demo-dir runs/demo-l8-full --blocks 8 --scales 1 0.5 0.25 0.1
+    python benchmarks/bench_start_nll.py --demo-dir runs/demo-B --blocks 8 --scales 1 0.5 0.25 0.1
 
 Reads a demo folder (``peft-grounded demo`` or ``benchmarks/bench_demo_recipe.py``: its ``sids/`` and, with
 ``--blocks N``, its ``base-N-blocks/``), starts the SID rows with each strategy, and for the centroid start
-also with its rows shrunk toward the mean row by ``--scales`` (``mean + s * (row - mean)``; 1 is the start
-as shipped), then scores the validation users' next items under the SID trie (the constrained NLL that
+also pulled toward the vocabulary mean by ``--scales`` (``GroundedTokenConfig.init_scale``; 1 is the
+norm-matched start; the centroid rows' own mean is the vocabulary mean, so this is a shrink around it), then scores the validation users' next items under the SID trie (the constrained NLL that
 beam search ranks by; uniform: every SID equally likely). Issue 28, item 4: why centroid starts high.
 """
 
@@ -67,11 +67,9 @@ def main(argv=None) -> None:
     print("|---|---:|---:|---:|---:|")
     for start, scale in runs:
         torch.manual_seed(args.seed)
-        tokenizer, model = sid_model(base, index, init=start, fmt=fmt, seed=args.seed)
+        tokenizer, model = sid_model(base, index, init=start, init_scale=scale, fmt=fmt, seed=args.seed)
         rows = model.get_input_embeddings().grounded_embedding["default"]
-        with torch.no_grad():
-            rows.copy_(rows.mean(0) + scale * (rows - rows.mean(0)))
-            norm = float(rows.norm(dim=1).mean())
+        norm = float(rows.detach().norm(dim=1).mean())
         trie = SIDTrie(item_token_ids(tokenizer, index))
         found = _evaluate(
             model, tokenizer, experiment, ("valid",), settings, trie, ranking=False, likelihood=True

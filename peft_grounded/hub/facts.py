@@ -31,7 +31,7 @@ def init_facts(config: GroundedTokenConfig) -> dict[str, Any]:
         params["seed"] = config.init_seed
     if config.init == "centroid":
         params |= {"projection": config.centroid_projection, "norm_match": config.norm_match}
-    if getattr(config, "init_scale", 1.0) != 1.0 and config.init != "adapter":
+    if config.init_scale != 1.0 and config.init != "adapter":
         params["init_scale"] = config.init_scale
     return {"name": config.init, "description": INIT_DESCRIPTIONS.get(config.init), "params": params}
 
