@@ -63,7 +63,7 @@ def main(argv=None) -> None:
     settings = EvalSettings(users=args.users, seed=args.seed + 1, ks=(10,), cold=False)
     runs = [(start, 1.0) for start in args.starts]
     runs += [("centroid", s) for s in args.scales if s != 1.0 and "centroid" in args.starts]
-    print("| start | shrink toward the mean row | constrained NLL | uniform | mean row norm |")
+    print("| start | init_scale | constrained NLL | uniform | mean row norm |")
     print("|---|---:|---:|---:|---:|")
     for start, scale in runs:
         torch.manual_seed(args.seed)
