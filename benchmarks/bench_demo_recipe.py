@@ -29,6 +29,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="SFT with the SID-only softmax (--no-sid-softmax: the full head)",
     )
     p.add_argument("--init-scale", type=float, default=None, help="GroundedTokenConfig.init_scale")
+    p.add_argument("--lora-r", type=int, default=None, help="the stacked LoRA's rank (alpha: twice it)")
+    p.add_argument("--history", type=int, default=None, help="items of history per training window")
     p.add_argument("--curve-every", type=int, default=None, help="validation NLL every N steps")
     p.add_argument("--sft-steps", type=int, default=None)
     p.add_argument("--sft-minutes", type=float, default=None, help="a time budget instead of steps")
@@ -37,6 +39,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--grounding-lr", type=float, default=None)
     p.add_argument("--sft-lr", type=float, default=None)
     p.add_argument("--users", type=int, default=None, help="test users evaluated (0: all)")
+    p.add_argument("--eval-parts", nargs="+", choices=("valid", "test"), default=None, help="parts decoded")
+    p.add_argument("--peers", nargs="*", default=None, help="the peers scored (none: --peers alone)")
     p.add_argument("--sasrec-minutes", type=float, default=None)
     p.add_argument("--strategies", nargs="+", default=None)
     p.add_argument("--seed", type=int, default=None, help="the run's seed (default: the preset's)")
@@ -73,12 +77,20 @@ def preset(args: argparse.Namespace):
         else replace(old.evaluation, users=args.users or None),
         curve_every=old.curve_every if args.curve_every is None else args.curve_every,
         init_scale=old.init_scale if args.init_scale is None else args.init_scale,
+        lora=old.lora
+        if args.lora_r is None
+        else old.lora | {"r": args.lora_r, "lora_alpha": 2 * args.lora_r},
+        eval_parts=old.eval_parts if args.eval_parts is None else tuple(args.eval_parts),
     )
     spec = replace(base, budget=budget)
     if args.seed is not None:
         spec = replace(spec, seeds=(args.seed,))
     if args.layers is not None:
         spec = replace(spec, layers=args.layers)
+    if args.history is not None:
+        spec = replace(spec, fmt=replace(spec.prompt_format(), max_history=args.history))
+    if args.peers is not None:
+        spec = replace(spec, peers=tuple(args.peers))
     if args.sasrec_minutes is not None:
         spec = replace(spec, sasrec={"max_minutes": args.sasrec_minutes})
     if args.strategies:

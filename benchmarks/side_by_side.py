@@ -73,7 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="validation Recall@10 of the LLM rows every N SFT steps, for the learning curve (0: off)",
     )
     p.add_argument("--curve-users", type=int, default=100, help="validation users of those points")
-    p.add_argument("--also", nargs="*", default=[], help="more ranking metrics, one table each (recall@5 ...)")
+    p.add_argument(
+        "--also", nargs="*", default=[], help="more ranking metrics, one table each (recall@5 ...)"
+    )
     p.add_argument(
         "--report-only",
         action="store_true",
@@ -155,7 +157,9 @@ def main(argv=None) -> int:
 
         sasrec = SASRecConfig(max_minutes=0.2 if args.smoke else args.sasrec_minutes)
     peers: dict[str, list] = {}
-    curves: dict[str, list] = {}  # (training minutes, validation Recall@10): SASRec's epochs, the LLM's points
+    curves: dict[
+        str, list
+    ] = {}  # (training minutes, validation Recall@10): SASRec's epochs, the LLM's points
     for seed in args.seeds:
         found = run_peers(
             catalogue,

@@ -1,0 +1,103 @@
+"""One strategy trained under several recipes (one demo folder each, ``bench_demo_recipe.py``): one table of
+its Recall@10, NDCG@10 and constrained NLL on the same users, each paired against a reference recipe.
+
+    python benchmarks/recipe_table.py base=runs/recipe-base full-head=runs/recipe-full-head \\
+        layers-4=runs/recipe-l4 --strategy centroid --part valid --reference base
+
+Reads each folder's ``strategies/<strategy>-seed<N>/metrics.json`` (the runner's per-user records) and its SFT
+log (steps, epochs, training seconds) and gives, per recipe, the means and the paired difference to the
+reference recipe (users resampled, ``evaluation.intervals.paired_intervals``). Every recipe must have scored
+the same users of ``--part`` (the same split and seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from peft_grounded._scripts import parse_script_args
+from peft_grounded.evaluation.intervals import paired_intervals, user_values
+
+METRICS = ("recall@10", "ndcg@10", "constrained_nll")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="recipe_table.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("recipes", nargs="+", help="LABEL=FOLDER: a demo output folder per recipe")
+    p.add_argument("--strategy", default="centroid", help="the strategy compared across recipes")
+    p.add_argument("--part", default="valid", choices=("valid", "test"))
+    p.add_argument(
+        "--reference", default=None, help="the recipe every other one is paired with (default: first)"
+    )
+    return parse_script_args(p, argv)
+
+
+def recipe(folder: Path, strategy: str, part: str) -> dict:
+    """The per-user records of ``part`` and the SFT stage's steps, epochs and seconds of one recipe."""
+    found = sorted((folder / "strategies").glob(f"{strategy}-seed*/metrics.json"))
+    if len(found) != 1:
+        raise SystemExit(
+            f"{folder}: expected one finished run of {strategy!r} (strategies/{strategy}-seed<N>/), found {len(found)}"
+        )
+    metrics = json.loads(found[0].read_text())
+    if part not in metrics["users"]:
+        raise SystemExit(f"{found[0]}: no {part!r} users (run bench_demo_recipe.py with --eval-parts {part})")
+    log = json.loads((found[0].parent / "sft" / "log_history.json").read_text())
+    last = [row for row in log if "loss" in row][-1]
+    return {
+        "users": metrics["users"][part],
+        "steps": last["step"],
+        "epochs": last["epoch"],
+        "seconds": last["seconds"],
+        "threads": metrics.get("threads"),
+    }
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    recipes = {}
+    for item in args.recipes:
+        label, sep, folder = item.partition("=")
+        if not sep or not folder:
+            raise SystemExit(f"{item!r}: give each recipe as LABEL=FOLDER")
+        recipes[label] = recipe(Path(folder), args.strategy, args.part)
+    reference = args.reference or next(iter(recipes))
+    if reference not in recipes:
+        raise SystemExit(f"--reference {reference!r} is not one of {sorted(recipes)}")
+    ref = recipes[reference]
+    print(f"{args.strategy}, {args.part} users: {len(ref['users'])}; paired against {reference}")
+    print(
+        "| recipe | SFT steps | epochs | SFT min | s/step | threads | R@10 | NDCG@10 | constrained NLL "
+        f"| R@10 - {reference} | NDCG@10 - {reference} | NLL - {reference} |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|")
+    for label, run in recipes.items():
+        means = [np.mean(list(user_values(run["users"], m).values())) for m in METRICS]
+        cells = [
+            label,
+            str(run["steps"]),
+            f"{run['epochs']:.2f}",
+            f"{run['seconds'] / 60:.1f}",
+            f"{run['seconds'] / max(run['steps'], 1):.2f}",
+            str(run["threads"]),
+            *(
+                f"{v:.4f}" if m != "constrained_nll" else f"{v:.3f}"
+                for m, v in zip(METRICS, means, strict=True)
+            ),
+        ]
+        if label == reference:
+            cells += ["", "", ""]
+        else:
+            rows = paired_intervals([run["users"]], [ref["users"]], list(METRICS))
+            cells += [
+                f"{r['difference']:+.4f} [{r['low']:+.4f}, {r['high']:+.4f}]"
+                for r in (rows[m] for m in METRICS)
+            ]
+        print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

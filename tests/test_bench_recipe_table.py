@@ -1,0 +1,82 @@
+"""The recipe grid's scripts: bench_demo_recipe's flags change only what they name, and recipe_table pairs
+one strategy's users across recipe folders; no model runs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+
+def write_recipe(root, ranks, nll, steps=100, epoch=0.5, seconds=60.0, strategy="centroid", part="valid"):
+    folder = root / "strategies" / f"{strategy}-seed0"
+    (folder / "sft").mkdir(parents=True)
+    users = [
+        {"user": str(u), "rank": r, "constrained_nll": n, "all": True, "cold": False}
+        for u, (r, n) in enumerate(zip(ranks, nll, strict=True))
+    ]
+    (folder / "metrics.json").write_text(json.dumps({"users": {part: users}, "threads": 1}))
+    log = [
+        {"loss": 2.0, "step": steps, "epoch": epoch, "seconds": seconds},
+        {"step": steps, "train_loss": 2.0},
+    ]
+    (folder / "sft" / "log_history.json").write_text(json.dumps(log))
+
+
+def test_recipes_are_paired_by_user_against_the_reference(tmp_path, capsys):
+    from benchmarks import recipe_table
+
+    rng = np.random.default_rng(0)
+    n = 60
+    base = [int(r) if r < 12 else None for r in rng.integers(0, 30, n)]
+    other = [int(r) if r < 8 else None for r in rng.integers(0, 30, n)]
+    write_recipe(tmp_path / "base", base, rng.normal(7, 1, n).tolist())
+    write_recipe(
+        tmp_path / "other", other, rng.normal(7.3, 1, n).tolist(), steps=300, epoch=1.5, seconds=1800.0
+    )
+    recipe_table.main([f"base={tmp_path / 'base'}", f"lr={tmp_path / 'other'}"])
+    out = capsys.readouterr().out
+    assert "centroid, valid users: 60; paired against base" in out
+    row = next(line for line in out.splitlines() if line.startswith("| lr |")).split("|")
+    hit = lambda ranks: np.array([r is not None and r < 10 for r in ranks], dtype=float)  # noqa: E731
+    assert row[2].strip() == "300" and row[4].strip() == "30.0" and row[5].strip() == "6.00"
+    assert float(row[10].split("[")[0]) == pytest.approx((hit(other) - hit(base)).mean(), abs=5e-5)
+    with pytest.raises(SystemExit, match="no 'test' users"):
+        recipe_table.main([f"base={tmp_path / 'base'}", "--part", "test"])
+    with pytest.raises(SystemExit, match="LABEL=FOLDER"):
+        recipe_table.main([str(tmp_path / "base")])
+    with pytest.raises(SystemExit, match="--reference 'x'"):
+        recipe_table.main([f"base={tmp_path / 'base'}", "--reference", "x"])
+
+
+def test_demo_recipe_flags_change_only_what_they_name():
+    from benchmarks import bench_demo_recipe
+    from peft_grounded.pipeline.demo import PRESETS
+
+    default = PRESETS["default"]
+    same = bench_demo_recipe.preset(bench_demo_recipe.parse_args(["--out", "x"]))
+    assert same == default
+    args = [
+        "--out",
+        "x",
+        "--lora-r",
+        "32",
+        "--history",
+        "9",
+        "--peers",
+        "popularity",
+        "--eval-parts",
+        "valid",
+    ]
+    args += ["--sft-minutes", "30"]
+    spec = bench_demo_recipe.preset(bench_demo_recipe.parse_args(args))
+    assert spec.budget.lora == default.budget.lora | {"r": 32, "lora_alpha": 64}
+    assert spec.prompt_format() == replace(default.prompt_format(), max_history=9)
+    assert spec.peers == ("popularity",) and spec.budget.parts == ("valid",)
+    assert spec.budget.sft.max_minutes == 30 and spec.budget.sft.max_steps <= 0
+    assert spec.budget.sft.learning_rate == default.budget.sft.learning_rate
+    assert spec.budget.grounding == default.budget.grounding and spec.layers == default.layers
+    none = bench_demo_recipe.preset(bench_demo_recipe.parse_args(["--out", "x", "--peers"]))
+    assert none.peers == ()
