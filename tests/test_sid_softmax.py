@@ -287,3 +287,31 @@ def test_trls_loop_without_the_compact_head_takes_the_same_loss(toy, model_dir, 
     losses = {key: trainer.compute_loss(model, dict(batch)).item() for key, trainer in trainers.items()}
     assert losses[False, True] == pytest.approx(losses[True, True], rel=1e-6)
     assert losses[True, True] < losses[True, False]  # fewer rows to share the mass with
+
+
+def test_the_default_applies_it_wherever_it_can(toy, model_dir, tmp_path):
+    """sid_softmax_loss=None (the default): the SID-only softmax on a grounded adapter, the full head where it
+    cannot apply (label smoothing); the trainer's args and the adapter's record say which runs."""
+    from peft_grounded.adapter.loading import sid_model
+    from peft_grounded.adapter.saved import read_adapter_config
+    from peft_grounded.recommend import RecommendationTrainer
+
+    catalogue, index = toy
+    assert RecommendationConfig(output_dir=str(tmp_path / "d")).sid_softmax_loss is None
+    tokenizer, model = sid_model(model_dir, index, init="centroid", fmt=SEQ)
+    add_lora(model, r=2, target_modules="all-linear")
+    data = training_dataset(catalogue.leave_one_out(), index, catalogue, tokenizer, SEQ)
+    for name, extra in (("auto", {}), ("smooth", {"label_smoothing_factor": 0.1})):
+        args = _config(tmp_path / name, max_steps=1, sid_softmax_loss=None, **extra)
+        trainer = RecommendationTrainer(model, args, train_dataset=data, processing_class=tokenizer)
+        assert trainer.args.sid_softmax_loss is (name == "auto") and sid_softmax_of(model) is (name == "auto")
+    trained = train_recommender(
+        catalogue,
+        index,
+        _config(tmp_path / "run", max_steps=1, sid_softmax_loss=None),
+        model_path=model_dir,
+        fmt=SEQ,
+        lora=dict(r=2),
+    )
+    assert sid_softmax_of(trained)
+    assert read_adapter_config(str(tmp_path / "run" / "adapter"))["metadata"]["sid_softmax"] is True

@@ -39,14 +39,17 @@ class RecommendationTrainer(RunTrainer):
         args = args or RecommendationConfig(output_dir="recommendation")
         if not grounded:
             args.compact_loss = False  # the compact head is this package's; the baseline keeps TRL's
-            if getattr(args, "sid_softmax_loss", False):
+            if args.sid_softmax_loss:
                 raise ValueError(
                     "sid_softmax_loss=True normalises over a grounded adapter's SID rows; this model carries "
                     "PEFT's own LoRA with trainable_token_indices. Set sid_softmax_loss=False for it."
                 )
-        else:
-            record_sid_softmax(model, bool(getattr(args, "sid_softmax_loss", False)))
+            args.sid_softmax_loss = False  # None (the default): the full head for the baseline
         super().__init__(model, args, **kwargs)
+
+    def record_sid_softmax(self, on: bool) -> None:
+        if isinstance(self.model.peft_config.get(self.model.active_adapter), GroundedTokenConfig):
+            record_sid_softmax(self.model, on)
 
 
 def record_sid_softmax(model, on: bool) -> None:

@@ -142,6 +142,7 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
             args.max_steps = UNLIMITED_STEPS
         super().__init__(model=model, args=args, **kwargs)
         self._check_truncation(train_dataset)
+        self._sid_softmax = self._resolve_sid_softmax()  # before the manifest: the adapter records it
         self.manifest = self.build_manifest(data)
         self._staging: Path | None = None  # while a checkpoint is written: its .partial folder
         self._card_kept = False  # the output folder holds the user's README.md: TRL's card is not written
@@ -168,12 +169,30 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
                 stacklevel=2,
             )
 
-        self._sid_softmax = bool(getattr(self.args, "sid_softmax_loss", False))
-        if self._sid_softmax:
-            self._check_sid_softmax()
+    def _resolve_sid_softmax(self) -> bool:
+        """Whether SID targets take the SID-only softmax: ``sid_softmax_loss`` True (refused, before any step,
+        where the SID-only head cannot compute the loss), False, or None: on wherever it applies. The choice
+        is written back into the args (the saved config says what ran) and handed to
+        :meth:`record_sid_softmax`."""
+        requested = getattr(self.args, "sid_softmax_loss", False)
+        problem = None if requested is False else self._sid_softmax_problem()
+        if problem is not None and requested:
+            raise ValueError(
+                f"sid_softmax_loss=True needs {problem}; set sid_softmax_loss=False (--sid_softmax_loss false)."
+            )
+        if problem is not None:
+            logger.info("sid_softmax_loss: the full head, since the SID-only softmax needs %s", problem)
+        on = requested is not False and problem is None
+        if requested is None:
+            self.args.sid_softmax_loss = on
+        self.record_sid_softmax(on)
+        return on
 
-    def _check_sid_softmax(self) -> None:
-        """Refuse ``sid_softmax_loss`` where the SID-only head cannot compute the loss, before any step."""
+    def record_sid_softmax(self, on: bool) -> None:
+        """Where a stage's adapter records its normalisation (the recommendation stage's does)."""
+
+    def _sid_softmax_problem(self) -> str | None:
+        """What the SID-only softmax needs that this trainer lacks (None: it applies)."""
         from ..adapter.compact_head import supports_compact_head
 
         problem = None
@@ -188,10 +207,7 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
         elif self.is_deepspeed_enabled or self.is_fsdp_enabled:
             # it reads the head's SID rows outside the head's forward, where ZeRO-3 and FSDP hold only shards
             problem = "unsharded training (not DeepSpeed or FSDP; DDP is fine)"
-        if problem is not None:
-            raise ValueError(
-                f"sid_softmax_loss=True needs {problem}; set sid_softmax_loss=False (--sid_softmax_loss false)."
-            )
+        return problem
 
     def build_manifest(self, data_fingerprint: str) -> dict:
         a = self.args
