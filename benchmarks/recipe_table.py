@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from peft_grounded._scripts import parse_script_args
-from peft_grounded.evaluation.intervals import paired_intervals, user_values
+from peft_grounded.evaluation.intervals import bootstrap_interval, paired_intervals, user_values
 
 METRICS = ("recall@10", "ndcg@10", "constrained_nll")
 
@@ -56,6 +56,12 @@ def recipe(folder: Path, strategy: str, part: str) -> dict:
     }
 
 
+def recall_with_interval(users: list[dict]) -> str:
+    """Recall@10 over ``users`` with its 95% bootstrap interval."""
+    row = bootstrap_interval([list(user_values(users, "recall@10").values())])
+    return f"{row['difference']:.4f} [{row['low']:.3f}, {row['high']:.3f}]"
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     recipes = {}
@@ -70,7 +76,7 @@ def main(argv=None) -> None:
     ref = recipes[reference]
     print(f"{args.strategy}, {args.part} users: {len(ref['users'])}; paired against {reference}")
     print(
-        "| recipe | SFT steps | epochs | SFT min | s/step | threads | R@10 | NDCG@10 | constrained NLL "
+        "| recipe | SFT steps | epochs | SFT min | s/step | threads | R@10 [95% CI] | NDCG@10 | constrained NLL "
         f"| R@10 - {reference} | NDCG@10 - {reference} | NLL - {reference} |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|")
@@ -83,10 +89,9 @@ def main(argv=None) -> None:
             f"{run['seconds'] / 60:.1f}",
             f"{run['seconds'] / max(run['steps'], 1):.2f}",
             str(run["threads"]),
-            *(
-                f"{v:.4f}" if m != "constrained_nll" else f"{v:.3f}"
-                for m, v in zip(METRICS, means, strict=True)
-            ),
+            recall_with_interval(run["users"]),
+            f"{means[1]:.4f}",
+            f"{means[2]:.3f}",
         ]
         if label == reference:
             cells += ["", "", ""]
