@@ -405,7 +405,9 @@ def test_installed_wheel_renders_the_card_from_its_package_data(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
     install = [*pip, "--python", str(python), "install", "--no-deps", "--no-index", str(wheel)]
-    subprocess.run(install, check=True, capture_output=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # without PYTHONPATH: a checkout on it (with its egg-info) reads as installed, and pip would install nothing
+    subprocess.run(install, check=True, capture_output=True, timeout=300, env=env)
     # Dependencies come from this environment, appended after the new venv's own site-packages (a plain
     # path: its .pth files, among them the editable install's finder, are not processed).
     where = [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
@@ -417,7 +419,6 @@ def test_installed_wheel_renders_the_card_from_its_package_data(tmp_path):
         "card = c.render_model_card({'base_model': 'org/base'})\n"
         "print(c.find_template()); print('base_model:adapter:org/base' in card.data.tags)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     out = subprocess.run(  # cwd: not the checkout, which `python -c` would put first on sys.path
         [str(python), "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
     )
