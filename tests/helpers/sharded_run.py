@@ -262,7 +262,9 @@ def run_job(
         peft_grounded.add_lora(model, r=2, lora_alpha=4, target_modules="all-linear")
         trainer = RecommendationTrainer(
             model,
-            RecommendationConfig(**common),
+            # the full head, set: sharded training cannot take the SID-only softmax (the default turns it
+            # off there), and the one-process reference would otherwise take it
+            RecommendationConfig(**common, sid_softmax_loss=False),
             train_dataset=training_dataset(catalogue.leave_one_out(), index, catalogue, tokenizer),
             processing_class=tokenizer,
             callbacks=[Kill()],
