@@ -39,16 +39,18 @@ class RecommendationTrainer(RunTrainer):
         args = args or RecommendationConfig(output_dir="recommendation")
         if not grounded:
             args.compact_loss = False  # the compact head is this package's; the baseline keeps TRL's
-            if args.sid_softmax_loss:
-                raise ValueError(
-                    "sid_softmax_loss=True normalises over a grounded adapter's SID rows; this model carries "
-                    "PEFT's own LoRA with trainable_token_indices. Set sid_softmax_loss=False for it."
-                )
-            args.sid_softmax_loss = False  # None (the default): the full head for the baseline
         super().__init__(model, args, **kwargs)
 
+    def _grounded(self) -> bool:
+        return isinstance(self.model.peft_config.get(self.model.active_adapter), GroundedTokenConfig)
+
+    def _sid_softmax_problem(self) -> str | None:
+        if not self._grounded():
+            return "a grounded adapter's SID rows (this model carries PEFT's own LoRA with trainable_token_indices)"
+        return super()._sid_softmax_problem()
+
     def record_sid_softmax(self, on: bool) -> None:
-        if isinstance(self.model.peft_config.get(self.model.active_adapter), GroundedTokenConfig):
+        if self._grounded():
             record_sid_softmax(self.model, on)
 
 
