@@ -3,7 +3,8 @@ table of paired intervals against a reference strategy.
 
     python benchmarks/pool_demo_runs.py runs/demo runs/demo-seed1 runs/demo-seed2 --reference mean
 
-Reads each run's ``strategies/<name>-seed<N>/metrics.json`` (the runner's per-user records of the test
+A seed whose strategies were trained in separate folders (two at a time, one per core) is one run given as
+its folders joined by commas: ``runs/centroid-s0,runs/mean-s0``. Reads each run's ``strategies/<name>-seed<N>/metrics.json`` (the runner's per-user records of the test
 part) and gives, per strategy and metric, the seeds' mean and the paired difference to the reference with the
 package's bootstrap (users resampled within each seed, ``evaluation.intervals.paired_intervals``). Every run
 must hold the reference and score the same users in it as in the other strategies.
@@ -25,7 +26,11 @@ METRICS = ("recall@10", "ndcg@10", "constrained_nll")
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="pool_demo_runs.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("runs", nargs="+", help="demo output folders (each with strategies/<name>-seed<N>/)")
+    p.add_argument(
+        "runs",
+        nargs="+",
+        help="demo output folders (each with strategies/<name>-seed<N>/); one seed's folders joined by commas",
+    )
     p.add_argument("--reference", default="mean", help="the strategy every other one is compared with")
     p.add_argument("--part", default="test")
     return parse_script_args(p, argv)
@@ -35,12 +40,22 @@ def records(runs: list[str], part: str) -> dict[str, list[list[dict]]]:
     """``strategy -> one per-user record list per run`` (only strategies every run holds)."""
     found: dict[str, list[list[dict]]] = {}
     for run in runs:
-        folders = sorted((Path(run) / "strategies").glob("*-seed*/metrics.json"))
-        if not folders:
-            raise SystemExit(f"{run} holds no finished strategy (strategies/<name>-seed<N>/metrics.json)")
-        for path in folders:
-            name = path.parent.name.rsplit("-seed", 1)[0]
-            found.setdefault(name, []).append(json.loads(path.read_text())["users"][part])
+        in_run: dict[str, list[dict]] = {}
+        for folder in run.split(","):
+            finished = sorted((Path(folder) / "strategies").glob("*-seed*/metrics.json"))
+            if not finished:
+                raise SystemExit(
+                    f"{folder} holds no finished strategy (strategies/<name>-seed<N>/metrics.json)"
+                )
+            for path in finished:
+                name = path.parent.name.rsplit("-seed", 1)[0]
+                if name in in_run:
+                    raise SystemExit(
+                        f"{run}: {name!r} is in more than one of its folders; give each strategy once per seed"
+                    )
+                in_run[name] = json.loads(path.read_text())["users"][part]
+        for name, users in in_run.items():
+            found.setdefault(name, []).append(users)
     return {name: recs for name, recs in found.items() if len(recs) == len(runs)}
 
 

@@ -45,3 +45,22 @@ def test_pooled_differences_pair_users_within_each_run(tmp_path, capsys):
         pool_demo_runs.main([*runs, "--reference", "gaussian"])
     with pytest.raises(SystemExit, match="holds no finished strategy"):
         pool_demo_runs.main([str(tmp_path / "nowhere")])
+
+
+def test_a_seed_trained_in_separate_folders_is_one_run(tmp_path, capsys):
+    from benchmarks import pool_demo_runs
+
+    rng = np.random.default_rng(1)
+    n = 30
+    centroid = [int(r) if r < 12 else None for r in rng.integers(0, 30, n)]
+    mean = [int(r) if r < 8 else None for r in rng.integers(0, 30, n)]
+    nll = {"centroid": rng.normal(7, 1, n).tolist(), "mean": rng.normal(7.3, 1, n).tolist()}
+    write_run(tmp_path / "both", 0, {"centroid": centroid, "mean": mean}, nll)
+    write_run(tmp_path / "c", 0, {"centroid": centroid}, nll)
+    write_run(tmp_path / "m", 0, {"mean": mean}, nll)
+    pool_demo_runs.main([str(tmp_path / "both"), "--reference", "mean"])
+    together = capsys.readouterr().out
+    pool_demo_runs.main([f"{tmp_path / 'c'},{tmp_path / 'm'}", "--reference", "mean"])
+    assert capsys.readouterr().out == together
+    with pytest.raises(SystemExit, match="'centroid' is in more than one of its folders"):
+        pool_demo_runs.main([f"{tmp_path / 'c'},{tmp_path / 'both'}", "--reference", "mean"])
