@@ -253,6 +253,14 @@ def test_token_descriptions_list_the_most_popular_titles(index):
     assert texts[code] == "; ".join(f"Title {i}" for i in top)
 
 
+def test_the_same_index_saves_to_the_same_bytes(index, tmp_path):
+    """The tensor file is named by its hash: a rebuild of the same index writes the same file (safetensors
+    orders a header's metadata keys differently from one save to the next, so the header holds one)."""
+    names = {tensors_path(index.save(tmp_path / f"idx{i}")).name for i in range(8)}
+    assert len(names) == 1
+    assert len({(tmp_path / f"idx{i}" / JSON_NAME).read_text() for i in range(8)}) == 1
+
+
 def test_a_new_save_never_overwrites_the_tensor_file_in_use(index, tmp_path):
     """Saving again writes a new content-named tensor file before switching the JSON to it."""
     directory = index.save(tmp_path / "idx")
