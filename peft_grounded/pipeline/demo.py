@@ -387,11 +387,23 @@ def _side_by_side(spec: Preset, records: dict[str, list[dict]], experiment, sett
         "",
         f"The same {settings[seed].users or 'all the'} test users (seed {seed}); the peers are "
         + ", ".join(row["label"] for row in found.values())
-        + "; their minutes are their training time, the LLM rows' their SFT (+ grounding) time.",
+        + "; their minutes are their training time, the LLM rows' their SFT (+ grounding) time."
+        + _history_protocol(settings[seed].exclude_history),
         "",
         side_by_side_table(summaries, reference, subsets=subsets),
     ]
     return lines, summaries
+
+
+def _history_protocol(excluded: bool) -> str:
+    """The report's word on whose lists hold the user's own history items (the peers' never do)."""
+    if excluded:
+        return " Every list leaves the user's own history items out."
+    return (
+        " The peers leave the user's own history items out of their lists; the LLM rows keep them "
+        "(`exclude_history` off), which costs them every hit a history item displaces where users never "
+        "take an item twice (ML-100K); `peft-grounded evaluate --exclude-history` scores an adapter as the peers are."
+    )
 
 
 def _summarise(spec: Preset, records: dict[str, list[dict]], wall: float) -> dict:
