@@ -4,7 +4,9 @@ table of paired intervals against a reference strategy.
     python benchmarks/pool_demo_runs.py runs/demo runs/demo-seed1 runs/demo-seed2 --reference mean
 
 A seed whose strategies were trained in separate folders (two at a time, one per core) is one run given as
-its folders joined by commas: ``runs/centroid-s0,runs/mean-s0``. Reads each run's ``strategies/<name>-seed<N>/metrics.json`` (the runner's per-user records of the test
+its folders joined by commas: ``runs/centroid-s0,runs/mean-s0``.
+
+Reads each run's ``strategies/<name>-seed<N>/metrics.json`` (the runner's per-user records of the test
 part) and gives, per strategy and metric, the seeds' mean and the paired difference to the reference with the
 package's bootstrap (users resampled within each seed, ``evaluation.intervals.paired_intervals``). Every run
 must hold the reference and score the same users in it as in the other strategies.

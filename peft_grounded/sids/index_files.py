@@ -185,8 +185,8 @@ def _save(index: Any, directory: Path) -> Path:
         tensors[f"centroids.{variant}"] = np.ascontiguousarray(matrix, dtype=np.float32)
     if index.item_interactions is not None:
         tensors["item_interactions"] = np.asarray(index.item_interactions, dtype=np.int64)
-    # One metadata key: safetensors writes them from a hash map, whose order changes between processes, and
-    # the file is named by its hash; the version is in sid_index.json.
+    # One metadata key: safetensors writes them from a hash map, in an order that changes from one save to the
+    # next, and the file is named by its hash; the version is in sid_index.json.
     payload = save(tensors, metadata={"format": FORMAT})
     meta = {
         "format": FORMAT,
