@@ -5,7 +5,8 @@
 
 Runs ``peft_grounded.pipeline.demo.run_demo`` (SIDs, the strategies, peers, report) with the ``default``
 preset's settings except those given here, and prints the wall time; the report is ``<out>/report.md``.
-Budgets are steps (``--sft-steps``; a busy machine cannot change them) or, with ``--sft-minutes`` /
+``--dataset`` runs the same recipe on another catalogue (Amazon Office: ``--dataset
+../shared/data/amazon-office``). Budgets are steps (``--sft-steps``; a busy machine cannot change them) or, with ``--sft-minutes`` /
 ``--grounding-minutes``, minutes. Every flag left out keeps the preset's value.
 """
 
@@ -21,6 +22,11 @@ from peft_grounded._scripts import parse_script_args
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench_demo_recipe.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="the demo's output folder (resumed when it exists)")
+    p.add_argument(
+        "--dataset",
+        default="movielens-100k",
+        help="the catalogue (load_catalogue: a name or a folder such as ../shared/data/amazon-office)",
+    )
     p.add_argument("--layers", type=int, default=None, help="keep the base's first N blocks (0: all 30)")
     p.add_argument(
         "--sid-softmax",
@@ -32,6 +38,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lora-r", type=int, default=None, help="the stacked LoRA's rank (alpha: twice it)")
     p.add_argument("--history", type=int, default=None, help="items of history per training window")
     p.add_argument("--curve-every", type=int, default=None, help="validation NLL every N steps")
+    p.add_argument(
+        "--eval-every", type=int, default=None, help="validation Recall@10 every N SFT steps (0: off)"
+    )
+    p.add_argument("--curve-users", type=int, default=None, help="validation users of both curves")
     p.add_argument("--sft-steps", type=int, default=None)
     p.add_argument("--sft-minutes", type=float, default=None, help="a time budget instead of steps")
     p.add_argument("--grounding-steps", type=int, default=None)
@@ -39,6 +49,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--grounding-lr", type=float, default=None)
     p.add_argument("--sft-lr", type=float, default=None)
     p.add_argument("--users", type=int, default=None, help="test users evaluated (0: all)")
+    p.add_argument(
+        "--exclude-history",
+        action="store_true",
+        help="leave the user's history items out of the LLM's lists (as the peers do)",
+    )
     p.add_argument("--eval-parts", nargs="+", choices=("valid", "test"), default=None, help="parts decoded")
     p.add_argument("--peers", nargs="*", default=None, help="the peers scored (none: --peers alone)")
     p.add_argument("--sasrec-minutes", type=float, default=None)
@@ -68,14 +83,17 @@ def preset(args: argparse.Namespace):
     base = PRESETS["default"]
     old = base.budget
     sid = {} if args.sid_softmax is None else {"sid_softmax_loss": args.sid_softmax}
+    evaluation = old.evaluation if args.users is None else replace(old.evaluation, users=args.users or None)
+    if args.exclude_history:
+        evaluation = replace(evaluation, exclude_history=True)
     budget = replace(
         old,
         grounding=_stage(old.grounding, args.grounding_steps, args.grounding_minutes, args.grounding_lr),
         sft=_stage(old.sft, args.sft_steps, args.sft_minutes, args.sft_lr, **sid),
-        evaluation=old.evaluation
-        if args.users is None
-        else replace(old.evaluation, users=args.users or None),
+        evaluation=evaluation,
         curve_every=old.curve_every if args.curve_every is None else args.curve_every,
+        eval_every=old.eval_every if args.eval_every is None else args.eval_every,
+        curve_users=old.curve_users if args.curve_users is None else args.curve_users,
         init_scale=old.init_scale if args.init_scale is None else args.init_scale,
         lora=old.lora
         if args.lora_r is None
@@ -103,7 +121,13 @@ def main(argv=None) -> None:
 
     args = parse_args(argv)
     started = time.perf_counter()
-    run_demo(preset(args), args.out, precision=args.precision, diagnostics=not args.no_diagnostics)
+    run_demo(
+        preset(args),
+        args.out,
+        catalogue=args.dataset,
+        precision=args.precision,
+        diagnostics=not args.no_diagnostics,
+    )
     print(f"demo wall time: {time.perf_counter() - started:.1f} s ({vars(args)})")
 
 
