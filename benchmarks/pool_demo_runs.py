@@ -3,7 +3,9 @@ table of paired intervals against a reference strategy.
 
     python benchmarks/pool_demo_runs.py runs/demo runs/demo-seed1 runs/demo-seed2 --reference mean
 
-A seed whose strategies were trained in separate folders (two at a time, one per core) is one run given as
+``--peers sasrec popularity`` adds the peers each run scored (``peers/<name>.json``, the same users) as
+rows, so that the LLM can be paired against them (``--reference sasrec``); ``--subset warm`` / ``cold``
+keeps the users whose target is (not) a cold item. A seed whose strategies were trained in separate folders (two at a time, one per core) is one run given as
 its folders joined by commas: ``runs/centroid-s0,runs/mean-s0``.
 
 Reads each run's ``strategies/<name>-seed<N>/metrics.json`` (the runner's per-user records of the test
@@ -35,14 +37,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--reference", default="mean", help="the strategy every other one is compared with")
     p.add_argument("--part", default="test")
+    p.add_argument(
+        "--peers", nargs="*", default=[], help="peers of the runs (peers/<name>.json) added as rows"
+    )
+    p.add_argument(
+        "--subset",
+        choices=("all", "warm", "cold"),
+        default="all",
+        help="the users whose target is any / a warm / a cold item",
+    )
     return parse_script_args(p, argv)
 
 
-def records(runs: list[str], part: str) -> dict[str, list[list[dict]]]:
-    """``strategy -> one per-user record list per run`` (only strategies every run holds)."""
+def records(runs: list[str], part: str, peers: list[str] = ()) -> dict[str, list[list[dict]]]:
+    """``strategy -> one per-user record list per run`` (only strategies every run holds), then ``peers``."""
     found: dict[str, list[list[dict]]] = {}
     for run in runs:
         in_run: dict[str, list[dict]] = {}
+        for peer in peers:
+            path = Path(run.split(",")[0]) / "peers" / f"{peer}.json"
+            if not path.is_file():
+                raise SystemExit(f"{path}: no such peer in this run (run it with --peers {peer})")
+            in_run[peer] = json.loads(path.read_text())["records"]
         for folder in run.split(","):
             finished = sorted((Path(folder) / "strategies").glob("*-seed*/metrics.json"))
             if not finished:
@@ -63,7 +79,12 @@ def records(runs: list[str], part: str) -> dict[str, list[list[dict]]]:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    found = records(args.runs, args.part)
+    found = records(args.runs, args.part, args.peers)
+    if args.subset != "all":
+        cold = args.subset == "cold"
+        found = {
+            n: [[r for r in run if bool(r["cold"]) == cold] for run in runs] for n, runs in found.items()
+        }
     if args.reference not in found:
         raise SystemExit(f"--reference {args.reference!r} is not in every run; found {sorted(found)}")
     reference = found[args.reference]
@@ -74,6 +95,8 @@ def main(argv=None) -> None:
     print("|---|---|---:|---:|---|")
     for name, runs in found.items():
         for metric in METRICS:
+            if any(metric.endswith("nll") and metric not in r for run in runs + reference for r in run):
+                continue  # a peer without likelihoods (SASRec scores items, not SID tokens)
             mean = np.mean([np.mean(list(user_values(r, metric).values())) for r in runs])
             if name == args.reference:
                 print(f"| {name} | {metric} | {mean:.4f} | | |")

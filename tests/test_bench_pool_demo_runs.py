@@ -64,3 +64,38 @@ def test_a_seed_trained_in_separate_folders_is_one_run(tmp_path, capsys):
     assert capsys.readouterr().out == together
     with pytest.raises(SystemExit, match="'centroid' is in more than one of its folders"):
         pool_demo_runs.main([f"{tmp_path / 'c'},{tmp_path / 'both'}", "--reference", "mean"])
+
+
+def test_a_peer_is_a_reference_and_the_subset_keeps_warm_or_cold_targets(tmp_path, capsys):
+    from benchmarks import pool_demo_runs
+
+    rng = np.random.default_rng(2)
+    n = 60
+    llm = [int(r) if r < 12 else None for r in rng.integers(0, 30, n)]
+    cold = [bool(c) for c in rng.integers(0, 2, n)]
+    write_run(tmp_path / "s0", 0, {"centroid": llm}, {"centroid": rng.normal(7, 1, n).tolist()})
+    sasrec = [int(r) if r < 15 else None for r in rng.integers(0, 30, n)]
+    peer = [
+        {"user": str(u), "rank": r, "all": True, "cold": c}
+        for u, (r, c) in enumerate(zip(sasrec, cold, strict=True))
+    ]
+    (tmp_path / "s0" / "peers").mkdir()
+    (tmp_path / "s0" / "peers" / "sasrec.json").write_text(json.dumps({"records": peer}))
+    metrics = tmp_path / "s0" / "strategies" / "centroid-seed0" / "metrics.json"
+    record = json.loads(metrics.read_text())
+    for r, c in zip(record["users"]["test"], cold, strict=True):
+        r["cold"] = c
+    metrics.write_text(json.dumps(record))
+    hit = lambda ranks: np.array([r is not None and r < 10 for r in ranks], dtype=float)  # noqa: E731
+    for subset, keep in (("all", [True] * n), ("warm", [not c for c in cold]), ("cold", cold)):
+        pool_demo_runs.main(
+            [str(tmp_path / "s0"), "--peers", "sasrec", "--reference", "sasrec", "--subset", subset]
+        )
+        out = capsys.readouterr().out
+        row = next(line for line in out.splitlines() if line.startswith("| centroid | recall@10 |"))
+        expected = (hit(llm) - hit(sasrec))[np.array(keep)].mean()
+        assert float(row.split("|")[4]) == pytest.approx(expected, abs=5e-5)
+        assert "constrained_nll" not in out  # SASRec has no SID likelihood to pair
+        assert f"test users: [{sum(keep)}]" in out
+    with pytest.raises(SystemExit, match="no such peer"):
+        pool_demo_runs.main([str(tmp_path / "s0"), "--peers", "knn_last"])
