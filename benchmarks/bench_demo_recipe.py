@@ -6,8 +6,8 @@
 Runs ``peft_grounded.pipeline.demo.run_demo`` (SIDs, the strategies, peers, report) with the ``default``
 preset's settings except those given here, and prints the wall time; the report is ``<out>/report.md``.
 ``--dataset`` runs the same recipe on another catalogue (Amazon Office: ``--dataset
-../shared/data/amazon-office``). Budgets are steps (``--sft-steps``; a busy machine cannot change them) or, with ``--sft-minutes`` /
-``--grounding-minutes``, minutes. Every flag left out keeps the preset's value.
+../shared/data/amazon-office``). Budgets are steps (``--sft-steps``; a busy machine cannot change them)
+or, with ``--sft-minutes`` / ``--grounding-minutes``, minutes. Every flag left out keeps the preset's value.
 """
 
 from __future__ import annotations

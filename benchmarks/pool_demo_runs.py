@@ -5,8 +5,9 @@ table of paired intervals against a reference strategy.
 
 ``--peers sasrec popularity`` adds the peers each run scored (``peers/<name>.json``, the same users) as
 rows, so that the LLM can be paired against them (``--reference sasrec``); ``--subset warm`` / ``cold``
-keeps the users whose target is (not) a cold item. A seed whose strategies were trained in separate folders (two at a time, one per core) is one run given as
-its folders joined by commas: ``runs/centroid-s0,runs/mean-s0``.
+keeps the users whose target is (not) a cold item. A seed whose strategies were trained in separate
+folders (two at a time, one per core) is one run given as its folders joined by commas:
+``runs/centroid-s0,runs/mean-s0``.
 
 Reads each run's ``strategies/<name>-seed<N>/metrics.json`` (the runner's per-user records of the test
 part) and gives, per strategy and metric, the seeds' mean and the paired difference to the reference with the
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parse_script_args(p, argv)
 
 
-def records(runs: list[str], part: str, peers: list[str] = ()) -> dict[str, list[list[dict]]]:
+def records(runs: list[str], part: str, peers: Sequence[str] = ()) -> dict[str, list[list[dict]]]:
     """``strategy -> one per-user record list per run`` (only strategies every run holds), then ``peers``."""
     found: dict[str, list[list[dict]]] = {}
     for run in runs:
