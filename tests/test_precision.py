@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -131,18 +133,34 @@ def test_this_machine_follows_the_same_decision():
 
 def test_the_demo_runs_float32_where_bf16_is_emulated():
     default = PRESETS["default"]
-    assert default.budget.bf16 and default.budget.weights_dtype == "bfloat16"
+    # the preset asks for bf16 where it is native; its budget is built in float32 until the choice is made
+    assert default.bf16 and not default.budget.bf16 and default.budget.weights_dtype == "float32"
     spec, why = machine_precision(default, choice=choose_cpu_precision(*EPYC_AVX2))
     assert not spec.budget.bf16 and spec.budget.weights_dtype == "float32"
     assert "emulates bf16" in why and "AVX2" in why
-    assert spec.budget.with_precision(True) == default.budget  # nothing else changed
+    assert spec.budget == default.budget  # nothing else changed
     spec, why = machine_precision(default, choice=choose_cpu_precision(*SAPPHIRE_RAPIDS))
-    assert spec is default and "native bf16" in why
+    assert spec.budget.bf16 and spec.budget.weights_dtype == "bfloat16" and "native bf16" in why
+    assert spec.budget.evaluation.bf16 and spec.budget.with_precision(False) == default.budget
     smoke = PRESETS["smoke"]  # a float32 preset stays float32 on any machine
     assert machine_precision(smoke, choice=choose_cpu_precision(*SAPPHIRE_RAPIDS))[0] is smoke
     assert machine_precision(default, "fp32")[0].budget.bf16 is False
     forced = machine_precision(smoke, "bf16", device="cuda")[0].budget  # forced, whatever the machine
     assert forced.bf16 and forced.weights_dtype == "bfloat16"
+
+
+def test_building_the_presets_on_an_emulating_cpu_does_not_warn():
+    """The demo's first lines on an AVX2 CPU must not warn about a bf16 that the demo then turns off."""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    code = (
+        "import warnings; warnings.simplefilter('error', UserWarning)\n"
+        "from peft_grounded.precision import choose_precision\n"
+        "assert not choose_precision('cpu').bf16\n"
+        "from peft_grounded.pipeline.demo import PRESETS, machine_precision\n"
+        "assert not machine_precision(PRESETS['default'])[0].budget.bf16\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_an_explicit_bf16_on_an_emulating_cpu_warns_with_the_measured_ratio():

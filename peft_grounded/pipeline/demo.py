@@ -47,6 +47,9 @@ class Preset:
     # the recommenders a shop could run without this package, scored on the same users (pipeline.side_by_side)
     peers: tuple[str, ...] = ("popularity", "knn_last", "sasrec")
     sasrec: dict[str, Any] = field(default_factory=lambda: {"max_minutes": 1.5})  # SASRecConfig's fields
+    # bf16 where the machine runs it natively (machine_precision decides per run); the budget itself is built
+    # in float32, so that no preset asks an emulating CPU for bf16 (and warns) before that choice is made
+    bf16: bool = False
 
     def prompt_format(self) -> PromptFormat:
         """The format every strategy trains and is evaluated with."""
@@ -62,12 +65,9 @@ PRESETS: dict[str, Preset] = {
             # machine's strategies 70 to 160 steps); centroid_gti grounds 50 steps on top of its 150
             grounding=dict(max_steps=50, learning_rate=1e-3),
             sft=dict(max_steps=150, learning_rate=3e-3, sid_softmax_loss=True),
-            training=dict(
-                per_device_train_batch_size=8, max_length=128, bf16=True, save_steps=25, logging_steps=5
-            ),
+            training=dict(per_device_train_batch_size=8, max_length=128, save_steps=25, logging_steps=5),
             lora=dict(r=8, lora_alpha=16),
-            evaluation=EvalSettings(users=None, num_beams=20, bf16=True),
-            weights_dtype="bfloat16",
+            evaluation=EvalSettings(users=None, num_beams=20),
             eval_parts=("test",),
             eval_every=0,
             curve_every=25,
@@ -78,6 +78,7 @@ PRESETS: dict[str, Preset] = {
         fmt=PromptFormat(objective="sequence", max_history=19),
         layers=8,
         sasrec={"max_minutes": 1.0},
+        bf16=True,
         note="CPU-sized (11 minutes with the setup on 2 cores, float32 on an AVX2 CPU): the first 8 of "
         "SmolLM2's 30 blocks, the sequence objective (a user's history as SIDs, every item a target) with the "
         "SID-only softmax, 150 SFT steps per strategy (centroid_gti grounds 50 steps first), the new rows pulled "
@@ -93,15 +94,14 @@ PRESETS: dict[str, Preset] = {
         Budget.from_training(
             grounding=dict(max_steps=2000, learning_rate=1e-3),
             sft=dict(max_steps=4000, learning_rate=5e-4),
-            training=dict(
-                per_device_train_batch_size=32, max_length=256, bf16=True, save_steps=500, logging_steps=50
-            ),
-            evaluation=EvalSettings(users=None, num_beams=20, bf16=True),
+            training=dict(per_device_train_batch_size=32, max_length=256, save_steps=500, logging_steps=50),
+            evaluation=EvalSettings(users=None, num_beams=20),
             eval_every=500,
             curve_users=300,
         ),
         codes=256,
         seeds=(0, 1, 2),
+        bf16=True,
         note="GPU-sized: all six strategies, three seeds, every user evaluated.",
     ),
     "smoke": Preset(
@@ -154,11 +154,13 @@ def machine_precision(
     if precision == "bf16":
         warn_if_emulated("the demo's bf16 (--precision bf16)", device)
         return replace(spec, budget=budget.with_precision(True)), "bf16 (--precision bf16)"
-    if not (budget.bf16 or budget.weights_dtype == "bfloat16"):
+    if not (spec.bf16 or budget.bf16 or budget.weights_dtype == "bfloat16"):
         return spec, f"float32 (the {spec.name} preset's)"
     choice = choice or choose_precision(device)
     if choice.bf16:
-        return spec, f"the {spec.name} preset's bf16; {choice.reason}"
+        return replace(
+            spec, budget=budget.with_precision(True)
+        ), f"the {spec.name} preset's bf16; {choice.reason}"
     return replace(spec, budget=budget.with_precision(False)), choice.reason
 
 
