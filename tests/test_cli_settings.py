@@ -8,7 +8,6 @@ import dataclasses
 import json
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 from helpers.toy_catalogue import toy_catalogue, toy_index
@@ -120,11 +119,11 @@ def test_bad_settings_fail_at_parse_time():
         with pytest.raises(ValueError, match=r"init_scale must be a finite number > 0.*--init_scale"):
             stage.parse(["--sid-index", "s", "--init", "centroid", "--init-scale", "0"])
     settings = sft.parse(["--sid-index", "s", "--init", "centroid", "--init_scale", "0.1"])
-    model_args = next(s for s in settings if type(s).__name__ == "ModelArguments")
-    assert (
-        model_args.start(SimpleNamespace(model_name_or_path="m", torch_dtype=lambda: None))["init_scale"]
-        == 0.1
+    model_args, base = (
+        next(s for s in settings if type(s).__name__ == n) for n in ("ModelArguments", "LoraModelConfig")
     )
+    start = model_args.start(base, "unused: no --layers, nothing is written")
+    assert start["init_scale"] == 0.1 and start["model_path"] is None  # None: the packaged SmolLM2
 
 
 LIGHT = (
@@ -291,3 +290,67 @@ def test_every_command_names_its_output_folder_output_dir(name, required):
     old = {"diagnose": "--out", "demo": "--output"}.get(name, "-o")
     for flag in ("--output_dir", "--output-dir", old):
         assert command(name).parse([*required, flag, "out"])[0].output_dir == "out"
+
+
+def test_the_cpu_recipe_sets_defaults_that_the_flags_given_and_config_override(tmp_path):
+    from peft_grounded.recommend.recipes import RECIPES
+
+    settings = sft.parse(["--sid-index", "s", "--recipe", "cpu"])
+    values = {k: v for s in settings for k, v in vars(s).items()}
+    assert {k: values[k] for k in RECIPES["cpu"]} == dict(RECIPES["cpu"]) and values["recipe"] == "cpu"
+    plain = {k: v for s in sft.parse(["--sid-index", "s"]) for k, v in vars(s).items()}
+    assert plain["objective"] == "prompt" and plain["layers"] == 0 and plain["init"] == "mean"  # no recipe
+    given = sft.parse(["--sid-index", "s", "--recipe=cpu", "--lr", "1e-3", "--layers", "4"])
+    assert (given[3].learning_rate, given[2].layers, given[1].objective) == (1e-3, 4, "sequence")
+    path = tmp_path / "sft.yaml"
+    path.write_text("sid_index: s\nrecipe: cpu\nlora_r: 4\n")
+    from_yaml = sft.parse(["--config", str(path)])
+    assert (from_yaml[2].lora_r, from_yaml[2].layers, from_yaml[0].init) == (4, 8, "centroid")
+    with pytest.raises(ValueError, match=r"--recipe 'gpu' is unknown; choose one of cpu"):
+        sft.parse(["--sid-index", "s", "--recipe", "gpu"])
+
+
+def test_the_cpu_recipe_is_the_demos_default_preset():
+    """One recipe: `sft --recipe cpu` trains as the demo does (its budget aside)."""
+    from peft_grounded.pipeline import PRESETS
+    from peft_grounded.recommend.recipes import RECIPES
+
+    recipe, demo = RECIPES["cpu"], PRESETS["default"]
+    b, fmt = demo.budget, demo.prompt_format()
+    assert (demo.layers, fmt.objective, fmt.max_history, b.init_scale) == (
+        recipe["layers"],
+        recipe["objective"],
+        recipe["max_history"],
+        recipe["init_scale"],
+    )
+    assert (b.lora["r"], b.lora["lora_alpha"]) == (recipe["lora_r"], recipe["lora_alpha"])
+    assert (b.sft.learning_rate, b.sft.per_device_train_batch_size, b.sft.max_length) == (
+        recipe["learning_rate"],
+        recipe["per_device_train_batch_size"],
+        recipe["max_length"],
+    )
+    assert recipe["init"] in demo.strategies
+
+
+def test_sft_layers_trains_on_the_first_blocks_of_the_base(tmp_path, stage_data, capsys):
+    out = tmp_path / "s"
+    flags = [f"--{k}={v}" for k, v in stage_data.items()]
+    flags += [
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "1",
+        "--per_device_train_batch_size",
+        "4",
+        "--max_length",
+        "96",
+    ]
+    assert main(["sft", *flags, "--layers", "1", "--objective", "sequence"]) == 0
+    cut = out / "base-1-blocks"
+    assert json.loads((cut / "config.json").read_text())["num_hidden_layers"] == 1
+    adapter = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == str(cut)
+    assert main(["sft", *flags, "--output_dir", str(tmp_path / "t"), "--layers", "3"]) != 0
+    assert "layers=3: the base has 2 decoder blocks; keep 1 to all" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="layers=-1"):
+        sft.parse(["--sid-index", "s", "--layers", "-1"])

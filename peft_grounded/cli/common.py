@@ -88,11 +88,12 @@ class ModelArguments:
         """The (catalogue, SID index) named here."""
         return load_data(self.catalogue, self.sid_index)
 
-    def start(self, base: Any) -> dict[str, Any]:
-        """The keywords every stage's training function takes for its base model (``base``: TRL's
-        ``ModelConfig``) and the rows' start."""
+    def start(self, base: Any, output_dir: str) -> dict[str, Any]:
+        """The keywords every stage's training function takes for its base model (``base``: a
+        :class:`~.model_config.GroundedModelConfig`; a cut base is written under ``output_dir``) and the rows'
+        start."""
         return {
-            "model_path": base.model_name_or_path,
+            "model_path": base.model_path(output_dir),
             "init": self.init,
             "centroid_variant": self.centroid_variant,
             "init_scale": self.init_scale,
@@ -123,6 +124,15 @@ class SFTArguments:
     with_titles: bool = field(default=False, metadata={"help": "Show titles next to the history's SIDs."})
     prefix: str = field(
         default="", metadata={"help": "sequence objective: a short instruction after the start token."}
+    )
+    recipe: Literal["cpu"] | None = field(
+        default=None,
+        metadata={
+            "help": "A named recipe's settings as defaults (the flags given and --config win): cpu = the recipe "
+            "chosen on validation per CPU minute, the demo's (--layers 8 --objective sequence --max_history 19 "
+            "--init centroid --init_scale 0.1 --lora_r 8 --lora_alpha 16 --lr 3e-3 "
+            "--per_device_train_batch_size 8 --max_length 128; peft_grounded.recommend.recipes)."
+        },
     )
 
     def prompt_format(self) -> Any:
@@ -214,6 +224,8 @@ class Command:
     positionals: tuple[tuple[str, str], ...] = ()
     renamed: Mapping[str, str] = field(default_factory=dict)
     check: Callable[..., None] | None = None
+    # name -> {flag destination: value}: ``--recipe NAME`` (or ``recipe: NAME`` in --config) sets those defaults
+    recipes: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None
 
     def parser(self) -> Any:
         """TRL's parser: one flag per field, old names as aliases, ``--config FILE.yaml`` for any of them."""
@@ -240,7 +252,16 @@ class Command:
         for old, new in self.renamed.items():
             if any(arg == old or arg.startswith(old + "=") for arg in argv):
                 raise ValueError(f"{self.name}: {old} is now {new} ({old} means something else elsewhere)")
-        settings = tuple(self.parser().parse_args_and_config(argv))
+        parser = self.parser()
+        recipe = _recipe_named(argv) if self.recipes is not None else None
+        if recipe is not None:
+            recipes = self.recipes()
+            if recipe not in recipes:
+                raise ValueError(
+                    f"{self.name}: --recipe {recipe!r} is unknown; choose one of {', '.join(recipes)}"
+                )
+            parser.set_defaults_with_config(**recipes[recipe])  # --config's values and the flags given win
+        settings = tuple(parser.parse_args_and_config(argv))
         if self.check is not None:
             self.check(*settings)
         return settings
@@ -256,6 +277,23 @@ class Command:
             print(f"{self.name}: settings OK (--dry-run: nothing was run)")
             return 0
         return int(self.run(*settings) or 0)
+
+
+def _recipe_named(argv: Sequence[str]) -> str | None:
+    """The recipe ``argv`` names with ``--recipe NAME`` / ``--recipe=NAME``, else in its ``--config`` file."""
+    for i, arg in enumerate(argv):
+        if arg == "--recipe" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--recipe="):
+            return arg.split("=", 1)[1]
+    if "--config" in argv and argv.index("--config") + 1 < len(argv):
+        import yaml
+
+        with open(argv[argv.index("--config") + 1]) as f:
+            config = yaml.safe_load(f)
+        if isinstance(config, dict) and config.get("recipe") is not None:
+            return str(config["recipe"])
+    return None
 
 
 def _summary(settings: Any) -> str:

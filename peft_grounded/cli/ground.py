@@ -39,7 +39,7 @@ def run(model: ModelArguments, base: GroundedModelConfig, config: Any) -> int:
     from ..grounding.trainer import ground
 
     catalogue, index = model.load()
-    ground(catalogue, index, config, **model.start(base))
+    ground(catalogue, index, config, **model.start(base, config.output_dir))
     print(f"grounded adapter: {config.output_dir}/adapter")
     return 0
 

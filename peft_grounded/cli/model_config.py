@@ -6,6 +6,7 @@ Kept apart from :mod:`.common` so that the command list does not import TRL.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from trl import ModelConfig
@@ -33,6 +34,13 @@ class GroundedModelConfig(ModelConfig):
             "aliases": ["--weights-dtype", "--weights_dtype"],
         },
     )
+    layers: int = field(
+        default=0,
+        metadata={
+            "help": "Keep the base's first N decoder blocks (0: all): a shallower base written once to "
+            "OUTPUT_DIR/base-N-blocks and recorded as the adapter's base; a CPU step costs about N / total."
+        },
+    )
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
     lora_target_modules: list[str] | None = field(
         default_factory=lambda: ["all-linear"],
@@ -52,12 +60,27 @@ class GroundedModelConfig(ModelConfig):
             "load_in_8bit": False,
             "load_in_4bit": False,
         }
+        if isinstance(self.layers, bool) or not isinstance(self.layers, int) or self.layers < 0:
+            raise ValueError(
+                f"layers={self.layers!r}: keep the base's first N >= 1 decoder blocks, or 0 for all"
+            )
         given = [name for name, default in unsupported.items() if getattr(self, name) != default]
         if given:
             raise ValueError(
                 f"{', '.join(given)}: not supported by peft-grounded (a local base model in float32, bfloat16 "
                 "or float16, no quantisation); leave them out"
             )
+
+    def model_path(self, output_dir: str | Path) -> str | None:
+        """The base to load: ``model_name_or_path`` (None: the packaged SmolLM2), cut to its first ``layers``
+        blocks in ``output_dir/base-N-blocks`` when ``layers`` is set (written once)."""
+        if not self.layers:
+            return self.model_name_or_path
+        from .. import assets
+        from ..recommend.shallow_base import shallow_base
+
+        source = self.model_name_or_path or assets.smollm2()
+        return str(shallow_base(source, self.layers, Path(output_dir) / f"base-{self.layers}-blocks"))
 
     def torch_dtype(self) -> Any:
         """The frozen base's ``torch.dtype``."""

@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 DESCRIPTION = (
     "Start the new rows from a grounded adapter (--grounded) or a fresh initialisation (--init), stack a LoRA, "
     "and train next-item SFT on the catalogue's leave-one-out training histories. Writes OUTPUT_DIR/adapter "
-    "(rows + LoRA, one artefact). Every flag is a field of ModelArguments, SFTArguments, ModelConfig (TRL's: "
-    "the base model and the LoRA) or RecommendationConfig (TRL's SFTConfig)."
+    "(rows + LoRA, one artefact). --recipe cpu: the recipe chosen on validation per CPU minute (the demo's). "
+    "Every flag is a field of ModelArguments, SFTArguments, ModelConfig (TRL's: the base model and the LoRA) "
+    "or RecommendationConfig (TRL's SFTConfig)."
 )
 
 
@@ -29,6 +30,12 @@ def settings() -> tuple[type, ...]:
     from .model_config import LoraModelConfig
 
     return (ModelArguments, SFTArguments, LoraModelConfig, RecommendationConfig)
+
+
+def recipes() -> Any:
+    from ..recommend.recipes import RECIPES
+
+    return RECIPES
 
 
 def run(model: ModelArguments, sft: SFTArguments, base: LoraModelConfig, config: Any) -> int:
@@ -43,7 +50,7 @@ def run(model: ModelArguments, sft: SFTArguments, base: LoraModelConfig, config:
         grounded=sft.grounded,
         lora=base.lora(),
         fmt=sft.prompt_format(),
-        **model.start(base),
+        **model.start(base, config.output_dir),
     )
     print(f"recommender adapter: {config.output_dir}/adapter")
     return 0
@@ -55,6 +62,7 @@ COMMAND = Command(
     description=DESCRIPTION,
     settings=settings,
     run=run,
+    recipes=recipes,
 )
 
 
