@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -133,15 +134,17 @@ def test_this_machine_follows_the_same_decision():
 
 def test_the_demo_runs_float32_where_bf16_is_emulated():
     default = PRESETS["default"]
-    # the preset asks for bf16 where it is native; its budget is built in float32 until the choice is made
-    assert default.bf16 and not default.budget.bf16 and default.budget.weights_dtype == "float32"
+    # the preset asks for bf16 where it is native; its stages are built without it until the choice is made
+    assert default.bf16 and not default.budget.bf16 and default.budget.weights_dtype == "bfloat16"
     spec, why = machine_precision(default, choice=choose_cpu_precision(*EPYC_AVX2))
     assert not spec.budget.bf16 and spec.budget.weights_dtype == "float32"
     assert "emulates bf16" in why and "AVX2" in why
-    assert spec.budget == default.budget  # nothing else changed
+    assert spec.budget == replace(default.budget, weights_dtype="float32")  # nothing else changed
     spec, why = machine_precision(default, choice=choose_cpu_precision(*SAPPHIRE_RAPIDS))
     assert spec.budget.bf16 and spec.budget.weights_dtype == "bfloat16" and "native bf16" in why
-    assert spec.budget.evaluation.bf16 and spec.budget.with_precision(False) == default.budget
+    assert spec.budget.evaluation.bf16 and spec.budget == default.budget.with_precision(True)
+    full = machine_precision(PRESETS["full"], choice=choose_cpu_precision(*SAPPHIRE_RAPIDS))[0].budget
+    assert full.bf16 and full.weights_dtype == "float32"  # the GPU preset's frozen base stays float32
     smoke = PRESETS["smoke"]  # a float32 preset stays float32 on any machine
     assert machine_precision(smoke, choice=choose_cpu_precision(*SAPPHIRE_RAPIDS))[0] is smoke
     assert machine_precision(default, "fp32")[0].budget.bf16 is False

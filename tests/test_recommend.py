@@ -210,10 +210,18 @@ def test_budget_records_keep_the_manifest_keys_of_earlier_runs():
     from pathlib import Path
 
     from peft_grounded.pipeline import PRESETS
+    from peft_grounded.pipeline.demo import machine_precision
+    from peft_grounded.precision import choose_cpu_precision
 
     old = json.loads((Path(__file__).parent / "data" / "budgets_v0_1_0.json").read_text())
-    # the default preset changed since (steps, the SID-only softmax, init_scale): its old runs are other runs
-    kept = {name: p.budget.record() for name, p in PRESETS.items() if name != "default"}
+    # the default preset changed since (steps, the SID-only softmax, init_scale): its old runs are other runs.
+    # A manifest holds the budget after the machine's precision choice (here: a machine with native bf16)
+    native = choose_cpu_precision("AVX512", frozenset({"avx512f", "avx512_bf16", "amx_bf16"}))
+    kept = {
+        name: machine_precision(p, choice=native)[0].budget.record()
+        for name, p in PRESETS.items()
+        if name != "default"
+    }
     new = {"Budget()": Budget().record()} | kept
     assert json.loads(json.dumps(new)) == {name: old[name] for name in new}
     assert "init_scale" in PRESETS["default"].budget.record()

@@ -47,8 +47,8 @@ class Preset:
     # the recommenders a shop could run without this package, scored on the same users (pipeline.side_by_side)
     peers: tuple[str, ...] = ("popularity", "knn_last", "sasrec")
     sasrec: dict[str, Any] = field(default_factory=lambda: {"max_minutes": 1.5})  # SASRecConfig's fields
-    # bf16 where the machine runs it natively (machine_precision decides per run); the budget itself is built
-    # in float32, so that no preset asks an emulating CPU for bf16 (and warns) before that choice is made
+    # bf16 autocast where the machine runs it natively (machine_precision decides per run); the budget's stages
+    # are built without it, so that no preset asks an emulating CPU for bf16 (and warns) before that choice
     bf16: bool = False
 
     def prompt_format(self) -> PromptFormat:
@@ -68,6 +68,7 @@ PRESETS: dict[str, Preset] = {
             training=dict(per_device_train_batch_size=8, max_length=128, save_steps=25, logging_steps=5),
             lora=dict(r=8, lora_alpha=16),
             evaluation=EvalSettings(users=None, num_beams=20),
+            weights_dtype="bfloat16",  # under bf16 (float32 where the machine emulates it)
             eval_parts=("test",),
             eval_every=0,
             curve_every=25,
@@ -157,10 +158,9 @@ def machine_precision(
     if not (spec.bf16 or budget.bf16 or budget.weights_dtype == "bfloat16"):
         return spec, f"float32 (the {spec.name} preset's)"
     choice = choice or choose_precision(device)
-    if choice.bf16:
-        return replace(
-            spec, budget=budget.with_precision(True)
-        ), f"the {spec.name} preset's bf16; {choice.reason}"
+    if choice.bf16:  # bf16 autocast, the frozen base in the preset's weights dtype
+        native = replace(budget.with_precision(True), weights_dtype=budget.weights_dtype)
+        return replace(spec, budget=native), f"the {spec.name} preset's bf16; {choice.reason}"
     return replace(spec, budget=budget.with_precision(False)), choice.reason
 
 
