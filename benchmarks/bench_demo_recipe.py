@@ -42,6 +42,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--eval-every", type=int, default=None, help="validation Recall@10 every N SFT steps (0: off)"
     )
     p.add_argument("--curve-users", type=int, default=None, help="validation users of both curves")
+    p.add_argument(
+        "--keep-best",
+        action="store_true",
+        help="end SFT with the adapter of the best validation Recall@10 (early stopping; needs --eval-every)",
+    )
     p.add_argument("--sft-steps", type=int, default=None)
     p.add_argument("--sft-minutes", type=float, default=None, help="a time budget instead of steps")
     p.add_argument("--grounding-steps", type=int, default=None)
@@ -93,6 +98,7 @@ def preset(args: argparse.Namespace):
         evaluation=evaluation,
         curve_every=old.curve_every if args.curve_every is None else args.curve_every,
         eval_every=old.eval_every if args.eval_every is None else args.eval_every,
+        keep_best=args.keep_best,
         curve_users=old.curve_users if args.curve_users is None else args.curve_users,
         init_scale=old.init_scale if args.init_scale is None else args.init_scale,
         lora=old.lora

@@ -86,3 +86,7 @@ def test_demo_recipe_flags_change_only_what_they_name():
     assert (spec.budget.eval_every, spec.budget.curve_users) == (700, 200)
     assert spec.budget.curve_every == default.budget.curve_every
     assert not default.budget.evaluation.exclude_history and default.budget.eval_every == 0
+    kept = bench_demo_recipe.preset(bench_demo_recipe.parse_args([*curves, "--keep-best"]))
+    assert kept.budget.keep_best and not spec.budget.keep_best and not default.budget.keep_best
+    with pytest.raises(ValueError, match="keep_best needs validation points"):  # before any work
+        bench_demo_recipe.parse_args(["--out", "x", "--keep-best"])

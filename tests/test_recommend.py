@@ -261,3 +261,110 @@ def test_runner_starts_every_strategy_at_the_budgets_init_scale(toy, model_dir, 
     vocab = full.get_input_embeddings().base_layer.weight[: min(full.peft_config["default"].token_indices)]
     mean = vocab.detach().double().mean(0)
     torch.testing.assert_close(saved[key].double() - mean, 0.25 * (rows - mean), rtol=1e-4, atol=1e-5)
+
+
+def _trainable(model) -> dict:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_keep_best_ends_with_the_adapter_of_the_best_validation_point(toy, model_dir, tmp_path):
+    """keep_best: the written adapter is the one of the highest validation Recall@10 (here step 2 of 3), not
+    the last step's; the snapshot folder keeps that one only once a checkpoint covers it."""
+    from safetensors.torch import load_file
+
+    from peft_grounded.recommend import RecommendationConfig, ValidationRecall, train_recommender
+
+    catalogue, index = toy
+    values, states = iter([0.1, 0.3, 0.2]), {}
+
+    def scripted(model):  # the validation measure, scripted so that the best point is known
+        states[len(states) + 1] = _trainable(model)
+        return {"recall@10": next(values), "users": 3}
+
+    best = tmp_path / "best"
+    callback = ValidationRecall(scripted, every=1, keep_best="recall@10", directory=best)
+    config = RecommendationConfig(
+        output_dir=str(tmp_path / "sft"),
+        max_steps=3,
+        learning_rate=0.05,
+        per_device_train_batch_size=4,
+        save_steps=3,
+        logging_steps=1,
+        disable_tqdm=True,
+    )
+    model = train_recommender(
+        catalogue, index, config, model_path=model_dir, lora=dict(r=2), callbacks=[callback]
+    )
+    assert callback.best == (2, 0.3) and sorted(p.name for p in best.iterdir()) == ["step-2"]
+    live = _trainable(model)
+    assert all(torch.equal(live[n], states[2][n]) for n in live)
+    assert any(not torch.equal(states[2][n], states[3][n]) for n in live)  # step 3 did move the weights
+    saved = load_file(str(tmp_path / "sft" / "adapter" / "adapter_model.safetensors"))
+    snapshot = load_file(str(best / "step-2" / "adapter_model.safetensors"))
+    assert saved.keys() == snapshot.keys() and all(torch.equal(saved[k], snapshot[k]) for k in saved)
+    log = json.loads((tmp_path / "sft" / "log_history.json").read_text())
+    assert {"step": 3, "restored_best_step": 2, "restored_best_recall@10": 0.3} in log
+    # killed after its last checkpoint, before its adapter: the resume writes the best adapter too
+    import shutil
+
+    shutil.rmtree(tmp_path / "sft" / "adapter")
+    (tmp_path / "sft" / "log_history.json").unlink()
+    again = ValidationRecall(scripted, every=1, keep_best="recall@10", directory=best)
+    train_recommender(
+        catalogue, index, config, model_path=model_dir, lora=dict(r=2), callbacks=[again], resume=True
+    )
+    resumed = load_file(str(tmp_path / "sft" / "adapter" / "adapter_model.safetensors"))
+    assert again.best == (2, 0.3) and all(torch.equal(resumed[k], snapshot[k]) for k in saved)
+
+
+def test_keep_best_after_a_resume_keeps_the_snapshot_its_log_knows(tmp_path):
+    """A resumed run: the best point of the checkpoint's log whose snapshot is on disk; snapshots of the steps
+    it trains again, and leftovers of a killed write, are removed."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from peft_grounded.recommend import ValidationRecall
+
+    best = tmp_path / "best"
+    for name in ("step-2", "step-4", "step-6", ".tmp-killed-write"):
+        (best / name).mkdir(parents=True)
+    for name in ("step-2", "step-4", "step-6"):
+        (best / name / "adapter_model.safetensors").write_bytes(b"")
+    state = TrainerState()
+    state.global_step = 5  # the checkpoint: points at 2 and 4 logged, the one at 6 is trained again
+    state.log_history = [
+        {"step": 2, "eval_recall@10": 0.2},
+        {"step": 4, "eval_recall@10": 0.4},
+    ]
+    args = TrainingArguments(output_dir=str(tmp_path / "run"), report_to="none")
+    callback = ValidationRecall(lambda m: {}, every=2, keep_best="recall@10", directory=best)
+    callback.on_train_begin(args, state, TrainerControl())
+    assert callback.best == (4, 0.4) and [p.name for p in best.iterdir()] == ["step-4"]
+    with pytest.raises(ValueError, match="needs validation points"):
+        ValidationRecall(lambda m: {}, every=0, keep_best="recall@10", directory=best)
+
+
+def test_the_runner_keeps_the_best_validation_adapter_when_asked(toy, model_dir, tmp_path):
+    catalogue, index = toy
+    budget = Budget.from_training(
+        dict(per_device_train_batch_size=2, save_steps=5, logging_steps=1, disable_tqdm=True),
+        grounding=False,
+        sft=dict(max_steps=3, learning_rate=0.05),
+        lora=dict(r=2),
+        evaluation=EvalSettings(users=2, num_beams=5, ks=(1, 5, 10)),
+        eval_parts=("test",),
+        eval_every=1,
+        curve_users=3,
+        keep_best=True,
+    )
+    assert budget.record()["keep_best"] is True and "keep_best" not in Budget().record()
+    with pytest.raises(ValueError, match="keep_best needs validation points"):
+        replace(budget, eval_every=0)
+    record = run_strategy("centroid", Experiment(model_dir, catalogue, index), budget, tmp_path / "run")
+    points = record["validation_curve"]
+    assert [p["step"] for p in points] == [1, 2, 3]
+    best = max(points, key=lambda p: p["recall@10"])  # the first of equal values, as the callback keeps
+    log = json.loads((tmp_path / "run" / "sft" / "log_history.json").read_text())
+    restored = [e for e in log if "restored_best_step" in e]
+    assert restored == [
+        {"step": 3, "restored_best_step": best["step"], "restored_best_recall@10": best["recall@10"]}
+    ]

@@ -51,6 +51,8 @@ class Budget:
     init_scale: float = 1.0  # GroundedTokenConfig.init_scale of every strategy's start
     eval_parts: tuple[str, ...] | None = None  # the parts decoded at the end (None: valid and test)
     eval_every: int = 0  # validation Recall during SFT every N steps (0: off)
+    # end SFT with the adapter of the best validation Recall@10 (early stopping; needs eval_every)
+    keep_best: bool = False
     curve_every: int | None = (
         None  # validation NLL during SFT every N steps, for the learning curve (None/0: off)
     )
@@ -77,6 +79,9 @@ class Budget:
             "Budget",
             [
                 least("eval_every", self.eval_every, 0),
+                None
+                if not self.keep_best or self.eval_every
+                else "keep_best needs validation points during SFT: set eval_every >= 1",
                 least("curve_every", self.curve_every, 0, none_ok=True),
                 least("curve_users", self.curve_users, 1),
                 checks.one_of("centroid_variant", self.centroid_variant, ("items", "codebook")),
@@ -217,6 +222,8 @@ class Budget:
         settings = {k: v for k, v in settings.items() if v}
         if self.init_scale != 1.0:  # absent at 1: the manifests of runs from before the field stay the same
             record["init_scale"] = self.init_scale
+        if self.keep_best:  # likewise absent when off
+            record["keep_best"] = True
         return record | ({"settings": settings} if settings else {})
 
 

@@ -177,7 +177,12 @@ def run_strategy(
             tokenizer=tokenizer,
             split=experiment.split,
             callbacks=[
-                ValidationRecall(recall, budget.eval_every),
+                ValidationRecall(
+                    recall,
+                    budget.eval_every,
+                    keep_best="recall@10" if budget.keep_best else None,
+                    directory=stage / "best",
+                ),
                 ValidationLikelihood(likelihood, budget.curve_every or 0),
                 sft_log,
             ],

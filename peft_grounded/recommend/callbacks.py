@@ -19,11 +19,19 @@ log the same numbers. The evaluation time is paused out of the run's training cl
 
 from __future__ import annotations
 
+import logging
+import shutil
 from collections.abc import Callable
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
+
+from ..adapter.saved import ADAPTER_WEIGHTS
+from ..training.adapter_files import load_adapter_weights, save_adapter_atomic
+
+logger = logging.getLogger(__name__)
 
 VALID_PREFIX = "valid_"
 RECALL_PREFIX = "eval_"
@@ -65,23 +73,114 @@ class ValidationLikelihood(_PeriodicEvaluation):
 class ValidationRecall(_PeriodicEvaluation):
     """Every ``every`` steps, decode the validation prompts and log Recall@K / NDCG@K (``eval_recall@5``...).
 
-    ``curve`` holds the points, those logged before a resumed checkpoint included."""
+    ``curve`` holds the points, those logged before a resumed checkpoint included. ``keep_best`` (a metric
+    name, e.g. ``"recall@10"``): training ends with the adapter of the evaluation where it was highest (early
+    stopping on validation, as transformers' ``load_best_model_at_end``): each new best is saved, atomically,
+    to ``directory/step-N`` (by the main process), loaded back at the end of training (before the trainer
+    writes its adapter) and logged (``restored_best_step``). A resumed run keeps the snapshot its checkpoint's
+    log knows and drops those of the steps it trains again. Not with FSDP or DeepSpeed (sharded weights)."""
 
     prefix = RECALL_PREFIX
 
-    def __init__(self, evaluate: Callable[[Any], dict], every: int) -> None:
+    def __init__(
+        self,
+        evaluate: Callable[[Any], dict],
+        every: int,
+        keep_best: str | None = None,
+        directory: str | Path | None = None,
+    ) -> None:
         super().__init__(evaluate, every)
+        if keep_best is not None and (not every or directory is None):
+            raise ValueError(
+                f"keep_best={keep_best!r} needs validation points (every >= 1, got {every}) and a directory for "
+                "the best adapter"
+            )
         self.curve: list[dict] = []
+        self.keep_best = keep_best
+        self.directory = Path(directory) if directory is not None else None
+        self.best: tuple[int, float] | None = None  # (step, value)
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.curve = [_strip(e, self.prefix) for e in state.log_history if _has(e, "eval_recall@")]
+        if self.keep_best is not None:
+            self._recover(args, state)
         return control
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         before = len(state.log_history)
         control = super().on_step_end(args, state, control, model=model, **kwargs)
-        self.curve.extend(_strip(e, self.prefix) for e in state.log_history[before:])
+        points = [_strip(e, self.prefix) for e in state.log_history[before:]]
+        self.curve.extend(points)
+        if self.keep_best is not None:
+            for point in points:
+                self._consider(args, point, model)
         return control
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        if self.keep_best is None or self.best is None:
+            return control
+        step, value = self.best
+        if step != state.global_step:
+            load_adapter_weights(model, self._snapshot(step))
+        state.log_history.append(
+            {"step": state.global_step, "restored_best_step": step, f"restored_best_{self.keep_best}": value}
+        )
+        logger.info("keep_best: the adapter of step %d (validation %s %.4f)", step, self.keep_best, value)
+        return control
+
+    def finish_stopped_run(self, args, state, model) -> None:
+        """A run resumed after its last step (killed before its adapter was written): what training's begin
+        and end would do, so that it too ends with the best adapter."""
+        from transformers import TrainerControl
+
+        self.on_train_begin(args, state, TrainerControl())
+        self.on_train_end(args, state, TrainerControl(), model=model)
+
+    def _snapshot(self, step: int) -> Path:
+        assert self.directory is not None
+        return self.directory / f"step-{step}"
+
+    def _recover(self, args, state) -> None:
+        """The best point of the (resumed) log whose snapshot is on disk; the other snapshots removed."""
+        if getattr(args, "fsdp", None) or getattr(args, "deepspeed", None):
+            raise ValueError(
+                "keep_best saves the best adapter from the live weights, which FSDP and DeepSpeed shard: train "
+                "without it there (and pick a checkpoint by the logged validation curve)"
+            )
+        self.best = None
+        for point in self.curve:
+            value = point.get(self.keep_best)
+            fresh = self.best is None or (value is not None and value > self.best[1])
+            if value is not None and fresh and (self._snapshot(point["step"]) / ADAPTER_WEIGHTS).is_file():
+                self.best = (point["step"], value)
+        if args.should_save:  # a step trained again, an older best, or a killed write's leftovers
+            self._remove_all_but(None if self.best is None else self.best[0])
+
+    def _consider(self, args, point: dict, model) -> None:
+        if self.keep_best not in point:
+            raise KeyError(
+                f"keep_best={self.keep_best!r} is not among the validation metrics ({', '.join(sorted(point))})"
+            )
+        value = point[self.keep_best]
+        if self.best is not None and value <= self.best[1]:
+            return
+        self.best = (point["step"], value)
+        if args.should_save:  # the earlier bests stay until a checkpoint holds this one's log (on_save)
+            with self.clock.paused() if self.clock is not None else nullcontext():
+                save_adapter_atomic(model, self._snapshot(point["step"]))
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.keep_best is not None and self.best is not None and args.should_save:
+            self._remove_all_but(self.best[0])  # a resume from this checkpoint knows the best point
+        return control
+
+    def _remove_all_but(self, step: int | None) -> None:
+        """Every snapshot (and any leftover of a killed write) but ``step``'s."""
+        if self.directory is not None and self.directory.is_dir():
+            keep = None if step is None else self._snapshot(step).name
+            for old in self.directory.iterdir():
+                if old.name != keep:
+                    shutil.rmtree(old, ignore_errors=True)
 
 
 class LogHistory(TrainerCallback):

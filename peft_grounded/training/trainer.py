@@ -376,6 +376,10 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
             )
             load_adapter_weights(self.model, resume_from_checkpoint)
             self.state = saved_state
+            for callback in self.callback_handler.callbacks:  # e.g. keep_best: its best adapter, not the last
+                finish = getattr(callback, "finish_stopped_run", None)
+                if finish is not None:
+                    finish(self.args, self.state, self.model)
             result = TrainOutput(saved_state.global_step, train_loss(saved_state), {})
         else:
             result = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
