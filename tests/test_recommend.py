@@ -317,6 +317,45 @@ def test_keep_best_ends_with_the_adapter_of_the_best_validation_point(toy, model
     assert again.best == (2, 0.3) and all(torch.equal(resumed[k], snapshot[k]) for k in saved)
 
 
+@pytest.mark.parametrize("final_wins", [True, False])
+def test_keep_best_evaluates_the_last_weights_too(toy, model_dir, tmp_path, final_wins):
+    """A budget that does not end on a validation step: the last weights are evaluated at the end and are a
+    candidate like the others (kept live when they win, the snapshot loaded back when they lose)."""
+    from peft_grounded.recommend import RecommendationConfig, ValidationRecall, train_recommender
+
+    catalogue, index = toy
+    values = iter([0.1, 0.3] if final_wins else [0.3, 0.1])
+    states = {}
+
+    def scripted(model):
+        states[len(states) + 1] = _trainable(model)
+        return {"recall@10": next(values), "users": 3}
+
+    callback = ValidationRecall(scripted, every=2, keep_best="recall@10", directory=tmp_path / "best")
+    config = RecommendationConfig(
+        output_dir=str(tmp_path / "sft"),
+        max_steps=3,
+        learning_rate=0.05,
+        per_device_train_batch_size=4,
+        save_steps=3,
+        logging_steps=1,
+        disable_tqdm=True,
+    )
+    model = train_recommender(
+        catalogue, index, config, model_path=model_dir, lora=dict(r=2), callbacks=[callback]
+    )
+    steps = [p["step"] for p in callback.curve]
+    assert steps == [2, 3] and len(states) == 2  # the regular point and the final one
+    assert any(not torch.equal(states[1][n], states[2][n]) for n in states[1])
+    kept = states[2] if final_wins else states[1]
+    live = _trainable(model)
+    assert all(torch.equal(live[n], kept[n]) for n in live)
+    log = json.loads((tmp_path / "sft" / "log_history.json").read_text())
+    restored = {"step": 3, "restored_best_step": 3 if final_wins else 2, "restored_best_recall@10": 0.3}
+    assert restored in log
+    assert [e["step"] for e in log if "eval_recall@10" in e] == [2, 3]
+
+
 def test_keep_best_after_a_resume_keeps_the_snapshot_its_log_knows(tmp_path):
     """A resumed run: the best point of the checkpoint's log whose snapshot is on disk; snapshots of the steps
     it trains again, and leftovers of a killed write, are removed."""

@@ -53,15 +53,19 @@ class _PeriodicEvaluation(TrainerCallback):
         return bool(self.every) and state.global_step > 0 and state.global_step % self.every == 0
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        if not self._due(state):
-            return control
+        if self._due(state):
+            self._log_point(state, model)
+        return control
+
+    def _log_point(self, state, model) -> dict:
+        """Evaluate ``model`` now (training clock paused) and append the point to the log history."""
         with self.clock.paused() if self.clock is not None else nullcontext():
             metrics = self.evaluate(model)
         entry = {"step": state.global_step, **{f"{self.prefix}{k}": v for k, v in metrics.items()}}
         if self.clock is not None:
             entry |= {"seconds": round(self.clock.elapsed(), 3), "items_seen": self.clock.items_now()}
         state.log_history.append(entry)
-        return control
+        return entry
 
 
 class ValidationLikelihood(_PeriodicEvaluation):
@@ -76,8 +80,9 @@ class ValidationRecall(_PeriodicEvaluation):
     ``curve`` holds the points, those logged before a resumed checkpoint included. ``keep_best`` (a metric
     name, e.g. ``"recall@10"``): training ends with the adapter of the evaluation where it was highest (early
     stopping on validation, as transformers' ``load_best_model_at_end``): each new best is saved, atomically,
-    to ``directory/step-N`` (by the main process), loaded back at the end of training (before the trainer
-    writes its adapter) and logged (``restored_best_step``). A resumed run keeps the snapshot its checkpoint's
+    to ``directory/step-N`` (by the main process); at the end of training the last weights are evaluated too
+    (unless their step was a validation point) and the best of all is loaded back (before the trainer writes
+    its adapter) and logged (``restored_best_step``). A resumed run keeps the snapshot its checkpoint's
     log knows and drops those of the steps it trains again. Not with FSDP or DeepSpeed (sharded weights)."""
 
     prefix = RECALL_PREFIX
@@ -117,7 +122,17 @@ class ValidationRecall(_PeriodicEvaluation):
         return control
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
-        if self.keep_best is None or self.best is None:
+        if self.keep_best is None:
+            return control
+        if state.global_step > 0 and not any(p["step"] == state.global_step for p in self.curve):
+            # the last weights are a candidate too (a budget rarely ends on a validation step): evaluated
+            # here, and kept live when they win (no snapshot needed)
+            point = _strip(self._log_point(state, model), self.prefix)
+            self.curve.append(point)
+            value = point.get(self.keep_best)
+            if value is not None and (self.best is None or value > self.best[1]):
+                self.best = (state.global_step, value)
+        if self.best is None:
             return control
         step, value = self.best
         if step != state.global_step:
