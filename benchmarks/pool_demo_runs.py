@@ -5,7 +5,9 @@ table of paired intervals against a reference strategy.
 
 ``--peers sasrec popularity`` adds the peers each run scored (``peers/<name>.json``, the same users) as
 rows, so that the LLM can be paired against them (``--reference sasrec``); ``--subset warm`` / ``cold``
-keeps the users whose target is (not) a cold item. A seed whose strategies were trained in separate
+keeps the users whose target is (not) a cold item. ``--evaluated last=runs/office-60-last`` adds a row from
+``peft-grounded evaluate`` outputs (its ``users.json``; one folder per run, joined by commas), e.g. a
+checkpoint of the run decoded on the same users. A seed whose strategies were trained in separate
 folders (two at a time, one per core) is one run given as its folders joined by commas:
 ``runs/centroid-s0,runs/mean-s0``.
 
@@ -43,6 +45,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--peers", nargs="*", default=[], help="peers of the runs (peers/<name>.json) added as rows"
     )
     p.add_argument(
+        "--evaluated",
+        nargs="*",
+        default=[],
+        metavar="NAME=FOLDER[,FOLDER...]",
+        help="rows from `peft-grounded evaluate` output folders (users.json), one folder per run",
+    )
+    p.add_argument(
         "--subset",
         choices=("all", "warm", "cold"),
         default="all",
@@ -51,9 +60,35 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parse_script_args(p, argv)
 
 
-def records(runs: list[str], part: str, peers: Sequence[str] = ()) -> dict[str, list[list[dict]]]:
-    """``strategy -> one per-user record list per run`` (only strategies every run holds), then ``peers``."""
+def evaluated_records(spec: str, runs: list[str], part: str) -> tuple[str, list[list[dict]]]:
+    """``NAME=FOLDER[,FOLDER...]`` -> the name and each run's per-user records of ``FOLDER/users.json``."""
+    name, sep, folders = spec.partition("=")
+    paths = [Path(f) / "users.json" for f in folders.split(",")] if sep and name and folders else []
+    if len(paths) != len(runs):
+        raise SystemExit(
+            f"--evaluated {spec!r}: give NAME=FOLDER with one `peft-grounded evaluate` folder per run "
+            f"({len(runs)} runs), joined by commas"
+        )
+    out = []
+    for path in paths:
+        if not path.is_file():
+            raise SystemExit(f"{path}: not found (an output folder of `peft-grounded evaluate`?)")
+        users = json.loads(path.read_text())
+        if part not in users:
+            raise SystemExit(f"{path} holds no {part!r} part (evaluate it with --splits {part})")
+        out.append(users[part])
+    return name, out
+
+
+def records(
+    runs: list[str], part: str, peers: Sequence[str] = (), evaluated: Sequence[str] = ()
+) -> dict[str, list[list[dict]]]:
+    """``strategy -> one per-user record list per run`` (only strategies every run holds), then ``peers``,
+    then the ``evaluated`` rows."""
     found: dict[str, list[list[dict]]] = {}
+    for spec in evaluated:
+        name, per_run = evaluated_records(spec, runs, part)
+        found[name] = per_run
     for run in runs:
         in_run: dict[str, list[dict]] = {}
         for peer in peers:
@@ -75,13 +110,15 @@ def records(runs: list[str], part: str, peers: Sequence[str] = ()) -> dict[str, 
                     )
                 in_run[name] = json.loads(path.read_text())["users"][part]
         for name, users in in_run.items():
+            if any(spec.partition("=")[0] == name for spec in evaluated):
+                raise SystemExit(f"--evaluated {name!r}: the runs already hold a row of that name")
             found.setdefault(name, []).append(users)
     return {name: recs for name, recs in found.items() if len(recs) == len(runs)}
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    found = records(args.runs, args.part, args.peers)
+    found = records(args.runs, args.part, args.peers, args.evaluated)
     if args.subset != "all":
         cold = args.subset == "cold"
         found = {

@@ -99,3 +99,36 @@ def test_a_peer_is_a_reference_and_the_subset_keeps_warm_or_cold_targets(tmp_pat
         assert f"test users: [{sum(keep)}]" in out
     with pytest.raises(SystemExit, match="no such peer"):
         pool_demo_runs.main([str(tmp_path / "s0"), "--peers", "knn_last"])
+
+
+def test_an_evaluated_folder_is_a_row_paired_on_the_same_users(tmp_path, capsys):
+    """`--evaluated last=FOLDER`: the users.json of `peft-grounded evaluate` (e.g. a checkpoint decoded again)
+    is a row like a strategy's, paired per user."""
+    from benchmarks import pool_demo_runs
+
+    rng = np.random.default_rng(3)
+    n = 50
+    best = [int(r) if r < 12 else None for r in rng.integers(0, 30, n)]
+    last = [int(r) if r < 16 else None for r in rng.integers(0, 30, n)]
+    write_run(tmp_path / "s0", 0, {"centroid": best}, {"centroid": rng.normal(7, 1, n).tolist()})
+    users = [
+        {"user": str(u), "rank": r, "constrained_nll": 6.5, "all": True, "cold": False}
+        for u, r in enumerate(last)
+    ]
+    (tmp_path / "last").mkdir()
+    (tmp_path / "last" / "users.json").write_text(json.dumps({"test": users[::-1]}))  # any order
+    pool_demo_runs.main(
+        [str(tmp_path / "s0"), "--evaluated", f"last={tmp_path / 'last'}", "--reference", "centroid"]
+    )
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| last | recall@10 |"))
+    hit = lambda ranks: np.array([r is not None and r < 10 for r in ranks], dtype=float)  # noqa: E731
+    assert float(row.split("|")[4]) == pytest.approx((hit(last) - hit(best)).mean(), abs=5e-5)
+    with pytest.raises(SystemExit, match="one `peft-grounded evaluate` folder per run"):
+        pool_demo_runs.main([str(tmp_path / "s0"), "--evaluated", "last", "--reference", "centroid"])
+    with pytest.raises(SystemExit, match="not found"):
+        pool_demo_runs.main([str(tmp_path / "s0"), "--evaluated", f"x={tmp_path}", "--reference", "centroid"])
+    with pytest.raises(SystemExit, match="already hold a row"):
+        pool_demo_runs.main(
+            [str(tmp_path / "s0"), "--evaluated", f"centroid={tmp_path / 'last'}", "--reference", "centroid"]
+        )
