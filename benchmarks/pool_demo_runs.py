@@ -5,7 +5,8 @@ table of paired intervals against a reference strategy.
 
 ``--peers sasrec popularity`` adds the peers each run scored (``peers/<name>.json``, the same users) as
 rows, so that the LLM can be paired against them (``--reference sasrec``); ``--subset warm`` / ``cold``
-keeps the users whose target is (not) a cold item. ``--evaluated last=runs/office-60-last`` adds a row from
+keeps the sample's users whose target is not a cold item / every cold-target user (``all``: the seeded
+sample; the runner scores the cold-target users outside it too). ``--evaluated last=runs/office-60-last`` adds a row from
 ``peft-grounded evaluate`` outputs (its ``users.json``; one folder per run, joined by commas), e.g. a
 checkpoint of the run decoded on the same users. A seed whose strategies were trained in separate
 folders (two at a time, one per core) is one run given as its folders joined by commas:
@@ -116,14 +117,18 @@ def records(
     return {name: recs for name, recs in found.items() if len(recs) == len(runs)}
 
 
+def in_subset(users: list[dict], subset: str) -> list[dict]:
+    """The records scored in ``subset``: ``all`` the seeded sample (``"all": True``), ``warm`` its users whose
+    target is not cold, ``cold`` every cold-target user (the sample's and the extra ones the runner adds)."""
+    if subset == "cold":
+        return [r | {"all": True} for r in users if r["cold"]]
+    return [r for r in users if r.get("all", True) and (subset == "all" or not r["cold"])]
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     found = records(args.runs, args.part, args.peers, args.evaluated)
-    if args.subset != "all":
-        cold = args.subset == "cold"
-        found = {
-            n: [[r for r in run if bool(r["cold"]) == cold] for run in runs] for n, runs in found.items()
-        }
+    found = {n: [in_subset(run, args.subset) for run in runs] for n, runs in found.items()}
     if args.reference not in found:
         raise SystemExit(f"--reference {args.reference!r} is not in every run; found {sorted(found)}")
     reference = found[args.reference]

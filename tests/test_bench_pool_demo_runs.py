@@ -132,3 +132,38 @@ def test_an_evaluated_folder_is_a_row_paired_on_the_same_users(tmp_path, capsys)
         pool_demo_runs.main(
             [str(tmp_path / "s0"), "--evaluated", f"centroid={tmp_path / 'last'}", "--reference", "centroid"]
         )
+
+
+def test_the_subsets_count_and_score_the_same_users(tmp_path, capsys):
+    """The runner's records: a seeded sample (``all``) plus the cold-target users outside it (``all`` False).
+    ``all`` scores the sample, ``warm`` its non-cold users, ``cold`` every cold-target user, and the printed
+    user count is the scored one."""
+    from benchmarks import pool_demo_runs
+
+    rng = np.random.default_rng(4)
+    n_sample, n_extra = 40, 15
+    ranks = [int(r) if r < 12 else None for r in rng.integers(0, 30, n_sample + n_extra)]
+    cold = [bool(c) for c in rng.integers(0, 2, n_sample)] + [True] * n_extra
+    in_sample = [True] * n_sample + [False] * n_extra
+    write_run(tmp_path / "s0", 0, {"centroid": ranks}, {"centroid": [7.0] * len(ranks)})
+    metrics = tmp_path / "s0" / "strategies" / "centroid-seed0" / "metrics.json"
+    record = json.loads(metrics.read_text())
+    for r, c, a in zip(record["users"]["test"], cold, in_sample, strict=True):
+        r["cold"], r["all"] = c, a
+    metrics.write_text(json.dumps(record))
+    peer = [dict(r, rank=None) for r in record["users"]["test"]]  # never a hit
+    (tmp_path / "s0" / "peers").mkdir()
+    (tmp_path / "s0" / "peers" / "sasrec.json").write_text(json.dumps({"records": peer}))
+    hit = np.array([r is not None and r < 10 for r in ranks], dtype=float)
+    for subset, keep in (
+        ("all", in_sample),
+        ("warm", [a and not c for a, c in zip(in_sample, cold, strict=True)]),
+        ("cold", cold),
+    ):
+        pool_demo_runs.main(
+            [str(tmp_path / "s0"), "--peers", "sasrec", "--reference", "sasrec", "--subset", subset]
+        )
+        out = capsys.readouterr().out
+        row = next(line for line in out.splitlines() if line.startswith("| centroid | recall@10 |"))
+        assert float(row.split("|")[3]) == pytest.approx(hit[np.array(keep)].mean(), abs=5e-5)
+        assert f"test users: [{sum(keep)}]" in out
