@@ -109,7 +109,9 @@ def test_sid_targets_are_normalised_over_the_sid_rows(tokenizer, tiny_model_fact
     torch.testing.assert_close(out.loss, loss, rtol=1e-5, atol=1e-6)
     assert (out.log_probs[is_sid & mask] > full[is_sid & mask]).all()  # less mass to share: likelier
     for name, grad in got.items():
-        torch.testing.assert_close(grad, expected[name], rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(
+            grad, expected[name], rtol=1e-3, atol=1e-5, msg=name
+        )  # float32 order differs by CPU
 
 
 @pytest.mark.parametrize(("arch", "tied"), CASES)
