@@ -267,12 +267,27 @@ def _trainable(model) -> dict:
     return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
+def _keep_best_config(tmp_path):
+    """Three SFT steps into tmp_path/sft, one checkpoint at the end: the keep_best tests' run."""
+    from peft_grounded.recommend import RecommendationConfig
+
+    return RecommendationConfig(
+        output_dir=str(tmp_path / "sft"),
+        max_steps=3,
+        learning_rate=0.05,
+        per_device_train_batch_size=4,
+        save_steps=3,
+        logging_steps=1,
+        disable_tqdm=True,
+    )
+
+
 def test_keep_best_ends_with_the_adapter_of_the_best_validation_point(toy, model_dir, tmp_path):
     """keep_best: the written adapter is the one of the highest validation Recall@10 (here step 2 of 3), not
     the last step's; the snapshot folder keeps that one only once a checkpoint covers it."""
     from safetensors.torch import load_file
 
-    from peft_grounded.recommend import RecommendationConfig, ValidationRecall, train_recommender
+    from peft_grounded.recommend import ValidationRecall, train_recommender
 
     catalogue, index = toy
     values, states = iter([0.1, 0.3, 0.2]), {}
@@ -283,15 +298,7 @@ def test_keep_best_ends_with_the_adapter_of_the_best_validation_point(toy, model
 
     best = tmp_path / "best"
     callback = ValidationRecall(scripted, every=1, keep_best="recall@10", directory=best)
-    config = RecommendationConfig(
-        output_dir=str(tmp_path / "sft"),
-        max_steps=3,
-        learning_rate=0.05,
-        per_device_train_batch_size=4,
-        save_steps=3,
-        logging_steps=1,
-        disable_tqdm=True,
-    )
+    config = _keep_best_config(tmp_path)
     model = train_recommender(
         catalogue, index, config, model_path=model_dir, lora=dict(r=2), callbacks=[callback]
     )
@@ -321,7 +328,7 @@ def test_keep_best_ends_with_the_adapter_of_the_best_validation_point(toy, model
 def test_keep_best_evaluates_the_last_weights_too(toy, model_dir, tmp_path, final_wins):
     """A budget that does not end on a validation step: the last weights are evaluated at the end and are a
     candidate like the others (kept live when they win, the snapshot loaded back when they lose)."""
-    from peft_grounded.recommend import RecommendationConfig, ValidationRecall, train_recommender
+    from peft_grounded.recommend import ValidationRecall, train_recommender
 
     catalogue, index = toy
     values = iter([0.1, 0.3] if final_wins else [0.3, 0.1])
@@ -332,15 +339,7 @@ def test_keep_best_evaluates_the_last_weights_too(toy, model_dir, tmp_path, fina
         return {"recall@10": next(values), "users": 3}
 
     callback = ValidationRecall(scripted, every=2, keep_best="recall@10", directory=tmp_path / "best")
-    config = RecommendationConfig(
-        output_dir=str(tmp_path / "sft"),
-        max_steps=3,
-        learning_rate=0.05,
-        per_device_train_batch_size=4,
-        save_steps=3,
-        logging_steps=1,
-        disable_tqdm=True,
-    )
+    config = _keep_best_config(tmp_path)
     model = train_recommender(
         catalogue, index, config, model_path=model_dir, lora=dict(r=2), callbacks=[callback]
     )
