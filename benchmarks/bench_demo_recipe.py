@@ -36,6 +36,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--init-scale", type=float, default=None, help="GroundedTokenConfig.init_scale")
     p.add_argument("--lora-r", type=int, default=None, help="the stacked LoRA's rank (alpha: twice it)")
+    p.add_argument(
+        "--lora-dropout",
+        type=float,
+        default=None,
+        help="the stacked LoRA's dropout (default: the preset's 0)",
+    )
+    p.add_argument("--weight-decay", type=float, default=None, help="AdamW weight decay of SFT")
+    p.add_argument("--codes", type=int, default=None, help="codes per SID level (default: the preset's 64)")
     p.add_argument("--history", type=int, default=None, help="items of history per training window")
     p.add_argument("--curve-every", type=int, default=None, help="validation NLL every N steps")
     p.add_argument(
@@ -88,6 +96,11 @@ def preset(args: argparse.Namespace):
     base = PRESETS["default"]
     old = base.budget
     sid = {} if args.sid_softmax is None else {"sid_softmax_loss": args.sid_softmax}
+    if args.weight_decay is not None:
+        sid["weight_decay"] = args.weight_decay
+    lora = old.lora if args.lora_r is None else old.lora | {"r": args.lora_r, "lora_alpha": 2 * args.lora_r}
+    if args.lora_dropout is not None:
+        lora = lora | {"lora_dropout": args.lora_dropout}
     evaluation = old.evaluation if args.users is None else replace(old.evaluation, users=args.users or None)
     if args.exclude_history:
         evaluation = replace(evaluation, exclude_history=True)
@@ -101,9 +114,7 @@ def preset(args: argparse.Namespace):
         keep_best=args.keep_best,
         curve_users=old.curve_users if args.curve_users is None else args.curve_users,
         init_scale=old.init_scale if args.init_scale is None else args.init_scale,
-        lora=old.lora
-        if args.lora_r is None
-        else old.lora | {"r": args.lora_r, "lora_alpha": 2 * args.lora_r},
+        lora=lora,
         eval_parts=old.eval_parts if args.eval_parts is None else tuple(args.eval_parts),
     )
     spec = replace(base, budget=budget)
@@ -111,6 +122,8 @@ def preset(args: argparse.Namespace):
         spec = replace(spec, seeds=(args.seed,))
     if args.layers is not None:
         spec = replace(spec, layers=args.layers)
+    if args.codes is not None:
+        spec = replace(spec, codes=args.codes)
     if args.history is not None:
         spec = replace(spec, fmt=replace(spec.prompt_format(), max_history=args.history))
     if args.peers is not None:

@@ -90,3 +90,14 @@ def test_demo_recipe_flags_change_only_what_they_name():
     assert kept.budget.keep_best and not spec.budget.keep_best and not default.budget.keep_best
     with pytest.raises(ValueError, match="keep_best needs validation points"):  # before any work
         bench_demo_recipe.parse_args(["--out", "x", "--keep-best"])
+    levers = ["--out", "x", "--codes", "128", "--lora-dropout", "0.1", "--weight-decay", "0.05"]
+    spec = bench_demo_recipe.preset(bench_demo_recipe.parse_args(levers))
+    assert spec.codes == 128 and default.codes == 64
+    assert spec.budget.lora == default.budget.lora | {"lora_dropout": 0.1}
+    assert spec.budget.sft == replace(default.budget.sft, weight_decay=0.05)
+    assert (
+        spec.budget.grounding == default.budget.grounding
+        and spec.budget.evaluation == default.budget.evaluation
+    )
+    with pytest.raises(ValueError, match="lora_dropout"):  # the LoRA's own check, before any work
+        bench_demo_recipe.parse_args(["--out", "x", "--lora-dropout", "1.5"])
