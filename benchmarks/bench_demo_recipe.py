@@ -95,9 +95,9 @@ def preset(args: argparse.Namespace):
 
     base = PRESETS["default"]
     old = base.budget
-    sid = {} if args.sid_softmax is None else {"sid_softmax_loss": args.sid_softmax}
+    sft_changes = {} if args.sid_softmax is None else {"sid_softmax_loss": args.sid_softmax}
     if args.weight_decay is not None:
-        sid["weight_decay"] = args.weight_decay
+        sft_changes["weight_decay"] = args.weight_decay
     lora = old.lora if args.lora_r is None else old.lora | {"r": args.lora_r, "lora_alpha": 2 * args.lora_r}
     if args.lora_dropout is not None:
         lora = lora | {"lora_dropout": args.lora_dropout}
@@ -107,7 +107,7 @@ def preset(args: argparse.Namespace):
     budget = replace(
         old,
         grounding=_stage(old.grounding, args.grounding_steps, args.grounding_minutes, args.grounding_lr),
-        sft=_stage(old.sft, args.sft_steps, args.sft_minutes, args.sft_lr, **sid),
+        sft=_stage(old.sft, args.sft_steps, args.sft_minutes, args.sft_lr, **sft_changes),
         evaluation=evaluation,
         curve_every=old.curve_every if args.curve_every is None else args.curve_every,
         eval_every=old.eval_every if args.eval_every is None else args.eval_every,
