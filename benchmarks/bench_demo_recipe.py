@@ -42,8 +42,21 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="the stacked LoRA's dropout (default: the preset's 0)",
     )
+    p.add_argument(
+        "--block-lr",
+        type=float,
+        default=None,
+        help="full fine-tuning of the kept blocks at this learning rate instead of the stacked LoRA (a "
+        "reference row: decoded in place, so no --keep-best and no resume)",
+    )
     p.add_argument("--weight-decay", type=float, default=None, help="AdamW weight decay of SFT")
     p.add_argument("--codes", type=int, default=None, help="codes per SID level (default: the preset's 64)")
+    p.add_argument(
+        "--balanced",
+        choices=("none", "last", "all"),
+        default=None,
+        help="balanced RQ-KMeans levels of the SIDs (default: the preset's none)",
+    )
     p.add_argument("--history", type=int, default=None, help="items of history per training window")
     p.add_argument("--curve-every", type=int, default=None, help="validation NLL every N steps")
     p.add_argument(
@@ -112,6 +125,7 @@ def preset(args: argparse.Namespace):
         curve_every=old.curve_every if args.curve_every is None else args.curve_every,
         eval_every=old.eval_every if args.eval_every is None else args.eval_every,
         keep_best=args.keep_best,
+        block_lr=args.block_lr,
         curve_users=old.curve_users if args.curve_users is None else args.curve_users,
         init_scale=old.init_scale if args.init_scale is None else args.init_scale,
         lora=lora,
@@ -124,6 +138,8 @@ def preset(args: argparse.Namespace):
         spec = replace(spec, layers=args.layers)
     if args.codes is not None:
         spec = replace(spec, codes=args.codes)
+    if args.balanced is not None:
+        spec = replace(spec, balanced=args.balanced)
     if args.history is not None:
         spec = replace(spec, fmt=replace(spec.prompt_format(), max_history=args.history))
     if args.peers is not None:

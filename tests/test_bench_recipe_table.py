@@ -91,8 +91,13 @@ def test_demo_recipe_flags_change_only_what_they_name():
     with pytest.raises(ValueError, match="keep_best needs validation points"):  # before any work
         bench_demo_recipe.parse_args(["--out", "x", "--keep-best"])
     levers = ["--out", "x", "--codes", "128", "--lora-dropout", "0.1", "--weight-decay", "0.05"]
-    spec = bench_demo_recipe.preset(bench_demo_recipe.parse_args(levers))
+    spec = bench_demo_recipe.preset(bench_demo_recipe.parse_args([*levers, "--balanced", "all"]))
     assert spec.codes == 128 and default.codes == 64
+    assert spec.balanced == "all" and default.balanced == "none"
+    blocks = bench_demo_recipe.preset(bench_demo_recipe.parse_args(["--out", "x", "--block-lr", "1e-4"]))
+    assert blocks.budget == replace(default.budget, block_lr=1e-4) and default.budget.block_lr is None
+    with pytest.raises(ValueError, match="block_lr"):  # the blocks are not saved: no best to keep
+        bench_demo_recipe.parse_args([*curves, "--keep-best", "--block-lr", "1e-4"])
     assert spec.budget.lora == default.budget.lora | {"lora_dropout": 0.1}
     assert spec.budget.sft == replace(default.budget.sft, weight_decay=0.05)
     assert (

@@ -53,6 +53,10 @@ class Budget:
     eval_every: int = 0  # validation Recall during SFT every N steps (0: off)
     # end SFT with the adapter of the best validation Recall@10 (early stopping; needs eval_every)
     keep_best: bool = False
+    # full fine-tuning of the base's decoder blocks at this learning rate instead of the stacked LoRA (None:
+    # the LoRA); a reference row: the blocks are not in the adapter, so the run neither resumes nor keeps
+    # the best (pipeline.block_tuning)
+    block_lr: float | None = None
     curve_every: int | None = (
         None  # validation NLL during SFT every N steps, for the learning curve (None/0: off)
     )
@@ -82,6 +86,11 @@ class Budget:
                 None
                 if not self.keep_best or self.eval_every
                 else "keep_best needs validation points during SFT: set eval_every >= 1",
+                checks.number_in("block_lr", self.block_lr, 0, low_open=True, none_ok=True),
+                None
+                if self.block_lr is None or not self.keep_best
+                else "block_lr (full fine-tuning of the blocks) cannot keep the best: the blocks are not saved "
+                "with the adapter; turn keep_best off",
                 least("curve_every", self.curve_every, 0, none_ok=True),
                 least("curve_users", self.curve_users, 1),
                 checks.one_of("centroid_variant", self.centroid_variant, ("items", "codebook")),
@@ -224,6 +233,8 @@ class Budget:
             record["init_scale"] = self.init_scale
         if self.keep_best:  # likewise absent when off
             record["keep_best"] = True
+        if self.block_lr is not None:  # likewise absent with the LoRA
+            record["block_lr"] = self.block_lr
         return record | ({"settings": settings} if settings else {})
 
 

@@ -34,6 +34,8 @@ class Preset:
     budget: Budget
     levels: int = 3
     codes: int = 64
+    # balanced RQ-KMeans levels (build_sids' balanced: "none", "last" or "all"; fewer items share a code)
+    balanced: str = "none"
     text_fields: tuple[str, ...] = ("title", "categories", "release_year", "brand", "description")
     max_history: int = 10
     with_titles: bool = False
@@ -237,6 +239,8 @@ def run_demo(
         "codes": spec.codes,
         "text_fields": list(spec.text_fields),
     }
+    if spec.balanced != "none":  # recorded only when set, so that the folders of earlier runs still match
+        manifest["balanced"] = spec.balanced
     runs.check_and_write(out, manifest, out if (out / runs.MANIFEST).is_file() else None)
     if spec.layers:
         from ..recommend.shallow_base import shallow_base
@@ -251,6 +255,7 @@ def run_demo(
             sid_dir,
             levels=spec.levels,
             codes=spec.codes,
+            balanced=spec.balanced,
             text_template=list(spec.text_fields),
             show_progress=spec.budget.show_progress,
         )

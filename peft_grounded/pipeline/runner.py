@@ -157,6 +157,16 @@ def run_strategy(
 
     stage = out / "sft"
     t = time.perf_counter()
+    extra_callbacks, lora = [], None if spec.adapter == "peft" else budget.lora
+    if budget.block_lr is not None:  # the reference row: full fine-tuning of the blocks, decoded in place
+        from .block_tuning import BlockLearningRate, unfreeze_blocks
+
+        if stage.exists() and any(stage.iterdir()):
+            raise runs.RunMismatchError(
+                f"{stage} holds an earlier start of a run that fine-tunes the base's blocks (block_lr), which "
+                "does not resume: the blocks are not saved with the adapter. Start it again in another folder."
+            )
+        extra_callbacks, lora = [BlockLearningRate(unfreeze_blocks(model), budget.block_lr)], False
     if resume and _stage_done(stage):
         from ..adapter import add_lora
 
@@ -169,7 +179,7 @@ def run_strategy(
             experiment.catalogue,
             experiment.index,
             replace(budget.sft, output_dir=str(stage)),
-            lora=None if spec.adapter == "peft" else budget.lora,
+            lora=lora,
             fmt=experiment.fmt,
             max_examples=budget.max_train_examples,
             resume=resume,
@@ -185,6 +195,7 @@ def run_strategy(
                 ),
                 ValidationLikelihood(likelihood, budget.curve_every or 0),
                 sft_log,
+                *extra_callbacks,
             ],
         )
     timings["sft_s"] = time.perf_counter() - t

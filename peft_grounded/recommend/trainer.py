@@ -75,7 +75,7 @@ def train_recommender(
     init: str = "mean",
     centroid_variant: str = "items",
     init_scale: float = 1.0,
-    lora: dict | None = None,
+    lora: dict | bool | None = None,
     fmt: PromptFormat | None = None,
     max_examples: int | None = None,
     resume: bool = False,
@@ -90,7 +90,8 @@ def train_recommender(
     The rows start from the grounded adapter at ``grounded`` (checked against ``index``) or from ``init``
     on a fresh base (``model_path`` loaded in ``dtype``); or ``model`` (with its ``tokenizer``), a model
     already wrapped for ``index`` (the strategy runner's path), trains in place. ``lora`` holds
-    :func:`~peft_grounded.add_lora`'s arguments; every adapter weight trains in float32. The rows follow
+    :func:`~peft_grounded.add_lora`'s arguments (False: no LoRA; the rows, and any weight the caller made
+    trainable, train); every adapter weight trains in float32. The rows follow
     ``fmt.objective`` (see :func:`~.data.training_dataset`) on ``split`` (default: the catalogue's
     leave-one-out split), and ``fmt`` is recorded in the adapter. Writes ``<args.output_dir>/adapter``
     (the folder is locked from the start, before the model is loaded).
@@ -99,6 +100,7 @@ def train_recommender(
     from ..adapter.lora import lora_settings
     from .data import training_dataset
 
+    stack = lora is not False  # False: no LoRA (the rows, and what the caller unfroze, train)
     lora_given = bool(lora)
     lora = lora_settings(**(lora or {}))  # checked before the model loads
     fmt = fmt or PromptFormat()
@@ -108,7 +110,8 @@ def train_recommender(
         config = model.peft_config[model.active_adapter]
         if isinstance(config, GroundedTokenConfig):
             config.metadata = {**(config.metadata or {}), "prompt_format": asdict(fmt)}
-            add_lora(model, **lora)
+            if stack:
+                add_lora(model, **lora)
         elif lora_given:
             raise ValueError(
                 "lora= stacks a LoRA on a grounded adapter; this model carries PEFT's own LoRA already"
