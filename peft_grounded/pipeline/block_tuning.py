@@ -27,7 +27,7 @@ def decoder_blocks(model) -> torch.nn.ModuleList:
 
 def unfreeze_blocks(model) -> list[torch.nn.Parameter]:
     """Make every weight of the decoder blocks trainable; returns them (the embeddings and head stay frozen)."""
-    params = [p for p in decoder_blocks(model).parameters()]
+    params = list(decoder_blocks(model).parameters())
     for p in params:
         p.requires_grad_(True)
     return params
