@@ -106,6 +106,7 @@ def test_include_history_candidates_titles_and_batches(world, recommender):
         recommender.index,
         recommender.fmt,
         catalogue=toy_catalogue(),
+        sid_softmax=recommender.sid_rows,  # a merged model says how it normalises
     ).recommend([history], k=3)[0]
     assert titled.titles[0] == toy_catalogue().items[titled.items[0]].title
     assert "rank" in titled.table() and titled.items[0] in titled.table()
@@ -210,9 +211,10 @@ def test_a_rule_that_chose_text_serves_without_the_model(world, tmp_path, monkey
     assert [r.items for r in out] == [items[:5] for items in expected.items]
     # a rule saved before the choice existed (no "beams" key) mixes the model's beams
     record = json.loads((grown / "new_item_rule.json").read_text())
-    del record["beams"]
+    del record["beams"]  # every field is checked on load, and a missing one named
     (grown / "new_item_rule.json").write_text(json.dumps(record))
-    assert NewItemRule.load(grown).beams == "model"
+    with pytest.raises(ValueError, match=r"missing fields \['beams'\], unknown fields \[\]"):
+        NewItemRule.load(grown)
 
 
 def test_grow_adapter_stores_the_rule(world, tmp_path):
@@ -300,7 +302,7 @@ def test_cli_one_history_and_a_resumable_file(world, tmp_path, capsys):
     (out / "recommendations.jsonl").unlink()
     (out / "recommendations.jsonl.partial").write_text(lines[0] + "\n" + lines[1] + "\n" + lines[2][:10])
     assert main(argv) == 0
-    assert "(1 decoded now)" in capsys.readouterr().out
+    assert "(1 decoded now)" in capsys.readouterr().err
     assert (out / "recommendations.jsonl").read_text().splitlines() == lines
     assert main([*argv[:-4], "--k", "2", "--output_dir", str(out)]) == 2  # other settings: refused
     assert "other settings" in capsys.readouterr().err

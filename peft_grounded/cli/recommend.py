@@ -129,11 +129,13 @@ def _run(args: RecommendArguments) -> int:
     from ..serving.histories import parse_history
 
     users, histories = (
-        (["history"], [parse_history(args.history)]) if args.history else read_histories(args.histories)
+        (["history"], [parse_history(args.history)])
+        if args.history is not None
+        else read_histories(args.histories)
     )
     out = Path(args.output_dir) if args.output_dir else None
-    done: dict[str, str] = {}
-    if out is not None:  # checked before anything loads; nothing is written until decoding starts
+    done: dict[str, dict[str, Any]] = {}
+    if out is not None:  # checked before anything loads; nothing is written until every input is checked
         done = _resume(out, args)
     recommender = GroundedRecommender.from_pretrained(
         args.adapter,
@@ -150,48 +152,86 @@ def _run(args: RecommendArguments) -> int:
         rule = recommender.fit_new_items(read_histories(args.interactions)[1])
         print(rule.describe(), file=sys.stderr)
     options = dict(k=args.k, exclude_history=not args.include_history, skip_unknown=args.skip_unknown)
-    from ..serving import check_histories
-
-    check_histories(histories, recommender.index, skip_unknown=args.skip_unknown, users=users)  # all, first
-    if args.history:
+    recommender.check_request(histories, args.k, users=users, skip_unknown=args.skip_unknown)  # all, first
+    if out is None:
         (result,) = recommender.recommend(histories, users=users, **options)
-        print(result.table())
-        if result.skipped:
-            print(
-                f"skipped {len(result.skipped)} unknown history items: {result.skipped[:10]}", file=sys.stderr
-            )
-        if out is not None:
-            from .._io import atomic_write_text
-
-            atomic_write_text(out / OUTPUT, json.dumps(result.to_dict()) + "\n")
+        _print_one(result)
         return 0
-    return _run_file(recommender, users, histories, done, out, args, options)
+    lines = _run_file(recommender, users, histories, done, out, args, options)
+    if args.history is not None:
+        _print_one(_from_line(lines[0]))
+    return 0
 
 
-def _resume(out: Path, args: RecommendArguments) -> dict[str, str]:
-    """The lines already written for each user (final file and partial file), after checking that they were
-    written with these settings."""
+def _print_one(result: Any) -> None:
+    print(result.table())
+    if result.skipped:
+        print(f"skipped {len(result.skipped)} unknown history items: {result.skipped[:10]}", file=sys.stderr)
+
+
+def _from_line(line: str) -> Any:
+    from ..serving import UserRecommendations
+
+    record = json.loads(line)
+    record.pop(KEY)
+    return UserRecommendations(**record)
+
+
+KEY = "key"  # each line's sha256 of the settings, the user and the history it was decoded from
+
+
+def request_key(settings: dict[str, Any], user: str, history: Sequence[str]) -> str:
+    """What a finished line must have been decoded from to be kept by a resumed run."""
+    import hashlib
+
+    text = json.dumps([settings, user, list(history)], sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _resume(out: Path, args: RecommendArguments) -> dict[str, dict[str, Any]]:
+    """The lines already written (final and partial file) by user, after checking that the folder is this
+    command's, with these settings, and writable. A line is reused only when its key matches (see
+    :func:`request_key`)."""
     from .._io import read_json
 
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--output_dir {out} is a file; choose a folder")
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ValueError(
+            f"--output_dir {out} is {'a link' if out.is_symlink() else 'a file'}; choose a folder"
+        )
+    writable = out if out.exists() else next(p for p in out.absolute().parents if p.exists())
+    if not os.access(writable, os.W_OK | os.X_OK):
+        raise PermissionError(
+            f"--output_dir {out}: {writable} is not writable; choose a folder you can write"
+        )
     settings = out / SETTINGS
-    if settings.is_file():
-        recorded = read_json(settings)
-        if recorded != args.settings():
+    ours = [out / OUTPUT, out / (OUTPUT + ".partial")]
+    if not settings.is_file():
+        found = [p.name for p in ours if p.exists() or p.is_symlink()]
+        if found:
             raise ValueError(
-                f"{out} holds recommendations made with other settings ({recorded}); choose another --output_dir, "
-                f"or delete {OUTPUT}* and {SETTINGS} there to start over"
+                f"{out} holds {', '.join(found)} but no {SETTINGS}: they were not written by this command, or "
+                f"their settings are lost, so nothing says what they hold. Choose another --output_dir, or delete "
+                f"{', '.join(found)} there to start over (nothing was changed)"
             )
-    done: dict[str, str] = {}
-    for path in (out / OUTPUT, out / (OUTPUT + ".partial")):
+        return {}
+    recorded = read_json(settings, fix=f"delete {OUTPUT}* and {SETTINGS} in {out} to start over")
+    if recorded != args.settings():
+        raise ValueError(
+            f"{out} holds recommendations made with other settings ({recorded}); choose another --output_dir, "
+            f"or delete {OUTPUT}* and {SETTINGS} there to start over"
+        )
+    done: dict[str, dict[str, Any]] = {}
+    for path in ours:
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise ValueError(f"{path} is not a plain file; delete it to start over (nothing was changed)")
         if not path.is_file():
             continue
-        for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True):
             if not line.endswith("\n"):
                 break  # torn by an interrupted write: decoded again
             try:
-                done[str(json.loads(line)["user"])] = line
+                record = json.loads(line)
+                done[str(record["user"])] = {"key": record[KEY], "line": line}
             except (json.JSONDecodeError, KeyError, TypeError):
                 break
     return done
@@ -201,41 +241,49 @@ def _run_file(
     recommender: Any,
     users: list[str],
     histories: list[list[str]],
-    done: dict[str, str],
+    done: dict[str, dict[str, Any]],
     out: Path,
     args: RecommendArguments,
     options: dict[str, Any],
-) -> int:
+) -> list[str]:
+    """Decode the users whose finished line does not match their request, keep the rest; returns the lines."""
     from tqdm.auto import tqdm
 
     from .._io import atomic_write_text
 
-    partial = out / (OUTPUT + ".partial")
-    atomic_write_text(out / SETTINGS, json.dumps(args.settings(), indent=1) + "\n")
-    todo = [u for u, user in enumerate(users) if user not in done]
+    settings = args.settings()
+    keys = [request_key(settings, user, history) for user, history in zip(users, histories, strict=True)]
+    lines = {
+        user: done[user]["line"]
+        for user, key in zip(users, keys, strict=True)
+        if user in done and done[user]["key"] == key
+    }
+    todo = [u for u, user in enumerate(users) if user not in lines]
     skipped = 0
+    out.mkdir(parents=True, exist_ok=True)
+    partial = out / (OUTPUT + ".partial")
+    atomic_write_text(out / SETTINGS, json.dumps(settings, indent=1) + "\n")
     with tqdm(total=len(users), initial=len(users) - len(todo), desc="recommend", unit="user") as bar:
         # a partial file holds complete lines only: rewrite it from what was kept before appending
-        atomic_write_text(partial, "".join(done.values()))
+        atomic_write_text(partial, "".join(lines.values()))
         with partial.open("a", encoding="utf-8") as handle:
             for start in range(0, len(todo), args.decode_batch_size):
                 chunk = todo[start : start + args.decode_batch_size]
                 results = recommender.recommend(
                     [histories[u] for u in chunk], users=[users[u] for u in chunk], **options
                 )
-                for result in results:
-                    line = json.dumps(result.to_dict()) + "\n"
-                    done[result.user] = line
+                for u, result in zip(chunk, results, strict=True):
+                    lines[result.user] = json.dumps(result.to_dict() | {KEY: keys[u]}) + "\n"
                     skipped += len(result.skipped)
-                handle.write("".join(done[users[u]] for u in chunk))
+                handle.write("".join(lines[users[u]] for u in chunk))
                 handle.flush()
                 os.fsync(handle.fileno())
                 bar.update(len(chunk))
-    atomic_write_text(out / OUTPUT, "".join(done[user] for user in users))
+    atomic_write_text(out / OUTPUT, "".join(lines[user] for user in users))
     partial.unlink(missing_ok=True)
     note = f"; skipped {skipped} unknown history items" if skipped else ""
-    print(f"{len(users)} users ({len(todo)} decoded now) -> {out / OUTPUT}{note}")
-    return 0
+    print(f"{len(users)} users ({len(todo)} decoded now) -> {out / OUTPUT}{note}", file=sys.stderr)
+    return [lines[user] for user in users]
 
 
 def settings() -> tuple[type, ...]:

@@ -18,7 +18,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from .beam import constrained_beam_search
-from .heads import StepHead
+from .heads import SIDSoftmax, StepHead
 from .processor import SIDConstraintLogitsProcessor
 from .trie import SIDTrie, check_targets
 
@@ -133,7 +133,7 @@ def recommend(
     show_progress: bool = False,
     engine: str = "auto",
     targets: Sequence[Sequence[int]] | None = None,
-    sid_softmax: bool | None = None,
+    sid_softmax: SIDSoftmax = None,
 ) -> Recommendations:
     """Top-``k`` items for each prompt by constrained beam search.
 
@@ -158,7 +158,8 @@ def recommend(
             :func:`~.scoring.target_nlls`). Needs the fast engine.
         sid_softmax: normalise each step over the SID rows only (the SID-only softmax); None: as the
             model's adapter was trained (``sid_softmax_loss``, recorded in its metadata), else the whole
-            vocabulary. The fast engine then computes only the SID rows of the head at each step.
+            vocabulary; or the SID rows' token ids (a model whose adapter was merged away, see
+            :data:`~.heads.SIDSoftmax`). The fast engine then computes only the SID rows of the head.
 
     Returns:
         :class:`Recommendations`, items and scores best first; a score is the model's summed

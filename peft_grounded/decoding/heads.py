@@ -8,6 +8,7 @@ a few hundred columns instead of the 49,152-row head. Other models keep the full
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -30,6 +31,11 @@ def model_sid_ids(model: Any) -> torch.Tensor:
     return tuner.sid_token_ids()
 
 
+SIDSoftmax = bool | None | Sequence[int] | torch.Tensor
+"""How a decoding step normalises: ``True`` over the adapter's SID rows, ``False`` over the whole vocabulary,
+``None`` as the model's adapter recorded, or the SID rows' token ids (a model whose adapter was merged away)."""
+
+
 def wants_sid_softmax(model: Any, sid_softmax: bool | None) -> bool:
     """``sid_softmax``, or when None what ``model``'s adapter recorded (False without a record)."""
     if sid_softmax is not None:
@@ -37,6 +43,16 @@ def wants_sid_softmax(model: Any, sid_softmax: bool | None) -> bool:
     from ..adapter.loading import sid_softmax_of
 
     return sid_softmax_of(model)
+
+
+def sid_rows(model: Any, sid_softmax: SIDSoftmax) -> torch.Tensor | None:
+    """The sorted token ids a step normalises over (``None``: the whole vocabulary); see :data:`SIDSoftmax`."""
+    if isinstance(sid_softmax, bool) or sid_softmax is None:
+        return model_sid_ids(model) if wants_sid_softmax(model, sid_softmax) else None
+    rows = torch.as_tensor(sid_softmax, dtype=torch.long).flatten().unique(sorted=True)
+    if rows.numel() == 0:
+        raise ValueError("sid_softmax names no SID rows: pass their token ids, or True / False / None")
+    return rows
 
 
 class StepHead:
@@ -60,9 +76,9 @@ class StepHead:
         self.sid_ids = sid_ids.to(self.weight.device)
 
     @classmethod
-    def for_model(cls, model: Any, sid_softmax: bool | None = None) -> StepHead:
+    def for_model(cls, model: Any, sid_softmax: SIDSoftmax = None) -> StepHead:
         """The head ``model`` decodes with: its SID rows when it trained with the SID-only softmax."""
-        return cls(model, model_sid_ids(model) if wants_sid_softmax(model, sid_softmax) else None)
+        return cls(model, sid_rows(model, sid_softmax))
 
     @property
     def width(self) -> int | None:

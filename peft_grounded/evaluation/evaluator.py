@@ -52,7 +52,8 @@ def evaluate(
     likelihood: bool = True,
 ) -> Evaluation:
     """Rank (constrained beam search) and/or score (target NLL) the split's sampled users in one pass."""
-    from ..decoding import SIDTrie, mix_new_items, recommend
+    from ..decoding import SIDTrie
+    from ..decoding.top_k import top_k_lists
     from ..prompts import PromptFormat
 
     if not (ranking or likelihood):
@@ -80,38 +81,36 @@ def evaluate(
         if [r["user"] for r in records] != users:
             raise RuntimeError("prompts and user records are out of order; this is a bug, please report it")
         target_ids = [sids[t] for t in targets]
-        together = ranking and likelihood and trie.fixed_length  # one prompt encoding serves both
+        together = ranking and likelihood and trie.fixed_length and new_items is None  # one encoding, both
         with _autocast(model, settings):
             if ranking:
-                beams = max(settings.num_beams, max(settings.ks))
-                recs = recommend(
-                    model,
-                    tokenizer,
-                    prompts,
-                    trie,
-                    k=max(settings.ks) if new_items is None and not settings.exclude_history else beams,
-                    num_beams=beams,
-                    batch_size=settings.decode_batch_size,
-                    targets=target_ids if together else None,
-                )
-                if new_items is not None:
-                    recs = mix_new_items(
-                        recs,
-                        index,
-                        new_items,
-                        share=settings.new_item_share,
-                        match_levels=settings.match_levels,
+                if new_items is None:
+                    exclude = None
+                    if settings.exclude_history:
+                        seen = _full_histories(split, part)
+                        exclude = [seen[r["user"]] for r in records]
+                    recs = top_k_lists(
+                        model,
+                        tokenizer,
+                        prompts,
+                        trie,
                         k=max(settings.ks),
+                        num_beams=settings.num_beams,
+                        exclude=exclude,
+                        batch_size=settings.decode_batch_size,
+                        targets=target_ids if together else None,
                     )
-                lists = recs.items
-                if settings.exclude_history:
-                    seen = _full_histories(split, part)
-                    lists = [
-                        [i for i in items if i not in seen[r["user"]]][: max(settings.ks)]
-                        for r, items in zip(records, lists, strict=True)
-                    ]
-                for record, items in zip(records, lists, strict=True):
+                    lists, scores = recs.items, recs.scores
+                else:
+                    lists, recs = _new_item_lists(
+                        model, tokenizer, prompts, trie, index, new_items, settings, split, part, records
+                    )
+                    scores = None
+                for u, (record, items) in enumerate(zip(records, lists, strict=True)):
                     record["rank"] = target_rank(items, record["target"])
+                    record["items"] = list(items)
+                    if scores is not None:
+                        record["scores"] = [round(float(s), 6) for s in scores[u]]
             if likelihood:
                 scores = (
                     recs.extra["target_nlls"]
@@ -137,6 +136,44 @@ def evaluate(
             if part in target:
                 target[part]["cold"]["cold_users_available"] = len(cold_pool)
     return result
+
+
+def _new_item_lists(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[Any],
+    trie: Any,
+    index: Any,
+    new_items: list[str],
+    settings: EvalSettings,
+    split: Any,
+    part: str,
+    records: list[dict[str, Any]],
+) -> tuple[list[list[Any]], Any]:
+    """The lists of the new-item slot rule (``new_item_share``): the model's beams with new items mixed in,
+    then the history left out."""
+    from ..decoding import mix_new_items, recommend
+
+    beams = max(settings.num_beams, max(settings.ks))
+    recs = recommend(
+        model, tokenizer, prompts, trie, k=beams, num_beams=beams, batch_size=settings.decode_batch_size
+    )
+    recs = mix_new_items(
+        recs,
+        index,
+        new_items,
+        share=settings.new_item_share,
+        match_levels=settings.match_levels,
+        k=max(settings.ks),
+    )
+    lists = recs.items
+    if settings.exclude_history:
+        seen = _full_histories(split, part)
+        lists = [
+            [i for i in items if i not in seen[r["user"]]][: max(settings.ks)]
+            for r, items in zip(records, lists, strict=True)
+        ]
+    return lists, recs
 
 
 def _full_histories(split: Any, part: str) -> dict[str, set[str]]:

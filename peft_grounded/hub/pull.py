@@ -22,9 +22,19 @@ def pull_grounded(
     ``*.safetensors``, ``*.md``, ``*.txt``, ``*.jinja``) into ``local_dir``; returns it.
 
     The folder appears complete or not at all (download beside it, then rename). An existing non-empty
-    ``local_dir`` is replaced only with ``overwrite=True``.
+    ``local_dir`` is replaced only with ``overwrite=True``. The folder is locked as every writer locks its
+    output (:func:`~peft_grounded._locks.output_lock`): a second pull into it stops at once.
     """
+    from .._locks import output_lock
+
     target = Path(local_dir).expanduser()
+    with output_lock(target, "pull"):
+        return _pull(repo_id, target, revision, token, overwrite)
+
+
+def _pull(
+    repo_id: str, target: Path, revision: str | None, token: str | bool | None, overwrite: bool
+) -> Path:
     if target.exists() and (not target.is_dir() or (any(target.iterdir()) and not overwrite)):
         raise GroundedHubError(
             f"{str(target)!r} exists and is not empty; pass overwrite=True (--overwrite) to replace it, or another folder."

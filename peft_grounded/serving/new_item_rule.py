@@ -45,6 +45,46 @@ class NewItemRuleError(ValueError):
     """A new-item rule that cannot be fitted or used as given; the message names the fix."""
 
 
+def _number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(i, str) for i in value)
+
+
+RULE_FIELDS = {  # field of new_item_rule.json -> (what it must be, its check)
+    "format": ("the integer 1", lambda v: v == FORMAT and not isinstance(v, bool)),
+    "mode": (f"one of {MODES}", lambda v: v in MODES),
+    "beams": (f"one of {BEAMS}", lambda v: v in BEAMS),
+    "sid_index_fingerprint": ("a string", lambda v: isinstance(v, str)),
+    "temperature": ("a positive number", lambda v: _number(v) and v > 0),
+    "weights": ("a list of numbers", lambda v: isinstance(v, list) and all(_number(w) for w in v)),
+    "decay": ("a number", _number),
+    "window": ("a positive integer", lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0),
+    "item_ids": ("a list of item ids", _ids),
+    "new_items": ("a list of item ids", _ids),
+    "fitted_on": ("an object", lambda v: isinstance(v, dict)),
+    "vectors_sha256": ("a sha256 hex string", lambda v: isinstance(v, str) and len(v) == 64),
+}
+
+
+def _checked_record(record: Any, path: Path, fix: str) -> dict[str, Any]:
+    """``new_item_rule.json``'s record, each field checked: a missing, unknown or mistyped one is named."""
+    if not isinstance(record, dict):
+        raise NewItemRuleError(f"{path} holds a JSON {type(record).__name__}, not a new-item rule; {fix}")
+    if "format" in record and record["format"] != FORMAT:
+        raise NewItemRuleError(f"{path} is not a new-item rule of format {FORMAT}; {fix}")
+    missing = [name for name in RULE_FIELDS if name not in record]
+    extra = [name for name in record if name not in RULE_FIELDS]
+    if missing or extra:
+        raise NewItemRuleError(f"{path}: missing fields {missing}, unknown fields {extra}; {fix}")
+    for name, (wanted, check) in RULE_FIELDS.items():
+        if not check(record[name]):
+            raise NewItemRuleError(f"{path}: field {name!r} is {record[name]!r:.60}, not {wanted}; {fix}")
+    return record
+
+
 def index_vectors(index: Any) -> np.ndarray:
     """``[items, dim]``: each item's point in the quantiser's space (the sum of its codebook vectors), the
     text vectors' reconstruction that every SID index carries."""
@@ -251,27 +291,37 @@ class NewItemRule:
         folder = Path(folder)
         if not (folder / RULE_JSON).is_file():
             return None
-        record = read_json(folder / RULE_JSON)
         fix = f"fit it again (grow-adapter --interactions FILE) or delete {RULE_JSON} and {RULE_TENSORS}"
-        if not isinstance(record, dict) or record.get("format") != FORMAT:
-            raise NewItemRuleError(f"{folder / RULE_JSON} is not a new-item rule of format {FORMAT}; {fix}")
+        record = _checked_record(read_json(folder / RULE_JSON, fix=fix), folder / RULE_JSON, fix)
         try:
             data = (folder / RULE_TENSORS).read_bytes()
         except FileNotFoundError:
             raise NewItemRuleError(f"{folder} has {RULE_JSON} but no {RULE_TENSORS}; {fix}") from None
-        if hashlib.sha256(data).hexdigest() != record.get("vectors_sha256"):
+        if hashlib.sha256(data).hexdigest() != record["vectors_sha256"]:
             raise NewItemRuleError(
                 f"{folder / RULE_TENSORS} is not the file {RULE_JSON} was saved with; {fix}"
             )
-        mixture = SemanticMixture(
-            record["item_ids"],
-            load(data)["vectors"],
-            record["new_items"],
-            temperature=record["temperature"],
-            weights=np.asarray(record["weights"], dtype=np.float64),
-            decay=record["decay"],
-            window=record["window"],
-        )
-        fitted_on = record.get("fitted_on", {})
-        beams = record.get("beams", "model")  # rules saved before the choice existed mix the model's beams
-        return cls(mixture, record["sid_index_fingerprint"], record["mode"], fitted_on, beams)
+        try:
+            vectors = load(data)["vectors"]
+        except Exception as err:  # a file whose sha256 matches yet is no safetensors: written so by hand
+            raise NewItemRuleError(f"{folder / RULE_TENSORS} is not readable ({err}); {fix}") from None
+        if vectors.ndim != 2 or len(vectors) != len(record["item_ids"]) or not np.isfinite(vectors).all():
+            raise NewItemRuleError(
+                f"{folder / RULE_TENSORS} holds vectors of shape {tuple(vectors.shape)} for "
+                f"{len(record['item_ids'])} items, or non-finite values; {fix}"
+            )
+        try:
+            mixture = SemanticMixture(
+                record["item_ids"],
+                vectors,
+                record["new_items"],
+                temperature=record["temperature"],
+                weights=np.asarray(record["weights"], dtype=np.float64),
+                decay=record["decay"],
+                window=record["window"],
+            )
+            return cls(
+                mixture, record["sid_index_fingerprint"], record["mode"], record["fitted_on"], record["beams"]
+            )
+        except (ValueError, TypeError) as err:
+            raise NewItemRuleError(f"{folder / RULE_JSON}: {err}; {fix}") from None

@@ -16,10 +16,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .histories import check_histories
+from .histories import HistoryInputError, check_histories, check_user_names
 from .new_item_rule import RULE_FILES, NewItemRule
 
 SERVING_RECORD = "grounded_serving.json"  # what a merged model folder records besides the model
+SERVING_FORMAT = 1
+SERVING_FIELDS = {
+    "format": int,
+    "prompt_format": dict,
+    "sid_index_fingerprint": str,
+    "sid_token_ids": (list, type(None)),
+}
 DEFAULT_BEAMS = 20
 
 
@@ -49,6 +56,17 @@ class UserRecommendations:
         return "\n".join(lines)
 
 
+@dataclass
+class Request:
+    """A checked request: user names, histories (unknown items dropped where allowed, and what was), and
+    the users grouped by the trie their candidates give."""
+
+    names: list[str]
+    histories: list[list[str]]
+    unknown: list[list[str]]
+    groups: list[tuple[Any, list[int]]]
+
+
 class GroundedRecommender:
     """A trained grounded recommender, ready to serve: model, tokenizer, SID index, prompt format."""
 
@@ -63,22 +81,35 @@ class GroundedRecommender:
         new_item_rule: NewItemRule | None = None,
         num_beams: int = DEFAULT_BEAMS,
         batch_size: int = 32,
+        sid_softmax: Any = None,
     ) -> None:
+        """``sid_softmax``: how each decoding step normalises, as the model was trained (see
+        :data:`~peft_grounded.decoding.heads.SIDSoftmax`); ``None`` reads it from the model's grounded
+        adapter. A model without one (merged) must say: ``True`` (the SID rows of ``index``, ``sft``'s
+        default), ``False`` (the whole vocabulary) or the rows' token ids."""
         from ..decoding import SIDTrie
         from ..evaluation.users import item_token_ids
         from ..prompts import PromptFormat
 
-        if num_beams < 1 or batch_size < 1:
-            raise ValueError(f"num_beams and batch_size must be >= 1, got {num_beams} and {batch_size}")
+        for name, value in (("num_beams", num_beams), ("batch_size", batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.index = index
         self.fmt = fmt or PromptFormat()
         self.catalogue = _catalogue(catalogue)
+        if self.fmt.with_titles and self.catalogue is None:
+            raise ValueError(
+                "this model's prompts carry item titles (its prompt format has with_titles=True), and no "
+                "catalogue was given: without the titles the prompts are not the ones it learnt. Pass "
+                "catalogue= (--catalogue) with the catalogue it was trained on"
+            )
         self.num_beams = num_beams
         self.batch_size = batch_size
         self.sids = item_token_ids(tokenizer, index)
         self.trie = SIDTrie(self.sids)
+        self.sid_rows = decoding_rows(model, tokenizer, index, self.trie, sid_softmax)
         self.new_item_rule: NewItemRule | None = None
         if new_item_rule is not None:
             self.set_new_item_rule(new_item_rule)
@@ -100,6 +131,7 @@ class GroundedRecommender:
         merge: bool = True,
         num_beams: int = DEFAULT_BEAMS,
         batch_size: int = 32,
+        sid_softmax: Any = None,
     ) -> GroundedRecommender:
         """Load a recommender from a folder or a Hub repo: a grounded adapter (with its ``sid_index/`` or
         ``sid_index=``), or a merged model folder written by :meth:`save_merged`.
@@ -113,8 +145,11 @@ class GroundedRecommender:
             device: ``"cpu"``, ``"cuda"``, ...; default CUDA when available. dtype: ``"auto"`` (bf16 on a GPU
                 that supports it, see :mod:`peft_grounded.precision`; float32 on a CPU, where bf16 served no
                 faster and changed the lists), ``"float32"`` or ``"bfloat16"``.
-            merge: fold the adapter into the base weights (the same outputs up to rounding, a faster forward).
+            merge: fold the adapter into the base weights (the same outputs up to rounding, a faster forward);
+                decoding keeps the normalisation the adapter was trained with either way.
             num_beams, batch_size: the beam width (at least ``k``) and users per decoding batch.
+            sid_softmax: ``None`` (default): decode as the adapter (or the merged folder's
+                ``grounded_serving.json``) records it was trained; ``True``/``False`` override that.
         """
         import torch
 
@@ -132,11 +167,13 @@ class GroundedRecommender:
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         torch_dtype = _dtype(dtype, device)
         if ADAPTER_CONFIG in source.files:
-            model, tokenizer, index, fmt = _load_adapter(
-                folder, source.where, sid_index, model_name_or_path, torch_dtype, merge
+            model, tokenizer, index, fmt, rows = _load_adapter(
+                folder, source.where, sid_index, model_name_or_path, torch_dtype, merge, sid_softmax
             )
         else:
-            model, tokenizer, index, fmt = _load_merged(folder, source.where, sid_index, torch_dtype)
+            model, tokenizer, index, fmt, rows = _load_merged(
+                folder, source.where, sid_index, torch_dtype, sid_softmax
+            )
         rule = NewItemRule.load(folder)
         if rule is not None:
             rule.check_index(index, source.where)
@@ -149,6 +186,7 @@ class GroundedRecommender:
             new_item_rule=rule,
             num_beams=num_beams,
             batch_size=batch_size,
+            sid_softmax=rows,
         )
         recommender._check_new_items(source.where)
         return recommender
@@ -239,40 +277,76 @@ class GroundedRecommender:
             users: names for the results and messages (default ``#0``, ``#1``, ...).
             skip_unknown: drop history items the SID index does not hold (counted in ``skipped``) instead of
                 refusing them.
+
+        Every input is checked (:meth:`check_request`) before anything is decoded.
         """
+        request = self.check_request(histories, k, candidates, users=users, skip_unknown=skip_unknown)
+        results: list[UserRecommendations | None] = [None] * len(request.names)
+        for trie, members in request.groups:
+            lists = self._decode(
+                [request.histories[u] for u in members], trie, k, exclude_history, show_progress
+            )
+            for u, (items, scores) in zip(members, lists, strict=True):
+                results[u] = self._result(request.names[u], items, scores, request.unknown[u])
+        return results  # type: ignore[return-value]
+
+    def check_request(
+        self,
+        histories: Sequence[Sequence[str]],
+        k: int = 10,
+        candidates: Iterable[str] | Sequence[Iterable[str]] | None = None,
+        *,
+        users: Sequence[str] | None = None,
+        skip_unknown: bool = False,
+    ) -> Request:
+        """Check a request as :meth:`recommend` takes it, decoding nothing: users, histories, ``k`` and
+        candidates; a bad value is a ``ValueError`` (:class:`HistoryInputError` for histories) naming it."""
         from ..decoding import SIDTrie
 
-        names = [str(u) for u in users] if users is not None else [f"#{u}" for u in range(len(histories))]
-        if len(names) != len(histories):
-            raise ValueError(f"{len(names)} user names for {len(histories)} histories")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be an integer >= 1, got {k!r}")
+        if isinstance(histories, (str, bytes)) or not isinstance(histories, Sequence):
+            raise HistoryInputError(
+                "histories is a list of histories (one list of item ids per user); for one user pass [history]"
+            )
+        names = check_user_names(users, len(histories))
         checked = check_histories(histories, self.index, skip_unknown=skip_unknown, users=names)
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
-        groups = self._candidate_groups(candidates, len(histories))
-        results: list[UserRecommendations | None] = [None] * len(histories)
-        for allowed, members in groups:
+        groups = []
+        for allowed, members in self._candidate_groups(candidates, len(names)):
             trie = self.trie if allowed is None else SIDTrie({i: self.sids[i] for i in allowed})
             if k > len(trie):
                 what = "catalogue" if allowed is None else "candidate set"
                 raise ValueError(f"k={k} exceeds the {what}'s {len(trie)} items; lower k")
-            lists = self._decode(
-                [checked.histories[u] for u in members], trie, k, exclude_history, show_progress
-            )
-            for u, (items, scores) in zip(members, lists, strict=True):
-                results[u] = self._result(names[u], items, scores, checked.unknown[u])
-        return results  # type: ignore[return-value]
+            groups.append((trie, members))
+        return Request(names, checked.histories, checked.unknown, groups)
 
     def _candidate_groups(self, candidates: Any, n: int) -> list[tuple[tuple[str, ...] | None, list[int]]]:
         if candidates is None:
             return [(None, list(range(n)))]
+        if isinstance(candidates, (str, bytes)):
+            raise ValueError(
+                f"candidates={candidates!r} is one string, not a collection of item ids: pass a list "
+                f"([{candidates!r}] for that one item), or one list per user"
+            )
         candidates = list(candidates)
         per_user = bool(candidates) and not isinstance(candidates[0], (str, bytes, int))
-        sets = [tuple(dict.fromkeys(str(i) for i in c)) for c in candidates] if per_user else None
+        if per_user:
+            for u, group in enumerate(candidates):
+                if isinstance(group, (str, bytes)) or not isinstance(group, Iterable):
+                    raise ValueError(
+                        f"candidates[{u}] is {group!r}: give one list of item ids per user, or one list for all"
+                    )
+        groups_in = [list(c) for c in candidates] if per_user else [candidates]
+        for group in groups_in:
+            bad = [i for i in group if isinstance(i, bool) or not isinstance(i, (str, int))]
+            if bad:
+                raise ValueError(f"candidates hold {bad[:3]}, which are not item ids (strings or integers)")
+        sets = [tuple(dict.fromkeys(str(i) for i in c)) for c in groups_in]
         if per_user and len(sets) != n:
             raise ValueError(
                 f"{len(sets)} candidate sets for {n} histories: give one per user, or one for all"
             )
-        sets = sets or [tuple(dict.fromkeys(str(i) for i in candidates))] * n
+        sets = sets if per_user else sets * n
         groups: dict[tuple[str, ...], list[int]] = {}
         for u, allowed in enumerate(sets):
             unknown = [i for i in allowed if i not in self.index]
@@ -286,52 +360,71 @@ class GroundedRecommender:
     def _decode(
         self, histories: list[list[str]], trie: Any, k: int, exclude_history: bool, show_progress: bool
     ) -> list[tuple[list[Hashable], list[float]]]:
-        """Lists of ``k`` (items, scores) per history: beams wide enough for the history items left out (a
-        user whose list comes up short is decoded again with ``k`` + their history's width)."""
-        rule = self.new_item_rule
-        excluding = exclude_history or rule is not None
+        """Lists of ``k`` (items, scores) per history: the model alone through the package's one top-k
+        route (:func:`~peft_grounded.decoding.top_k.top_k_lists`, as ``evaluate`` decodes), or the new-item
+        rule's mixture with beams wide enough for the history items left out."""
+        if self.new_item_rule is None:
+            from ..decoding.top_k import top_k_lists
+
+            found = top_k_lists(
+                self.model,
+                self.tokenizer,
+                self._prompts(histories),
+                trie,
+                k=k,
+                num_beams=self.num_beams,
+                exclude=histories if exclude_history else None,
+                batch_size=self.batch_size,
+                sid_softmax=self.sid_rows,
+                show_progress=show_progress,
+            )
+            return list(zip(found.items, found.scores, strict=True))
         beams = min(len(trie), max(self.num_beams, k))
-        lists = self._search(histories, trie, beams, k, excluding, show_progress)
+        lists = self._search(histories, trie, beams, k, show_progress)
         short = [u for u, (items, _) in enumerate(lists) if len(items) < k]
         for u in short:
             wide = min(len(trie), beams + len({i for i in histories[u] if i in trie}))
             if wide > beams:
-                lists[u] = self._search([histories[u]], trie, wide, k, excluding, False)[0]
+                lists[u] = self._search([histories[u]], trie, wide, k, False)[0]
         return lists
 
     def _search(
-        self, histories: list[list[str]], trie: Any, beams: int, k: int, excluding: bool, show_progress: bool
+        self, histories: list[list[str]], trie: Any, beams: int, k: int, show_progress: bool
     ) -> list[tuple[list[Hashable], list[float]]]:
         rule = self.new_item_rule
-        if rule is not None and rule.beams == "text":  # the rule chose text KNN on the log: no model run
+        if rule.beams == "text":  # the rule chose text KNN on the log: no model run
             recs = rule.mixture.text_beams(histories, beams, trie)
         else:
             recs = self._model_beams(histories, trie, beams, show_progress)
-        if rule is not None:
-            recs = rule.apply(recs, histories, k)
+        recs = rule.apply(recs, histories, k)
         out = []
         for history, items, scores in zip(histories, recs.items, recs.scores, strict=True):
-            seen = set(history) if excluding else set()
+            seen = set(history)
             pairs = [(i, s) for i, s in zip(items, scores, strict=True) if i not in seen and i in trie]
             out.append(([i for i, _ in pairs[:k]], [s for _, s in pairs[:k]]))
         return out
 
-    def _model_beams(self, histories: list[list[str]], trie: Any, beams: int, show_progress: bool) -> Any:
-        """The model's ``beams`` best items per history (:class:`~peft_grounded.decoding.Recommendations`)."""
-        from ..decoding import recommend
+    def _prompts(self, histories: list[list[str]]) -> list[Any]:
         from ..prompts import inference_prompts
 
         examples = [(str(u), h, None) for u, h in enumerate(histories)]
         _, prompts, _ = inference_prompts(examples, self.index, self.tokenizer, self.catalogue, self.fmt)
+        return prompts
+
+    def _model_beams(self, histories: list[list[str]], trie: Any, beams: int, show_progress: bool) -> Any:
+        """The model's ``beams`` best items per history (:class:`~peft_grounded.decoding.Recommendations`)."""
+        from ..decoding import recommend
+
         return recommend(
             self.model,
             self.tokenizer,
-            prompts,
+            self._prompts(histories),
             trie,
             k=beams,
             num_beams=beams,
             batch_size=self.batch_size,
             show_progress=show_progress,
+            sid_softmax=self.sid_rows,
         )
 
     def _result(
@@ -362,7 +455,8 @@ class GroundedRecommender:
 
     def save_merged(self, folder: str | Path) -> Path:
         """Write a merged model folder that :meth:`from_pretrained` loads: the model (adapter folded in,
-        safetensors), its tokenizer, ``sid_index/``, the prompt format and the new-item rule; atomically."""
+        safetensors), its tokenizer, ``sid_index/``, the new-item rule, and ``grounded_serving.json``: the
+        prompt format and the rows each decoding step normalises over; atomically."""
         import shutil
 
         from .._io import make_temp_dir, swap_dir_into_place
@@ -376,7 +470,12 @@ class GroundedRecommender:
             model.save_pretrained(tmp, safe_serialization=True)
             self.tokenizer.save_pretrained(tmp)
             self.index.save(tmp / "sid_index")
-            record = {"prompt_format": asdict(self.fmt), "sid_index_fingerprint": self.index.fingerprint()}
+            record = {
+                "format": SERVING_FORMAT,
+                "prompt_format": asdict(self.fmt),
+                "sid_index_fingerprint": self.index.fingerprint(),
+                "sid_token_ids": None if self.sid_rows is False else self.sid_rows.tolist(),
+            }
             (tmp / SERVING_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
             if self.new_item_rule is not None:
                 self.new_item_rule.save(tmp)
@@ -469,11 +568,20 @@ def _base_path(config: Any, folder: Path) -> str:
 
 
 def _load_adapter(
-    folder: Path, where: str, sid_index: Any, model_path: str | None, dtype: Any, merge: bool
-) -> tuple[Any, Any, Any, Any]:
+    folder: Path,
+    where: str,
+    sid_index: Any,
+    model_path: str | None,
+    dtype: Any,
+    merge: bool,
+    sid_softmax: Any,
+) -> tuple[Any, Any, Any, Any, Any]:
+    """``(model, tokenizer, index, prompt format, rows)``: the rows each step normalises over are read from
+    the adapter before a merge folds it away (``False``: the whole vocabulary)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..adapter.loading import check_model_dir, prompt_format_of
+    from ..decoding.heads import sid_rows
     from ..hub.load import load_grounded
     from ..hub.repo import read_adapter_config
 
@@ -487,30 +595,40 @@ def _load_adapter(
     model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, use_safetensors=True)
     model = load_grounded(model, tokenizer, folder)
     fmt = prompt_format_of(model)
+    rows = sid_rows(model, sid_softmax)
     if merge:
         model = model.merge_and_unload()
-    return model, tokenizer, index, fmt
+    return model, tokenizer, index, fmt, False if rows is None else rows
 
 
-def _load_merged(folder: Path, where: str, sid_index: Any, dtype: Any) -> tuple[Any, Any, Any, Any]:
+def _load_merged(
+    folder: Path, where: str, sid_index: Any, dtype: Any, sid_softmax: Any
+) -> tuple[Any, Any, Any, Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .._io import read_json
     from ..adapter.loading import check_model_dir
     from ..prompts import PromptFormat
 
     check_model_dir(folder, "path_or_hub_id")
     index = _index(sid_index, folder, where)
+    record = read_serving_record(folder, where)
+    if record is None and sid_softmax is None:
+        raise ValueError(
+            f"the merged model in the {where} has no {SERVING_RECORD}, so how it was trained to normalise each "
+            "SID step (and its prompt format) is unknown, and a guess serves other lists: save merged models "
+            "with GroundedRecommender.save_merged, or pass sid_softmax=True (sft's default) or False"
+        )
     fmt = PromptFormat()
-    if (folder / SERVING_RECORD).is_file():
-        record = read_json(folder / SERVING_RECORD)
-        fmt = PromptFormat.from_record(record.get("prompt_format", {}), str(folder / SERVING_RECORD))
-        recorded = record.get("sid_index_fingerprint")
-        if recorded is not None and recorded != index.fingerprint():
+    if record is not None:
+        fmt = PromptFormat.from_record(record["prompt_format"], str(folder / SERVING_RECORD))
+        if record["sid_index_fingerprint"] != index.fingerprint():
             raise ValueError(
-                f"the merged model in the {where} was saved with SID index {recorded}, not this one "
-                f"({index.fingerprint()}): its SID tokens carry other items' codes; use the index saved with it"
+                f"the merged model in the {where} was saved with SID index {record['sid_index_fingerprint']}, "
+                f"not this one ({index.fingerprint()}): its SID tokens carry other items' codes; use the index "
+                "saved with it"
             )
+        if sid_softmax is None:
+            sid_softmax = record["sid_token_ids"] or False
     else:
         warnings.warn(
             f"the {where} has no {SERVING_RECORD}: the default prompt format is used, which may not be the one "
@@ -526,7 +644,67 @@ def _load_merged(folder: Path, where: str, sid_index: Any, dtype: Any) -> tuple[
             "this index is not the one the model was merged with"
         )
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, use_safetensors=True)
-    return model, tokenizer, index, fmt
+    return model, tokenizer, index, fmt, sid_softmax
 
 
-__all__ = ["RULE_FILES", "SERVING_RECORD", "GroundedRecommender", "UserRecommendations"]
+def read_serving_record(folder: Path, where: str) -> dict[str, Any] | None:
+    """A merged folder's ``grounded_serving.json``, checked field by field (``None`` when absent)."""
+    from .._io import read_json
+
+    path = folder / SERVING_RECORD
+    if not path.is_file():
+        return None
+    fix = f"write the folder again with GroundedRecommender.save_merged, or delete {SERVING_RECORD}"
+    record = read_json(path, fix=fix)
+    if not isinstance(record, dict):
+        raise ValueError(f"{path} holds a JSON {type(record).__name__}, not a serving record; {fix}")
+    missing = [name for name in SERVING_FIELDS if name not in record]
+    extra = [name for name in record if name not in SERVING_FIELDS]
+    if missing or extra:
+        raise ValueError(f"{path}: missing fields {missing}, unknown fields {extra}; {fix}")
+    for name, kind in SERVING_FIELDS.items():
+        if isinstance(record[name], bool) or not isinstance(record[name], kind):
+            raise ValueError(f"{path}: field {name!r} is {record[name]!r}, of the wrong type; {fix}")
+    if record["format"] != SERVING_FORMAT:
+        raise ValueError(f"{path} is of format {record['format']}, not {SERVING_FORMAT}; {fix}")
+    rows = record["sid_token_ids"]
+    if rows is not None and (
+        not rows or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in rows)
+    ):
+        raise ValueError(f"{path}: sid_token_ids must be a non-empty list of token ids or null; {fix}")
+    return record
+
+
+def decoding_rows(model: Any, tokenizer: Any, index: Any, trie: Any, sid_softmax: Any) -> Any:
+    """The sorted token ids each decoding step of ``model`` normalises over, or ``False`` for the whole
+    vocabulary (see :class:`GroundedRecommender`); checked to cover every SID token of ``trie``."""
+    import torch
+
+    from ..decoding.heads import StepHead, sid_rows
+
+    grounded = hasattr(getattr(model, "base_model", None), "sid_token_ids")
+    if sid_softmax is None and not grounded:
+        raise ValueError(
+            "this model carries no grounded adapter, so how it was trained to normalise each SID step is "
+            "unknown: pass sid_softmax=True (the SID-only softmax, sft's default), False (the whole vocabulary) "
+            "or the SID rows' token ids. GroundedRecommender.from_pretrained reads it from the adapter"
+        )
+    if sid_softmax is True and not grounded:
+        rows: torch.Tensor | None = torch.tensor(
+            sorted(tokenizer.convert_tokens_to_ids(index.token_strings)), dtype=torch.long
+        )
+    else:
+        rows = sid_rows(model, sid_softmax)
+    if rows is None:
+        return False
+    vocab = model.get_output_embeddings().weight.shape[0]
+    if int(rows.max()) >= vocab:
+        raise ValueError(
+            f"sid_softmax names token id {int(rows.max())}, beyond the model's {vocab} output rows: pass the "
+            "SID rows of this model (or load it with the record saved beside it)"
+        )
+    StepHead(model, rows).check(trie)
+    return rows
+
+
+__all__ = ["RULE_FILES", "SERVING_RECORD", "GroundedRecommender", "Request", "UserRecommendations"]
