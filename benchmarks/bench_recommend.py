@@ -3,15 +3,19 @@
     OMP_NUM_THREADS=1 python benchmarks/bench_recommend.py --blocks 8 30 --users 12 --batch-users 32
 
 For each base (the first ``--blocks`` decoder blocks of SmolLM2-135M, ``recommend/shallow_base.py``): a
-centroid-initialised grounded adapter with a LoRA (r 8) on SIDs of ML-100K (seeded Gaussian item vectors
+centroid-initialised grounded adapter with a LoRA (r 8), recorded as trained under the SID-only softmax as
+``sft`` trains by default (``--full-vocabulary``: decoded over the whole vocabulary), on SIDs of ML-100K (seeded Gaussian item vectors
 through RQ-KMeans 3 x 64 + a disambiguation level: 4 tokens per SID, 1,682 items; the speed does not depend
 on what the vectors mean), saved and loaded back with ``GroundedRecommender.from_pretrained`` (adapter
 merged). Two engines on that one model object:
 
 * ``recommender``: ``GroundedRecommender.recommend(k=10, exclude_history=False)`` (the package's
   constrained beam search, ``decoding/beam.py``);
-* ``generate``: ``model.generate(num_beams=20, num_return_sequences=10, prefix_allowed_tokens_fn=...)`` over
-  the same trie (``SIDTrie.allowed_tokens``), greedy, no length penalty: the path users find first.
+* ``generate``: ``model.generate(num_beams=20, num_return_sequences=10)`` over the same trie, greedy, no
+  length penalty: with ``prefix_allowed_tokens_fn`` (``SIDTrie.allowed_tokens``), the path users find first,
+  or, under the SID-only softmax, the package's ``SIDConstraintLogitsProcessor`` renormalising each step.
+
+The unmerged adapter (``merge=False``) decodes the batch once more: its lists must be the merged default's.
 
 Both see the same prompts (the adapter's prompt format, seeded ML-100K test histories), 20 beams. Batch 1:
 each user decoded alone, the engines alternating user by user (per-user latency p50 / p95). Batch 32: the
@@ -31,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import LogitsProcessorList
 
 from peft_grounded import assets
 from peft_grounded._scripts import parse_script_args
@@ -38,8 +43,10 @@ from peft_grounded.adapter import add_lora
 from peft_grounded.adapter.loading import sid_model
 from peft_grounded.decoding import isolated_generation
 from peft_grounded.decoding.generation import left_pad
+from peft_grounded.decoding.processor import SIDConstraintLogitsProcessor
 from peft_grounded.prompts import inference_prompts
 from peft_grounded.recommend.shallow_base import shallow_base
+from peft_grounded.recommend.trainer import record_sid_softmax
 from peft_grounded.serving import GroundedRecommender
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
@@ -56,6 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--beams", type=int, default=20)
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"])
+    parser.add_argument(
+        "--full-vocabulary", action="store_true", help="an adapter decoded over the whole vocabulary"
+    )
     parser.add_argument("--output", type=Path, default=Path("runs/bench_recommend"))
     return parse_script_args(parser, argv)
 
@@ -69,16 +79,21 @@ def index_for(catalogue, folder: Path) -> SIDIndex:
     )
 
 
-def adapter_for(base: Path, index: SIDIndex, folder: Path) -> Path:
+def adapter_for(base: Path, index: SIDIndex, folder: Path, sid_softmax: bool) -> Path:
+    """The recipe's adapter: centroid rows, a LoRA (r 8), trained under the SID-only softmax (``sft``'s
+    default) unless ``--full-vocabulary``; the speed does not depend on the weights' values."""
     if not (folder / "adapter_config.json").is_file():
         _, model = sid_model(str(base), index, init="centroid")
         add_lora(model, r=8, lora_alpha=16)
+        record_sid_softmax(model, sid_softmax)
         model.save_pretrained(folder)
     return folder
 
 
 def generate_top(recommender: GroundedRecommender, prompts: list[str], beams: int, k: int) -> list[list[str]]:
-    """transformers' beam search with ``prefix_allowed_tokens_fn`` over the recommender's trie."""
+    """transformers' beam search over the recommender's trie: ``prefix_allowed_tokens_fn`` for a model
+    decoded over the whole vocabulary; for one trained under the SID-only softmax, the package's logits
+    processor, which renormalises each step over the SID rows before constraining it."""
     model, tokenizer, trie = recommender.model, recommender.tokenizer, recommender.trie
     encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -88,6 +103,12 @@ def generate_top(recommender: GroundedRecommender, prompts: list[str], beams: in
     def allowed(_batch: int, ids: torch.Tensor) -> list[int]:
         return trie.allowed_tokens(ids[width:].tolist())
 
+    constraint: dict = {"prefix_allowed_tokens_fn": allowed}
+    if recommender.sid_rows is not False:
+        rows = recommender.sid_rows
+        constraint = {
+            "logits_processor": LogitsProcessorList([SIDConstraintLogitsProcessor(trie, width, rows)])
+        }
     with isolated_generation(model), torch.no_grad():
         out = model.generate(
             input_ids=input_ids,
@@ -98,8 +119,8 @@ def generate_top(recommender: GroundedRecommender, prompts: list[str], beams: in
             do_sample=False,
             length_penalty=0.0,
             early_stopping=False,
-            prefix_allowed_tokens_fn=allowed,
             pad_token_id=pad,
+            **constraint,
         )
     new = out[:, width:].view(len(prompts), k, -1).tolist()
     return [[trie.item_of(seq[: trie.max_length]) for seq in user] for user in new]
@@ -117,16 +138,12 @@ def bench(blocks: int, args, catalogue, index, histories) -> dict:
         if blocks < 30
         else assets.smollm2()
     )
-    adapter = adapter_for(base, index, args.output / f"adapter-{blocks}")
-    recommender = GroundedRecommender.from_pretrained(
-        adapter,
-        sid_index=index,
-        model_name_or_path=str(base),
-        device="cpu",
-        dtype=args.dtype,
-        num_beams=args.beams,
-        batch_size=args.batch_users,
-    )
+    name = "full" if args.full_vocabulary else "sid"
+    adapter = adapter_for(base, index, args.output / f"adapter-{blocks}-{name}", not args.full_vocabulary)
+    load = dict(sid_index=index, model_name_or_path=str(base), device="cpu", dtype=args.dtype)
+    load |= dict(num_beams=args.beams, batch_size=args.batch_users)
+    recommender = GroundedRecommender.from_pretrained(adapter, **load)  # merged, the default
+    unmerged = GroundedRecommender.from_pretrained(adapter, merge=False, **load)
     examples = [(str(u), h, None) for u, h in enumerate(histories)]
     _, prompts, _ = inference_prompts(examples, index, recommender.tokenizer, None, recommender.fmt)
     ours = lambda hs: [r.items for r in recommender.recommend(hs, k=args.k, exclude_history=False)]  # noqa: E731
@@ -159,7 +176,12 @@ def bench(blocks: int, args, catalogue, index, histories) -> dict:
             batched[engine] = got
     same1, over1 = compare(lists["recommender"], lists["generate"], args.k)
     same32, over32 = compare(batched["recommender"], batched["generate"], args.k)
+    start = time.perf_counter()
+    plain = [r.items for r in unmerged.recommend(batch, k=args.k, exclude_history=False)]
+    unmerged_ups = len(batch) / (time.perf_counter() - start)
     return {
+        "unmerged": (compare(batched["recommender"], plain, args.k)[0], unmerged_ups),
+        "sid_softmax": recommender.sid_rows is not False,
         "blocks": blocks,
         "dtype": str(next(recommender.model.parameters()).dtype).removeprefix("torch."),
         "p50": {e: statistics.median(v) for e, v in lat.items()},
@@ -201,6 +223,12 @@ def main(argv=None) -> None:
                 f"| {r['ups'][engine]:.2f} | {ratio:.2f}x | {same} | {overlap} |"
             )
     print(f"\nprompt tokens (mean): {statistics.mean(r['prompt_tokens'] for r in rows):.0f}")
+    for r in rows:
+        same, ups = r["unmerged"]
+        print(
+            f"{r['blocks']} blocks, SID-only softmax {r['sid_softmax']}: unmerged adapter {ups:.2f} users/s at "
+            f"batch {args.batch_users}, top-{args.k} lists identical to the merged default's: {same:.0%}"
+        )
 
 
 if __name__ == "__main__":

@@ -469,4 +469,16 @@ def test_the_benchmark_compares_like_with_like(world):
     )
     theirs = bench_recommend.generate_top(recommender, prompts, beams=8, k=5)
     assert bench_recommend.compare(ours, theirs, 5) == (1.0, 1.0)
+    # and under the SID-only softmax (the recipe's adapters): generate renormalises over the same rows
+    sid = GroundedRecommender(
+        recommender.model,
+        recommender.tokenizer,
+        recommender.index,
+        recommender.fmt,
+        num_beams=8,
+        sid_softmax=True,
+    )
+    ours = [r.items for r in sid.recommend(histories, k=5, exclude_history=False)]
+    theirs = bench_recommend.generate_top(sid, prompts, beams=8, k=5)
+    assert bench_recommend.compare(ours, theirs, 5) == (1.0, 1.0)
     assert bench_recommend.compare([["a", "b"]], [["b", "c"]], 2) == (0.0, 0.5)

@@ -89,3 +89,49 @@ def test_fresh_processes_recommend_from_a_folder_and_the_hub(grown_folder, hub_e
     assert cli.returncode == 0, cli.stderr[-3000:]
     lines = (tmp_path / "out" / "recommendations.jsonl").read_text().splitlines()
     assert [json.loads(line)["user"] for line in lines] == list(LOGGED)
+
+
+def test_served_recall_is_the_evaluated_recall_on_smollm2(tmp_path):
+    """On the real SmolLM2 with an adapter that trained under the SID-only softmax: the default (merged)
+    recommender's test Recall@5 equals `evaluate`'s, user by user; decoding it over the whole vocabulary (what
+    the merge silently did before) serves other lists."""
+    import torch
+    from helpers.toy_catalogue import toy_catalogue, toy_index
+
+    from peft_grounded import GroundedRecommender, add_lora, assets
+    from peft_grounded.adapter.loading import sid_model
+    from peft_grounded.evaluation import EvalSettings
+    from peft_grounded.evaluation.evaluator import evaluate_adapter
+    from peft_grounded.evaluation.metrics import target_rank
+    from peft_grounded.recommend.trainer import record_sid_softmax
+
+    catalogue = toy_catalogue()
+    index = toy_index(catalogue)
+    _, model = sid_model(str(assets.smollm2()), index, init="centroid")
+    add_lora(model, r=4, target_modules=["q_proj", "v_proj"])
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # "trained": every trainable weight moved off its start
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.02 * torch.randn(p.shape, generator=generator))
+    record_sid_softmax(model, True)
+    model.save_pretrained(tmp_path / "adapter")
+    index.save(tmp_path / "adapter" / "sid_index")
+
+    settings = EvalSettings(ks=[5], num_beams=10, cold=False, exclude_history=True)
+    evaluated = evaluate_adapter(str(tmp_path / "adapter"), index, catalogue, settings, parts=("test",))
+    records = {r["user"]: r for r in evaluated.users["test"]}
+    split = catalogue.leave_one_out().users
+    histories, users = [[*u.history, u.valid] for u in split], [u.user_id for u in split]
+    served = GroundedRecommender.from_pretrained(tmp_path / "adapter", num_beams=10)  # merged, the default
+    lists = {r.user: r.items for r in served.recommend(histories, k=5, users=users)}
+    assert lists == {u: r["items"] for u, r in records.items()}
+    ranks = {u.user_id: target_rank(lists[u.user_id], u.test) for u in split}
+    assert ranks == {u: r["rank"] for u, r in records.items()}
+    recall = sum(r is not None for r in ranks.values()) / len(ranks)
+    assert recall == evaluated.metrics["test"]["all"]["recall@5"]
+    full_vocabulary = GroundedRecommender.from_pretrained(
+        tmp_path / "adapter", num_beams=10, sid_softmax=False
+    )
+    other = {r.user: r.items for r in full_vocabulary.recommend(histories, k=5, users=users)}
+    assert other != lists

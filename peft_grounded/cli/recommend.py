@@ -3,9 +3,11 @@
 
 One history (``--history 1,2,3``) prints a readable list; a JSONL file of users (``--histories users.jsonl``,
 ``{"user": ..., "history": [...]}`` per line) writes ``OUTPUT_DIR/recommendations.jsonl``, one line per user,
-with a progress bar. That run resumes: finished users are kept in ``recommendations.jsonl.partial`` (a torn
-last line is dropped) and skipped by the next run with the same settings; the final file appears complete or
-not at all. The flags are the fields of :class:`RecommendArguments`, parsed by TRL's parser; ``--config
+with a progress bar. Every input is checked before the first file is written. That run resumes: finished
+users are kept in ``recommendations.jsonl.partial`` (a torn last line is dropped), and a rerun with the same
+settings reuses a user's line only when its ``key`` (the sha256 of the settings, the user and the history)
+matches; the final file appears complete or not at all. A folder holding results without their settings
+record is refused, its files untouched. The flags are the fields of :class:`RecommendArguments`, parsed by TRL's parser; ``--config
 recommend.yaml`` gives any of them.
 """
 
@@ -90,14 +92,23 @@ class RecommendArguments:
         metadata={"help": "Weights' dtype; auto: bf16 on a GPU that has it, float32 on a CPU."},
     )
     revision: str | None = field(default=None, metadata={"help": "Hub revision of the adapter repo."})
+    sid_softmax: bool | None = field(
+        default=None,
+        metadata={
+            "help": "How each SID step normalises: None reads it from the adapter (or a merged folder's "
+            "grounded_serving.json); true: over the SID rows (sft's default), false: the whole vocabulary. "
+            "A merged folder without grounded_serving.json needs it."
+        },
+    )
 
     def __post_init__(self) -> None:
         if (self.history is None) == (self.histories is None):
             raise ValueError("give one of --history ID,ID,... (one user) or --histories users.jsonl (many)")
         if self.histories is not None and self.output_dir is None:
             raise ValueError(f"--histories writes {OUTPUT}: pass --output_dir DIR")
-        if self.k < 1:
-            raise ValueError(f"--k must be >= 1, got {self.k}")
+        for flag in ("k", "num_beams", "decode_batch_size"):
+            if getattr(self, flag) < 1:
+                raise ValueError(f"--{flag} must be >= 1, got {getattr(self, flag)}")
 
     def settings(self) -> dict[str, Any]:
         """What a resumed run must share with the one it continues."""
@@ -111,7 +122,9 @@ class RecommendArguments:
             "skip_unknown",
         )
         keys += ("num_beams", "dtype")
-        return {key: getattr(self, key) for key in keys} | {"revision": self.revision}
+        # sid_softmax only when given: the folders of earlier runs recorded no such key
+        chosen = {} if self.sid_softmax is None else {"sid_softmax": self.sid_softmax}
+        return {key: getattr(self, key) for key in keys} | {"revision": self.revision} | chosen
 
 
 def run(args: RecommendArguments) -> int:
@@ -120,8 +133,27 @@ def run(args: RecommendArguments) -> int:
 
     from .._locks import output_lock
 
+    if args.output_dir:
+        _check_output_dir(Path(args.output_dir))  # before the lock, which is made beside the folder
     with output_lock(args.output_dir, NAME) if args.output_dir else nullcontext():
         return _run(args)
+
+
+def _check_output_dir(out: Path) -> None:
+    """Refuse an output folder that is a file or a link, lies under a file, or cannot be written."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ValueError(
+            f"--output_dir {out} is {'a link' if out.is_symlink() else 'a file'}; choose a folder"
+        )
+    existing = out if out.exists() else next(p for p in out.absolute().parents if p.exists())
+    if not existing.is_dir():
+        raise ValueError(
+            f"--output_dir {out}: {existing} is a file, so no folder can be made there; choose a folder"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(
+            f"--output_dir {out}: {existing} is not writable; choose a folder you can write"
+        )
 
 
 def _run(args: RecommendArguments) -> int:
@@ -137,6 +169,7 @@ def _run(args: RecommendArguments) -> int:
     done: dict[str, dict[str, Any]] = {}
     if out is not None:  # checked before anything loads; nothing is written until every input is checked
         done = _resume(out, args)
+    _check_model_files(args)
     recommender = GroundedRecommender.from_pretrained(
         args.adapter,
         sid_index=args.sid_index,
@@ -147,6 +180,7 @@ def _run(args: RecommendArguments) -> int:
         dtype=args.dtype,
         num_beams=args.num_beams,
         batch_size=args.decode_batch_size,
+        sid_softmax=args.sid_softmax,
     )
     if args.interactions:
         rule = recommender.fit_new_items(read_histories(args.interactions)[1])
@@ -161,6 +195,28 @@ def _run(args: RecommendArguments) -> int:
     if args.history is not None:
         _print_one(_from_line(lines[0]))
     return 0
+
+
+def _check_model_files(args: RecommendArguments) -> None:
+    """Refuse, naming the flag, a ``--model_name_or_path`` path that is not there (else taken for a Hub id)
+    and a local merged folder that cannot say how it decodes (no record, no ``--sid_softmax``)."""
+    from ..hub.repo import ADAPTER_CONFIG
+    from ..serving.recommender import SERVING_RECORD
+
+    model = args.model_name_or_path
+    if model is not None and (model.startswith((".", "/", "~")) or Path(model).expanduser().exists()):
+        from ..adapter.loading import check_model_dir
+
+        check_model_dir(model, "--model_name_or_path")
+    folder = Path(args.adapter).expanduser()
+    merged = folder.is_dir() and not (folder / ADAPTER_CONFIG).exists() and (folder / "config.json").is_file()
+    if merged and args.sid_softmax is None and not (folder / SERVING_RECORD).exists():
+        raise ValueError(
+            f"--adapter {folder} is a merged model without {SERVING_RECORD} (which GroundedRecommender."
+            "save_merged writes), so how it was trained to normalise each SID step is unknown and a guess serves "
+            "other lists: pass --sid_softmax true (over the SID rows, sft's default) or --sid_softmax false (the "
+            "whole vocabulary), as it was trained"
+        )
 
 
 def _print_one(result: Any) -> None:
@@ -194,15 +250,7 @@ def _resume(out: Path, args: RecommendArguments) -> dict[str, dict[str, Any]]:
     :func:`request_key`)."""
     from .._io import read_json
 
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise ValueError(
-            f"--output_dir {out} is {'a link' if out.is_symlink() else 'a file'}; choose a folder"
-        )
-    writable = out if out.exists() else next(p for p in out.absolute().parents if p.exists())
-    if not os.access(writable, os.W_OK | os.X_OK):
-        raise PermissionError(
-            f"--output_dir {out}: {writable} is not writable; choose a folder you can write"
-        )
+    _check_output_dir(out)
     settings = out / SETTINGS
     ours = [out / OUTPUT, out / (OUTPUT + ".partial")]
     if not settings.is_file():
@@ -214,11 +262,21 @@ def _resume(out: Path, args: RecommendArguments) -> dict[str, dict[str, Any]]:
                 f"{', '.join(found)} there to start over (nothing was changed)"
             )
         return {}
-    recorded = read_json(settings, fix=f"delete {OUTPUT}* and {SETTINGS} in {out} to start over")
-    if recorded != args.settings():
+    start_over = f"delete {OUTPUT}* and {SETTINGS} in {out} to start over"
+    recorded = read_json(settings, fix=start_over)
+    if not isinstance(recorded, dict):
         raise ValueError(
-            f"{out} holds recommendations made with other settings ({recorded}); choose another --output_dir, "
-            f"or delete {OUTPUT}* and {SETTINGS} there to start over"
+            f"{settings} holds a JSON {type(recorded).__name__}, not this command's settings; {start_over}"
+        )
+    now = args.settings()
+    if recorded != now:
+        changed = [key for key in {**recorded, **now} if recorded.get(key, "unset") != now.get(key, "unset")]
+        said = ", ".join(
+            f"{key} {recorded.get(key, 'unset')!r} then, {now.get(key, 'unset')!r} now" for key in changed
+        )
+        raise ValueError(
+            f"{out} holds recommendations made with other settings ({said}); choose another --output_dir, "
+            f"or {start_over} (nothing was changed)"
         )
     done: dict[str, dict[str, Any]] = {}
     for path in ours:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .repo import (
     ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
     SID_INDEX_DIR,
     GroundedHubError,
     fetch_adapter,
@@ -43,6 +45,7 @@ def load_grounded(
     from peft import PeftModel
 
     source, folder, config = fetch_adapter(repo_id_or_path, revision=revision, token=token)
+    check_weights(Path(folder) / ADAPTER_WEIGHTS)
     prepare_base(config, base_model, tokenizer, where=source.where)
     return PeftModel.from_pretrained(
         base_model, str(folder), adapter_name=adapter_name, is_trainable=is_trainable
@@ -56,7 +59,15 @@ def load_sid_index(
     from ..sids.index import JSON_NAME, SIDIndex
 
     source = open_source(repo_id_or_path, revision=revision, token=token)
-    if f"{SID_INDEX_DIR}/{JSON_NAME}" not in source.files:
+    # a local sid_index/ may be a link to the index's folder: a folder's listing does not enter links
+    linked = source.folder is not None and (source.folder / SID_INDEX_DIR / JSON_NAME).is_file()
+    if f"{SID_INDEX_DIR}/{JSON_NAME}" not in source.files and not linked:
+        link = source.folder / SID_INDEX_DIR if source.folder is not None else None
+        if link is not None and link.is_symlink():
+            raise GroundedHubError(
+                f"{link} is a link to {os.readlink(link)}, which holds no SID index ({JSON_NAME}): point it at "
+                "the index's folder, or pass the index (sid_index=..., --sid_index DIR)"
+            )
         raise GroundedHubError(
             f"The {source.where} has no SID index ({SID_INDEX_DIR}/{JSON_NAME}); its model card may say where "
             "the index is."
@@ -69,6 +80,20 @@ def load_sid_index(
         config = read_adapter_config(source.fetch((ADAPTER_CONFIG,)), source.where)
         check_index_version(config, index, source.where)
     return index
+
+
+def check_weights(path: Path) -> None:
+    """Raise, naming ``path``, unless it opens as a whole safetensors file (a truncated download or copy
+    fails here, before the base model is changed)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as weights:
+            weights.keys()
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        raise GroundedHubError(
+            f"{path} cannot be read ({err}): truncated or corrupted; save the adapter again (or pull it again)"
+        ) from None
 
 
 def _name(model: nn.Module) -> str:

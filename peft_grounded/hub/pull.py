@@ -28,14 +28,30 @@ def pull_grounded(
     from .._locks import output_lock
 
     target = Path(local_dir).expanduser()
+    _check_target(target)  # before the lock, which is made beside the folder
     with output_lock(target, "pull"):
         return _pull(repo_id, target, revision, token, overwrite)
+
+
+def _check_target(target: Path) -> None:
+    """Refuse a target that is a file (``overwrite`` replaces folders only) or lies under one."""
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        raise GroundedHubError(
+            f"{str(target)!r} is {'a link' if target.is_symlink() else 'a file'}, not a folder; pull into a folder "
+            "(--overwrite replaces folders only)."
+        )
+    existing = next(p for p in target.absolute().parents if p.exists())
+    if not existing.is_dir():
+        raise GroundedHubError(
+            f"{str(existing)!r} is a file, so no folder {str(target)!r} can be made; pull into a folder."
+        )
 
 
 def _pull(
     repo_id: str, target: Path, revision: str | None, token: str | bool | None, overwrite: bool
 ) -> Path:
-    if target.exists() and (not target.is_dir() or (any(target.iterdir()) and not overwrite)):
+    _check_target(target)
+    if target.exists() and any(target.iterdir()) and not overwrite:
         raise GroundedHubError(
             f"{str(target)!r} exists and is not empty; pass overwrite=True (--overwrite) to replace it, or another folder."
         )

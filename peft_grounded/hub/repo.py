@@ -8,7 +8,6 @@ Pickled weights (``*.bin``, ``*.pt``, ...) are never fetched nor loaded.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,12 +101,14 @@ def check_adapter_files(files: list[str], where: str) -> None:
 
 def read_adapter_config(folder: Path, where: str):
     """The folder's :class:`~peft_grounded.GroundedTokenConfig`; raises if it is another kind of adapter."""
+    from .._io import read_json
     from ..adapter import GroundedTokenConfig
 
     path = Path(folder) / ADAPTER_CONFIG
+    fix = "save the adapter again (save_pretrained), or restore (or pull) a good copy"
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raw = read_json(path, fix=fix)  # a bad file is named with the place: "line 4, column 25"
+    except (OSError, ValueError) as err:
         raise GroundedHubError(f"The {where} has an unreadable {ADAPTER_CONFIG}: {err}") from None
     peft_type = raw.get("peft_type") if isinstance(raw, dict) else None
     if peft_type != GROUNDED_TOKENS:

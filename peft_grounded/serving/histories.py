@@ -133,13 +133,14 @@ def read_histories(path: str | Path) -> tuple[list[str], list[list[str]]]:
         what = "a folder" if path.is_dir() else "not there"
         raise HistoryInputError(f"{path} is {what}: give a JSONL file of users")
     users, histories, seen = [], [], set()
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+    try:  # utf-8-sig: a byte-order mark (as some Windows editors write) is not part of the first line
+        text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as err:
         raise HistoryInputError(
             f"{path} is not UTF-8 text ({err.reason} at byte {err.start}); write JSONL"
         ) from None
-    for number, line in enumerate(lines, 1):
+    # lines end at "\n" only: str.splitlines() would also break a JSON string holding U+2028 or U+0085
+    for number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         where = f"{path}, line {number}"

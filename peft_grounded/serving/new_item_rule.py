@@ -39,6 +39,7 @@ DEFAULT_MODE = "share"
 MODES = ("share", "probability")
 BEAMS = ("model", "text")  # whose list the rule mixes: the model's beams, or text KNN over all items
 FORMAT = 1
+N_WEIGHTS = 3  # the logistic prior's weights: bias, last item new, share of new items among the last five
 
 
 class NewItemRuleError(ValueError):
@@ -59,7 +60,10 @@ RULE_FIELDS = {  # field of new_item_rule.json -> (what it must be, its check)
     "beams": (f"one of {BEAMS}", lambda v: v in BEAMS),
     "sid_index_fingerprint": ("a string", lambda v: isinstance(v, str)),
     "temperature": ("a positive number", lambda v: _number(v) and v > 0),
-    "weights": ("a list of numbers", lambda v: isinstance(v, list) and all(_number(w) for w in v)),
+    "weights": (
+        f"a list of {N_WEIGHTS} numbers",
+        lambda v: isinstance(v, list) and len(v) == N_WEIGHTS and all(_number(w) for w in v),
+    ),
     "decay": ("a number", _number),
     "window": ("a positive integer", lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0),
     "item_ids": ("a list of item ids", _ids),
@@ -223,12 +227,26 @@ class NewItemRule:
         return line
 
     def check_index(self, index: Any, where: str) -> None:
-        """Refuse an index other than the one the rule was fitted on."""
+        """Refuse an index other than the one the rule was fitted on (its fingerprint, and its items: the
+        rule's item list is not covered by the vectors' checksum)."""
+        fix = (
+            "fit it again on this index (grow-adapter --interactions FILE, or recommend --interactions FILE)"
+        )
         if index.fingerprint() != self.index_fingerprint:
             raise NewItemRuleError(
                 f"the new-item rule in {where} was fitted on SID index {self.index_fingerprint}, not on this one "
-                f"({index.fingerprint()}); fit it again on this index (grow-adapter --interactions FILE, or "
-                "recommend --interactions FILE)"
+                f"({index.fingerprint()}); {fix}"
+            )
+        ours, theirs = list(self.mixture.item_ids), [str(i) for i in index.item_ids]
+        if ours != theirs:
+            other = sorted(set(ours) ^ set(theirs))
+            listed = (
+                f"other items than its SID index {self.index_fingerprint} (e.g. {other[:3]})"
+                if other
+                else f"the items of its SID index {self.index_fingerprint} in another order"
+            )
+            raise NewItemRuleError(
+                f"the new-item rule in {where} lists {listed}: it was edited or damaged; {fix}"
             )
 
     def apply(self, recommendations: Any, histories: Sequence[Sequence[str]], k: int) -> Any:

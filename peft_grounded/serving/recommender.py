@@ -10,6 +10,7 @@ SID-constrained beam search (:func:`peft_grounded.decoding.recommend`, the fast 
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -349,11 +350,12 @@ class GroundedRecommender:
         sets = sets if per_user else sets * n
         groups: dict[tuple[str, ...], list[int]] = {}
         for u, allowed in enumerate(sets):
+            whose = f"candidates[{u}]" if per_user else "candidates"
             unknown = [i for i in allowed if i not in self.index]
             if unknown:
-                raise ValueError(f"candidates {unknown[:5]} are not in the SID index; pass catalogue items")
+                raise ValueError(f"{whose}: {unknown[:5]} are not in the SID index; pass catalogue items")
             if not allowed:
-                raise ValueError("an empty candidate set: nothing to recommend from")
+                raise ValueError(f"{whose} is empty: nothing to recommend from")
             groups.setdefault(allowed, []).append(u)
         return list(groups.items())
 
@@ -550,7 +552,13 @@ def _index(sid_index: Any, folder: Path, where: str) -> Any:
 
     if sid_index is not None:
         return sid_index if isinstance(sid_index, SIDIndex) else SIDIndex.load(sid_index)
-    if (folder / SID_INDEX_DIR).is_dir():
+    link = folder / SID_INDEX_DIR
+    if link.is_symlink() and not link.is_dir():
+        raise GroundedHubError(
+            f"{link} is a link to {os.readlink(link)}, which is not a folder: point it at the index's folder, or "
+            "pass the index (sid_index=..., --sid_index DIR)"
+        )
+    if link.is_dir():
         return load_sid_index(folder)
     raise GroundedHubError(
         f"The {where} holds no SID index ({SID_INDEX_DIR}/): pass the index the adapter was trained or grown "
@@ -644,6 +652,21 @@ def _load_merged(
             "this index is not the one the model was merged with"
         )
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, use_safetensors=True)
+    if record is not None and record["sid_token_ids"] and sid_softmax is not False:
+        rows = set(record["sid_token_ids"])
+        vocab = model.get_output_embeddings().weight.shape[0]
+        outside = sorted(t for t in rows if t >= vocab)
+        lacking = [t for t in tokenizer.convert_tokens_to_ids(index.token_strings) if t not in rows]
+        if outside or lacking:
+            what = (
+                f"names token ids beyond the model's {vocab} output rows (e.g. {outside[0]})"
+                if outside
+                else f"lacks {len(lacking)} of the SID index's tokens (e.g. id {lacking[0]})"
+            )
+            raise ValueError(
+                f"{folder / SERVING_RECORD}: sid_token_ids {what}, so it is not this model's record; write the "
+                "folder again with GroundedRecommender.save_merged"
+            )
     return model, tokenizer, index, fmt, sid_softmax
 
 

@@ -140,7 +140,17 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
         upcast_trainable(model)
         if args is not None and getattr(args, "max_minutes", None) is not None and args.max_steps <= 0:
             args.max_steps = UNLIMITED_STEPS
-        super().__init__(model=model, args=args, **kwargs)
+        # Padding-free batches (TRL's padding_free: a batch's rows concatenated into one, positions restarting
+        # at each row) leave max_length to this trainer: TRL refuses it there, since it cuts no row then; the
+        # rows are checked against it below, and nothing is cut.
+        row_limit = None
+        if args is not None and args.padding_free and not args.packing and args.max_length is not None:
+            row_limit, args.max_length = args.max_length, None
+        try:
+            super().__init__(model=model, args=args, **kwargs)
+        finally:
+            if row_limit is not None:
+                args.max_length = row_limit
         self._check_truncation(train_dataset)
         self._sid_softmax = self._resolve_sid_softmax()  # before the manifest: the adapter records it
         self.manifest = self.build_manifest(data)
@@ -240,6 +250,15 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
         ``max_length`` tokens after preparation may have been cut, so it counts too."""
         limit, prepared = self.args.max_length, self.train_dataset
         if limit is None or raw is None or not hasattr(raw, "__len__") or not hasattr(prepared, "__len__"):
+            return
+        if self.args.padding_free and not self.args.packing:  # nothing is cut: longer rows are refused
+            longer = sum(1 for ids in prepared["input_ids"] if len(ids) > limit)
+            if longer:
+                raise ValueError(
+                    f"{longer} of {len(raw)} training rows are longer than max_length={limit} tokens, and "
+                    "padding-free batches (padding_free) cut no row: raise max_length (--max-length), show fewer "
+                    "history items (max_history / --max-history), or train with padding_free=False"
+                )
             return
         dropped = len(raw) - len(prepared)
         at_limit = sum(1 for ids in prepared["input_ids"] if len(ids) >= limit)

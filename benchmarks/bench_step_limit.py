@@ -1,0 +1,234 @@
+"""The SFT step against the machine's limit: the recipe's step timed beside the matrix products it must do.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_step_limit.py --datasets movielens-100k ../shared/data/amazon-office
+
+For each catalogue, the ``cpu`` recipe's model (SmolLM2-135M cut to its first 8 decoder blocks, a centroid
+start, a rank-8 LoRA on every linear layer, the sequence objective over 19 items of history, windows of at most
+128 tokens, batches of 8, the SID-only softmax) and, in each precision this CPU runs natively (float32
+always; bf16 where :func:`peft_grounded.precision.choose_precision` finds it native: the frozen base in bf16
+under bf16 autocast, the rows and the LoRA in float32, as the demo's preset trains there), it times
+``--steps`` training steps (forward with the trainer's loss, backward, AdamW) on seeded batches, and in the
+same run the matrix products such a step cannot avoid: for every linear layer of the 8 blocks, the forward
+product and the input-gradient product (the frozen weights need no weight gradient) over the batch's real
+(non-padding) tokens, and over its padded tokens. The table gives the median step, the real and padded tokens
+per step, the products' time for each, and the ratio of the step to them, for the trainer's padded batches
+and for the same rows padding-free (concatenated into one row, position ids restarting at each row, as TRL's
+``padding_free`` collates them; the two alternate step by step, and the largest gap between their losses on
+the same rows is printed): 1.0x is the machine's limit for this model (attention's own products, the LoRA and the SID head are small beside them and left out, so the
+limit is a floor). SIDs come from seeded Gaussian item vectors (RQ-KMeans 3 x 64 + a disambiguation level):
+the speed does not depend on what the vectors mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import statistics
+import time
+from contextlib import nullcontext, suppress
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from peft_grounded import assets
+from peft_grounded._scripts import parse_script_args
+from peft_grounded.adapter import add_lora
+from peft_grounded.adapter.loading import sid_model
+from peft_grounded.precision import choose_precision
+from peft_grounded.prompts import PromptFormat
+from peft_grounded.recommend import training_dataset
+from peft_grounded.recommend.shallow_base import shallow_base
+from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
+from peft_grounded.sids.index import JSON_NAME
+
+BLOCKS, BATCH, MAX_LENGTH, HISTORY = 8, 8, 128, 19
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--datasets", nargs="+", default=["movielens-100k"], help="catalogue names or folders"
+    )
+    parser.add_argument("--steps", type=int, default=6, help="timed steps per precision (after one warm-up)")
+    parser.add_argument("--repeats", type=int, default=5, help="timings of the products alone (best kept)")
+    parser.add_argument("--output", type=Path, default=Path("runs/bench_step_limit"))
+    return parse_script_args(parser, argv)
+
+
+def index_for(catalogue, folder: Path) -> SIDIndex:
+    if (folder / JSON_NAME).is_file():
+        return SIDIndex.load(folder)
+    vectors = np.random.default_rng(0).normal(size=(len(catalogue.items), 64)).astype(np.float32)
+    return build_sids(
+        catalogue, folder, vectors=vectors, levels=3, codes=64, encoder_fingerprint={"kind": "gaussian"}
+    )
+
+
+def collate(rows: list[dict], pad_id: int, padding_free: bool = False) -> dict[str, torch.Tensor]:
+    """A batch as the trainer's collator (TRL's ``DataCollatorForLanguageModeling``) builds it from rows cut to
+    ``MAX_LENGTH`` tokens, the loss on the completion mask's tokens: right-padded rows with an attention mask,
+    or (``padding_free``) the rows concatenated into one with position ids restarting at each row."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    examples = []
+    for r in rows:
+        ids, keep = r["input_ids"][:MAX_LENGTH], r["completion_mask"][:MAX_LENGTH]
+        examples.append(
+            {"input_ids": ids, "labels": [t if m else -100 for t, m in zip(ids, keep, strict=True)]}
+        )
+    batch = DataCollatorForLanguageModeling(pad_token_id=pad_id, padding_free=padding_free)(examples)
+    return {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+
+
+def real_tokens(batch: dict[str, torch.Tensor]) -> int:
+    mask = batch.get("attention_mask")
+    return int(batch["input_ids"].numel() if mask is None else mask.sum())
+
+
+def linear_shapes(model: torch.nn.Module) -> list[tuple[int, int]]:
+    """``(out_features, in_features)`` of every frozen linear layer of the decoder blocks (LoRA-wrapped ones
+    by their base layer), the head excluded."""
+    shapes = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and ".layers." in name and "lora_" not in name:
+            shapes.append(tuple(module.weight.shape))
+    if not shapes:
+        raise ValueError("no linear layer found in the model's decoder blocks")
+    return shapes
+
+
+def products_seconds(
+    shapes: list[tuple[int, int]], tokens: int, dtype: torch.dtype, repeats: int = 5
+) -> float:
+    """The best of ``repeats`` timings of every layer's forward (``x @ W.T``) and input-gradient (``g @ W``)
+    products for ``tokens`` rows, in ``dtype``: what a step over those tokens cannot do faster."""
+    generator = torch.Generator().manual_seed(0)
+    operands = []
+    for out_features, in_features in shapes:
+        weight = torch.randn(out_features, in_features, generator=generator).to(dtype)
+        x = torch.randn(tokens, in_features, generator=generator).to(dtype)
+        grad = torch.randn(tokens, out_features, generator=generator).to(dtype)
+        operands.append((weight, x, grad))
+
+    def once() -> float:
+        start = time.perf_counter()
+        for weight, x, grad in operands:
+            torch.mm(x, weight.t())
+            torch.mm(grad, weight)
+        return time.perf_counter() - start
+
+    once()  # warm-up
+    return min(once() for _ in range(repeats))
+
+
+def products_flop(shapes: list[tuple[int, int]], tokens: int) -> float:
+    return sum(2 * 2 * tokens * o * i for o, i in shapes)
+
+
+def measure(base: str, catalogue, index, bf16: bool, args) -> dict:
+    from trl.trainer.utils import add_fused_lm_head
+
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    tokenizer, model = sid_model(base, index, init="centroid", init_scale=0.1, dtype=dtype)
+    add_lora(model, r=8, lora_alpha=16, target_modules="all-linear")
+    for p in model.parameters():  # master weights of what trains stay float32, as the trainer keeps them
+        if p.requires_grad:
+            p.data = p.data.float()
+    add_fused_lm_head(model.get_base_model(), outputs=("log_probs", "entropy", "is_top1"))
+    model.train()
+    fmt = PromptFormat(objective="sequence", max_history=HISTORY)
+    data = training_dataset(catalogue.leave_one_out(), index, catalogue, tokenizer, fmt)
+    rng = random.Random(0)
+    samples = [[data[i] for i in rng.sample(range(len(data)), BATCH)] for _ in range(args.steps + 1)]
+    pad = tokenizer.pad_token_id or 0
+    batches = {free: [collate(rows, pad, free) for rows in samples] for free in (False, True)}
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
+
+    def step(batch: dict[str, torch.Tensor]) -> tuple[float, float]:
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        with autocast:
+            out = model(
+                **batch, fused_lm_head=True, compact_fused_lm_head=True, sid_softmax=True, use_cache=False
+            )
+        out.loss.backward()
+        optimizer.step()
+        return time.perf_counter() - start, float(out.loss)
+
+    step(batches[False][0]), step(batches[True][0])  # warm-up
+    times: dict[bool, list[float]] = {False: [], True: []}
+    losses: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(1, args.steps + 1):  # the two alternate, so a busy machine slows both alike
+        for free in (False, True) if i % 2 else (True, False):
+            seconds, loss = step(batches[free][i])
+            times[free].append(seconds)
+            losses[free].append(loss)
+    real = statistics.median(real_tokens(b) for b in batches[False][1:])
+    padded = statistics.median(b["input_ids"].numel() for b in batches[False][1:])
+    shapes = linear_shapes(model)
+    limit_real = products_seconds(shapes, int(real), dtype, args.repeats)
+    limit_padded = products_seconds(shapes, int(padded), dtype, args.repeats)
+    loss_gap = max(abs(a - b) for a, b in zip(losses[False], losses[True], strict=True))
+    median = {free: statistics.median(t) for free, t in times.items()}
+    return {
+        "precision": "bf16 (base bf16, autocast)" if bf16 else "float32",
+        "step": median[False],
+        "step_free": median[True],
+        "speedup": statistics.median(p / f for p, f in zip(times[False], times[True], strict=True)),
+        "loss_gap": loss_gap,
+        "real": real,
+        "padded": padded,
+        "limit_real": limit_real,
+        "limit_padded": limit_padded,
+        "gflops": products_flop(shapes, int(real)) / limit_real / 1e9,
+        "layers": len(shapes),
+    }
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    precisions = [False] + ([True] if choose_precision("cpu").bf16 else [])
+    base = str(shallow_base(assets.smollm2(), BLOCKS, args.output / f"base-{BLOCKS}"))
+    load = os.getloadavg()[0]
+    rows = []
+    for dataset in args.datasets:
+        catalogue = load_catalogue(dataset)
+        index = index_for(catalogue, args.output / f"sids-{Path(dataset).name}")
+        for bf16 in precisions:
+            rows.append({"dataset": Path(dataset).name} | measure(base, catalogue, index, bf16, args))
+    cpu = platform.processor() or platform.machine()
+    with suppress(OSError, StopIteration):
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    print(
+        f"\n{cpu}, get_cpu_capability() {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} "
+        f"thread(s), load average {load:.2f} at start, {os.getloadavg()[0]:.2f} at end; {args.steps} timed steps "
+        f"(median), products best of {args.repeats}; {rows[0]['layers']} linear layers in {BLOCKS} blocks\n"
+    )
+    print(
+        "| catalogue | precision | real / padded tokens | products, real s | products, padded s | padded step s | "
+        "x products (real) | padding-free step s | x products (real) | padding-free speed-up | loss gap |"
+    )
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['dataset']} | {r['precision']} | {r['real']:.0f} / {r['padded']:.0f} | {r['limit_real']:.3f} | "
+            f"{r['limit_padded']:.3f} | {r['step']:.3f} | {r['step'] / r['limit_real']:.1f}x | "
+            f"{r['step_free']:.3f} | {r['step_free'] / r['limit_real']:.1f}x | {r['speedup']:.2f}x | "
+            f"{r['loss_gap']:.1e} |"
+        )
+    speeds = ", ".join(f"{r['gflops']:.0f}" for r in rows)
+    print(f"\nproducts at real tokens: {speeds} GFLOP/s")
+
+
+if __name__ == "__main__":
+    main()
