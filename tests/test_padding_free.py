@@ -136,3 +136,23 @@ def test_rows_over_max_length_are_refused_when_nothing_is_cut(toy, model_dir, tm
             fmt=SEQ,
             lora=dict(r=2),
         )
+
+
+def test_padding_free_by_default_where_padding_would_dominate(toy, tokenizer):
+    """``padding_free=None`` decides from the rows' lengths: on where padded batches would hold at least
+    PADDING_FREE_RATIO times their tokens, off for rows of similar length and for rows not yet tokenised."""
+    from datasets import Dataset
+
+    from peft_grounded.training.trainer import PADDING_FREE_RATIO, wants_padding_free
+
+    even = Dataset.from_dict({"input_ids": [[1] * 40 for _ in range(64)]})
+    uneven = Dataset.from_dict({"input_ids": [[1] * (100 if i % 8 == 0 else 10) for i in range(64)]})
+    assert not wants_padding_free(even, 8)
+    assert wants_padding_free(uneven, 8)
+    assert not wants_padding_free(Dataset.from_dict({"prompt": ["a"] * 8, "completion": ["b"] * 8}), 8)
+    assert not wants_padding_free(uneven, 1)  # one row a batch: nothing to pad
+    assert PADDING_FREE_RATIO > 1
+    catalogue, index = toy
+    tokenizer.add_tokens(index.token_strings)
+    data = training_dataset(catalogue.leave_one_out(), index, catalogue, tokenizer, SEQ)
+    assert not wants_padding_free(data, 4)  # the toy rows are of about one length

@@ -107,6 +107,16 @@ class RunConfig(SFTConfig):
         default=False,
         metadata={"help": "Train on rows that max_length cuts (with a warning) instead of refusing them."},
     )
+    padding_free: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Concatenate a batch's rows into one, positions restarting at each row, instead of padding "
+            "them (TRL's padding_free; same loss). None: on where the training rows' lengths vary enough that "
+            "padding would be at least PADDING_FREE_RATIO of a batch's tokens (pre-tokenised rows only).",
+            "nargs": "?",
+            "const": True,
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.max_steps is None:

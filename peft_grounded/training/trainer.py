@@ -117,6 +117,31 @@ def upcast_trainable(model) -> list[str]:
     return cast
 
 
+PADDING_FREE_RATIO = 1.5
+"""``padding_free=None`` turns padding-free batches on where padded batches would hold at least this many times
+their real tokens (BENCHMARKS.md, "The step against its matrix products": on a CPU a padding-free batch attends
+over all its rows at once, which costs more than the padding it saves where rows are of similar length)."""
+
+
+def wants_padding_free(dataset, batch_size: int, seed: int = 0, batches: int = 200) -> bool:
+    """Whether ``batch_size`` random rows of ``dataset`` padded to their longest would hold at least
+    :data:`PADDING_FREE_RATIO` times their tokens (seeded; ``False`` for rows not yet tokenised)."""
+    import random
+
+    if dataset is None or not hasattr(dataset, "column_names") or "input_ids" not in dataset.column_names:
+        return False
+    lengths = [len(ids) for ids in dataset["input_ids"]]
+    if len(lengths) < 2 or batch_size < 2:
+        return False
+    rng = random.Random(seed)
+    padded = real = 0
+    for _ in range(batches):
+        rows = rng.sample(lengths, min(batch_size, len(lengths)))
+        padded += max(rows) * len(rows)
+        real += sum(rows)
+    return padded >= PADDING_FREE_RATIO * real
+
+
 def _head_wrapped_by_peft(model) -> bool:
     """Whether PEFT's ``TrainableTokensWrapper`` replaced the output embedding (trainable tokens, tied head)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -143,6 +168,8 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
         # Padding-free batches (TRL's padding_free: a batch's rows concatenated into one, positions restarting
         # at each row) leave max_length to this trainer: TRL refuses it there, since it cuts no row then; the
         # rows are checked against it below, and nothing is cut.
+        if args is not None and args.padding_free is None:
+            args.padding_free = wants_padding_free(train_dataset, args.per_device_train_batch_size, args.seed)
         row_limit = None
         if args is not None and args.padding_free and not args.packing and args.max_length is not None:
             row_limit, args.max_length = args.max_length, None
@@ -333,7 +360,13 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
         if _head_wrapped_by_peft(model):
             from transformers import Trainer
 
-            inputs = {k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask", "labels")}
+            keep = (
+                "input_ids",
+                "attention_mask",
+                "position_ids",
+                "labels",
+            )  # position_ids: padding-free rows
+            inputs = {k: v for k, v in inputs.items() if k in keep}
             return Trainer.compute_loss(
                 self, model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
             )
