@@ -50,6 +50,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "reference row: decoded in place, so no --keep-best and no resume)",
     )
     p.add_argument("--weight-decay", type=float, default=None, help="AdamW weight decay of SFT")
+    p.add_argument(
+        "--padding-free",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="SFT on padding-free batches (--no-padding-free: padded; default: the trainer's choice)",
+    )
     p.add_argument("--codes", type=int, default=None, help="codes per SID level (default: the preset's 64)")
     p.add_argument(
         "--balanced",
@@ -111,6 +117,8 @@ def preset(args: argparse.Namespace):
     sft_changes = {} if args.sid_softmax is None else {"sid_softmax_loss": args.sid_softmax}
     if args.weight_decay is not None:
         sft_changes["weight_decay"] = args.weight_decay
+    if args.padding_free is not None:
+        sft_changes["padding_free"] = args.padding_free
     lora = old.lora if args.lora_r is None else old.lora | {"r": args.lora_r, "lora_alpha": 2 * args.lora_r}
     if args.lora_dropout is not None:
         lora = lora | {"lora_dropout": args.lora_dropout}

@@ -100,6 +100,9 @@ def test_demo_recipe_flags_change_only_what_they_name():
         bench_demo_recipe.parse_args([*curves, "--keep-best", "--block-lr", "1e-4"])
     assert spec.budget.lora == default.budget.lora | {"lora_dropout": 0.1}
     assert spec.budget.sft == replace(default.budget.sft, weight_decay=0.05)
+    padded = bench_demo_recipe.preset(bench_demo_recipe.parse_args(["--out", "x", "--no-padding-free"]))
+    assert padded.budget.sft == replace(default.budget.sft, padding_free=False)
+    assert default.budget.sft.padding_free is None  # the trainer's choice
     assert (
         spec.budget.grounding == default.budget.grounding
         and spec.budget.evaluation == default.budget.evaluation

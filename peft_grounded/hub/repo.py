@@ -9,7 +9,7 @@ Pickled weights (``*.bin``, ``*.pt``, ...) are never fetched nor loaded.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +116,18 @@ def read_adapter_config(folder: Path, where: str):
             f"The {where} holds a {peft_type or 'non-PEFT'} adapter, not a grounded-token adapter "
             f"(peft_type {GROUNDED_TOKENS.value}); load it with peft.PeftModel.from_pretrained instead."
         )
+    known = {f.name for f in fields(GroundedTokenConfig)}
+    missing = [name for name in ("token_indices",) if name not in raw]
+    extra = sorted(name for name in raw if name not in known)
+    if missing or extra:
+        raise GroundedHubError(
+            f"The {where}'s {ADAPTER_CONFIG} has missing fields {missing}, unknown fields {extra}; {fix}"
+        )
+    for name in ("lora", "metadata", "provenance", "runtime_config"):
+        if raw.get(name) is not None and not isinstance(raw[name], dict):
+            raise GroundedHubError(
+                f"The {where}'s {ADAPTER_CONFIG}: field {name!r} is {raw[name]!r:.60}, not an object; {fix}"
+            )
     return GroundedTokenConfig.from_pretrained(str(folder))
 
 
