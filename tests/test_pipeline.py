@@ -264,6 +264,14 @@ def test_headline_names_the_winner_with_intervals():
     empty = {name: [run([None] * 40, [n] * 40)] for name, n in (("mean", 8.0), ("centroid", 7.5))}
     lines, _ = headline(empty, None, (10,), resamples=200)
     assert "No strategy ranks a test target in its top 10" in lines[2] and "has the best" not in lines[2]
+    # a run that decoded the validation users only opens with them (it raised KeyError 'test' before)
+    valid = {
+        name: [{section: {"valid": r[section]["test"]} for section, r in ((k, recs[0]) for k in recs[0])}]
+        for name, recs in records.items()
+    }
+    pop_valid = [{"valid": popularity[0]["test"]}]
+    lines, rows = headline(valid, pop_valid, (5, 10, 20), part="valid", resamples=200)
+    assert "**centroid** has the best valid Recall@10 (0.5000)" in lines[2] and rows
 
 
 def test_demo_diagnostics_import_error_is_explained(tmp_path, monkeypatch):

@@ -61,9 +61,9 @@ def headline(
     if r_best is None:
         text = f"**{best}** leads"
     elif r_best == 0:
-        text = f"No strategy ranks a test target in its top {label.split('@')[-1]} at this budget ({label} 0 for all)"
+        text = f"No strategy ranks a {part} target in its top {label.split('@')[-1]} at this budget ({label} 0 for all)"
     else:
-        text = f"**{best}** has the best test {label} ({r_best:.4f})"
+        text = f"**{best}** has the best {part} {label} ({r_best:.4f})"
     if reference in scores and best != reference and scores[reference][0] is not None and r_best:
         text += (
             f", {r_best - scores[reference][0]:+.4f} against {reference} init ({scores[reference][0]:.4f})"
