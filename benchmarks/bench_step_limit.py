@@ -6,7 +6,7 @@ For each catalogue, the ``cpu`` recipe's model (SmolLM2-135M cut to its first 8 
 start, a rank-8 LoRA on every linear layer, the sequence objective over 19 items of history, windows of at most
 128 tokens, batches of 8, the SID-only softmax) and, in each precision this CPU runs natively (float32
 always; bf16 where :func:`peft_grounded.precision.choose_precision` finds it native: the frozen base in bf16
-under bf16 autocast, the rows and the LoRA in float32, as the demo's preset trains there), it times
+under bf16 autocast, the rows and the LoRA in float32, attention in float32, as the trainer runs there), it times
 ``--steps`` training steps (forward with the trainer's loss, backward, AdamW) on seeded batches, and in the
 same run the matrix products such a step cannot avoid: for every linear layer of the 8 blocks, the forward
 product and the input-gradient product (the frozen weights need no weight gradient) over the batch's real
@@ -43,6 +43,7 @@ from peft_grounded.recommend import training_dataset
 from peft_grounded.recommend.shallow_base import shallow_base
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
+from peft_grounded.training.attention import float32_attention
 
 BLOCKS, BATCH, MAX_LENGTH, HISTORY = 8, 8, 128, 19
 
@@ -161,14 +162,15 @@ def measure(base: str, catalogue, index, bf16: bool, args) -> dict:
         optimizer.step()
         return time.perf_counter() - start, float(out.loss)
 
-    step(batches[False][0]), step(batches[True][0])  # warm-up
     times: dict[bool, list[float]] = {False: [], True: []}
     losses: dict[bool, list[float]] = {False: [], True: []}
-    for i in range(1, args.steps + 1):  # the two alternate, so a busy machine slows both alike
-        for free in (False, True) if i % 2 else (True, False):
-            seconds, loss = step(batches[free][i])
-            times[free].append(seconds)
-            losses[free].append(loss)
+    with float32_attention(model, bf16):  # as the trainer runs bf16 on a CPU
+        step(batches[False][0]), step(batches[True][0])  # warm-up
+        for i in range(1, args.steps + 1):  # the two alternate, so a busy machine slows both alike
+            for free in (False, True) if i % 2 else (True, False):
+                seconds, loss = step(batches[free][i])
+                times[free].append(seconds)
+                losses[free].append(loss)
     real = statistics.median(real_tokens(b) for b in batches[False][1:])
     padded = statistics.median(b["input_ids"].numel() for b in batches[False][1:])
     shapes = linear_shapes(model)

@@ -42,6 +42,7 @@ from .._io import DiskFullError, is_disk_full, read_json
 from .._locks import output_lock
 from . import runs
 from .adapter_files import load_adapter_weights, save_adapter_atomic
+from .attention import float32_attention
 from .checkpoints import (
     SafeCheckpoints,
     check_own_file,
@@ -385,7 +386,9 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
         output_dir = Path(self.args.output_dir)
         if resume_from_checkpoint is None:
             resume_from_checkpoint = getattr(self.args, "resume", None)
-        with output_lock(output_dir, f"{self.stage} training"):  # the main process only (see _locks)
+        # bf16 on a CPU: attention in float32 (faster there, and exact; see training.attention)
+        cpu_bf16 = bool(self.args.bf16) and self.args.device.type == "cpu"
+        with output_lock(output_dir, f"{self.stage} training"), float32_attention(self.model, cpu_bf16):
             return self._train_locked(output_dir, resume_from_checkpoint, **kwargs)
 
     def _train_locked(self, output_dir: Path, resume_from_checkpoint: str | bool | None, **kwargs):

@@ -1,0 +1,103 @@
+"""Attention in float32 under a CPU's bf16 autocast (training.attention): the same loss as bf16 attention
+within bf16's rounding, gradients on exactly the trainable weights, the model's own implementation back after
+the block, models on other implementations left alone, and the trainer using it for bf16 on a CPU only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import build_tiny_model
+from transformers import TrainerCallback
+
+from peft_grounded.training.attention import FLOAT32_SDPA, float32_attention
+
+
+def _wrapped(arch: str, tied: bool):
+    from peft import LoraConfig, get_peft_model
+
+    model = build_tiny_model(arch, tied)
+    model.set_attn_implementation("sdpa")
+    wrapped = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # "trained": LoRA B off zero, so every factor has a gradient
+        for p in wrapped.parameters():
+            if p.requires_grad:
+                p.add_(0.1 * torch.randn(p.shape, generator=generator))
+    return wrapped.train()
+
+
+def _loss_and_grads(model, batch):
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(**batch, labels=batch["input_ids"], use_cache=False).loss
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("arch, tied", [("llama", True), ("qwen3", False)])
+def test_float32_attention_keeps_the_loss_and_the_gradients(arch, tied):
+    model = _wrapped(arch, tied)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 500, (3, 24), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[1, 18:] = 0
+    batch = {"input_ids": ids, "attention_mask": mask}
+    plain, plain_grads = _loss_and_grads(model, batch)
+    base = model.get_base_model()
+    with float32_attention(model) as on:
+        assert on and base.config._attn_implementation == FLOAT32_SDPA
+        fast, fast_grads = _loss_and_grads(model, batch)
+    assert base.config._attn_implementation == "sdpa"  # restored
+    assert fast == pytest.approx(plain, rel=2e-2)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert set(fast_grads) == set(plain_grads) == trainable
+    for name, grad in plain_grads.items():
+        assert torch.nn.functional.cosine_similarity(fast_grads[name].flatten(), grad.flatten(), dim=0) > 0.98
+
+
+def test_other_implementations_and_a_disabled_block_are_left_alone():
+    model = _wrapped("llama", True)
+    with float32_attention(model, enabled=False) as on:
+        assert not on and model.get_base_model().config._attn_implementation == "sdpa"
+    model.get_base_model().set_attn_implementation("eager")
+    with float32_attention(model) as on:
+        assert not on and model.get_base_model().config._attn_implementation == "eager"
+
+
+class _Seen(TrainerCallback):
+    def __init__(self) -> None:
+        self.implementations: list[str] = []
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.implementations.append(model.get_base_model().config._attn_implementation)
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_the_trainer_uses_it_for_bf16_on_a_cpu_only(tokenizer, tmp_path, bf16):
+    from helpers.toy_catalogue import toy_catalogue, toy_index
+    from peft import get_peft_model
+
+    import peft_grounded
+    from peft_grounded import GroundedTokenConfig
+    from peft_grounded.prompts import PromptFormat
+    from peft_grounded.recommend import RecommendationConfig, RecommendationTrainer, training_dataset
+
+    catalogue = toy_catalogue()
+    index = toy_index(catalogue)
+    base = build_tiny_model("llama", True)
+    base.set_attn_implementation("sdpa")
+    ids = peft_grounded.add_tokens(tokenizer, base, index.token_strings)
+    model = get_peft_model(base, GroundedTokenConfig(token_indices=ids, task_type="CAUSAL_LM"))
+    fmt = PromptFormat(objective="sequence", max_history=3)
+    data = training_dataset(catalogue.leave_one_out(), index, catalogue, tokenizer, fmt)
+    seen = _Seen()
+    args = RecommendationConfig(
+        output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, max_steps=2, use_cpu=True,
+        report_to="none", disable_tqdm=True, save_steps=1000, bf16=bf16, max_length=64,
+    )  # fmt: skip
+    trainer = RecommendationTrainer(
+        model, args, train_dataset=data, processing_class=tokenizer, callbacks=[seen]
+    )
+    trainer.train()
+    assert seen.implementations == [FLOAT32_SDPA if bf16 else "sdpa"] * 2
+    assert base.config._attn_implementation == "sdpa"  # restored after training
