@@ -101,3 +101,22 @@ def test_the_trainer_uses_it_for_bf16_on_a_cpu_only(tokenizer, tmp_path, bf16):
     trainer.train()
     assert seen.implementations == [FLOAT32_SDPA if bf16 else "sdpa"] * 2
     assert base.config._attn_implementation == "sdpa"  # restored after training
+
+
+@pytest.mark.parametrize("padding_free", [False, True])
+def test_in_float32_it_is_sdpa_itself_padded_or_padding_free(padding_free):
+    """The same loss to the bit, and on padding-free rows too: the mask builder is registered under the
+    function's name (without it, the flattened rows attended to each other)."""
+    from benchmarks.bench_step_limit import collate
+
+    model = build_tiny_model("llama", True).train()
+    model.set_attn_implementation("sdpa")
+    rows = [
+        {"input_ids": list(range(5, 25)), "completion_mask": [1] * 20},
+        {"input_ids": [11, 12, 13], "completion_mask": [0, 1, 1]},
+        {"input_ids": list(range(30, 40)), "completion_mask": [1] * 10},
+    ]
+    batch = collate(rows, 0, padding_free)
+    plain = model(**batch, use_cache=False).loss.item()
+    with float32_attention(model):
+        assert model(**batch, use_cache=False).loss.item() == plain

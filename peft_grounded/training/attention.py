@@ -29,9 +29,13 @@ def _float32_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: to
 
 
 def _register() -> None:
+    """Register the function, and SDPA's mask builder under its name: transformers picks the mask by the
+    implementation's name, and without it a padding-free batch's rows would attend to each other."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(FLOAT32_SDPA, _float32_sdpa)  # idempotent
+    AttentionMaskInterface.register(FLOAT32_SDPA, sdpa_mask)
 
 
 @contextmanager
