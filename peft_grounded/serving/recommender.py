@@ -144,8 +144,8 @@ class GroundedRecommender:
                 packaged SmolLM2-135M when it was made on SmolLM2).
             catalogue: a catalogue (path, ``"movielens-100k"`` or a loaded one) for the items' titles.
             device: ``"cpu"``, ``"cuda"``, ...; default CUDA when available. dtype: ``"auto"`` (bf16 on a GPU
-                that supports it, see :mod:`peft_grounded.precision`; float32 on a CPU, where bf16 served no
-                faster and changed the lists), ``"float32"`` or ``"bfloat16"``.
+                that supports it, see :mod:`peft_grounded.precision`; float32 on a CPU, the exact lists),
+                ``"float32"`` or ``"bfloat16"``.
             merge: fold the adapter into the base weights (the same outputs up to rounding, a faster forward);
                 decoding keeps the normalisation the adapter was trained with either way.
             num_beams, batch_size: the beam width (at least ``k``) and users per decoding batch.
@@ -525,8 +525,8 @@ def _network_error(err: BaseException, repo: Any) -> Exception:
 def _dtype(dtype: str, device: str) -> Any:
     import torch
 
-    if dtype == "auto":  # bf16 on a GPU that has it; float32 on a CPU, where serving in bf16 was slower even
-        # with native bf16 and changed the lists (BENCHMARKS.md, "Serving: recommend against generate")
+    if dtype == "auto":  # bf16 on a GPU that has it; float32 on a CPU: the exact lists (bf16 reorders near
+        # ties there; BENCHMARKS.md, "Serving in bf16 where the CPU has it")
         from ..precision import choose_precision
 
         return (
