@@ -201,7 +201,7 @@ def _check_model_files(args: RecommendArguments) -> None:
     """Refuse, naming the flag, a ``--model_name_or_path`` path that is not there (else taken for a Hub id)
     and a local merged folder that cannot say how it decodes (no record, no ``--sid_softmax``)."""
     from ..hub.repo import ADAPTER_CONFIG
-    from ..serving.recommender import SERVING_RECORD
+    from ..serving.loading import SERVING_RECORD
 
     model = args.model_name_or_path
     if model is not None and (model.startswith((".", "/", "~")) or Path(model).expanduser().exists()):

@@ -1,0 +1,261 @@
+"""What :meth:`GroundedRecommender.from_pretrained` loads, and how it checks it: the folder or Hub repo, the
+adapter onto its base (the rows each decoding step normalises over read before a merge folds it away), or a
+merged folder with its ``grounded_serving.json`` (checked field by field)."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+SERVING_RECORD = "grounded_serving.json"  # what a merged model folder records besides the model
+SERVING_FORMAT = 1
+SERVING_FIELDS = {
+    "format": int,
+    "prompt_format": dict,
+    "sid_index_fingerprint": str,
+    "sid_token_ids": (list, type(None)),
+}
+
+
+def open_recommender_source(
+    path_or_hub_id: str | Path, revision: str | None, token: str | bool | None
+) -> Any:
+    """The folder or Hub repo; a Hub that cannot be reached is a :class:`GroundedHubError` saying so."""
+    from ..hub.repo import GroundedHubError, open_source
+
+    try:
+        return open_source(path_or_hub_id, revision=revision, token=token)
+    except GroundedHubError:
+        raise
+    except Exception as err:
+        raise network_error(err, path_or_hub_id) from err
+
+
+def fetch_safe_files(source: Any, patterns: Sequence[str]) -> Path:
+    try:
+        return source.fetch(patterns)
+    except Exception as err:
+        raise network_error(err, source.repo_id) from err
+
+
+def network_error(err: BaseException, repo: Any) -> Exception:
+    from .._errors import describe
+    from ..hub.repo import GroundedHubError
+
+    message = describe(err)
+    if message is None or isinstance(err, ValueError):
+        return err if isinstance(err, Exception) else RuntimeError(str(err))
+    return GroundedHubError(
+        f"cannot load {str(repo)!r}: {message}. Nothing was written; a local folder of the adapter loads offline"
+    )
+
+
+def serving_dtype(dtype: str, device: str) -> Any:
+    import torch
+
+    if dtype == "auto":  # bf16 on a GPU that has it; float32 on a CPU: the exact lists (bf16 reorders near
+        # ties there; BENCHMARKS.md, "Serving in bf16 where the CPU has it")
+        from ..precision import choose_precision
+
+        return (
+            torch.bfloat16 if device.startswith("cuda") and choose_precision(device).bf16 else torch.float32
+        )
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype={dtype!r}: choose auto, float32, bfloat16 or float16")
+    return getattr(torch, dtype)
+
+
+def as_catalogue(catalogue: Any) -> Any:
+    if catalogue is None or hasattr(catalogue, "items"):
+        return catalogue
+    from ..sids import load_catalogue
+
+    return load_catalogue(str(catalogue))
+
+
+def index_for(sid_index: Any, folder: Path, where: str) -> Any:
+    from ..hub.load import load_sid_index
+    from ..hub.repo import SID_INDEX_DIR, GroundedHubError
+    from ..sids import SIDIndex
+
+    if sid_index is not None:
+        return sid_index if isinstance(sid_index, SIDIndex) else SIDIndex.load(sid_index)
+    link = folder / SID_INDEX_DIR
+    if link.is_symlink() and not link.is_dir():
+        raise GroundedHubError(
+            f"{link} is a link to {os.readlink(link)}, which is not a folder: point it at the index's folder, or "
+            "pass the index (sid_index=..., --sid_index DIR)"
+        )
+    if link.is_dir():
+        return load_sid_index(folder)
+    raise GroundedHubError(
+        f"The {where} holds no SID index ({SID_INDEX_DIR}/): pass the index the adapter was trained or grown "
+        "with (sid_index=..., --sid_index DIR)"
+    )
+
+
+def base_path_for(config: Any, folder: Path) -> str:
+    from ..adapter.loading import base_model_path
+
+    try:
+        return base_model_path(str(folder))
+    except FileNotFoundError:
+        return config.base_model_name_or_path  # a Hub id: transformers fetches it (safetensors only)
+
+
+def load_adapter_parts(
+    folder: Path,
+    where: str,
+    sid_index: Any,
+    model_path: str | None,
+    dtype: Any,
+    merge: bool,
+    sid_softmax: Any,
+) -> tuple[Any, Any, Any, Any, Any]:
+    """``(model, tokenizer, index, prompt format, rows)``: the rows each step normalises over are read from
+    the adapter before a merge folds it away (``False``: the whole vocabulary)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..adapter.loading import check_model_dir, prompt_format_of
+    from ..decoding.heads import sid_rows
+    from ..hub.load import load_grounded
+    from ..hub.repo import read_adapter_config
+
+    config = read_adapter_config(folder, where)
+    index = index_for(sid_index, folder, where)
+    index.check_adapter(config, where=f"the adapter in the {where}")
+    base = model_path or base_path_for(config, folder)
+    if Path(str(base)).expanduser().exists():
+        base = check_model_dir(base, "model_name_or_path")
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, use_safetensors=True)
+    model = load_grounded(model, tokenizer, folder)
+    fmt = prompt_format_of(model)
+    rows = sid_rows(model, sid_softmax)
+    if merge:
+        model = model.merge_and_unload()
+    return model, tokenizer, index, fmt, False if rows is None else rows
+
+
+def load_merged_parts(
+    folder: Path, where: str, sid_index: Any, dtype: Any, sid_softmax: Any
+) -> tuple[Any, Any, Any, Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..adapter.loading import check_model_dir
+    from ..prompts import PromptFormat
+
+    check_model_dir(folder, "path_or_hub_id")
+    index = index_for(sid_index, folder, where)
+    record = read_serving_record(folder, where)
+    if record is None and sid_softmax is None:
+        raise ValueError(
+            f"the merged model in the {where} has no {SERVING_RECORD}, so how it was trained to normalise each "
+            "SID step (and its prompt format) is unknown, and a guess serves other lists: save merged models "
+            "with GroundedRecommender.save_merged, or pass sid_softmax=True (sft's default) or False"
+        )
+    fmt = PromptFormat()
+    if record is not None:
+        fmt = PromptFormat.from_record(record["prompt_format"], str(folder / SERVING_RECORD))
+        if record["sid_index_fingerprint"] != index.fingerprint():
+            raise ValueError(
+                f"the merged model in the {where} was saved with SID index {record['sid_index_fingerprint']}, "
+                f"not this one ({index.fingerprint()}): its SID tokens carry other items' codes; use the index "
+                "saved with it"
+            )
+        if sid_softmax is None:
+            sid_softmax = record["sid_token_ids"] or False
+    else:
+        warnings.warn(
+            f"the {where} has no {SERVING_RECORD}: the default prompt format is used, which may not be the one "
+            "the model was trained with (save merged models with GroundedRecommender.save_merged)",
+            UserWarning,
+            stacklevel=4,
+        )
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    missing = [t for t in index.token_strings if t not in tokenizer.get_added_vocab()]
+    if missing:
+        raise ValueError(
+            f"the merged model's tokenizer lacks {len(missing)} of the SID index's tokens (e.g. {missing[0]!r}): "
+            "this index is not the one the model was merged with"
+        )
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, use_safetensors=True)
+    if record is not None and record["sid_token_ids"] and sid_softmax is not False:
+        rows = set(record["sid_token_ids"])
+        vocab = model.get_output_embeddings().weight.shape[0]
+        outside = sorted(t for t in rows if t >= vocab)
+        lacking = [t for t in tokenizer.convert_tokens_to_ids(index.token_strings) if t not in rows]
+        if outside or lacking:
+            what = (
+                f"names token ids beyond the model's {vocab} output rows (e.g. {outside[0]})"
+                if outside
+                else f"lacks {len(lacking)} of the SID index's tokens (e.g. id {lacking[0]})"
+            )
+            raise ValueError(
+                f"{folder / SERVING_RECORD}: sid_token_ids {what}, so it is not this model's record; write the "
+                "folder again with GroundedRecommender.save_merged"
+            )
+    return model, tokenizer, index, fmt, sid_softmax
+
+
+def read_serving_record(folder: Path, where: str) -> dict[str, Any] | None:
+    """A merged folder's ``grounded_serving.json``, checked field by field (``None`` when absent)."""
+    from .._io import read_json
+
+    path = folder / SERVING_RECORD
+    if not path.is_file():
+        return None
+    fix = f"write the folder again with GroundedRecommender.save_merged, or delete {SERVING_RECORD}"
+    record = read_json(path, fix=fix)
+    if not isinstance(record, dict):
+        raise ValueError(f"{path} holds a JSON {type(record).__name__}, not a serving record; {fix}")
+    missing = [name for name in SERVING_FIELDS if name not in record]
+    extra = [name for name in record if name not in SERVING_FIELDS]
+    if missing or extra:
+        raise ValueError(f"{path}: missing fields {missing}, unknown fields {extra}; {fix}")
+    for name, kind in SERVING_FIELDS.items():
+        if isinstance(record[name], bool) or not isinstance(record[name], kind):
+            raise ValueError(f"{path}: field {name!r} is {record[name]!r}, of the wrong type; {fix}")
+    if record["format"] != SERVING_FORMAT:
+        raise ValueError(f"{path} is of format {record['format']}, not {SERVING_FORMAT}; {fix}")
+    rows = record["sid_token_ids"]
+    if rows is not None and (
+        not rows or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in rows)
+    ):
+        raise ValueError(f"{path}: sid_token_ids must be a non-empty list of token ids or null; {fix}")
+    return record
+
+
+def decoding_rows(model: Any, tokenizer: Any, index: Any, trie: Any, sid_softmax: Any) -> Any:
+    """The sorted token ids each decoding step of ``model`` normalises over, or ``False`` for the whole
+    vocabulary (see :class:`GroundedRecommender`); checked to cover every SID token of ``trie``."""
+    import torch
+
+    from ..decoding.heads import StepHead, sid_rows
+
+    grounded = hasattr(getattr(model, "base_model", None), "sid_token_ids")
+    if sid_softmax is None and not grounded:
+        raise ValueError(
+            "this model carries no grounded adapter, so how it was trained to normalise each SID step is "
+            "unknown: pass sid_softmax=True (the SID-only softmax, sft's default), False (the whole vocabulary) "
+            "or the SID rows' token ids. GroundedRecommender.from_pretrained reads it from the adapter"
+        )
+    if sid_softmax is True and not grounded:
+        rows: torch.Tensor | None = torch.tensor(
+            sorted(tokenizer.convert_tokens_to_ids(index.token_strings)), dtype=torch.long
+        )
+    else:
+        rows = sid_rows(model, sid_softmax)
+    if rows is None:
+        return False
+    vocab = model.get_output_embeddings().weight.shape[0]
+    if int(rows.max()) >= vocab:
+        raise ValueError(
+            f"sid_softmax names token id {int(rows.max())}, beyond the model's {vocab} output rows: pass the "
+            "SID rows of this model (or load it with the record saved beside it)"
+        )
+    StepHead(model, rows).check(trie)
+    return rows
