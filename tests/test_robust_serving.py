@@ -501,6 +501,17 @@ def test_an_adapter_config_field_that_is_missing_unknown_or_mistyped_is_named(
         assert said in line, line
 
 
+def test_keys_the_config_loader_moves_into_place_are_not_unknown(world, recommender, tmp_path, capsys):
+    """A config with its index fingerprint at the top level (moved into ``metadata`` on load) serves."""
+    adapter = copy(world["root"] / "adapter", tmp_path)
+    path = adapter / "adapter_config.json"
+    config = json.loads(path.read_text())
+    config["sid_index_fingerprint"] = config["metadata"].pop("sid_index_fingerprint")
+    path.write_text(json.dumps(config))
+    code, out, _ = run_cli(capsys, *command(world, "--history", "0,1", adapter=adapter))
+    assert code == 0 and printed_items(out) == recommender.recommend([["0", "1"]], k=K)[0].items
+
+
 def test_truncated_adapter_weights_are_named(world, tmp_path, capsys):
     adapter = copy(world["root"] / "adapter", tmp_path)
     weights = adapter / "adapter_model.safetensors"
