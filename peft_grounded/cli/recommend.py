@@ -246,11 +246,10 @@ def request_key(settings: dict[str, Any], user: str, history: Sequence[str]) -> 
 
 def _resume(out: Path, args: RecommendArguments) -> dict[str, dict[str, Any]]:
     """The lines already written (final and partial file) by user, after checking that the folder is this
-    command's, with these settings, and writable. A line is reused only when its key matches (see
-    :func:`request_key`)."""
+    command's and holds these settings (:func:`run` checked that it can be written). A line is reused only
+    when its key matches (see :func:`request_key`)."""
     from .._io import read_json
 
-    _check_output_dir(out)
     settings = out / SETTINGS
     ours = [out / OUTPUT, out / (OUTPUT + ".partial")]
     if not settings.is_file():

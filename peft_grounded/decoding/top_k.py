@@ -50,7 +50,7 @@ def top_k_lists(
     )
     items, scores = found.items, found.scores
     if exclude is not None:
-        items, scores = _left_out(items, scores, exclude, k)
+        items, scores = left_out(items, scores, exclude, k)
         for u in [u for u, row in enumerate(items) if len(row) < k]:
             wide = min(len(trie), beams + sum(i in trie for i in set(exclude[u])))
             if wide <= beams:
@@ -58,16 +58,17 @@ def top_k_lists(
             again = recommend(
                 model, tokenizer, [prompts[u]], trie, k=wide, num_beams=wide, sid_softmax=sid_softmax
             )
-            (items[u],), (scores[u],) = _left_out(again.items, again.scores, [exclude[u]], k)
+            (items[u],), (scores[u],) = left_out(again.items, again.scores, [exclude[u]], k)
     found.items = [row[:k] for row in items]
     found.scores = [row[:k] for row in scores]
     found.k = k
     return found
 
 
-def _left_out(
+def left_out(
     items: list[list[Any]], scores: list[list[float]], exclude: Sequence[Collection[Any]], k: int
 ) -> tuple[list[list[Any]], list[list[float]]]:
+    """Each row's first ``k`` items (and scores) that its ``exclude`` collection does not hold."""
     kept_items, kept_scores = [], []
     for row, values, seen in zip(items, scores, exclude, strict=True):
         seen = set(seen)

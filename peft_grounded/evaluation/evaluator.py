@@ -153,6 +153,7 @@ def _new_item_lists(
     """The lists of the new-item slot rule (``new_item_share``): the model's beams with new items mixed in,
     then the history left out."""
     from ..decoding import mix_new_items, recommend
+    from ..decoding.top_k import left_out
 
     beams = max(settings.num_beams, max(settings.ks))
     recs = recommend(
@@ -169,10 +170,7 @@ def _new_item_lists(
     lists = recs.items
     if settings.exclude_history:
         seen = _full_histories(split, part)
-        lists = [
-            [i for i in items if i not in seen[r["user"]]][: max(settings.ks)]
-            for r, items in zip(records, lists, strict=True)
-        ]
+        lists, _ = left_out(lists, recs.scores, [seen[r["user"]] for r in records], max(settings.ks))
     return lists, recs
 
 
