@@ -63,6 +63,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="balanced RQ-KMeans levels of the SIDs (default: the preset's none)",
     )
+    p.add_argument(
+        "--item-vectors",
+        choices=("text", "behaviour", "mix"),
+        default=None,
+        help="what the SIDs and the centroid start are built from (default: the preset's text)",
+    )
+    p.add_argument(
+        "--behaviour-weight", type=float, default=None, help="--item-vectors mix: behaviour's share"
+    )
     p.add_argument("--history", type=int, default=None, help="items of history per training window")
     p.add_argument("--curve-every", type=int, default=None, help="validation NLL every N steps")
     p.add_argument(
@@ -90,6 +99,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--peers", nargs="*", default=None, help="the peers scored (none: --peers alone)")
     p.add_argument("--sasrec-minutes", type=float, default=None)
     p.add_argument("--strategies", nargs="+", default=None)
+    p.add_argument(
+        "--sft-set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="any RecommendationConfig field of SFT (VALUE read as JSON, else as text), e.g. augment_views=2, "
+        "neftune_noise_alpha=5; repeatable",
+    )
+    p.add_argument(
+        "--max-train-examples",
+        type=int,
+        default=None,
+        help="SFT on a seeded sample of this many training rows",
+    )
     p.add_argument("--seed", type=int, default=None, help="the run's seed (default: the preset's)")
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto")
     p.add_argument("--no-diagnostics", action="store_true")
@@ -108,6 +131,19 @@ def _stage(config, steps: int | None, minutes: float | None, lr: float | None, *
     return replace(config, **changes)
 
 
+def _field_value(pair: str) -> tuple[str, object]:
+    """``FIELD=VALUE`` of ``--sft-set``: the value as JSON (numbers, true, null), else as text."""
+    import json
+
+    name, sep, value = pair.partition("=")
+    if not sep or not name:
+        raise SystemExit(f"--sft-set takes FIELD=VALUE, got {pair!r}")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
+
+
 def preset(args: argparse.Namespace):
     """The ``default`` preset with the arguments' changes (built and checked before any work)."""
     from peft_grounded.pipeline.demo import PRESETS
@@ -119,6 +155,7 @@ def preset(args: argparse.Namespace):
         sft_changes["weight_decay"] = args.weight_decay
     if args.padding_free is not None:
         sft_changes["padding_free"] = args.padding_free
+    sft_changes |= dict(_field_value(pair) for pair in args.sft_set)
     lora = old.lora if args.lora_r is None else old.lora | {"r": args.lora_r, "lora_alpha": 2 * args.lora_r}
     if args.lora_dropout is not None:
         lora = lora | {"lora_dropout": args.lora_dropout}
@@ -135,6 +172,9 @@ def preset(args: argparse.Namespace):
         keep_best=args.keep_best,
         block_lr=args.block_lr,
         curve_users=old.curve_users if args.curve_users is None else args.curve_users,
+        max_train_examples=old.max_train_examples
+        if args.max_train_examples is None
+        else args.max_train_examples,
         init_scale=old.init_scale if args.init_scale is None else args.init_scale,
         lora=lora,
         eval_parts=old.eval_parts if args.eval_parts is None else tuple(args.eval_parts),
@@ -148,6 +188,11 @@ def preset(args: argparse.Namespace):
         spec = replace(spec, codes=args.codes)
     if args.balanced is not None:
         spec = replace(spec, balanced=args.balanced)
+    if args.item_vectors is not None or args.behaviour_weight is not None:
+        vectors = {"item_vectors": args.item_vectors or spec.item_vectors.item_vectors}
+        if args.behaviour_weight is not None:
+            vectors["behaviour_weight"] = args.behaviour_weight
+        spec = replace(spec, item_vectors=replace(spec.item_vectors, **vectors))
     if args.history is not None:
         spec = replace(spec, fmt=replace(spec.prompt_format(), max_history=args.history))
     if args.peers is not None:

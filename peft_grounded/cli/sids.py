@@ -1,7 +1,7 @@
 """``peft-grounded build-sids``: catalogue -> item vectors -> RQ-KMeans -> SID index (see docs/sids.md).
 
-The flags are the fields of :class:`BuildSIDsArguments`, :class:`~.common.CatalogueArguments` and
-:class:`~.common.EncodingArguments`, parsed by TRL's parser; ``--config FILE.yaml`` gives any of them.
+The flags are the fields of :class:`BuildSIDsArguments`, :class:`~.common.CatalogueArguments`,
+:class:`~.common.EncodingArguments` and :class:`~peft_grounded.sids.behaviour.ItemVectorsConfig`, parsed by TRL's parser; ``--config FILE.yaml`` gives any of them.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..sids.behaviour import ItemVectorsConfig
 from .common import CatalogueArguments, Command, EncodingArguments, column_mapping
 
 
@@ -95,7 +96,12 @@ class BuildSIDsArguments:
         return parts[0] if len(parts) == 1 else parts
 
 
-def run(args: BuildSIDsArguments, catalogue: CatalogueArguments, encoding: EncodingArguments) -> int:
+def run(
+    args: BuildSIDsArguments,
+    catalogue: CatalogueArguments,
+    encoding: EncodingArguments,
+    item_vectors: ItemVectorsConfig,
+) -> int:
     import logging
 
     from ..sids.build import build_sids
@@ -133,6 +139,7 @@ def run(args: BuildSIDsArguments, catalogue: CatalogueArguments, encoding: Encod
         k_core=args.k_core,
         **encoding.keywords(),
         overwrite=args.overwrite,
+        item_vectors=item_vectors,
     )
     print(index.summary())
     print(f"saved to {args.output_dir}")
@@ -144,7 +151,7 @@ COMMAND = Command(
     help="build Semantic IDs (RQ-KMeans over item-text embeddings) and the SID index",
     description="Encode each catalogue item's text, quantise with residual k-means, give every item a unique SID "
     "and save the SID index (codes, codebooks, per-token centroids, quality figures).",
-    settings=lambda: (BuildSIDsArguments, CatalogueArguments, EncodingArguments),
+    settings=lambda: (BuildSIDsArguments, CatalogueArguments, EncodingArguments, ItemVectorsConfig),
     run=run,
     renamed={"--batch-size": "--encode-batch-size"},
 )

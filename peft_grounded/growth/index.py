@@ -185,7 +185,10 @@ def add_vectors(
         raise GrowthError("the new items' vectors contain NaN or Inf; re-encode them")
     from ..sids.rqkmeans import quantize
 
-    index.quantize(x[:1], encoder=encoder)  # the index's checks: encoder, width, quantizer (one row)
+    if encoder is not None:
+        index.check_encoder(encoder)
+    x = index.index_vectors(x)  # a behaviour or mixed index: the text-to-behaviour map
+    index.quantize(x[:1])  # the index's checks: width, quantizer (one row)
     codes_t, residual_t = quantize(x, index.codebooks, index.normalize_residuals)
     k_codes, residual = codes_t.numpy(), residual_t.numpy()
     mode = dedup_mode(index)
@@ -247,6 +250,7 @@ def add_vectors(
         quantizer=index.quantizer,
         parent=index.fingerprint(),
         lineage=[*index.lineage, index.fingerprint()],
+        vector_map=index.vector_map,
     )
     report.new_tokens = child.token_strings[len(parent_tokens) :]
     record = {k: v[:100] if isinstance(v, list) else v for k, v in report.as_dict().items()}  # bounded JSON

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from .._locks import locks_output
 from ..evaluation.settings import EvalSettings
 from ..prompts import PromptFormat
+from ..sids.behaviour import ItemVectorsConfig
 from ..training import runs
 from .budget import Budget, Experiment
 from .runner import run_strategy
@@ -37,6 +38,8 @@ class Preset:
     # balanced RQ-KMeans levels (build_sids' balanced: "none", "last" or "all"; fewer items share a code)
     balanced: str = "none"
     text_fields: tuple[str, ...] = ("title", "categories", "release_year", "brand", "description")
+    # what the SIDs and the centroid start are built from: text, behaviour or a mix (sids.behaviour)
+    item_vectors: ItemVectorsConfig = field(default_factory=ItemVectorsConfig)
     max_history: int = 10
     with_titles: bool = False
     seeds: tuple[int, ...] = (0,)
@@ -241,6 +244,8 @@ def run_demo(
     }
     if spec.balanced != "none":  # recorded only when set, so that the folders of earlier runs still match
         manifest["balanced"] = spec.balanced
+    if spec.item_vectors.uses_behaviour:  # likewise
+        manifest["item_vectors"] = asdict(spec.item_vectors)
     runs.check_and_write(out, manifest, out if (out / runs.MANIFEST).is_file() else None)
     if spec.layers:
         from ..recommend.shallow_base import shallow_base
@@ -257,6 +262,7 @@ def run_demo(
             codes=spec.codes,
             balanced=spec.balanced,
             text_template=list(spec.text_fields),
+            item_vectors=spec.item_vectors,
             show_progress=spec.budget.show_progress,
         )
     print(index.summary(), flush=True)

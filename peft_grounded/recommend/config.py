@@ -30,3 +30,29 @@ class RecommendationConfig(RunConfig):
             "const": True,
         },
     )
+    augment_views: int = field(
+        default=0,
+        metadata={
+            "help": "Altered copies of each training history (chunk or window) added to the data, each "
+            "with items dropped at random (--augment_drop), as CL4SRec's crops and masks: more distinct "
+            "examples per epoch against overfitting. 0: none."
+        },
+    )
+    augment_drop: float = field(
+        default=0.2,
+        metadata={"help": "Share of a history's items dropped in an altered copy (at least two items stay)."},
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from .. import checks
+
+        checks.raise_problems(
+            "RecommendationConfig",
+            [
+                checks.int_at_least("augment_views", self.augment_views, 0, flag="--augment_views"),
+                checks.number_in(
+                    "augment_drop", self.augment_drop, 0, 1, high_open=True, flag="--augment_drop"
+                ),
+            ],
+        )

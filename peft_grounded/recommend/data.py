@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..prompts import HistoryError, PromptFormat, use_chat
+from .augmentation import Augmentation
 
 
 def recommendation_examples(
@@ -52,20 +53,24 @@ def training_dataset(
     fmt: PromptFormat | None = None,
     chat: bool | None = None,
     users: Sequence[str] | None = None,
+    augment: Augmentation | None = None,
 ):
     """The training rows of ``fmt.objective`` as a ``datasets.Dataset``: sliding-window prompt -> SID
     examples (``"prompt"``), or pre-tokenised SID chunks with a loss mask (``"sequence"``, see
-    :mod:`.sequence`)."""
+    :mod:`.sequence`); ``augment`` adds altered copies of the histories (:mod:`.augmentation`)."""
     from datasets import Dataset
 
     fmt = fmt or PromptFormat()
     if fmt.objective == "sequence":
         from .sequence import sequence_dataset
 
-        return sequence_dataset(split, index, tokenizer, catalogue, fmt, users)
+        return sequence_dataset(split, index, tokenizer, catalogue, fmt, users, augment)
     chat = use_chat(tokenizer, chat)
     keep = None if users is None else set(users)
     triples = [t for t in split.train_examples(fmt.max_history) if keep is None or t[0] in keep]
     if not triples:
         raise HistoryError("No training example: every user's training history is a single item.")
+    if augment is not None:
+        views = augment.views([history for _, history, _ in triples], min_items=1)
+        triples += [(user, view, target) for (user, _, target), view in zip(triples, views, strict=True)]
     return Dataset.from_list(recommendation_examples(triples, index, catalogue, fmt, chat))

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from ..prompts import HistoryError, PromptFormat
+from .augmentation import Augmentation
 
 
 def chunk_bounds(length: int, max_items: int | None) -> list[tuple[int, int]]:
@@ -88,8 +89,10 @@ def sequence_rows(
     catalogue=None,
     fmt: PromptFormat | None = None,
     users: Sequence[str] | None = None,
+    augment: Augmentation | None = None,
 ) -> list[dict]:
-    """One row per chunk of every user's training history (see the module docstring)."""
+    """One row per chunk of every user's training history (see the module docstring), then ``augment``'s
+    altered copies of the chunks."""
     if tokenizer is None:
         raise ValueError(
             "The sequence objective tokenises its rows: pass the tokenizer (with the SID tokens)."
@@ -98,13 +101,16 @@ def sequence_rows(
     fmt = replace(fmt, start=fmt.start_token(tokenizer))  # resolved once, not per chunk
     keep = None if users is None else set(users)
     max_items = fmt.max_history + 1 if fmt.max_history else None
-    rows = []
+    chunks = [
+        user.history[start:stop]
+        for user in split.users
+        if keep is None or user.user_id in keep
+        for start, stop in chunk_bounds(len(user.history), max_items)
+    ]
+    if augment is not None:
+        chunks += augment.views(chunks, min_items=2)
     sid_tokens = SIDTokens(index, tokenizer)
-    for user in split.users:
-        if keep is not None and user.user_id not in keep:
-            continue
-        for start, stop in chunk_bounds(len(user.history), max_items):
-            rows.append(sequence_row(user.history[start:stop], index, tokenizer, catalogue, fmt, sid_tokens))
+    rows = [sequence_row(chunk, index, tokenizer, catalogue, fmt, sid_tokens) for chunk in chunks]
     if not rows:
         raise HistoryError("No training chunk: every user's training history is a single item.")
     return rows

@@ -98,6 +98,7 @@ def train_recommender(
     """
     from ..adapter import add_lora
     from ..adapter.lora import lora_settings
+    from .augmentation import Augmentation
     from .data import training_dataset
 
     stack = lora is not False  # False: no LoRA (the rows, and what the caller unfroze, train)
@@ -120,6 +121,6 @@ def train_recommender(
     run = StageRun(model, tokenizer, max_examples, callbacks, resume)
     start = {"model_path": model_path, "init": init, "centroid_variant": centroid_variant}
     start |= {"init_scale": init_scale, "dtype": dtype}
-    data = partial(training_dataset, split, index, catalogue, fmt=fmt)
+    data = partial(training_dataset, split, index, catalogue, fmt=fmt, augment=Augmentation.of(args))
     start |= {"caller": "train_recommender", "fmt": fmt, "adapter": grounded}
     return run_stage(RecommendationTrainer, index, args, run, data, stack_lora, **start)

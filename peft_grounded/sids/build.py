@@ -15,6 +15,8 @@ import numpy as np
 import torch
 
 from .._locks import locks_output
+from .behaviour import ItemVectorsConfig
+from .behaviour import item_vectors as build_item_vectors
 from .catalogue import Catalogue
 from .collisions import DEDUP_MODES, add_disambiguation_level, collision_stats, reassign_last_level
 from .encoders import TextEncoder
@@ -241,6 +243,7 @@ def build_sids(
     token_template: str = DEFAULT_TEMPLATE,
     show_progress: bool = True,
     overwrite: bool = False,
+    item_vectors: ItemVectorsConfig | None = None,
 ) -> SIDIndex:
     """Build (and, with ``output``, save) the SID index of a catalogue.
 
@@ -253,7 +256,9 @@ def build_sids(
     for ``rqvae_epochs`` instead of RQ-KMeans (then ``balanced``, ``normalize_residuals``, ``max_iter`` and
     ``sample_size`` do not apply). ``output`` holding an index already is an error (adapters trained on it
     need it) unless ``overwrite=True``. ``output`` is locked from the check to the save: a second build
-    aimed at it stops at once (:class:`~peft_grounded._locks.OutputBusyError`). See ``docs/sids.md``.
+    aimed at it stops at once (:class:`~peft_grounded._locks.OutputBusyError`). ``item_vectors`` builds
+    from behaviour or a mix instead of text (see :mod:`.behaviour`; the index keeps the text map). See
+    ``docs/sids.md``.
     """
     if dedup not in DEDUP_MODES:
         raise ValueError(f"dedup must be one of {DEDUP_MODES}, got {dedup!r}")
@@ -321,6 +326,12 @@ def build_sids(
             )
         dropped, encode_seconds = 0, 0.0
     counts = catalogue.item_counts()
+    item_vectors = item_vectors or ItemVectorsConfig()
+    vector_map, vector_stats = None, {}
+    if item_vectors.uses_behaviour:  # the training histories only: no validation or test target
+        vectors, vector_map, vector_stats = build_item_vectors(
+            catalogue.leave_one_out(), [it.item_id for it in items], vectors, item_vectors, seed
+        )
     index = index_from_vectors(
         vectors,
         [it.item_id for it in items],
@@ -339,6 +350,7 @@ def build_sids(
             "n_users": len(catalogue.sequences),
             "n_interactions": catalogue.n_interactions,
             "dropped_empty_text": dropped,
+            **({"item_vectors": asdict(item_vectors)} if item_vectors.uses_behaviour else {}),
         },
         quantizer=quantizer,
         rqvae_config=RQVAEConfig(
@@ -348,6 +360,8 @@ def build_sids(
         else None,
     )
     index.quality["encode_seconds"] = round(encode_seconds, 3)
+    index.quality.update(vector_stats)
+    index.vector_map = vector_map
     if output is not None:
         index.save(output)
     return index

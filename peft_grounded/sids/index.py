@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from .behaviour import ItemVectorMap
 from .index_files import (  # the file format; JSON_NAME, IndexFileError and tensors_path are read from here too
     CENTROID_VARIANTS,
     FORMAT_VERSION,
@@ -92,6 +93,7 @@ class SIDIndex:
     version: int = FORMAT_VERSION
     parent: str | None = None  # fingerprint of the index this one grew from (add_items), None for a build
     lineage: list[str] = field(default_factory=list)  # fingerprints of every ancestor, oldest first
+    vector_map: ItemVectorMap | None = None  # text -> the vectors the index was built from (None: text)
 
     def __post_init__(self) -> None:
         self.codes = np.asarray(self.codes, dtype=np.int64)
@@ -286,6 +288,20 @@ class SIDIndex:
                 f"{fingerprint.get('model')!r} (differs in {diff}); encode with the index's encoder, "
                 "or rebuild the index with `peft-grounded build-sids --encoder ...`"
             )
+
+    def index_vectors(self, text_vectors: Any) -> np.ndarray:
+        """The encoder's vectors of items brought into the space the index was built in (the text-to-
+        behaviour map of a behaviour or mixed index; unchanged for a text index)."""
+        array = np.asarray(text_vectors, dtype=np.float32)
+        if self.vector_map is None:
+            return array
+        if array.ndim != 2 or array.shape[1] != self.vector_map.text_dim:
+            raise EncoderMismatchError(
+                f"vectors of shape {array.shape} do not match the index's {self.vector_map.text_dim}-d encoder "
+                f"{self.encoder.get('model')!r} (the index maps its vectors to {self.vector_map.source} "
+                "vectors); encode with that encoder"
+            )
+        return self.vector_map(array)
 
     def quantize(self, vectors: Any, encoder: Any = None) -> np.ndarray:
         """k-means codes ``[m, n_kmeans_levels]`` of new vectors (nearest codeword per level, no dedup)."""

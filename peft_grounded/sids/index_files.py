@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .._io import atomic_write, read_json
+from .behaviour import ItemVectorMap
 
 FORMAT = "peft_grounded.sid_index"  # the "format" field of every index JSON
 FORMAT_VERSION = 1
@@ -66,6 +67,7 @@ _META_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "item_categories": ((list, type(None)), False),
     "parent": ((str, type(None)), False),
     "lineage": ((list, type(None)), False),
+    "vector_map": ((dict, type(None)), False),
 }
 
 
@@ -97,6 +99,16 @@ def _check_meta(meta: dict[str, Any], json_path: Path) -> None:
             problems.append(f"'centroid_variants' holds unknown variants {unknown!r:.60}")
         if meta.get("quantizer", "rqkmeans") not in ("rqkmeans", "rqvae"):
             problems.append(f"'quantizer' must be 'rqkmeans' or 'rqvae', got {meta['quantizer']!r:.60}")
+        vector_map = meta.get("vector_map")
+        if vector_map is not None and (
+            vector_map.get("source") not in ("behaviour", "mix")
+            or not isinstance(vector_map.get("behaviour_weight"), (int, float))
+            or isinstance(vector_map.get("behaviour_weight"), bool)
+        ):
+            problems.append(
+                "'vector_map' must hold 'source' ('behaviour' or 'mix') and a numeric 'behaviour_weight', "
+                f"got {vector_map!r:.60}"
+            )
     if problems:
         raise IndexFileError(
             f"{json_path}: " + "; ".join(problems) + f" (a damaged or foreign index); {REBUILD}"
@@ -183,6 +195,8 @@ def _save(index: Any, directory: Path) -> Path:
         tensors[f"codebook.{level}"] = np.ascontiguousarray(book, dtype=np.float32)
     for variant, matrix in index.centroids.items():
         tensors[f"centroids.{variant}"] = np.ascontiguousarray(matrix, dtype=np.float32)
+    if index.vector_map is not None:
+        tensors |= index.vector_map.tensors()
     if index.item_interactions is not None:
         tensors["item_interactions"] = np.asarray(index.item_interactions, dtype=np.int64)
     # One metadata key: safetensors writes them from a hash map, in an order that changes from one save to the
@@ -215,6 +229,7 @@ def _save(index: Any, directory: Path) -> Path:
         else [list(c) for c in index.item_categories],
         "parent": index.parent,
         "lineage": list(index.lineage),
+        "vector_map": None if index.vector_map is None else index.vector_map.record(),
     }
     # the tensor file is named by its content: writing it never touches the file the current JSON names,
     # so a crash at any point leaves a loadable index (the old one, or the new one)
@@ -305,6 +320,9 @@ def read_index(path: str | Path, verify: bool = True) -> dict[str, Any]:
             version=int(meta["version"]),
             parent=meta.get("parent"),
             lineage=list(meta.get("lineage") or []),
+            vector_map=None
+            if meta.get("vector_map") is None
+            else ItemVectorMap.from_files(meta["vector_map"], tensors),
         )
     except KeyError as err:
         raise IndexFileError(f"{directory} lacks {err} (an incomplete or foreign index); {fix}") from None

@@ -1,0 +1,198 @@
+"""Item vectors from behaviour (issue 40, item 1): SASRec's item embeddings, the text-to-behaviour map for
+items with few or no interactions, the mix, the index that keeps the map, and no test target read."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from peft_grounded.checks import SettingsError
+from peft_grounded.cli import main
+from peft_grounded.growth.index import add_vectors
+from peft_grounded.sids import build_sids
+from peft_grounded.sids.behaviour import (
+    ItemVectorMap,
+    ItemVectorsConfig,
+    fit_ridge_map,
+    item_vectors,
+    training_interactions,
+)
+from peft_grounded.sids.catalogue import Catalogue, Item
+from peft_grounded.sids.index import JSON_NAME, EncoderMismatchError, IndexFileError, SIDIndex
+
+FAST = dict(behaviour_minutes=0.2, behaviour_min_interactions=3)
+TEXT_DIM = 12
+
+
+def _shop(n_users: int = 80, seed: int = 0) -> tuple[Catalogue, np.ndarray]:
+    """40 items; users buy within group A (items 0-19) or group B (20-39), while the text vectors group
+    the items by parity, which behaviour never follows. Items 40 and 41 are never bought."""
+    rng = np.random.default_rng(seed)
+    ids = [f"i{k}" for k in range(42)]
+    items = {i: Item(i, title=f"item {i}") for i in ids}
+    sequences = {}
+    for u in range(n_users):
+        group = range(0, 20) if u % 2 == 0 else range(20, 40)
+        sequences[f"u{u}"] = tuple(f"i{k}" for k in rng.choice(list(group), size=8, replace=False))
+    parity = np.array([k % 2 for k in range(42)], dtype=np.float32)
+    text = rng.normal(0, 0.05, (42, TEXT_DIM)).astype(np.float32)
+    text[:, 0] += parity
+    text[:, 1] += 1 - parity
+    text[41] = text[40]  # two never-bought items with the same text
+    return Catalogue("shop", items, sequences), text
+
+
+@pytest.fixture(scope="module")
+def shop():
+    return _shop()
+
+
+@pytest.fixture(scope="module")
+def behaviour(shop):
+    catalogue, text = shop
+    config = ItemVectorsConfig(item_vectors="behaviour", **FAST)
+    return item_vectors(catalogue.leave_one_out(), catalogue.item_ids, text, config, seed=0)
+
+
+@pytest.mark.parametrize(
+    "bad, named",
+    [
+        ({"item_vectors": "sasrec"}, "item_vectors"),
+        ({"behaviour_weight": 0}, "behaviour_weight"),
+        ({"behaviour_weight": 1.0}, "behaviour_weight"),
+        ({"behaviour_min_interactions": 0}, "behaviour_min_interactions"),
+        ({"behaviour_ridge": -1.0}, "behaviour_ridge"),
+        ({"behaviour_minutes": 0}, "behaviour_minutes"),
+    ],
+)
+def test_a_bad_setting_is_named(bad, named):
+    with pytest.raises(SettingsError, match=named):
+        ItemVectorsConfig(**bad)
+
+
+def test_the_ridge_map_recovers_a_linear_map():
+    rng = np.random.default_rng(1)
+    text = rng.normal(size=(300, 8)).astype(np.float32)
+    truth = rng.normal(size=(8, 3)).astype(np.float32)
+    behaviour = text @ truth + np.array([1.0, -2.0, 0.5], np.float32)
+    weight, t_mean, b_mean = fit_ridge_map(text, behaviour, 1e-3)
+    mapped = ItemVectorMap("behaviour", weight, t_mean, b_mean)
+    np.testing.assert_allclose(mapped(text), behaviour, atol=1e-3)
+    with pytest.raises(ValueError, match="8-d text"):
+        mapped(text[:, :5])
+
+
+def test_warm_items_keep_sasrecs_vectors_and_unbought_ones_get_the_maps(shop, behaviour):
+    catalogue, text = shop
+    vectors, vector_map, stats = behaviour
+    split = catalogue.leave_one_out()
+    counts = training_interactions(split, catalogue.item_ids)
+    assert counts[40] == counts[41] == 0 and stats["behaviour_warm_items"] == int((counts >= 3).sum())
+    assert vectors.shape == (42, 64) and np.isfinite(vectors).all()
+    # the items without interactions: exactly the map's prediction from their text, same text -> same vector
+    np.testing.assert_allclose(vectors[40:], vector_map(text[40:]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(vectors[40], vectors[41])
+    # a warm item's vector is not its text's prediction (it is SASRec's own embedding)
+    warm = np.flatnonzero(counts >= 3)
+    assert not np.allclose(vectors[warm], vector_map(text[warm]), atol=1e-3)
+
+
+def test_behaviour_follows_who_bought_what_and_text_does_not(shop, behaviour):
+    """Group A and group B are told apart by the behaviour vectors (the nearest warm neighbour is in the
+    same group), not by the text vectors, which follow parity."""
+    _, text = shop
+    vectors = behaviour[0][:40]
+    group = np.arange(40) >= 20
+
+    def same_group_neighbour(x):
+        x = x - x.mean(0)
+        x = x / np.linalg.norm(x, axis=1, keepdims=True)
+        sims = x @ x.T
+        np.fill_diagonal(sims, -np.inf)
+        return float((group[sims.argmax(1)] == group).mean())
+
+    assert same_group_neighbour(vectors) >= 0.9
+    assert same_group_neighbour(text[:40]) <= 0.7
+
+
+def test_the_mix_weights_each_part(shop):
+    catalogue, text = shop
+    config = ItemVectorsConfig(item_vectors="mix", behaviour_weight=0.3, **FAST)
+    vectors, vector_map, _ = item_vectors(catalogue.leave_one_out(), catalogue.item_ids, text, config)
+    assert vectors.shape == (42, TEXT_DIM + 64)
+    np.testing.assert_allclose((vectors[:, :TEXT_DIM] ** 2).sum(1), 0.7, rtol=1e-4)
+    np.testing.assert_allclose((vectors[:, TEXT_DIM:] ** 2).sum(1), 0.3, rtol=1e-4)
+    np.testing.assert_allclose(vectors[40:], vector_map(text[40:]), rtol=1e-5, atol=1e-6)
+
+
+def test_no_test_target_reaches_the_vectors(shop, behaviour):
+    """Every user's test item changed to another: the vectors are the same to the bit."""
+    catalogue, text = shop
+    changed = {
+        user: (*items[:-1], "i40" if items[-1] != "i40" else "i41")
+        for user, items in catalogue.sequences.items()
+    }
+    other = replace(catalogue, sequences=changed)
+    config = ItemVectorsConfig(item_vectors="behaviour", **FAST)
+    again, _, _ = item_vectors(other.leave_one_out(), other.item_ids, text, config, seed=0)
+    np.testing.assert_array_equal(again, behaviour[0])
+
+
+def test_a_behaviour_index_keeps_its_map_and_codes_new_items_from_their_text(shop, tmp_path):
+    catalogue, text = shop
+    config = ItemVectorsConfig(item_vectors="behaviour", **FAST)
+    index = build_sids(
+        catalogue,
+        tmp_path / "sids",
+        vectors=text,
+        levels=2,
+        codes=4,
+        item_vectors=config,
+        show_progress=False,
+    )
+    assert index.dim == 64 and index.build_config["item_vectors"]["item_vectors"] == "behaviour"
+    assert 0 < index.quality["behaviour_warm_items"] < 42
+    loaded = SIDIndex.load(tmp_path / "sids")
+    assert loaded.vector_map is not None and loaded.fingerprint() == index.fingerprint()
+    np.testing.assert_array_equal(loaded.vector_map.weight, index.vector_map.weight)
+    # the centroid start's rows are the behaviour vectors' means, width 64
+    assert loaded.centroids["items"].shape[1] == 64
+    # a new item is coded from its text through the map
+    new_text = text[:2] + 0.01
+    child = add_vectors(loaded, ["n0", "n1"], new_text)
+    np.testing.assert_array_equal(child.codes[-2:, :2], loaded.quantize(loaded.vector_map(new_text)))
+    assert child.vector_map is loaded.vector_map
+    with pytest.raises(EncoderMismatchError, match="12-d encoder"):
+        add_vectors(loaded, ["n2"], np.ones((1, 64), np.float32))  # behaviour vectors are not text vectors
+    # a tampered record is refused by name
+    meta = json.loads((tmp_path / "sids" / JSON_NAME).read_text())
+    meta["vector_map"] = {"source": "votes", "behaviour_weight": 0.5}
+    (tmp_path / "sids" / JSON_NAME).write_text(json.dumps(meta))
+    with pytest.raises(IndexFileError, match="vector_map"):
+        SIDIndex.load(tmp_path / "sids")
+
+
+def test_a_text_index_has_no_map(shop):
+    catalogue, text = shop
+    index = build_sids(catalogue, vectors=text, levels=2, codes=4, show_progress=False)
+    assert index.vector_map is None and "item_vectors" not in index.build_config
+    np.testing.assert_array_equal(index.index_vectors(text), text)
+
+
+def test_the_cli_refuses_a_bad_weight_before_building(tmp_path, capsys):
+    code = main(
+        [
+            "build-sids",
+            "--output_dir",
+            str(tmp_path / "s"),
+            "--item_vectors",
+            "mix",
+            "--behaviour_weight",
+            "1.5",
+        ]
+    )
+    assert code != 0 and "behaviour_weight" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()

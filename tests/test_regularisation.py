@@ -1,0 +1,179 @@
+"""Levers for training past the fourth epoch (issue 40, item 2): altered copies of the histories
+(``augment_views`` / ``augment_drop``) and NEFTune's noise on the input rows, new SID rows included
+(``neftune_noise_alpha``), as settings with clear errors, their rows, the noise reaching the new rows in
+training only, and a run that resumes on the same data."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from helpers.toy_catalogue import toy_catalogue, toy_index
+
+from peft_grounded.checks import SettingsError
+from peft_grounded.prompts import PromptFormat
+from peft_grounded.recommend import (
+    RecommendationConfig,
+    RecommendationTrainer,
+    train_recommender,
+    training_dataset,
+)
+from peft_grounded.recommend.augmentation import Augmentation
+
+SEQ = PromptFormat(objective="sequence", max_history=3)
+
+
+@pytest.fixture(scope="module")
+def toy():
+    catalogue = toy_catalogue()
+    return catalogue, toy_index(catalogue)
+
+
+def _config(out, **kw) -> RecommendationConfig:
+    base = dict(
+        output_dir=str(out),
+        per_device_train_batch_size=4,
+        logging_steps=1,
+        save_steps=1000,
+        use_cpu=True,
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+        max_length=64,
+    )
+    return RecommendationConfig(**(base | kw))
+
+
+@pytest.mark.parametrize(
+    "bad, named",
+    [
+        ({"augment_views": -1}, "augment_views"),
+        ({"augment_views": 1.5}, "augment_views"),
+        ({"augment_drop": 1.0}, "augment_drop"),
+        ({"augment_drop": -0.1}, "augment_drop"),
+    ],
+)
+def test_a_bad_setting_is_named(bad, named, tmp_path):
+    with pytest.raises(SettingsError, match=named):
+        _config(tmp_path, **bad)
+
+
+def test_views_drop_items_in_order_and_keep_enough():
+    histories = [tuple(f"i{k}" for k in range(10)), ("a", "b"), ("z",)]
+    views = Augmentation(copies=3, drop=0.5, seed=1).views(histories, min_items=2)
+    assert len(views) == 3 * len(histories)
+    assert views == Augmentation(copies=3, drop=0.5, seed=1).views(histories, min_items=2)  # seeded
+    assert views != Augmentation(copies=3, drop=0.5, seed=2).views(histories, min_items=2)
+    for k, view in enumerate(views):
+        source = histories[k % len(histories)]
+        assert len(view) >= min(2, len(source))
+        positions = [source.index(i) for i in view]
+        assert positions == sorted(set(positions))  # a subsequence, order kept
+    long_views = [v for k, v in enumerate(views) if k % 3 == 0]
+    assert any(len(v) < 10 for v in long_views)  # items were dropped
+    assert Augmentation(copies=2, drop=0.0).views(histories, min_items=2) == histories * 2
+
+
+def test_the_altered_copies_are_rows_with_their_own_targets(toy, tokenizer):
+    catalogue, index = toy
+    tokenizer.add_tokens(index.token_strings)
+    split = catalogue.leave_one_out()
+    plain = training_dataset(split, index, catalogue, tokenizer, SEQ)
+    augmented = training_dataset(
+        split, index, catalogue, tokenizer, SEQ, augment=Augmentation(2, 0.4, seed=0)
+    )
+    assert len(augmented) == 3 * len(plain)
+    assert augmented[: len(plain)]["input_ids"] == plain["input_ids"]  # the originals first, unchanged
+    sid_vocab = set(tokenizer.convert_tokens_to_ids(index.token_strings))
+    for row in augmented.select(range(len(plain), len(augmented))):
+        sid_positions = [p for p, t in enumerate(row["input_ids"]) if t in sid_vocab]
+        targets = [p for p, m in enumerate(row["completion_mask"]) if m]
+        # every item but the first is a target: the mask covers all SID tokens after the first item's
+        assert targets == sid_positions[index.n_levels :]
+    assert any(
+        len(a) < len(b)
+        for a, b in zip(augmented[len(plain) :]["input_ids"], list(plain["input_ids"]) * 2, strict=True)
+    )
+    prompt = PromptFormat(objective="prompt", max_history=3)
+    rows = training_dataset(split, index, catalogue, tokenizer, prompt, augment=Augmentation(1, 0.5, seed=0))
+    base_rows = training_dataset(split, index, catalogue, tokenizer, prompt)
+    assert len(rows) == 2 * len(base_rows) and rows["completion"][len(base_rows) :] == base_rows["completion"]
+
+
+def test_neftune_noise_reaches_the_new_rows_in_training_only(toy, tokenizer, tmp_path):
+    from conftest import build_tiny_model
+    from peft import get_peft_model
+
+    import peft_grounded
+    from peft_grounded import GroundedTokenConfig
+
+    catalogue, index = toy
+    base = build_tiny_model("llama", True)
+    tokens, centroids = index.adapter_init()
+    ids = peft_grounded.add_tokens(tokenizer, base, tokens)
+    config = GroundedTokenConfig(
+        token_indices=ids, init="centroid", init_vectors=centroids, task_type="CAUSAL_LM"
+    )
+    model = get_peft_model(base, config)
+    peft_grounded.add_lora(model, r=2, target_modules="all-linear")
+    data = training_dataset(catalogue.leave_one_out(), index, catalogue, tokenizer, SEQ)
+    trainer = RecommendationTrainer(
+        model,
+        _config(tmp_path, max_steps=1, neftune_noise_alpha=5.0),
+        train_dataset=data,
+        processing_class=tokenizer,
+    )
+    seen = {}
+
+    class Probe:  # reads the embedding output with the hook the trainer installs for training
+        def __getattr__(self, name):
+            return lambda *a, **k: None
+
+        def on_step_begin(self, args, state, control, model=None, **kw):
+            embed = trainer.model.get_input_embeddings()
+            batch = torch.tensor([ids[:4]])
+            embed.train()
+            seen["train"] = (embed(batch), embed(batch))
+            embed.eval()
+            seen["eval"] = (embed(batch), embed(batch))
+            embed.train()
+
+    trainer.add_callback(Probe())
+    trainer.train()
+    a, b = seen["train"]
+    assert not torch.equal(a, b)  # fresh noise on the SID rows at each forward
+    assert (a - b).abs().max() <= 2 * 5.0 / (4 * a.shape[-1]) ** 0.5 + 1e-6  # NEFTune's bound
+    assert torch.equal(*seen["eval"])  # none outside training
+
+
+def test_an_augmented_run_resumes_on_the_same_rows(toy, model_dir, tmp_path):
+    catalogue, index = toy
+    args = dict(max_steps=4, save_steps=2, learning_rate=0.1, warmup_ratio=0.0, lr_scheduler_type="constant")
+    args |= dict(optim="sgd", augment_views=2, augment_drop=0.3, neftune_noise_alpha=1.0)
+    out = tmp_path / "run"
+    torch.manual_seed(0)
+    train_recommender(catalogue, index, _config(out, **args), model_path=model_dir, fmt=SEQ, lora=dict(r=2))
+    whole = [e["loss"] for e in json.loads((out / "log_history.json").read_text()) if "loss" in e]
+    shutil.rmtree(out / "checkpoint-4")
+    shutil.rmtree(out / "adapter")  # as if killed after the checkpoint at step 2
+    train_recommender(
+        catalogue, index, _config(out, **args), model_path=model_dir, fmt=SEQ, lora=dict(r=2), resume=True
+    )
+    resumed = [e["loss"] for e in json.loads((out / "log_history.json").read_text()) if "loss" in e]
+    assert len(resumed) == len(whole) == 4
+    assert resumed == pytest.approx(whole, rel=1e-5)  # the same rows, and the noise from the saved RNG
+    assert (out / "adapter" / "adapter_model.safetensors").is_file()
+    # another augmentation is other data: the checkpoint is refused rather than mixed
+    with pytest.raises(ValueError) as refused:
+        train_recommender(
+            catalogue,
+            index,
+            _config(out, **(args | {"augment_views": 1})),
+            model_path=model_dir,
+            fmt=SEQ,
+            lora=dict(r=2),
+            resume=True,
+        )
+    assert "differing fields: dataset" in str(refused.value)
