@@ -15,11 +15,32 @@ the output) keep TRL's own path.
 With ``sid_ids`` (``RecommendationConfig.sid_softmax_loss``) it is also the SID-only softmax: a SID target's
 logits are ``hidden @ W[sid_ids].T``, normalised over the SID rows only (:func:`head_rows` reads just those
 rows of the head, the grounded ones from the adapter), so a step never projects onto the text vocabulary.
+With ``sid_targets`` as well it returns the SID-only log-probabilities of given token ids at each SID target
+(:func:`sid_fused_output`), from which a trainer builds a soft-target loss (distillation).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import cache
+
 import torch
+
+
+@cache
+def sid_fused_output() -> type:
+    """``SIDFusedOutput``: TRL's ``FusedCausalLMOutput`` plus, for the ``sid_targets`` asked for,
+    ``sid_log_probs`` ``[N, k]`` (the SID-only log-probabilities of those ids at the ``N`` SID targets, row-major)
+    and ``sid_mask`` (where those targets are, the shape of ``log_probs``). Made on first use, so that the
+    adapter imports without TRL."""
+    from trl.trainer.utils import FusedCausalLMOutput
+
+    @dataclass
+    class SIDFusedOutput(FusedCausalLMOutput):
+        sid_log_probs: torch.Tensor | None = None
+        sid_mask: torch.Tensor | None = None
+
+    return SIDFusedOutput
 
 
 def supports_compact_head(model) -> bool:
@@ -70,6 +91,7 @@ def compact_fused_forward(
     labels: torch.Tensor,
     num_items_in_batch=None,
     sid_ids: torch.Tensor | None = None,
+    sid_targets: torch.Tensor | None = None,
     **kwargs,
 ):
     """``FusedCausalLMOutput`` of ``model`` (a transformers causal LM) from the labelled positions only.
@@ -77,9 +99,15 @@ def compact_fused_forward(
     ``sid_ids`` (sorted token ids): the SID-only softmax. A position whose target is one of them is
     normalised over those rows only (``hidden @ W[sid_ids].T``, through the model's own head rows); any
     other labelled target (an end-of-turn token after the SID) keeps the whole vocabulary. With every
-    vocabulary row in ``sid_ids`` this is the full loss."""
+    vocabulary row in ``sid_ids`` this is the full loss.
+
+    ``sid_targets`` ``[N, k]`` (needs ``sid_ids``): token ids of the SID rows, one row per SID target in
+    row-major order; the output is then a ``SIDFusedOutput`` (:func:`sid_fused_output`) with their SID-only log-probabilities. The
+    loss and ``log_probs`` are the same as without it."""
     from trl.trainer.utils import FusedCausalLMOutput
 
+    if sid_targets is not None and sid_ids is None:
+        raise ValueError("sid_targets are scored by the SID-only softmax: pass sid_ids too")
     kwargs["use_cache"] = False
     hidden = model.base_model(*args, **kwargs).last_hidden_state[:, :-1]
     labels = labels[:, 1:].to(hidden.device)
@@ -96,6 +124,8 @@ def compact_fused_forward(
             hidden[inside], weight.to(hidden.dtype), None if bias is None else bias.to(hidden.dtype)
         ).float()
         sid_stats = _token_stats(sid_logits, column[inside])
+        if sid_targets is not None:
+            gathered = _gather_log_probs(sid_logits, sid_ids, sid_targets.to(hidden.device))
         rest = ~inside  # other targets (if any) through the whole head; an empty batch costs nothing
         rest_stats = _token_stats(model.get_output_embeddings()(hidden[rest]).float(), targets[rest])
         log_probs, entropy, is_top1 = (
@@ -108,10 +138,29 @@ def compact_fused_forward(
 
     per_token = scatter(log_probs)
     count = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
-    return FusedCausalLMOutput(
+    fields = dict(
         loss=-per_token.sum() / count,
         log_probs=per_token,
         entropy=scatter(entropy),
         is_top1=scatter(is_top1),
         label_mask=mask,
     )
+    if sid_targets is None:
+        return FusedCausalLMOutput(**fields)
+    sid_mask = torch.zeros_like(mask)
+    sid_mask[mask] = inside
+    return sid_fused_output()(**fields, sid_log_probs=gathered, sid_mask=sid_mask)
+
+
+def _gather_log_probs(sid_logits: torch.Tensor, sid_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The SID-only log-probabilities ``[N, k]`` of the token ids ``targets`` ``[N, k]`` under ``sid_logits``."""
+    if targets.ndim != 2 or targets.shape[0] != sid_logits.shape[0]:
+        raise ValueError(
+            f"sid_targets has shape {tuple(targets.shape)}, expected [{sid_logits.shape[0]}, k]: one row per "
+            "labelled SID token of the batch"
+        )
+    column, inside = sid_columns(sid_ids, targets.reshape(-1))
+    if not bool(inside.all()):
+        raise ValueError("sid_targets holds token ids that are not SID rows (sid_ids)")
+    log_probs = sid_logits.log_softmax(dim=-1)
+    return log_probs.gather(1, column.view(targets.shape))

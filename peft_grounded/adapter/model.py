@@ -384,10 +384,20 @@ class GroundedTokenModel(BaseTuner):
             )
         return torch.cat([layer.grounded_indices[n] for n in names]).unique(sorted=True)
 
-    def forward(self, *args, compact_fused_lm_head: bool = False, sid_softmax: bool = False, **kwargs):
+    def forward(
+        self,
+        *args,
+        compact_fused_lm_head: bool = False,
+        sid_softmax: bool = False,
+        sid_targets: torch.Tensor | None = None,
+        **kwargs,
+    ):
         """The model's forward; with TRL's ``fused_lm_head=True`` and ``compact_fused_lm_head=True``, the
         labelled positions only (see :mod:`peft_grounded.adapter.compact_head`); ``sid_softmax=True`` also
-        normalises every SID target over the SID rows only (it always takes the compact path)."""
+        normalises every SID target over the SID rows only (it always takes the compact path), and with
+        ``sid_targets`` returns the SID-only log-probabilities of those token ids too."""
+        if sid_targets is not None and not sid_softmax:
+            raise ValueError("sid_targets are scored by the SID-only softmax: pass sid_softmax=True too")
         compact = (
             kwargs.get("fused_lm_head")
             and kwargs.get("labels") is not None
@@ -405,6 +415,8 @@ class GroundedTokenModel(BaseTuner):
             kwargs.pop("fused_lm_head")
             kwargs.pop("shift_labels", None)
             ids = self.sid_token_ids() if sid_softmax else None
+            if sid_targets is not None:
+                kwargs["sid_targets"] = sid_targets
             return compact_fused_forward(self.model, *args, sid_ids=ids, **kwargs)
         return self.model(*args, **kwargs)
 

@@ -42,6 +42,28 @@ class RecommendationConfig(RunConfig):
         default=0.2,
         metadata={"help": "Share of a history's items dropped in an altered copy (at least two items stay)."},
     )
+    distill_weight: float = field(
+        default=0.0,
+        metadata={
+            "help": "Weight of distillation from a SASRec teacher fitted on the same training split: each SID "
+            "target's loss puts this weight on the soft cross-entropy against the teacher's next-item "
+            "distribution (summed onto the SID trie level by level) and the rest on its own cross-entropy, "
+            "both under the SID-only softmax (sid_softmax_loss). Zero: off, no teacher is fitted."
+        },
+    )
+    distill_top_k: int = field(
+        default=16,
+        metadata={
+            "help": "Teacher probabilities kept per SID level and target (the most likely codes, renormalised)."
+        },
+    )
+    distill_minutes: float = field(
+        default=2.0,
+        metadata={
+            "help": "Training time of the SASRec teacher in minutes (validation picks its epoch); the teacher and "
+            "its targets are kept in OUTPUT_DIR/teacher, so a resumed run reuses them."
+        },
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -54,5 +76,30 @@ class RecommendationConfig(RunConfig):
                 checks.number_in(
                     "augment_drop", self.augment_drop, 0, 1, high_open=True, flag="--augment_drop"
                 ),
+                *distillation_problems(self),
             ],
         )
+
+
+def distillation_problems(config: RecommendationConfig) -> list[str | None]:
+    """The distillation settings' range checks, and what distillation needs of the others."""
+    from .. import checks
+
+    problems = [
+        checks.number_in("distill_weight", config.distill_weight, 0, 1, flag="--distill_weight"),
+        checks.int_at_least("distill_top_k", config.distill_top_k, 1, flag="--distill_top_k"),
+        checks.number_in(
+            "distill_minutes", config.distill_minutes, 0, low_open=True, flag="--distill_minutes"
+        ),
+    ]
+    if problems[0] is None and config.distill_weight > 0:
+        if config.sid_softmax_loss is False:
+            problems.append(
+                "distill_weight > 0 needs the SID-only softmax (the teacher's targets are distributions over "
+                "the SID tokens), got sid_softmax_loss=False (--sid_softmax_loss)"
+            )
+        if config.packing:
+            problems.append("distill_weight > 0 needs unpacked rows, got packing=True (--packing)")
+        if config.loss_type != "nll":
+            problems.append(f"distill_weight > 0 mixes into the NLL loss, got loss_type={config.loss_type!r}")
+    return problems

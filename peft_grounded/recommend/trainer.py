@@ -39,7 +39,12 @@ class RecommendationTrainer(RunTrainer):
         args = args or RecommendationConfig(output_dir="recommendation")
         if not grounded:
             args.compact_loss = False  # the compact head is this package's; the baseline keeps TRL's
+        self._distill = getattr(args, "distill_weight", 0.0) > 0
+        if self._distill:
+            _check_teacher_columns(kwargs.get("train_dataset"))
         super().__init__(model, args, **kwargs)
+        if self._distill:
+            self._start_distillation()
 
     def _grounded(self) -> bool:
         return isinstance(self.model.peft_config.get(self.model.active_adapter), GroundedTokenConfig)
@@ -52,6 +57,90 @@ class RecommendationTrainer(RunTrainer):
     def record_sid_softmax(self, on: bool) -> None:
         if self._grounded():
             record_sid_softmax(self.model, on)
+
+    # ------------------------------------------------------------------------------ distillation (issue 40)
+
+    def _start_distillation(self) -> None:
+        """Refuse distillation without the SID-only softmax; let the teacher's columns into the batches."""
+        from .distillation import TeacherCollator
+
+        if not self._sid_softmax:
+            problem = self._sid_softmax_problem() or "sid_softmax_loss on"
+            raise ValueError(
+                f"distill_weight={self.args.distill_weight} scores the teacher's soft targets with the SID-only "
+                f"softmax (sid_softmax_loss), which this run cannot use: it needs {problem}. Set distill_weight=0."
+            )
+        sid_ids = self.model.base_model.sid_token_ids().tolist()
+        self.data_collator = TeacherCollator(self.data_collator, sid_ids, self.args.distill_top_k)
+
+    def _set_signature_columns_if_needed(self) -> None:
+        super()._set_signature_columns_if_needed()
+        if self._distill:
+            from .distillation import TEACHER_COLUMNS
+
+            self._signature_columns = [*self._signature_columns, *TEACHER_COLUMNS]
+
+    def build_manifest(self, data_fingerprint: str) -> dict:
+        manifest = super().build_manifest(data_fingerprint)
+        if getattr(self, "_distill", False):  # absent without distillation: earlier runs' manifests hold
+            a = self.args
+            manifest["distillation"] = {
+                "weight": a.distill_weight,
+                "top_k": a.distill_top_k,
+                "minutes": a.distill_minutes,
+            }
+        return manifest
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The loss of :class:`~peft_grounded.training.trainer.RunTrainer`; with ``distill_weight`` w > 0 and the
+        teacher's columns in the batch, each SID target's term is ``(1 - w) * CE + w * softCE``: softCE =
+        ``-sum_k q_k log p(id_k)`` against the teacher's ``q`` over its ``top_k`` ids, ``p`` the same SID-only
+        softmax as the hard term's. Logs ``distill_loss`` (the mean softCE of the SID targets)."""
+        from .distillation import TEACHER_COLUMNS
+
+        teacher = [inputs.get(name) for name in TEACHER_COLUMNS]
+        if teacher[0] is None:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        inputs = {k: v for k, v in inputs.items() if k not in TEACHER_COLUMNS}
+        if not self._distill:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        hook = model.register_forward_hook(partial(self._distil, teacher[1]))
+        try:
+            inputs["sid_targets"] = teacher[0]
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        finally:
+            hook.remove()
+
+    def _distil(self, probs: torch.Tensor, _module, _args, output):
+        """Forward hook: mix the soft cross-entropy into the per-token log-likelihoods TRL's loss sums."""
+        from .distillation import soft_cross_entropy
+
+        sid_log_probs = getattr(output, "sid_log_probs", None)
+        if sid_log_probs is None:
+            return None
+        w = float(self.args.distill_weight)
+        mask = output.sid_mask
+        soft = soft_cross_entropy(probs.to(sid_log_probs.device), sid_log_probs)
+        mixed = (1.0 - w) * output.log_probs[mask] - w * soft
+        output.log_probs = output.log_probs.masked_scatter(mask, mixed)
+        total = self.accelerator.gather_for_metrics(soft.detach().sum().reshape(1)).sum()
+        count = self.accelerator.gather_for_metrics(torch.tensor([soft.numel()], device=soft.device)).sum()
+        if count > 0:
+            mode = "train" if self.model.training else "eval"
+            self._metrics[mode]["distill_loss"].append((total / count).item())
+        return output
+
+
+def _check_teacher_columns(dataset) -> None:
+    from .distillation import TEACHER_COLUMNS
+
+    names = set(getattr(dataset, "column_names", None) or ())
+    if not set(TEACHER_COLUMNS) <= names:
+        raise ValueError(
+            "distill_weight > 0 trains against the teacher's targets, and the training data has no "
+            f"{' / '.join(TEACHER_COLUMNS)} columns: train through train_recommender (it fits the teacher), or "
+            "add them with peft_grounded.recommend.distillation.add_teacher_columns"
+        )
 
 
 def record_sid_softmax(model, on: bool) -> None:
@@ -94,7 +183,9 @@ def train_recommender(
     trainable, train); every adapter weight trains in float32. The rows follow
     ``fmt.objective`` (see :func:`~.data.training_dataset`) on ``split`` (default: the catalogue's
     leave-one-out split), and ``fmt`` is recorded in the adapter. Writes ``<args.output_dir>/adapter``
-    (the folder is locked from the start, before the model is loaded).
+    (the folder is locked from the start, before the model is loaded). With ``args.distill_weight > 0`` a
+    SASRec teacher is fitted on ``split`` first (or read back from ``<args.output_dir>/teacher``) and its soft
+    targets join the rows (:mod:`.distillation`).
     """
     from ..adapter import add_lora
     from ..adapter.lora import lora_settings
@@ -122,5 +213,9 @@ def train_recommender(
     start = {"model_path": model_path, "init": init, "centroid_variant": centroid_variant}
     start |= {"init_scale": init_scale, "dtype": dtype}
     data = partial(training_dataset, split, index, catalogue, fmt=fmt, augment=Augmentation.of(args))
+    if getattr(args, "distill_weight", 0.0) > 0:  # SASRec's soft targets beside the rows (.distillation)
+        from .distillation import with_teacher
+
+        data = partial(with_teacher, data, split, index, args, fmt=fmt, augment=Augmentation.of(args))
     start |= {"caller": "train_recommender", "fmt": fmt, "adapter": grounded}
     return run_stage(RecommendationTrainer, index, args, run, data, stack_lora, **start)
