@@ -177,3 +177,68 @@ def test_an_augmented_run_resumes_on_the_same_rows(toy, model_dir, tmp_path):
             resume=True,
         )
     assert "differing fields: dataset" in str(refused.value)
+
+
+def _grounded_model(index, tokenizer):
+    from conftest import build_tiny_model
+    from peft import get_peft_model
+
+    import peft_grounded
+    from peft_grounded import GroundedTokenConfig
+
+    base = build_tiny_model("qwen3", False)
+    tokens, centroids = index.adapter_init()
+    ids = peft_grounded.add_tokens(tokenizer, base, tokens)
+    config = GroundedTokenConfig(
+        token_indices=ids, init="centroid", init_vectors=centroids, task_type="CAUSAL_LM"
+    )
+    model = get_peft_model(base, config)
+    peft_grounded.add_lora(model, r=2, target_modules="all-linear")
+    return model
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+def test_the_sid_softmax_temperature_divides_the_sid_logits_of_the_loss(
+    toy, tokenizer, tmp_path, temperature
+):
+    """Issue 40, item 4 (LETTER's ranking-guided loss): the loss is the mean cross-entropy of
+    ``softmax(SID logits / T)``, computed here from the model's full logits; T = 1 is the plain loss; the
+    gradients still reach exactly the rows and the LoRA."""
+    catalogue, index = toy
+    model = _grounded_model(index, tokenizer)
+    data = training_dataset(catalogue.leave_one_out(), index, catalogue, tokenizer, SEQ)
+    losses = {}
+    for t in (1.0, temperature):
+        trainer = RecommendationTrainer(
+            model,
+            _config(tmp_path / str(t), max_steps=1, sid_softmax_temperature=t),
+            train_dataset=data,
+            processing_class=tokenizer,
+        )
+        batch = next(iter(trainer.get_train_dataloader()))
+        model.train()
+        model.zero_grad()
+        losses[t] = trainer.compute_loss(model, batch)
+        losses[t].backward()
+        grads = {n for n, p in model.named_parameters() if p.grad is not None}
+        assert grads == {n for n, p in model.named_parameters() if p.requires_grad}
+    with torch.no_grad():
+        model.eval()
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        model.train()
+    labels = batch["labels"][:, 1:]
+    mask = labels != -100
+    sid_ids = model.base_model.sid_token_ids()
+    columns = torch.searchsorted(sid_ids, labels[mask])
+    for t, loss in losses.items():
+        log_p = (logits[:, :-1][mask][:, sid_ids].float() / t).log_softmax(-1)
+        expected = -log_p.gather(1, columns[:, None]).mean()
+        torch.testing.assert_close(loss.detach(), expected, rtol=1e-5, atol=1e-6)
+    assert not torch.isclose(losses[1.0], losses[temperature])
+
+
+def test_a_temperature_without_the_sid_softmax_is_refused(tmp_path):
+    with pytest.raises(SettingsError, match="sid_softmax_temperature"):
+        _config(tmp_path, sid_softmax_temperature=0.5, sid_softmax_loss=False)
+    with pytest.raises(SettingsError, match="sid_softmax_temperature"):
+        _config(tmp_path, sid_softmax_temperature=0.0)

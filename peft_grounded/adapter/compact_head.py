@@ -92,6 +92,7 @@ def compact_fused_forward(
     num_items_in_batch=None,
     sid_ids: torch.Tensor | None = None,
     sid_targets: torch.Tensor | None = None,
+    sid_temperature: float = 1.0,
     **kwargs,
 ):
     """``FusedCausalLMOutput`` of ``model`` (a transformers causal LM) from the labelled positions only.
@@ -102,7 +103,8 @@ def compact_fused_forward(
     vocabulary row in ``sid_ids`` this is the full loss.
 
     ``sid_targets`` ``[N, k]`` (needs ``sid_ids``): token ids of the SID rows, one row per SID target in
-    row-major order; the output is then a ``SIDFusedOutput`` (:func:`sid_fused_output`) with their SID-only log-probabilities. The
+    row-major order; ``sid_temperature`` divides the SID logits (a sharper or flatter softmax for the loss).
+    The output is then a ``SIDFusedOutput`` (:func:`sid_fused_output`) with their SID-only log-probabilities. The
     loss and ``log_probs`` are the same as without it."""
     from trl.trainer.utils import FusedCausalLMOutput
 
@@ -123,6 +125,8 @@ def compact_fused_forward(
         sid_logits = torch.nn.functional.linear(
             hidden[inside], weight.to(hidden.dtype), None if bias is None else bias.to(hidden.dtype)
         ).float()
+        if sid_temperature != 1.0:
+            sid_logits = sid_logits / sid_temperature
         sid_stats = _token_stats(sid_logits, column[inside])
         if sid_targets is not None:
             gathered = _gather_log_probs(sid_logits, sid_ids, sid_targets.to(hidden.device))

@@ -390,12 +390,14 @@ class GroundedTokenModel(BaseTuner):
         compact_fused_lm_head: bool = False,
         sid_softmax: bool = False,
         sid_targets: torch.Tensor | None = None,
+        sid_temperature: float = 1.0,
         **kwargs,
     ):
         """The model's forward; with TRL's ``fused_lm_head=True`` and ``compact_fused_lm_head=True``, the
         labelled positions only (see :mod:`peft_grounded.adapter.compact_head`); ``sid_softmax=True`` also
         normalises every SID target over the SID rows only (it always takes the compact path), and with
-        ``sid_targets`` returns the SID-only log-probabilities of those token ids too."""
+        ``sid_targets`` returns the SID-only log-probabilities of those token ids too; ``sid_temperature``
+        divides the SID logits of the loss."""
         if sid_targets is not None and not sid_softmax:
             raise ValueError("sid_targets are scored by the SID-only softmax: pass sid_softmax=True too")
         compact = (
@@ -417,6 +419,12 @@ class GroundedTokenModel(BaseTuner):
             ids = self.sid_token_ids() if sid_softmax else None
             if sid_targets is not None:
                 kwargs["sid_targets"] = sid_targets
+            if sid_temperature != 1.0:
+                if not sid_softmax:
+                    raise ValueError(
+                        "sid_temperature applies to the SID-only softmax: pass sid_softmax=True too"
+                    )
+                kwargs["sid_temperature"] = sid_temperature
             return compact_fused_forward(self.model, *args, sid_ids=ids, **kwargs)
         return self.model(*args, **kwargs)
 

@@ -65,6 +65,15 @@ class RecommendationConfig(RunConfig):
         },
     )
 
+    sid_softmax_temperature: float = field(
+        default=1.0,
+        metadata={
+            "help": "Temperature of the SID-only softmax in the loss (LETTER's ranking-guided generation loss): "
+            "below 1 sharpens it, so the codes ranked just above the target weigh more. Training only; decoding "
+            "keeps the plain logits. Needs the SID-only softmax."
+        },
+    )
+
     def __post_init__(self) -> None:
         super().__post_init__()
         from .. import checks
@@ -77,6 +86,17 @@ class RecommendationConfig(RunConfig):
                     "augment_drop", self.augment_drop, 0, 1, high_open=True, flag="--augment_drop"
                 ),
                 *distillation_problems(self),
+                checks.number_in(
+                    "sid_softmax_temperature",
+                    self.sid_softmax_temperature,
+                    0,
+                    low_open=True,
+                    flag="--sid_softmax_temperature",
+                ),
+                None
+                if self.sid_softmax_temperature == 1.0 or self.sid_softmax_loss is not False
+                else "sid_softmax_temperature applies to the SID-only softmax: leave sid_softmax_loss on "
+                "(or the temperature at 1)",
             ],
         )
 

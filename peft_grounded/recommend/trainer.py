@@ -89,6 +89,9 @@ class RecommendationTrainer(RunTrainer):
                 "top_k": a.distill_top_k,
                 "minutes": a.distill_minutes,
             }
+        temperature = getattr(self.args, "sid_softmax_temperature", 1.0)
+        if temperature != 1.0:  # likewise absent at 1
+            manifest["sid_softmax_temperature"] = temperature
         return manifest
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

@@ -375,6 +375,9 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
             inputs = {**inputs, "compact_fused_lm_head": True}
         if self._sid_softmax:
             inputs = {**inputs, "sid_softmax": True}
+            temperature = getattr(self.args, "sid_softmax_temperature", 1.0)
+            if temperature != 1.0:
+                inputs["sid_temperature"] = temperature
         return super().compute_loss(
             model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
         )
