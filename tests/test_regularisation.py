@@ -242,3 +242,29 @@ def test_a_temperature_without_the_sid_softmax_is_refused(tmp_path):
         _config(tmp_path, sid_softmax_temperature=0.5, sid_softmax_loss=False)
     with pytest.raises(SettingsError, match="sid_softmax_temperature"):
         _config(tmp_path, sid_softmax_temperature=0.0)
+
+
+def test_keep_best_picks_on_every_validation_user_not_the_curves_sample(model_dir, tmp_path):
+    """Issue 40: keep_best's Recall points decode all validation users (or keep_best_users), while the NLL
+    curve keeps its small sample; the budget records the choice."""
+    from dataclasses import replace
+
+    from peft_grounded.pipeline.budget import Budget
+    from peft_grounded.pipeline.demo import PRESETS, run_demo
+
+    catalogue = toy_catalogue()
+    everyone = len(catalogue.leave_one_out().users)
+    smoke = PRESETS["smoke"]
+    budget = replace(smoke.budget, keep_best=True, eval_every=1, curve_every=1, curve_users=2)
+    spec = replace(smoke, budget=budget, strategies=("mean",), peers=(), name="keep-best")
+    run_demo(spec, tmp_path / "demo", model=model_dir, catalogue=catalogue, diagnostics=False)
+    log = json.loads((tmp_path / "demo/strategies/mean-seed0/sft/log_history.json").read_text())
+    recall_users = {e["eval_users"] for e in log if "eval_users" in e}
+    nll_users = {e["valid_users"] for e in log if "valid_users" in e}
+    assert recall_users == {everyone} and nll_users == {2} and everyone > 2
+    assert any("restored_best_step" in e for e in log)
+    assert Budget(keep_best=True, eval_every=1).record()["keep_best_users"] == "all"
+    assert Budget(keep_best=True, eval_every=1, keep_best_users=50).record()["keep_best_users"] == 50
+    assert "keep_best_users" not in Budget().record()
+    with pytest.raises(SettingsError, match="keep_best_users"):
+        Budget(keep_best=True, eval_every=1, keep_best_users=0)

@@ -53,6 +53,9 @@ class Budget:
     eval_every: int = 0  # validation Recall during SFT every N steps (0: off)
     # end SFT with the adapter of the best validation Recall@10 (early stopping; needs eval_every)
     keep_best: bool = False
+    # the validation users of the Recall points keep_best picks by (None: all of them, so that the pick is
+    # not the noise of a small sample; the curves keep curve_users)
+    keep_best_users: int | None = None
     # full fine-tuning of the base's decoder blocks at this learning rate instead of the stacked LoRA (None:
     # the LoRA); a reference row: the blocks are not in the adapter, so the run neither resumes nor keeps
     # the best (pipeline.block_tuning)
@@ -93,6 +96,7 @@ class Budget:
                 "with the adapter; turn keep_best off",
                 least("curve_every", self.curve_every, 0, none_ok=True),
                 least("curve_users", self.curve_users, 1),
+                least("keep_best_users", self.keep_best_users, 1, none_ok=True),
                 checks.one_of("centroid_variant", self.centroid_variant, ("items", "codebook")),
                 checks.number_in("init_scale", self.init_scale, 0, low_open=True),
                 least("max_train_examples", self.max_train_examples, 1, none_ok=True),
@@ -233,6 +237,7 @@ class Budget:
             record["init_scale"] = self.init_scale
         if self.keep_best:  # likewise absent when off
             record["keep_best"] = True
+            record["keep_best_users"] = self.keep_best_users or "all"
         if self.block_lr is not None:  # likewise absent with the LoRA
             record["block_lr"] = self.block_lr
         return record | ({"settings": settings} if settings else {})

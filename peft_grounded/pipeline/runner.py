@@ -135,6 +135,11 @@ def run_strategy(
         users=budget.curve_users, seed=budget.seed + 1, ks=(5, 10), cold=False
     )
 
+    # keep_best picks by the Recall of all validation users (or keep_best_users), not the curves' sample
+    recall_settings = (
+        replace(curve_settings, users=budget.keep_best_users) if budget.keep_best else curve_settings
+    )
+
     def validation(live_model, ranking: bool) -> dict:
         """The fixed validation users' Recall/NDCG (``ranking``) or target NLL, for the learning curves."""
         result = _evaluate(
@@ -142,7 +147,7 @@ def run_strategy(
             tokenizer,
             experiment,
             ("valid",),
-            curve_settings,
+            recall_settings if ranking else curve_settings,
             trie,
             ranking=ranking,
             likelihood=not ranking,
