@@ -1,0 +1,104 @@
+"""``torch.compile`` of the recipe's decoder blocks against eager, on the same padding-free batches.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_compile_blocks.py --precision bf16
+
+The ``cpu`` recipe's model of ``bench_step_limit.py`` (8 SmolLM2 blocks, rank-8 LoRA, SID-only softmax) on 12
+seeded padding-free ML-100K batches; each block is compiled with ``nn.Module.compile(dynamic=True)`` and the
+compiled and eager blocks alternate step by step, so a busy machine slows both alike. Prints the compile time,
+the median steps, their median ratio and the largest loss gap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from peft_grounded import assets
+from peft_grounded._scripts import parse_script_args
+from peft_grounded.adapter import add_lora
+from peft_grounded.adapter.loading import sid_model
+from peft_grounded.prompts import PromptFormat
+from peft_grounded.recommend import training_dataset
+from peft_grounded.recommend.shallow_base import shallow_base
+from peft_grounded.sids import load_catalogue
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also under runpy
+from bench_step_limit import BATCH, HISTORY, collate, index_for
+
+
+def main(argv=None) -> None:
+    from trl.trainer.utils import add_fused_lm_head
+
+    p = argparse.ArgumentParser(prog="bench_compile_blocks.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--output", type=Path, default=Path("runs/compile-blocks"))
+    args = parse_script_args(p, argv)
+    bf16 = args.precision == "bf16"
+    catalogue = load_catalogue("movielens-100k")
+    index = index_for(catalogue, args.output / "sids")
+    base = str(shallow_base(assets.smollm2(), 8, args.output / "base-8"))
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    tokenizer, model = sid_model(base, index, init="centroid", init_scale=0.1, dtype=dtype)
+    add_lora(model, r=8, lora_alpha=16, target_modules="all-linear")
+    for param in model.parameters():
+        if param.requires_grad:
+            param.data = param.data.float()
+    add_fused_lm_head(model.get_base_model(), outputs=("log_probs", "entropy", "is_top1"))
+    model.train()
+    fmt = PromptFormat(objective="sequence", max_history=HISTORY)
+    data = training_dataset(catalogue.leave_one_out(), index, catalogue, tokenizer, fmt)
+    rng, steps = random.Random(0), 12
+    rows = [[data[i] for i in rng.sample(range(len(data)), BATCH)] for _ in range(steps + 1)]
+    batches = [collate(r, tokenizer.pad_token_id or 0, True) for r in rows]
+    optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=0.0)
+
+    def step(batch) -> tuple[float, float]:
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext():
+            out = model(
+                **batch, fused_lm_head=True, compact_fused_lm_head=True, sid_softmax=True, use_cache=False
+            )
+        out.loss.backward()
+        optimizer.step()
+        return time.perf_counter() - start, out.loss.item()
+
+    blocks = model.get_base_model().model.layers
+    for block in blocks:
+        block.compile(dynamic=True)
+    compiled = [block._compiled_call_impl for block in blocks]
+
+    def use(on: bool) -> None:
+        for block, fn in zip(blocks, compiled, strict=True):
+            block._compiled_call_impl = fn if on else None
+
+    start = time.perf_counter()
+    use(True)
+    step(batches[0])
+    compile_s = time.perf_counter() - start
+    use(False)
+    step(batches[0])
+    times, losses = {True: [], False: []}, {True: [], False: []}
+    for i in range(1, steps + 1):
+        for on in (True, False) if i % 2 else (False, True):
+            use(on)
+            seconds, loss = step(batches[i])
+            times[on].append(seconds)
+            losses[on].append(loss)
+    ratio = statistics.median(e / c for e, c in zip(times[False], times[True], strict=True))
+    gap = max(abs(a - b) for a, b in zip(losses[True], losses[False], strict=True))
+    print(
+        f"| {args.precision} | compile + first step {compile_s:.1f} s | eager {statistics.median(times[False]):.3f} s "
+        f"| compiled {statistics.median(times[True]):.3f} s | {ratio:.2f}x | loss gap {gap:.1e} |"
+    )
+
+
+if __name__ == "__main__":
+    main()

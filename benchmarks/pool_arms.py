@@ -1,0 +1,82 @@
+"""One table of arms (demo runs that differ in one lever, same strategy and seed) paired per user against a
+reference arm, on the part each decoded (validation for the ablations of issue 40).
+
+    python benchmarks/pool_arms.py --part valid text=runs/i40/text-s0 behaviour=runs/i40/behaviour-s0
+
+The first arm is the reference. Each arm's folder holds one strategy run (``strategies/<name>-seed<N>/
+metrics.json``, the runner's per-user records); arms given as ``NAME=DIR1,DIR2`` pool seeds (users resampled
+within each seed, ``evaluation.intervals.paired_intervals``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from peft_grounded._scripts import parse_script_args
+from peft_grounded.evaluation.intervals import paired_intervals, user_values
+
+METRICS = ("recall@10", "ndcg@10", "constrained_nll")
+
+
+def arm_records(folder: Path, part: str) -> list[dict]:
+    """The per-user records of the one strategy run in ``folder``."""
+    runs = sorted(folder.glob("strategies/*/metrics.json"))
+    if len(runs) != 1:
+        raise SystemExit(f"{folder}: expected one strategy run, found {len(runs)}")
+    users = json.loads(runs[0].read_text())["users"]
+    if part not in users:
+        raise SystemExit(f"{runs[0]} holds no {part!r} records (parts: {', '.join(users)})")
+    return users[part]
+
+
+def training(folder: Path) -> str:
+    """``steps (epochs), seconds`` of the arm's SFT, from its log."""
+    logs = sorted(folder.glob("strategies/*/sft/log_history.json"))
+    if not logs:
+        return ""
+    log = json.loads(logs[0].read_text())
+    last = next((e for e in reversed(log) if "epoch" in e and "step" in e), {})
+    seconds = next((e["seconds"] for e in reversed(log) if "seconds" in e), None)
+    return f"{last.get('step', '?')} ({float(last.get('epoch', 0)):.2f}), {seconds} s"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="pool_arms.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("arms", nargs="+", help="NAME=DIR[,DIR...]; the first is the reference")
+    p.add_argument("--part", default="valid", choices=("valid", "test"))
+    args = parse_script_args(p, argv)
+    arms = {}
+    for arm in args.arms:
+        name, _, dirs = arm.partition("=")
+        arms[name] = [Path(d) for d in dirs.split(",")]
+    reference, *_ = arms
+    ref = [arm_records(d, args.part) for d in arms[reference]]
+    print(f"{args.part}, paired per user against {reference!r} (95% intervals, users resampled within seed)")
+    print(
+        "| arm | SFT steps (epochs), seconds | "
+        + " | ".join(METRICS)
+        + " | "
+        + " | ".join(f"{m} minus {reference}" for m in METRICS)
+        + " |"
+    )
+    print("|---|---|" + "---:|" * (2 * len(METRICS)))
+    for name, folders in arms.items():
+        records = [arm_records(d, args.part) for d in folders]
+        means = []
+        for metric in METRICS:
+            values = [v for r in records for v in user_values(r, metric).values()]
+            means.append(f"{sum(values) / len(values):.4f}")
+        cells = [""] * len(METRICS)
+        if name != reference:
+            intervals = paired_intervals(records, ref, METRICS)
+            cells = [
+                f"{i['difference']:+.4f} [{i['low']:+.4f}, {i['high']:+.4f}]"
+                for i in (intervals[m] for m in METRICS)
+            ]
+        print(f"| {name} | {'; '.join(training(d) for d in folders)} | " + " | ".join(means + cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
