@@ -74,7 +74,7 @@ def main(argv=None) -> None:
     args, vector_args = TrlParser((BenchArguments, ItemVectorsConfig)).parse_args_into_dataclasses(argv)
     if dry_run:
         print(f"bench_item_vectors.py: settings OK (--dry-run: nothing was run)\n{args}\n{vector_args}")
-        return
+        sys.exit(0)
     catalogue = load_catalogue(args.dataset)
     split = catalogue.leave_one_out()
     fields = list(PRESETS["default"].text_fields)
