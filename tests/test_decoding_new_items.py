@@ -17,6 +17,11 @@ from peft_grounded.prompts import PromptFormat, inference_prompts
 from peft_grounded.sids import build_sids
 
 
+def evaluate_plain(*args, **kwargs):
+    """``evaluate`` of the plain tiny models here, which decode over the whole vocabulary."""
+    return evaluate(*args, sid_softmax=False, **kwargs)
+
+
 @pytest.fixture(scope="module")
 def grown():
     parent = parent_index(codes=(8, 8))  # 60 old items, 8 x 8 codes + a disambiguation level
@@ -138,8 +143,8 @@ def test_evaluation_serves_the_grown_indexs_new_items(tokenizer, tiny_model_fact
     add_tokens(tokenizer, model, child.token_strings)
     split, fmt = catalogue.leave_one_out(), PromptFormat(max_history=4)
     args = (model, tokenizer, split, child, catalogue, fmt, ("test",))
-    plain = evaluate(*args, EvalSettings(ks=(1, 3), num_beams=8, cold=False), likelihood=False)
-    served = evaluate(
+    plain = evaluate_plain(*args, EvalSettings(ks=(1, 3), num_beams=8, cold=False), likelihood=False)
+    served = evaluate_plain(
         *args,
         EvalSettings(ks=(1, 3), num_beams=8, cold=False, new_item_share=0.34, match_levels=1),
         likelihood=False,
@@ -158,7 +163,7 @@ def test_evaluation_serves_the_grown_indexs_new_items(tokenizer, tiny_model_fact
     assert served.metrics["test"]["all"]["users"] == plain.metrics["test"]["all"]["users"]
     fresh = (model, tokenizer, split, parent, catalogue.subset(old_ids), fmt, ("test",))
     with pytest.raises(ValueError, match="added none"):
-        evaluate(*fresh, EvalSettings(ks=(1, 3), num_beams=8, new_item_share=0.2), likelihood=False)
+        evaluate_plain(*fresh, EvalSettings(ks=(1, 3), num_beams=8, new_item_share=0.2), likelihood=False)
     with pytest.raises(ValueError, match="new_item_share must be a fraction"):
         EvalSettings(new_item_share=2.0)
 

@@ -135,3 +135,29 @@ def test_the_other_normalisation_scores_otherwise(served):
     right = GroundedRecommender.from_pretrained(served["adapter"], num_beams=BEAMS)
     scores = right.recommend(served["histories"], k=K, users=served["users"])
     assert [r.scores for r in out] != [r.scores for r in scores]
+
+
+def test_evaluate_on_a_merged_model_needs_its_rows_and_then_measures_the_same_lists(served):
+    """A merged (plain) model no longer says how it normalises each SID step: evaluate refuses to guess, and
+    with the rows the recommender read before merging it measures the same lists as on the adapter."""
+    from peft_grounded.evaluation.evaluator import evaluate
+
+    recommender = GroundedRecommender.from_pretrained(served["adapter"], num_beams=BEAMS)  # merged
+    catalogue = toy_catalogue()
+    index = recommender.index
+    settings = EvalSettings(ks=[K], num_beams=BEAMS, cold=False, exclude_history=True)
+    split = catalogue.leave_one_out()
+    args = (
+        recommender.model,
+        recommender.tokenizer,
+        split,
+        index,
+        catalogue,
+        recommender.fmt,
+        ("test",),
+        settings,
+    )
+    with pytest.raises(ValueError, match="sid_softmax=True"):
+        evaluate(*args, likelihood=False)
+    measured = evaluate(*args, likelihood=False, sid_softmax=recommender.sid_rows)
+    assert {r["user"]: r["items"] for r in measured.users["test"]} == served["lists"]

@@ -50,14 +50,24 @@ def evaluate(
     *,
     ranking: bool = True,
     likelihood: bool = True,
+    sid_softmax: Any = None,
 ) -> Evaluation:
-    """Rank (constrained beam search) and/or score (target NLL) the split's sampled users in one pass."""
+    """Rank (constrained beam search) and/or score (target NLL) the split's sampled users in one pass.
+
+    ``sid_softmax`` (:data:`~peft_grounded.decoding.heads.SIDSoftmax`): the rows each step normalises over;
+    None reads it from the model's adapter, so a plain model (a merged one) needs it given, as serving does."""
     from ..decoding import SIDTrie
     from ..decoding.top_k import top_k_lists
     from ..prompts import PromptFormat
 
     if not (ranking or likelihood):
         raise ValueError("nothing to evaluate: keep ranking=True, likelihood=True or both")
+    if sid_softmax is None and not hasattr(model, "peft_config"):
+        raise ValueError(
+            "this model carries no adapter, so how it was trained to normalise each SID step is unknown and a "
+            "guess scores other lists: pass sid_softmax=True (sft's default), False (the whole vocabulary) or "
+            "the SID rows' token ids (GroundedRecommender.sid_rows), or evaluate the adapter before merging it"
+        )
     settings = settings or EvalSettings()
     fmt = fmt or PromptFormat()
     sids = item_token_ids(tokenizer, index)
@@ -98,12 +108,23 @@ def evaluate(
                         num_beams=settings.num_beams,
                         exclude=exclude,
                         batch_size=settings.decode_batch_size,
+                        sid_softmax=sid_softmax,
                         targets=target_ids if together else None,
                     )
                     lists, scores = recs.items, recs.scores
                 else:
                     lists, recs = _new_item_lists(
-                        model, tokenizer, prompts, trie, index, new_items, settings, split, part, records
+                        model,
+                        tokenizer,
+                        prompts,
+                        trie,
+                        index,
+                        new_items,
+                        settings,
+                        split,
+                        part,
+                        records,
+                        sid_softmax,
                     )
                     scores = None
                 for u, (record, items) in enumerate(zip(records, lists, strict=True)):
@@ -116,7 +137,7 @@ def evaluate(
                     recs.extra["target_nlls"]
                     if together
                     else target_log_likelihood(
-                        model, tokenizer, prompts, target_ids, trie, settings.decode_batch_size
+                        model, tokenizer, prompts, target_ids, trie, settings.decode_batch_size, sid_softmax
                     )
                 )
                 for record, score in zip(records, scores, strict=True):
@@ -149,6 +170,7 @@ def _new_item_lists(
     split: Any,
     part: str,
     records: list[dict[str, Any]],
+    sid_softmax: Any = None,
 ) -> tuple[list[list[Any]], Any]:
     """The lists of the new-item slot rule (``new_item_share``): the model's beams with new items mixed in,
     then the history left out."""
@@ -157,7 +179,14 @@ def _new_item_lists(
 
     beams = max(settings.num_beams, max(settings.ks))
     recs = recommend(
-        model, tokenizer, prompts, trie, k=beams, num_beams=beams, batch_size=settings.decode_batch_size
+        model,
+        tokenizer,
+        prompts,
+        trie,
+        k=beams,
+        num_beams=beams,
+        batch_size=settings.decode_batch_size,
+        sid_softmax=sid_softmax,
     )
     recs = mix_new_items(
         recs,

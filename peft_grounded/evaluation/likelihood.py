@@ -36,7 +36,7 @@ def target_log_likelihood(
     targets: Sequence[Sequence[int]],
     trie: Any,
     batch_size: int = 16,
-    sid_softmax: bool | None = None,
+    sid_softmax: Any = None,
 ) -> list[dict[str, float]]:
     """Per prompt, ``{"nll", "constrained_nll", "uniform_nll"}`` of its target token ids (in nats).
 
