@@ -36,19 +36,28 @@ def _cache_of(output: Any) -> Any:
 
 
 def _candidates(
-    trie: SIDTrie, nodes: torch.Tensor, log_probs: torch.Tensor, base: torch.Tensor, head: StepHead
+    trie: SIDTrie,
+    nodes: torch.Tensor,
+    log_probs: torch.Tensor,
+    base: torch.Tensor,
+    head: StepHead,
+    open_nodes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(scores, tokens)``, each ``[rows, max degree]``: every allowed continuation of every row, scored
-    ``base + log p(token)`` (``log_probs`` in ``head``'s columns), in token order; absent slots score ``-inf``."""
+    ``base + log p(token)`` (``log_probs`` in ``head``'s columns), in token order; absent slots score ``-inf``,
+    and so does a continuation into a node that ``open_nodes`` (``[rows, nodes]``) closes."""
     t = trie.tensors(nodes.device)
-    rows, tokens = trie.allowed_pairs(nodes)
+    rows, tokens, children = trie.allowed_edges(nodes)
     live = nodes >= 0
     degree = torch.where(live, t["degree"][nodes.clamp(min=0)], 0)
     width = max(int(degree.max()), 1) if degree.numel() else 1
     offsets = torch.repeat_interleave(torch.cumsum(degree, 0) - degree, degree, output_size=rows.numel())
     columns = torch.arange(rows.numel(), device=nodes.device) - offsets
     scores = torch.full((nodes.shape[0], width), float("-inf"), device=nodes.device)
-    scores[rows, columns] = base[rows] + log_probs[rows, head.columns(tokens)]
+    values = base[rows] + log_probs[rows, head.columns(tokens)]
+    if open_nodes is not None:
+        values = values.masked_fill(~open_nodes[rows, children], float("-inf"))
+    scores[rows, columns] = values
     chosen = torch.zeros((nodes.shape[0], width), dtype=torch.long, device=nodes.device)
     chosen[rows, columns] = tokens
     return scores, chosen
@@ -88,6 +97,7 @@ def constrained_beam_search(
     targets: torch.Tensor | None = None,
     shared_prompt: bool | None = None,
     head: StepHead | None = None,
+    open_nodes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[dict[str, float]] | None]:
     """``(tokens [prompts, num_beams, L], scores [prompts, num_beams], target NLLs)`` for left-padded
     prompts and a fixed-length trie. Beams that could not be filled (fewer reachable items than beams)
@@ -97,7 +107,9 @@ def constrained_beam_search(
     prompt and mask the beams apart (:func:`_tree_steps`; default when the attention is sdpa or eager),
     or repeat the prompt's cache to every beam (:func:`_repeat_steps`). ``head``: what each step scores
     (:class:`~.heads.StepHead`; default the whole vocabulary; the SID rows only for a model trained with
-    the SID-only softmax)."""
+    the SID-only softmax). ``open_nodes`` (``[prompts, trie nodes]``, :meth:`~.trie.SIDTrie.open_nodes`): a
+    prompt's beams only enter nodes still leading to an item it does not exclude, so excluded items (a
+    user's history) take no beam."""
     if not trie.fixed_length:
         raise ValueError("constrained_beam_search needs SIDs of one length; use engine='generate'")
     head = head or StepHead(model)
@@ -132,13 +144,29 @@ def constrained_beam_search(
         )
     empty = input_ids.new_zeros(prompts, 0)
     generated, beam_scores, _ = _select(
-        trie, head, empty, first_logits.log_softmax(-1), first_logits.new_zeros(prompts), prompts, num_beams
+        trie,
+        head,
+        empty,
+        first_logits.log_softmax(-1),
+        first_logits.new_zeros(prompts),
+        prompts,
+        num_beams,
+        open_nodes,
     )
     if shared_prompt and not _mask_kind(model):
         raise ValueError("shared_prompt needs sdpa or eager attention (a custom 4D mask)")
     steps = _tree_steps if (_mask_kind(model) if shared_prompt is None else shared_prompt) else _repeat_steps
     generated, beam_scores = steps(
-        model, head, cache, attention_mask, positions[:, -1:], generated, beam_scores, trie, num_beams
+        model,
+        head,
+        cache,
+        attention_mask,
+        positions[:, -1:],
+        generated,
+        beam_scores,
+        trie,
+        num_beams,
+        open_nodes,
     )
     return generated.view(prompts, num_beams, -1), beam_scores.view(prompts, num_beams), nlls
 
@@ -151,6 +179,7 @@ def _select(
     beam_scores: torch.Tensor,
     prompts: int,
     num_beams: int,
+    open_nodes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One beam step for every prompt: the ``num_beams`` best continuations of its rows.
 
@@ -159,8 +188,9 @@ def _select(
     ``beam_scores`` their scores. Returns the new ``generated`` ``[prompts * num_beams, steps + 1]`` and
     scores, and each new beam's parent (its row among its prompt's, ``[prompts, num_beams]``). A prompt
     with fewer continuations than beams gets ``-inf`` beams (token 0)."""
-    scores, tokens = _candidates(trie, trie.walk(generated), log_probs, beam_scores, head)
     rows = generated.shape[0] // prompts
+    row_open = None if open_nodes is None else open_nodes.repeat_interleave(rows, dim=0)
+    scores, tokens = _candidates(trie, trie.walk(generated), log_probs, beam_scores, head, row_open)
     width = scores.shape[1]
     scores, tokens = scores.view(prompts, rows * width), tokens.view(prompts, rows * width)
     if rows * width < num_beams:  # fewer continuations than beams: pad with empty beams
@@ -191,6 +221,7 @@ def _tree_steps(
     beam_scores: torch.Tensor,
     trie: SIDTrie,
     num_beams: int,
+    open_nodes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The beam steps with one cache row per prompt: the beams' tokens are appended to their prompt's row
     (``num_beams`` columns per step) and a 4D mask lets each beam see the prompt and its own ancestors, so
@@ -218,7 +249,7 @@ def _tree_steps(
         )
         log_probs = logits.log_softmax(-1).view(prompts * num_beams, -1)
         generated, beam_scores, parent = _select(
-            trie, head, generated, log_probs, beam_scores, prompts, num_beams
+            trie, head, generated, log_probs, beam_scores, prompts, num_beams, open_nodes
         )
         path = torch.cat([path.gather(1, parent[:, :, None].expand(-1, -1, step)), slots[:, :, None]], dim=2)
     return generated, beam_scores
@@ -234,6 +265,7 @@ def _repeat_steps(
     beam_scores: torch.Tensor,
     trie: SIDTrie,
     num_beams: int,
+    open_nodes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The beam steps with the prompt's cache repeated to every beam (any attention implementation)."""
     prompts = attention_mask.shape[0]
@@ -257,7 +289,7 @@ def _repeat_steps(
         )
         log_probs = logits[:, -1, :].log_softmax(-1)
         generated, beam_scores, parent = _select(
-            trie, head, generated, log_probs, beam_scores, prompts, num_beams
+            trie, head, generated, log_probs, beam_scores, prompts, num_beams, open_nodes
         )
     return generated, beam_scores
 

@@ -9,7 +9,7 @@ for a blank one for the duration of the call, and an explicit greedy beam-search
 from __future__ import annotations
 
 import warnings
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,6 +134,7 @@ def recommend(
     engine: str = "auto",
     targets: Sequence[Sequence[int]] | None = None,
     sid_softmax: SIDSoftmax = None,
+    exclude: Sequence[Collection[Hashable]] | None = None,
 ) -> Recommendations:
     """Top-``k`` items for each prompt by constrained beam search.
 
@@ -160,6 +161,9 @@ def recommend(
             model's adapter was trained (``sid_softmax_loss``, recorded in its metadata), else the whole
             vocabulary; or the SID rows' token ids (a model whose adapter was merged away, see
             :data:`~.heads.SIDSoftmax`). The fast engine then computes only the SID rows of the head.
+        exclude: optional, one collection of item ids per prompt (e.g. the user's history) that the search
+            never enters: no beam is spent on them (the fast engine; a prompt excluding all but ``n < k``
+            items gets ``n``).
 
     Returns:
         :class:`Recommendations`, items and scores best first; a score is the model's summed
@@ -186,8 +190,12 @@ def recommend(
         raise ValueError(
             f"engine='fast' needs SIDs of one length, these have lengths {trie.lengths}; use engine='generate'"
         )
+    if exclude is not None and engine != "fast":
+        raise ValueError("exclude (items the search never enters) needs engine='fast' (SIDs of one length)")
     head = StepHead.for_model(model, sid_softmax)
     encoded = _encode_prompts(tokenizer, prompts, add_special_tokens)
+    if exclude is not None and len(exclude) != len(encoded):
+        raise ValueError(f"{len(exclude)} exclusion sets for {len(encoded)} prompts: give one per prompt")
     if targets is not None:
         if engine != "fast":
             raise ValueError("scoring targets during decoding needs engine='fast' (SIDs of one length)")
@@ -216,8 +224,18 @@ def recommend(
                     batch_targets = torch.tensor(
                         [list(targets[i]) for i in batch], dtype=torch.long, device=device
                     )
+                open_nodes = None
+                if exclude is not None:
+                    open_nodes = trie.open_nodes([exclude[i] for i in batch], device)
                 generated, scores, scored = constrained_beam_search(
-                    model, input_ids, attention_mask, trie, num_beams, batch_targets, head=head
+                    model,
+                    input_ids,
+                    attention_mask,
+                    trie,
+                    num_beams,
+                    batch_targets,
+                    head=head,
+                    open_nodes=open_nodes,
                 )
                 generated, scores = generated.cpu(), scores.cpu()
                 for index, value in zip(batch, scored or (), strict=False):
@@ -242,7 +260,10 @@ def recommend(
             f"constrained decoding returned {result.num_invalid} invalid and {result.num_duplicate} duplicate "
             "beams; this is a bug in the SID constraint, please report it"
         )
-    short = [i for i, items in enumerate(result.items) if len(items) < k]
+    wanted = [k] * len(encoded)
+    if exclude is not None:  # a prompt that excludes all but n < k items gets n
+        wanted = [min(k, len(trie) - sum(i in trie for i in set(e))) for e in exclude]
+    short = [i for i, items in enumerate(result.items) if len(items) < wanted[i]]
     if short:
         raise RuntimeError(
             f"{len(short)} prompts got fewer than k={k} distinct items (first: prompt {short[0]} with "

@@ -29,13 +29,16 @@ def top_k_lists(
     """Each prompt's ``k`` best items (fewer only when the trie holds fewer that are not excluded).
 
     ``num_beams`` beams (at least ``k``, at most the trie's items) are searched; with ``exclude`` (one
-    collection of items per prompt, e.g. the user's history) those items are dropped from the beams, and a
-    prompt left with fewer than ``k`` is searched again with its excluded items' worth of extra beams.
+    collection of items per prompt, e.g. the user's history) the search never enters those items (SIDs of
+    one length: the beams go to the other items), or, for SIDs of several lengths, they are dropped from the
+    beams and a prompt left with fewer than ``k`` is searched again with its excluded items' worth of extra
+    beams.
     ``sid_softmax`` and ``targets``: as :func:`~.generation.recommend`; the counters and ``extra`` are those
     of the first search."""
     if exclude is not None and len(exclude) != len(prompts):
         raise ValueError(f"{len(exclude)} exclusion sets for {len(prompts)} prompts: give one per prompt")
     beams = min(len(trie), max(num_beams, k))
+    inside = exclude is not None and trie.fixed_length  # the search itself leaves them out
     found = recommend(
         model,
         tokenizer,
@@ -47,9 +50,10 @@ def top_k_lists(
         sid_softmax=sid_softmax,
         targets=targets,
         show_progress=show_progress,
+        exclude=exclude if inside else None,
     )
     items, scores = found.items, found.scores
-    if exclude is not None:
+    if exclude is not None and not inside:
         items, scores = left_out(items, scores, exclude, k)
         for u in [u for u, row in enumerate(items) if len(row) < k]:
             wide = min(len(trie), beams + sum(i in trie for i in set(exclude[u])))

@@ -17,7 +17,7 @@ disambiguation level only some items have) are supported when the set is prefix-
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 
 import torch
 
@@ -141,6 +141,52 @@ class SIDTrie:
 
         Complete SIDs and ``DEAD`` rows get none (the caller handles the end token).
         """
+        rows, tokens, _ = self.allowed_edges(nodes)
+        return rows, tokens
+
+    def open_nodes(
+        self, excluded: Sequence[Collection[Hashable]], device: torch.device | str = "cpu"
+    ) -> torch.Tensor:
+        """``[len(excluded), num_nodes]``: whether each node still leads to an item its row does not exclude
+        (items not in the trie are ignored), so that a search can skip the branches it would only throw away."""
+        t = self.tensors(torch.device(device))
+        if "paths" not in t:
+            self._add_paths()
+            t = self.tensors(torch.device(device))
+        rows = [[self._index[i] for i in set(items) if i in self._index] for items in excluded]
+        counts = torch.zeros(len(rows), self.num_nodes, dtype=torch.long, device=t["under"].device)
+        flat = [(r, i) for r, items in enumerate(rows) for i in items]
+        if flat:
+            row_ids = torch.tensor([r for r, _ in flat], device=counts.device)
+            paths = t["paths"][torch.tensor([i for _, i in flat], device=counts.device)]  # [n, depth]
+            keep = paths >= 0
+            counts.index_put_(
+                (row_ids[:, None].expand_as(paths)[keep], paths[keep]),
+                torch.ones(int(keep.sum()), dtype=torch.long, device=counts.device),
+                accumulate=True,
+            )
+        counts[:, 0] = torch.tensor([len(items) for items in rows], dtype=torch.long, device=counts.device)
+        return counts < t["under"]
+
+    def _add_paths(self) -> None:
+        """Per item the nodes its SID passes (root excluded, ``-1`` padded), and per node its items."""
+        t = self._cpu
+        inverse = {item: sid for sid, item in self._item_of.items()}
+        sids = torch.full((len(self.items), self.max_length), -1, dtype=torch.long)
+        for index, item in enumerate(self.items):
+            sids[index, : len(inverse[item])] = torch.tensor(inverse[item], dtype=torch.long)
+        paths = torch.stack([self.walk(sids[:, : level + 1]) for level in range(self.max_length)], dim=1)
+        paths = torch.where(paths >= 0, paths, -1)
+        under = torch.zeros(self.num_nodes, dtype=torch.long)
+        valid = paths >= 0
+        under.index_put_((paths[valid],), torch.ones(int(valid.sum()), dtype=torch.long), accumulate=True)
+        under[0] = len(self.items)
+        t["paths"], t["under"] = paths, under
+        self._by_device = {torch.device("cpu"): t}
+
+    def allowed_edges(self, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(row, token, child node)`` of every SID token that extends each row's node (see
+        :meth:`allowed_pairs`)."""
         t = self.tensors(nodes.device)
         live = nodes >= 0
         safe = nodes.clamp(min=0)
@@ -151,7 +197,7 @@ class SIDTrie:
         row_index = torch.repeat_interleave(rows, degree, output_size=total)
         first = torch.repeat_interleave(start - (torch.cumsum(degree, 0) - degree), degree, output_size=total)
         edge_index = first + torch.arange(total, device=nodes.device)
-        return row_index, t["token"][edge_index]
+        return row_index, t["token"][edge_index], t["child"][edge_index]
 
     def allowed_mask(self, nodes: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """Boolean ``(rows, vocab_size)`` mask of :meth:`allowed_pairs`."""
