@@ -354,3 +354,16 @@ def test_sft_layers_trains_on_the_first_blocks_of_the_base(tmp_path, stage_data,
     assert "layers=3: the base has 2 decoder blocks; keep 1 to all" in capsys.readouterr().err
     with pytest.raises(ValueError, match="layers=-1"):
         sft.parse(["--sid-index", "s", "--layers", "-1"])
+
+
+def test_build_sids_recipe_cpu_builds_from_behaviour_and_flags_win():
+    from peft_grounded.recommend.recipes import SID_RECIPES
+
+    parsed = command("build-sids").parse(["-o", "s", "--recipe", "cpu"])
+    values = {k: v for s in parsed for k, v in vars(s).items()}
+    assert {k: values[k] for k in SID_RECIPES["cpu"]} == dict(SID_RECIPES["cpu"])
+    plain = {k: v for s in command("build-sids").parse(["-o", "s"]) for k, v in vars(s).items()}
+    assert plain["item_vectors"] == "text" and plain["codes"] == "256"
+    given = {k: v for s in command("build-sids").parse(["-o", "s", "--recipe", "cpu", "--item_vectors", "mix"])
+             for k, v in vars(s).items()}  # fmt: skip
+    assert (given["item_vectors"], given["codes"]) == ("mix", "64")

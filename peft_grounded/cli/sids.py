@@ -76,6 +76,14 @@ class BuildSIDsArguments:
         default=None, metadata={"help": "Fit the codebooks on this many items, then code all."}
     )
     overwrite: bool = field(default=False, metadata={"help": "Replace an index already in --output_dir."})
+    recipe: Literal["cpu"] | None = field(
+        default=None,
+        metadata={
+            "help": "A named recipe's settings as defaults (the flags given and --config win): cpu = the SIDs "
+            "of sft's cpu recipe (--levels 3 --codes 64 --item_vectors behaviour; "
+            "peft_grounded.recommend.recipes.SID_RECIPES)."
+        },
+    )
 
     def __post_init__(self) -> None:
         self.code_counts()  # a bad --codes fails here, before any encoding
@@ -154,4 +162,11 @@ COMMAND = Command(
     settings=lambda: (BuildSIDsArguments, CatalogueArguments, EncodingArguments, ItemVectorsConfig),
     run=run,
     renamed={"--batch-size": "--encode-batch-size"},
+    recipes=lambda: _recipes(),
 )
+
+
+def _recipes():
+    from ..recommend.recipes import SID_RECIPES
+
+    return SID_RECIPES

@@ -6,6 +6,10 @@ demo's default preset: the first 8 of the base's decoder blocks, the sequence ob
 history with the SID-only softmax (the default wherever it applies), the centroid start pulled to a tenth of its
 spread around the vocabulary mean, a rank-8 LoRA, learning rate 3e-3, batches of 8 windows of at most 128
 tokens. The budget (``--max_minutes`` or ``--max_steps``) stays the user's.
+
+``build-sids --recipe cpu``: the SIDs this recipe was chosen with, 3 levels of 64 codes, built from behaviour
+(SASRec's item embeddings of the training split; the text map for items with few interactions), which beat
+the text SIDs on validation (BENCHMARKS.md, "Levers against the peers").
 """
 
 from __future__ import annotations
@@ -31,4 +35,9 @@ RECIPES: MappingProxyType[str, MappingProxyType[str, Any]] = MappingProxyType(
             }
         ),
     }
+)
+
+# build-sids: flag destinations -> values
+SID_RECIPES: MappingProxyType[str, MappingProxyType[str, Any]] = MappingProxyType(
+    {"cpu": MappingProxyType({"levels": 3, "codes": "64", "item_vectors": "behaviour"})}
 )
