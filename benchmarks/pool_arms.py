@@ -4,7 +4,7 @@ reference arm, on the part each decoded (validation for the ablations of issue 4
     python benchmarks/pool_arms.py --part valid text=runs/i40/text-s0 behaviour=runs/i40/behaviour-s0
 
 The first arm is the reference. Each arm's folder holds one strategy run (``strategies/<name>-seed<N>/
-metrics.json``, the runner's per-user records); arms given as ``NAME=DIR1,DIR2`` pool seeds (users resampled
+metrics.json``, the runner's per-user records) or is a ``peft-grounded evaluate`` output (``users.json``); arms given as ``NAME=DIR1,DIR2`` pool seeds (users resampled
 within each seed, ``evaluation.intervals.paired_intervals``).
 """
 
@@ -21,19 +21,24 @@ METRICS = ("recall@10", "ndcg@10", "constrained_nll")
 
 
 def arm_records(folder: Path, part: str) -> list[dict]:
-    """The per-user records of the one strategy run in ``folder``."""
-    runs = sorted(folder.glob("strategies/*/metrics.json"))
-    if len(runs) != 1:
-        raise SystemExit(f"{folder}: expected one strategy run, found {len(runs)}")
-    users = json.loads(runs[0].read_text())["users"]
+    """The per-user records of the one strategy run in ``folder``, or of a ``peft-grounded evaluate`` output
+    folder (its ``users.json``)."""
+    if (folder / "users.json").is_file():
+        runs, users = [folder / "users.json"], json.loads((folder / "users.json").read_text())
+    else:
+        runs = sorted(folder.glob("strategies/*/metrics.json"))
+        if len(runs) != 1:
+            raise SystemExit(f"{folder}: expected one strategy run or a users.json, found {len(runs)} runs")
+        users = json.loads(runs[0].read_text())["users"]
     if part not in users:
         raise SystemExit(f"{runs[0]} holds no {part!r} records (parts: {', '.join(users)})")
     return users[part]
 
 
 def training(folder: Path) -> str:
-    """``steps (epochs), seconds`` of the arm's SFT, from its log."""
-    logs = sorted(folder.glob("strategies/*/sft/log_history.json"))
+    """``steps (epochs), seconds`` of the arm's SFT, from its log (an evaluate folder: its ``run`` link)."""
+    run = folder / "run"
+    logs = sorted((run.resolve() if run.exists() else folder).glob("strategies/*/sft/log_history.json"))
     if not logs:
         return ""
     log = json.loads(logs[0].read_text())
