@@ -1,6 +1,6 @@
 """The one route from prompts to each user's top-``k`` list, shared by ``evaluate`` and ``recommend``: the
-SID-constrained beam search, the user's own items left out, and a wider search for a user whose list came up
-short because their items filled the beams."""
+SID-constrained beam search with the user's own items left out inside it (SIDs of several lengths: dropped
+afterwards, with a wider search for a user whose list came up short)."""
 
 from __future__ import annotations
 
