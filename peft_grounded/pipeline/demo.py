@@ -83,9 +83,11 @@ PRESETS: dict[str, Preset] = {
         ),
         fmt=PromptFormat(objective="sequence", max_history=19),
         layers=8,
+        item_vectors=ItemVectorsConfig(item_vectors="behaviour", behaviour_minutes=1.0),
         sasrec={"max_minutes": 1.0},
         bf16=True,
-        note="CPU-sized (11-15 minutes with the setup on 2 cores, float32 on an AVX2 CPU): the first 8 of "
+        note="CPU-sized (11-15 minutes with the setup on 2 cores, float32 on an AVX2 CPU): SIDs from behaviour "
+        "(SASRec's item embeddings of the training split, build-sids --recipe cpu), the first 8 of "
         "SmolLM2's 30 blocks, the sequence objective (a user's history as SIDs, every item a target) with the "
         "SID-only softmax, 150 SFT steps per strategy (centroid_gti grounds 50 steps first), the new rows pulled "
         "to a tenth of their start's spread around the vocabulary mean (init_scale 0.1, so that no start "
