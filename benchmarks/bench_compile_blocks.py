@@ -23,11 +23,12 @@ import torch
 from peft_grounded import assets
 from peft_grounded._scripts import parse_script_args
 from peft_grounded.adapter import add_lora
-from peft_grounded.adapter.loading import sid_model
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.recommend import training_dataset
 from peft_grounded.recommend.shallow_base import shallow_base
 from peft_grounded.sids import load_catalogue
+from peft_grounded.sids.model import sid_model
+from peft_grounded.training.compact_head import compact_head
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also under runpy
 from bench_step_limit import BATCH, HISTORY, collate, index_for
@@ -62,10 +63,9 @@ def main(argv=None) -> None:
     def step(batch) -> tuple[float, float]:
         start = time.perf_counter()
         optimizer.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext():
-            out = model(
-                **batch, fused_lm_head=True, compact_fused_lm_head=True, sid_softmax=True, use_cache=False
-            )
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
+        with autocast, compact_head(model, sid_ids=model.base_model.grounded_token_ids()):
+            out = model(**batch, fused_lm_head=True, use_cache=False)
         out.loss.backward()
         optimizer.step()
         return time.perf_counter() - start, out.loss.item()

@@ -32,13 +32,13 @@ import torch
 from peft_grounded import assets
 from peft_grounded._scripts import parse_script_args
 from peft_grounded.adapter import add_lora
-from peft_grounded.adapter.loading import sid_model
 from peft_grounded.decoding import SIDTrie, recommend
 from peft_grounded.evaluation import item_token_ids
 from peft_grounded.precision import script_precision
 from peft_grounded.prompts import PromptFormat, inference_prompts
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
+from peft_grounded.sids.model import sid_model
 
 
 def main() -> None:

@@ -50,7 +50,6 @@ import torch
 
 from peft_grounded import assets
 from peft_grounded._scripts import parse_script_args
-from peft_grounded.adapter.loading import sid_model
 from peft_grounded.decoding import Recommendations, SIDTrie, mix_new_items, recommend
 from peft_grounded.decoding.new_items import default_match_levels
 from peft_grounded.decoding.semantic_mixture import SemanticMixture
@@ -68,6 +67,7 @@ from peft_grounded.prompts import PromptFormat, inference_prompts
 from peft_grounded.serving import NewItemRule
 from peft_grounded.sids import build_sids, load_catalogue
 from peft_grounded.sids.encoders import encode_texts, load_encoder
+from peft_grounded.sids.model import sid_model
 from peft_grounded.sids.text import TextTemplate
 
 

@@ -40,7 +40,6 @@ from transformers import LogitsProcessorList
 from peft_grounded import assets
 from peft_grounded._scripts import parse_script_args
 from peft_grounded.adapter import add_lora
-from peft_grounded.adapter.loading import sid_model
 from peft_grounded.decoding import isolated_generation
 from peft_grounded.decoding.generation import left_pad
 from peft_grounded.decoding.processor import SIDConstraintLogitsProcessor
@@ -50,6 +49,7 @@ from peft_grounded.recommend.trainer import record_sid_softmax
 from peft_grounded.serving import GroundedRecommender
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
+from peft_grounded.sids.model import sid_model
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -32,13 +32,14 @@ import torch
 from peft_grounded import assets
 from peft_grounded._scripts import parse_script_args
 from peft_grounded.adapter import add_lora
-from peft_grounded.adapter.loading import sid_model
 from peft_grounded.precision import script_precision
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.recommend import training_dataset
 from peft_grounded.recommend.shallow_base import shallow_base
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
+from peft_grounded.sids.model import sid_model
+from peft_grounded.training.compact_head import compact_head
 from peft_grounded.training.trainer import count_targets
 
 
@@ -88,8 +89,9 @@ def measure(base: str, catalogue, index, args, bf16: bool) -> dict:
     def step(sid: bool) -> float:
         start = time.perf_counter()
         optimizer.zero_grad()
-        with autocast:
-            out = model(**batch, fused_lm_head=True, compact_fused_lm_head=True, sid_softmax=sid)
+        sid_ids = model.base_model.grounded_token_ids() if sid else None
+        with autocast, compact_head(model, sid_ids=sid_ids):
+            out = model(**batch, fused_lm_head=True)
         out.loss.backward()
         optimizer.step()
         return time.perf_counter() - start
@@ -100,7 +102,7 @@ def measure(base: str, catalogue, index, args, bf16: bool) -> dict:
         for sid in (False, True):
             times[sid].append(step(sid))
     vocab = model.get_input_embeddings().base_layer.weight.shape[0]
-    n_sid = model.base_model.sid_token_ids().numel()
+    n_sid = model.base_model.grounded_token_ids().numel()
     full_s, sid_s = (statistics.median(times[k]) for k in (False, True))
     ratios = [f / s for f, s in zip(times[False], times[True], strict=True)]
     return {

@@ -47,7 +47,6 @@ def base_of(args: argparse.Namespace) -> str:
 def main(argv=None) -> None:
     import torch
 
-    from peft_grounded.adapter.loading import sid_model
     from peft_grounded.decoding import SIDTrie
     from peft_grounded.evaluation.settings import EvalSettings
     from peft_grounded.evaluation.users import item_token_ids
@@ -55,6 +54,7 @@ def main(argv=None) -> None:
     from peft_grounded.pipeline.demo import PRESETS
     from peft_grounded.pipeline.runner import _evaluate
     from peft_grounded.sids import SIDIndex, load_catalogue
+    from peft_grounded.sids.model import sid_model
 
     args = parse_args(argv)
     base, index = base_of(args), SIDIndex.load(args.demo_dir / "sids")

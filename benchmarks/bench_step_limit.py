@@ -36,14 +36,15 @@ import torch
 from peft_grounded import assets
 from peft_grounded._scripts import parse_script_args
 from peft_grounded.adapter import add_lora
-from peft_grounded.adapter.loading import sid_model
 from peft_grounded.precision import choose_precision
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.recommend import training_dataset
 from peft_grounded.recommend.shallow_base import shallow_base
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
+from peft_grounded.sids.model import sid_model
 from peft_grounded.training.attention import float32_attention
+from peft_grounded.training.compact_head import compact_head
 
 BLOCKS, BATCH, MAX_LENGTH, HISTORY = 8, 8, 128, 19
 
@@ -154,10 +155,8 @@ def measure(base: str, catalogue, index, bf16: bool, args) -> dict:
     def step(batch: dict[str, torch.Tensor]) -> tuple[float, float]:
         start = time.perf_counter()
         optimizer.zero_grad()
-        with autocast:
-            out = model(
-                **batch, fused_lm_head=True, compact_fused_lm_head=True, sid_softmax=True, use_cache=False
-            )
+        with autocast, compact_head(model, sid_ids=model.base_model.grounded_token_ids()):
+            out = model(**batch, fused_lm_head=True, use_cache=False)
         out.loss.backward()
         optimizer.step()
         return time.perf_counter() - start, float(out.loss)

@@ -25,8 +25,9 @@ __getattr__, __dir__, _lazy_names = lazy_exports(
     {
         "adapter": (
             "GROUNDED_TOKENS AddedTokens GroundedProvenance GroundedRuntimeConfig GroundedTokenConfig "
-            "GroundedTokenModel add_lora add_sid_tokens add_tokens check_tokenizer initialize_grounded_rows"
+            "GroundedTokenModel add_lora add_tokens check_tokenizer initialize_grounded_rows"
         ),
+        "sids.tokens": ("add_sid_tokens"),
         "serving": "GroundedRecommender",
     },
 )

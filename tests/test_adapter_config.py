@@ -1,27 +1,22 @@
 """GroundedTokenConfig as small and reusable as LoraConfig: Literal choices, no mutation of the caller's object,
-data-driven starts after creation (PEFT's EVA convention), application metadata in one place, and adapters
-saved by 0.1.0 still loading with the same logits."""
+data-driven starts after creation (PEFT's EVA convention), and application metadata in one place."""
 
 from __future__ import annotations
 
 import json
 import typing
 from dataclasses import asdict
-from pathlib import Path
 
 import pytest
 import torch
-from peft import PeftModel, get_peft_model
-from safetensors.torch import load_file
+from peft import get_peft_model
 
 import peft_grounded
 from peft_grounded import GroundedTokenConfig, initialize_grounded_rows
+from peft_grounded.adapter.projection import PROJECTIONS
 from peft_grounded.adapter.provenance import describe_tensor
-from peft_grounded.init.projection import PROJECTIONS
-from peft_grounded.init.strategies import INITS
+from peft_grounded.adapter.starts import INITS
 from peft_grounded.prompts import PromptFormat
-
-OLD_ADAPTER = Path(__file__).parent / "data" / "adapter_v0_1_0"
 
 
 def fresh(tokenizer):
@@ -143,34 +138,6 @@ def test_application_metadata_lives_in_one_place(tmp_path):
     assert GroundedTokenConfig(token_indices=[10]).metadata is None
     with pytest.raises(TypeError, match="sid_index_fingerprint"):  # no second way in: metadata only
         GroundedTokenConfig(token_indices=[10], sid_index_fingerprint="abc")
-
-
-def test_an_adapter_saved_by_0_1_0_loads_with_the_same_logits(tokenizer, tiny_model_factory):
-    """tests/data/adapter_v0_1_0: saved by peft_grounded 0.1.0 (top-level sid_index_fingerprint and prompt_format,
-    tokenizer_name_or_path) from build_tiny_model("llama", tied=False, seed=0), 8 SID tokens, gaussian rows
-    moved off their start and a LoRA (r=2 on q_proj, v_proj); expected_logits.safetensors holds that model's
-    logits at 32 original and the 8 new columns."""
-    saved = json.loads((OLD_ADAPTER / "adapter_config.json").read_text())
-    assert "sid_index_fingerprint" in saved and "tokenizer_name_or_path" in saved  # the old layout
-    base = tiny_model_factory("llama", False, seed=0)
-    peft_grounded.add_tokens(tokenizer, base, saved["token_strings"])
-    model = PeftModel.from_pretrained(base, str(OLD_ADAPTER))
-    expected = load_file(str(OLD_ADAPTER / "expected_logits.safetensors"))
-    with torch.no_grad():
-        logits = model(input_ids=expected["input_ids"]).logits[..., expected["columns"]]
-    torch.testing.assert_close(logits, expected["logits"], rtol=0, atol=1e-5)
-    config = model.peft_config["default"]
-    assert config.metadata["sid_index_fingerprint"] == "0123456789abcdef"
-    assert config.metadata["prompt_format"]["objective"] == "sequence"
-    assert config.provenance.num_embeddings == 49160 and config.provenance.vocab_fingerprint.startswith(
-        "sha256:"
-    )
-    assert config.lora == {
-        "r": 2,
-        "lora_alpha": 4,
-        "lora_dropout": 0.0,
-        "target_modules": ["q_proj", "v_proj"],
-    }
 
 
 def test_every_field_has_help_as_loraconfigs_do():

@@ -11,8 +11,8 @@ from helpers.growth_fixtures import grow, grow_world
 from helpers.toy_catalogue import toy_catalogue, toy_index
 from safetensors.torch import load_file
 
-from peft_grounded.adapter.loading import sid_model
 from peft_grounded.growth.grounding import rows_used
+from peft_grounded.sids.model import sid_model
 
 WEIGHTS = "adapter_model.safetensors"
 

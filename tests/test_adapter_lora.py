@@ -11,7 +11,6 @@ from trl import SFTConfig, SFTTrainer
 
 import peft_grounded
 from peft_grounded import GroundedTokenConfig
-from peft_grounded.adapter.provenance import upgrade_saved
 
 
 def sft_dataset(n=8):
@@ -160,84 +159,6 @@ def test_lora_options_beyond_the_four_reach_the_layers(tokenizer, tiny_model_fac
     assert model.peft_config["default"].lora["use_rslora"] is True
 
 
-def old_style_config(new, tokens, lora_r):
-    """adapter_config.json as peft_grounded wrote it before `lora` replaced the four lora_* fields."""
-    return {
-        "peft_type": "GROUNDED_TOKENS",
-        "task_type": "CAUSAL_LM",
-        "auto_mapping": None,
-        "base_model_name_or_path": None,
-        "revision": None,
-        "inference_mode": True,
-        "token_indices": new,
-        "token_strings": tokens,
-        "tokens_are_new": True,
-        "original_vocab_size": min(new),
-        "target_modules": None,
-        "output_module": None,
-        "train_output_rows": True,
-        "init": "random",
-        "init_vectors": None,
-        "init_texts": None,
-        "tokenizer_name_or_path": None,
-        "init_anchors": None,
-        "centroid_projection": "auto",
-        "norm_match": True,
-        "init_seed": 0,
-        "num_embeddings": None,
-        "embedding_signature": None,
-        "vocab_fingerprint": None,
-        "sid_index_fingerprint": None,
-        "prompt_format": None,
-        "lora_r": lora_r,
-        "lora_alpha": 4,
-        "lora_dropout": 0.0,
-        "lora_target_modules": ["q_proj", "v_proj"] if lora_r else None,
-    }
-
-
-@pytest.mark.parametrize("lora_r", [0, 2])
-def test_adapter_saved_with_the_old_lora_fields_still_loads(tokenizer, tiny_model_factory, tmp_path, lora_r):
-    import json
-    import warnings
-
-    from transformers import AutoTokenizer
-
-    base = tiny_model_factory("llama", True)
-    new = peft_grounded.add_sid_tokens(tokenizer, base, [4])
-    model = get_peft_model(base, GroundedTokenConfig(token_indices=new, init="random"))
-    if lora_r:
-        peft_grounded.add_lora(model, r=lora_r, lora_alpha=4, target_modules=["q_proj", "v_proj"])
-        with torch.no_grad():
-            for m in model.modules():
-                if isinstance(m, LoraLayer):
-                    m.lora_B["default"].weight.normal_()
-    model.save_pretrained(tmp_path)
-    tokens = tokenizer.convert_ids_to_tokens(new)
-    # the weights file is unchanged by the config's new format; only adapter_config.json is written the old way
-    (tmp_path / "adapter_config.json").write_text(json.dumps(old_style_config(new, tokens, lora_r)))
-    model.eval()
-    ids = torch.tensor([[1, 5, new[0], new[3], 9]])
-    with torch.no_grad():
-        expected = model(input_ids=ids).logits
-
-    expected_lora = {"r": 2, "lora_alpha": 4, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no "unexpected keyword arguments ... ignored" from PEFT
-        config = GroundedTokenConfig.from_pretrained(tmp_path)  # PeftModel.from_pretrained's way in
-        assert config.lora == (expected_lora if lora_r else None)
-        assert "lora_r" not in config.to_dict()
-    base2 = tiny_model_factory("llama", True)
-    peft_grounded.add_sid_tokens(AutoTokenizer.from_pretrained(tokenizer.name_or_path), base2, [4])
-    reloaded = PeftModel.from_pretrained(base2, tmp_path)
-    assert any(isinstance(m, LoraLayer) for m in reloaded.modules()) == bool(lora_r)
-    with torch.no_grad():
-        assert torch.equal(reloaded(input_ids=ids).logits, expected)
-    reloaded.save_pretrained(tmp_path / "resaved")  # saved again in the new format
-    saved = json.loads((tmp_path / "resaved" / "adapter_config.json").read_text())
-    assert saved["lora"] == (expected_lora if lora_r else None) and "lora_r" not in saved
-
-
 def test_lora_field_is_checked():
     with pytest.raises(ValueError, match="needs target_modules"):
         GroundedTokenConfig(token_indices=[10], lora={"r": 2})
@@ -255,12 +176,5 @@ def test_lora_field_is_checked():
         )
     with pytest.raises(TypeError, match="dict"):
         GroundedTokenConfig(token_indices=[10], lora=2)
-    with pytest.raises(TypeError, match="lora_r"):  # the old fields: only in saved configs, upgraded on load
+    with pytest.raises(TypeError, match="lora_r"):  # one way to give a LoRA: the lora dict
         GroundedTokenConfig(token_indices=[10], lora_r=2)
-    saved = {"peft_type": "GROUNDED_TOKENS", "token_indices": [10]}
-    with pytest.raises(ValueError, match="once"):
-        upgrade_saved({**saved, "lora": {"r": 2}, "lora_r": 2, "lora_target_modules": "q"})
-    with pytest.raises(ValueError, match="lora_r > 0 needs lora_target_modules"):
-        upgrade_saved({**saved, "lora_r": 2})
-    legacy = GroundedTokenConfig.from_peft_type(**saved, lora_r=0, lora_alpha=16, lora_dropout=0.0)
-    assert legacy.lora is None and not legacy.has_lora

@@ -13,6 +13,7 @@ from trl.trainer.utils import add_fused_lm_head
 
 import peft_grounded
 from peft_grounded import GroundedTokenConfig
+from peft_grounded.training.compact_head import compact_head
 
 CASES = [("llama", True), ("llama", False), ("qwen3", True), ("qwen3", False)]
 
@@ -161,7 +162,8 @@ def test_compact_head_equals_trl_fused_head(tokenizer, tiny_model_factory, arch,
     full.loss.backward()
     expected = {k: v.clone() for k, v in adapter_grads(model).items()}
     model.zero_grad()
-    compact = model(**inputs, fused_lm_head=True, compact_fused_lm_head=True)
+    with compact_head(model):
+        compact = model(**inputs, fused_lm_head=True)
     compact.loss.backward()
     torch.testing.assert_close(compact.log_probs, full.log_probs, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(compact.entropy, full.entropy, rtol=1e-4, atol=1e-4)
@@ -193,5 +195,6 @@ def test_compact_head_leaves_router_logits_requests_to_trl(tokenizer):
     new = peft_grounded.add_sid_tokens(tokenizer, base, [8, 8])
     model = get_peft_model(base, GroundedTokenConfig(token_indices=new, task_type="CAUSAL_LM"))
     add_fused_lm_head(model.get_base_model(), outputs=("log_probs", "entropy", "is_top1"))
-    out = model(**batch(new), fused_lm_head=True, compact_fused_lm_head=True, output_router_logits=True)
+    with compact_head(model):
+        out = model(**batch(new), fused_lm_head=True, output_router_logits=True)
     assert out.aux_loss is not None  # TRL's path: the compact one has no router loss to give

@@ -10,13 +10,13 @@ import torch
 from helpers.toy_catalogue import toy_catalogue, toy_index
 from transformers import TrainerCallback
 
-from peft_grounded.adapter.loading import sid_model
 from peft_grounded.evaluation import EvalSettings
 from peft_grounded.pipeline import Budget, Experiment, run_strategy
 from peft_grounded.pipeline.block_tuning import BlockLearningRate, decoder_blocks, unfreeze_blocks
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.recommend import RecommendationConfig
 from peft_grounded.recommend.trainer import train_recommender
+from peft_grounded.sids.model import sid_model
 from peft_grounded.training.runs import RunMismatchError
 
 

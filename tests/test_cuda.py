@@ -15,6 +15,7 @@ import torch
 
 import peft_grounded
 from peft_grounded import GroundedTokenConfig
+from peft_grounded.training.compact_head import compact_head
 
 # PEFT_GROUNDED_TEST_DEVICE=cpu runs the same tests CPU against CPU: a check of the tests themselves
 DEVICE = os.environ.get("PEFT_GROUNDED_TEST_DEVICE", "cuda")
@@ -102,7 +103,8 @@ def test_compact_head_equals_trl_fused_head_on_cuda(tokenizer, tiny_model_factor
     full.loss.backward()
     expected = {k: v.clone() for k, v in row_grads(model).items()}
     model.zero_grad()
-    compact = model(**inputs, fused_lm_head=True, compact_fused_lm_head=True)
+    with compact_head(model):
+        compact = model(**inputs, fused_lm_head=True)
     compact.loss.backward()
     assert compact.log_probs.device.type == torch.device(DEVICE).type
     torch.testing.assert_close(compact.log_probs, full.log_probs, rtol=1e-4, atol=1e-4)
@@ -126,9 +128,12 @@ def test_sid_only_softmax_on_cuda_matches_cpu(tokenizer, tiny_model_factory, arc
     results = []
     for m, device in ((model, "cpu"), (gpu, DEVICE)):
         add_fused_lm_head(m.get_base_model(), outputs=("log_probs", "entropy", "is_top1"))
-        out = m(**batch(new, device), fused_lm_head=True, sid_softmax=True)
+        with compact_head(m, sid_ids=m.base_model.grounded_token_ids()):
+            out = m(**batch(new, device), fused_lm_head=True)
         out.loss.backward()
-        logits, _ = StepHead(m, m.base_model.sid_token_ids())(m, 2, input_ids=batch(new, device)["input_ids"])
+        logits, _ = StepHead(m, m.base_model.grounded_token_ids())(
+            m, 2, input_ids=batch(new, device)["input_ids"]
+        )
         results.append((out.loss.detach().cpu(), row_grads(m), logits.cpu()))
     (cpu_loss, cpu_grads, cpu_logits), (gpu_loss, gpu_grads, gpu_logits) = results
     torch.testing.assert_close(gpu_loss, cpu_loss, rtol=1e-4, atol=1e-5)

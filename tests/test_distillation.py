@@ -215,7 +215,7 @@ def _reference(model, batch, w: float) -> tuple[torch.Tensor, torch.Tensor]:
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     labels = batch["labels"][:, 1:]
     mask = labels != -100
-    sid_ids = model.base_model.sid_token_ids()
+    sid_ids = model.base_model.grounded_token_ids()
     log_p = logits[:, :-1][mask][:, sid_ids].float().log_softmax(-1)
     hard = -log_p.gather(1, torch.searchsorted(sid_ids, labels[mask])[:, None]).squeeze(1)
     teacher = log_p.gather(1, torch.searchsorted(sid_ids, batch["teacher_ids"]))

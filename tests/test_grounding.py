@@ -181,23 +181,24 @@ def test_check_run_reads_only(tmp_path):
     assert json.loads((tmp_path / runs.MANIFEST).read_text()) == {"seed": 1}
 
 
-def test_compact_loss_reaches_the_model_or_says_why_not(
+def test_compact_loss_reaches_the_model_with_or_without_a_task_type(
     tokenizer, tiny_model_factory, toy, tmp_path, monkeypatch
 ):
-    import contextlib
-
-    import peft_grounded.adapter.model as tuner
+    """The trainer installs the compact head on the causal LM itself, so a plain PeftModel (no task_type)
+    and a PeftModelForCausalLM both take it: one call per training step."""
+    import peft_grounded.training.compact_head as compact
 
     calls = []
-    original = tuner.compact_fused_forward
+    original = compact.compact_fused_forward
 
     def spy(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(tuner, "compact_fused_forward", spy)
+    monkeypatch.setattr(compact, "compact_fused_forward", spy)
     catalogue, index = toy
     for task_type in (None, "CAUSAL_LM"):
+        calls.clear()
         model = tiny_model_factory("llama", False)
         extended = peft_tokenizer(tokenizer)
         new = peft_grounded.add_tokens(extended, model, index.token_strings)
@@ -210,18 +211,14 @@ def test_compact_loss_reaches_the_model_or_says_why_not(
             disable_tqdm=True,
             save_strategy="no",
         )
-        expect = (
-            pytest.warns(UserWarning, match="task_type='CAUSAL_LM'")
-            if task_type is None
-            else contextlib.nullcontext()
+        trainer = GroundingTrainer(
+            model,
+            args,
+            peft_config=peft_grounded.GroundedTokenConfig(token_indices=new, task_type=task_type),
+            train_dataset=grounding_dataset(catalogue, index, extended),
+            processing_class=extended,
         )
-        with expect:
-            trainer = GroundingTrainer(
-                model,
-                args,
-                peft_config=peft_grounded.GroundedTokenConfig(token_indices=new, task_type=task_type),
-                train_dataset=grounding_dataset(catalogue, index, extended),
-                processing_class=extended,
-            )
+        own = trainer.model.get_base_model().__dict__.get("forward")
         trainer.train()
-        assert len(calls) == (0 if task_type is None else 1)
+        assert len(calls) == 1, task_type
+        assert trainer.model.get_base_model().__dict__.get("forward") is own  # restored after each step

@@ -9,7 +9,7 @@ from safetensors.torch import save_file
 
 import peft_grounded
 from peft_grounded import GroundedTokenConfig
-from peft_grounded.init.projection import project_vectors
+from peft_grounded.adapter.projection import project_vectors
 
 
 def wrap(
@@ -253,7 +253,7 @@ def test_description_of_an_unused_code_falls_back_to_the_mean(tokenizer, tiny_mo
 
 
 def test_vocabulary_statistics_are_exact_in_chunks():
-    from peft_grounded.init.stats import vocabulary_stats
+    from peft_grounded.adapter.projection import vocabulary_stats
 
     rows = torch.randn(1000, 12, dtype=torch.float64) * torch.linspace(0.1, 5, 12) + 3.0
     keep = torch.arange(0, 1000, 3)
@@ -268,7 +268,7 @@ def test_vocabulary_statistics_are_exact_in_chunks():
 @pytest.mark.slow
 def test_lstsq_with_anchors_from_the_real_encoder(tokenizer, tiny_model_factory):
     """MiniLM's vectors of SmolLM2's word tokens anchor the lstsq map: centroids land in the LM's space."""
-    from peft_grounded.init import vocabulary_anchors, word_tokens
+    from peft_grounded.adapter.starts import vocabulary_anchors, word_tokens
     from peft_grounded.sids import load_encoder
 
     ids = word_tokens(tokenizer, n=300)
@@ -298,7 +298,7 @@ def test_lstsq_with_anchors_from_the_real_encoder(tokenizer, tiny_model_factory)
 )
 def test_anchor_ids_outside_the_vocabulary_or_new_are_errors(bad_id, message):
     """A negative id would wrap to the last rows (the new tokens'), silently; a new token is no anchor."""
-    from peft_grounded.init.strategies import InitData, initial_rows
+    from peft_grounded.adapter.starts import InitData, initial_rows
 
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(50, 16, generator=generator)  # rows 40..49 are the new tokens
@@ -318,7 +318,7 @@ def test_anchor_ids_outside_the_vocabulary_or_new_are_errors(bad_id, message):
 
 def test_a_tensor_file_without_the_key_lists_at_most_ten_names(tmp_path):
     """E.g. a whole model's safetensors passed as init_vectors: the error stays one readable line."""
-    from peft_grounded.init.sources import load_tensor
+    from peft_grounded.adapter.initialize import load_tensor
 
     path = tmp_path / "model.safetensors"
     save_file({f"layer.{i}.weight": torch.zeros(1) for i in range(300)}, str(path))

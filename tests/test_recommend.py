@@ -183,7 +183,7 @@ def test_base_models_load_from_safetensors_only(tmp_path, tiny_model_factory, to
     """As the README promises: a checkpoint with pickled weights only is refused, never unpickled."""
     import torch
 
-    from peft_grounded.adapter.loading import load_base
+    from peft_grounded.sids.model import load_base
 
     path = tmp_path / "pickled"
     model = tiny_model_factory("llama", True)
@@ -195,7 +195,7 @@ def test_base_models_load_from_safetensors_only(tmp_path, tiny_model_factory, to
 
 
 def test_a_live_model_needs_its_tokenizer():
-    from peft_grounded.adapter.loading import model_for
+    from peft_grounded.sids.model import model_for
 
     with pytest.raises(ValueError, match=r"ground\(model=\.\.\.\) needs the model's tokenizer"):
         model_for(object(), model=object(), tokenizer=None, caller="ground")
@@ -233,7 +233,7 @@ def test_budget_records_keep_the_manifest_keys_of_earlier_runs():
 
 
 def test_runner_starts_every_strategy_at_the_budgets_init_scale(toy, model_dir, tmp_path):
-    from peft_grounded.adapter.loading import sid_model
+    from peft_grounded.sids.model import sid_model
 
     catalogue, index = toy
     budget = Budget.from_training(

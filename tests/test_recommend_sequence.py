@@ -143,7 +143,7 @@ def _config(out, **kw) -> RecommendationConfig:
 def test_sequence_training_lowers_the_loss_and_records_its_format(toy, model_dir, tmp_path):
     from peft import PeftConfig
 
-    from peft_grounded.adapter.loading import prompt_format_of, sid_model
+    from peft_grounded.sids.model import prompt_format_of, sid_model
 
     catalogue, index = toy
     out = tmp_path / "seq"
@@ -284,8 +284,8 @@ def test_a_timed_run_resumes_with_its_clock_and_counts(toy, model_dir, tmp_path)
 def test_compact_loss_equals_trls_head_on_sequence_rows(toy, model_dir, tmp_path):
     """The compact head (labelled positions only) gives TRL's loss on the sequence objective's masks."""
     from peft_grounded.adapter import add_lora
-    from peft_grounded.adapter.loading import sid_model
     from peft_grounded.recommend import RecommendationTrainer
+    from peft_grounded.sids.model import sid_model
 
     catalogue, index = toy
     tokenizer, model = sid_model(model_dir, index, init="centroid", fmt=SEQ)

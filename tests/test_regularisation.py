@@ -228,7 +228,7 @@ def test_the_sid_softmax_temperature_divides_the_sid_logits_of_the_loss(
         model.train()
     labels = batch["labels"][:, 1:]
     mask = labels != -100
-    sid_ids = model.base_model.sid_token_ids()
+    sid_ids = model.base_model.grounded_token_ids()
     columns = torch.searchsorted(sid_ids, labels[mask])
     for t, loss in losses.items():
         log_p = (logits[:, :-1][mask][:, sid_ids].float() / t).log_softmax(-1)

@@ -22,9 +22,9 @@ def grown_folder(tmp_path_factory):
     import torch
 
     from peft_grounded import assets
-    from peft_grounded.adapter.loading import sid_model
     from peft_grounded.growth import grow_adapter
     from peft_grounded.serving import NewItemRule
+    from peft_grounded.sids.model import sid_model
 
     root = tmp_path_factory.mktemp("smollm2-serving")
     parent, child = grown_indices()
@@ -99,11 +99,11 @@ def test_served_recall_is_the_evaluated_recall_on_smollm2(tmp_path):
     from helpers.toy_catalogue import toy_catalogue, toy_index
 
     from peft_grounded import GroundedRecommender, add_lora, assets
-    from peft_grounded.adapter.loading import sid_model
     from peft_grounded.evaluation import EvalSettings
     from peft_grounded.evaluation.evaluator import evaluate_adapter
     from peft_grounded.evaluation.metrics import target_rank
     from peft_grounded.recommend.trainer import record_sid_softmax
+    from peft_grounded.sids.model import sid_model
 
     catalogue = toy_catalogue()
     index = toy_index(catalogue)

@@ -17,10 +17,10 @@ from trl.trainer.utils import add_fused_lm_head
 import peft_grounded
 from peft_grounded import GroundedTokenConfig
 from peft_grounded.adapter import add_lora
-from peft_grounded.adapter.compact_head import compact_fused_forward
-from peft_grounded.adapter.loading import sid_softmax_of
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.recommend import RecommendationConfig, train_recommender, training_dataset
+from peft_grounded.sids.model import sid_softmax_of
+from peft_grounded.training.compact_head import compact_fused_forward, compact_head
 
 CASES = [("llama", True), ("llama", False), ("qwen3", True), ("qwen3", False)]
 SEQ = PromptFormat(objective="sequence", max_history=3)
@@ -58,9 +58,11 @@ def trainable_grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
-def run(model, inputs, **kwargs):
+def run(model, inputs, sid_softmax: bool = False):
     model.zero_grad()
-    out = model(**inputs, fused_lm_head=True, **kwargs)
+    sid_ids = model.base_model.grounded_token_ids() if sid_softmax else None
+    with compact_head(model, sid_ids=sid_ids):
+        out = model(**inputs, fused_lm_head=True)
     out.loss.backward()
     return out, trainable_grads(model)
 
@@ -69,7 +71,7 @@ def run(model, inputs, **kwargs):
 def test_every_row_allowed_is_the_full_loss(tokenizer, tiny_model_factory, arch, tied):
     model, new = setup(tokenizer, tiny_model_factory, arch, tied)
     inputs = batch(new)
-    full, expected = run(model, inputs, compact_fused_lm_head=True)
+    full, expected = run(model, inputs)
     vocab = model.get_input_embeddings().base_layer.weight.shape[0]
     model.zero_grad()
     every = compact_fused_forward(model.get_base_model(), **inputs, sid_ids=torch.arange(vocab))
@@ -250,10 +252,18 @@ def test_refused_where_it_cannot_apply(toy, model_dir, tmp_path):
         )
 
 
-def test_the_forward_refuses_a_call_without_labels(tokenizer, tiny_model_factory):
+def test_the_compact_head_refuses_a_fused_call_it_cannot_score(tokenizer, tiny_model_factory):
+    """A fused-head call with pre-shifted labels cannot take the SID-only softmax: refused, not scored over
+    the whole vocabulary; a call without the fused head runs the model's own forward."""
     model, new = setup(tokenizer, tiny_model_factory, "llama", True)
-    with pytest.raises(ValueError, match="sid_softmax=True scores TRL's fused head"):
-        model(input_ids=batch(new)["input_ids"], sid_softmax=True)
+    inputs = batch(new)
+    own = model.get_base_model().__dict__.get("forward")  # TRL's fused-head forward, set on the instance
+    with compact_head(model, sid_ids=model.base_model.grounded_token_ids()):
+        with pytest.raises(ValueError, match="the SID-only softmax scores TRL's fused head"):
+            model(**inputs, fused_lm_head=True, shift_labels=inputs["labels"])
+        logits = model(input_ids=inputs["input_ids"]).logits
+    assert torch.equal(logits, model(input_ids=inputs["input_ids"]).logits)
+    assert model.get_base_model().__dict__.get("forward") is own  # the model's own forward is back
 
 
 def test_copying_a_model_keeps_its_record(tokenizer, tiny_model_factory):
@@ -268,8 +278,8 @@ def test_copying_a_model_keeps_its_record(tokenizer, tiny_model_factory):
 
 def test_trls_loop_without_the_compact_head_takes_the_same_loss(toy, model_dir, tmp_path):
     """compact_loss=False (TRL's own fused head for the full softmax) still gets the SID-only loss."""
-    from peft_grounded.adapter.loading import sid_model
     from peft_grounded.recommend import RecommendationTrainer
+    from peft_grounded.sids.model import sid_model
 
     catalogue, index = toy
     tokenizer, model = sid_model(model_dir, index, init="centroid", fmt=SEQ)
@@ -294,9 +304,9 @@ def test_trls_loop_without_the_compact_head_takes_the_same_loss(toy, model_dir, 
 def test_the_default_applies_it_wherever_it_can(toy, model_dir, tmp_path):
     """sid_softmax_loss=None (the default): the SID-only softmax on a grounded adapter, the full head where it
     cannot apply (label smoothing); the trainer's args and the adapter's record say which runs."""
-    from peft_grounded.adapter.loading import sid_model
     from peft_grounded.adapter.saved import read_adapter_config
     from peft_grounded.recommend import RecommendationTrainer
+    from peft_grounded.sids.model import sid_model
 
     catalogue, index = toy
     assert RecommendationConfig(output_dir=str(tmp_path / "d")).sid_softmax_loss is None

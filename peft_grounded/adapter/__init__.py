@@ -6,7 +6,7 @@ from .layer import GroundedHead, GroundedTiedEmbedding, GroundedTokenLayer
 from .lora import add_lora
 from .model import GroundedTokenModel
 from .registration import GROUNDED_TOKENS, register
-from .vocab import AddedTokens, add_sid_tokens, add_tokens, check_tokenizer, vocab_fingerprint
+from .vocab import AddedTokens, add_tokens, check_tokenizer, vocab_fingerprint
 
 register(GroundedTokenConfig, GroundedTokenModel)
 
@@ -21,7 +21,6 @@ __all__ = [
     "GroundedTokenLayer",
     "GroundedTokenModel",
     "add_lora",
-    "add_sid_tokens",
     "add_tokens",
     "check_tokenizer",
     "initialize_grounded_rows",

@@ -11,11 +11,11 @@ import torch
 from peft.config import PeftConfig
 
 from .. import checks
-from ..init.projection import PROJECTIONS, ProjectionName
-from ..init.strategies import DATA_INITS, INITS, InitName
 from .lora_settings import checked_lora
-from .provenance import GroundedProvenance, GroundedRuntimeConfig, upgrade_saved
+from .projection import PROJECTIONS, ProjectionName
+from .provenance import GroundedProvenance, GroundedRuntimeConfig
 from .registration import GROUNDED_TOKENS
+from .starts import DATA_INITS, INITS, InitName
 
 __all__ = ["GroundedProvenance", "GroundedRuntimeConfig", "GroundedTokenConfig"]
 
@@ -33,7 +33,7 @@ class GroundedTokenConfig(PeftConfig):
 
     The adapter wraps the input embedding (and, for untied models, the output head) so that the rows of
     ``token_indices`` come from small trainable matrices while every other weight stays frozen and
-    bit-identical. ``init`` chooses how those rows start (see :mod:`peft_grounded.init.strategies`);
+    bit-identical. ``init`` chooses how those rows start (see :mod:`peft_grounded.adapter.starts`);
     ``init_weights=False`` keeps the rows the base has, so the wrapped model starts as a no-op.
 
     Like ``LoraConfig``, the fields are JSON-able hyperparameters, plus two objects:
@@ -81,10 +81,6 @@ class GroundedTokenConfig(PeftConfig):
             `prompt_format`.
         provenance (`GroundedProvenance`, *optional*): facts recorded at creation (filled by `get_peft_model`).
         runtime_config (`GroundedRuntimeConfig`): runtime data of the start (not saved).
-
-    Configs saved by earlier releases load through ``from_pretrained`` (and ``PeftModel.from_pretrained``): their
-    top-level facts are mapped onto ``provenance``, their ``sid_index_fingerprint`` and ``prompt_format`` onto
-    ``metadata``, their ``lora_r``... fields onto ``lora`` (see :func:`~.provenance.upgrade_saved`).
     """
 
     task_type: str | None = field(
@@ -301,11 +297,6 @@ class GroundedTokenConfig(PeftConfig):
         if out.get("task_type") is not None and hasattr(out["task_type"], "value"):
             out["task_type"] = out["task_type"].value
         return out
-
-    @classmethod
-    def from_peft_type(cls, **kwargs) -> GroundedTokenConfig:
-        """Build a config from saved keys, those of earlier releases included (see ``upgrade_saved``)."""
-        return super().from_peft_type(**upgrade_saved(kwargs))
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str, subfolder: str | None = None, **kwargs):

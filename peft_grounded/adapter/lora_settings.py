@@ -75,22 +75,3 @@ def checked_lora(lora: Any) -> dict[str, Any] | None:
         out["target_modules"] = sorted(out["target_modules"])
     LoraConfig(**out)  # LoraConfig's own checks (r > 0, dropout range, ...) now, not at injection
     return out
-
-
-def legacy_lora(
-    r: int | None, alpha: int | None, dropout: float | None, targets: list[str] | str | None
-) -> dict[str, Any] | None:
-    """The ``lora`` dict of a config written with the old ``lora_r``/``lora_alpha``/``lora_dropout``/
-    ``lora_target_modules`` fields (their old defaults: 0 = no LoRA, alpha 16, dropout 0)."""
-    if r is None or r == 0:
-        return None
-    if r < 0:
-        raise ValueError(f"lora_r must be >= 0, got {r}.")
-    if not targets:
-        raise ValueError("lora_r > 0 needs lora_target_modules (e.g. 'all-linear' or ['q_proj', 'v_proj']).")
-    return {
-        "r": r,
-        "lora_alpha": 16 if alpha is None else alpha,
-        "lora_dropout": 0.0 if dropout is None else dropout,
-        "target_modules": targets,
-    }

@@ -19,7 +19,6 @@ from peft.utils import _get_input_embeddings_name
 from peft.utils.other import get_pattern_key
 from torch import nn
 
-from .compact_head import compact_fused_forward, supports_compact_head
 from .config import GroundedProvenance, GroundedTokenConfig
 from .initialize import initializer_range, start_rows
 from .layer import GroundedHead, GroundedTiedEmbedding, GroundedTokenLayer, is_offloaded
@@ -374,59 +373,13 @@ class GroundedTokenModel(BaseTuner):
         model.__dict__.pop("resize_token_embeddings", None)
         return model
 
-    def sid_token_ids(self) -> torch.Tensor:
-        """The sorted token ids of the active adapters' new rows (the SIDs): the SID-only softmax's rows."""
+    def grounded_token_ids(self) -> torch.Tensor:
+        """The sorted token ids of the active adapters' new rows."""
         layer = self.model.get_input_embeddings()
         names = [n for n in layer.active_adapters if n in layer.grounded_indices]
         if not names:
-            raise ValueError(
-                "sid_softmax needs an active grounded-token adapter (its rows are the SID rows)."
-            )
+            raise ValueError("No active grounded-token adapter: set_adapter() one that has new rows.")
         return torch.cat([layer.grounded_indices[n] for n in names]).unique(sorted=True)
-
-    def forward(
-        self,
-        *args,
-        compact_fused_lm_head: bool = False,
-        sid_softmax: bool = False,
-        sid_targets: torch.Tensor | None = None,
-        sid_temperature: float = 1.0,
-        **kwargs,
-    ):
-        """The model's forward; with TRL's ``fused_lm_head=True`` and ``compact_fused_lm_head=True``, the
-        labelled positions only (see :mod:`peft_grounded.adapter.compact_head`); ``sid_softmax=True`` also
-        normalises every SID target over the SID rows only (it always takes the compact path), and with
-        ``sid_targets`` returns the SID-only log-probabilities of those token ids too; ``sid_temperature``
-        divides the SID logits of the loss."""
-        if sid_targets is not None and not sid_softmax:
-            raise ValueError("sid_targets are scored by the SID-only softmax: pass sid_softmax=True too")
-        compact = (
-            kwargs.get("fused_lm_head")
-            and kwargs.get("labels") is not None
-            and kwargs.get("shift_labels") is None
-            and not kwargs.get("output_router_logits")  # MoE: TRL adds the router loss from TRL's own output
-            and supports_compact_head(self.model)
-        )
-        if sid_softmax and not compact:
-            raise ValueError(
-                "sid_softmax=True scores TRL's fused head (fused_lm_head=True with labels) through the SID rows; "
-                "this call cannot: it has no labels, pre-shifted labels, MoE router logits, or the model scales or "
-                "soft-caps its logits. Train such a model with sid_softmax_loss=False."
-            )
-        if compact and (compact_fused_lm_head or sid_softmax):
-            kwargs.pop("fused_lm_head")
-            kwargs.pop("shift_labels", None)
-            ids = self.sid_token_ids() if sid_softmax else None
-            if sid_targets is not None:
-                kwargs["sid_targets"] = sid_targets
-            if sid_temperature != 1.0:
-                if not sid_softmax:
-                    raise ValueError(
-                        "sid_temperature applies to the SID-only softmax: pass sid_softmax=True too"
-                    )
-                kwargs["sid_temperature"] = sid_temperature
-            return compact_fused_forward(self.model, *args, sid_ids=ids, **kwargs)
-        return self.model(*args, **kwargs)
 
 
 def _describes(config: GroundedTokenConfig, model: nn.Module) -> bool:

@@ -3,8 +3,7 @@
 ``GroundedRuntimeConfig`` plays the part of PEFT's ``LoraRuntimeConfig``: the data a data-driven start reads
 once, at creation (tensors, arrays, paths), never saved. ``GroundedProvenance`` gathers the facts recorded
 when the adapter is made (the base's size and signature, the vocabulary's fingerprint, a description of the
-start's data), saved with the adapter and checked when it is loaded. :func:`upgrade_saved` maps configs
-saved by earlier versions (these facts at the top level) onto this layout.
+start's data), saved with the adapter and checked when it is loaded.
 """
 
 from __future__ import annotations
@@ -16,12 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..init.sources import IN_MEMORY_PREFIX
-from .lora_settings import legacy_lora
+IN_MEMORY_PREFIX = "in-memory "
 
 INIT_DATA = ("init_vectors", "init_anchors", "init_texts")
-PROVENANCE_FACTS = ("num_embeddings", "embedding_signature", "vocab_fingerprint")
-METADATA_KEYS = ("sid_index_fingerprint", "prompt_format")
 
 
 def describe_tensor(value: torch.Tensor | np.ndarray) -> str:
@@ -117,36 +113,3 @@ class GroundedProvenance:
         raise TypeError(
             f"provenance must be a GroundedProvenance, its dict or None, got {type(value).__name__}."
         )
-
-
-def upgrade_saved(saved: dict[str, Any]) -> dict[str, Any]:
-    """A saved config's keys in this release's layout: the facts that earlier releases kept at the top level go
-    to ``provenance``, ``sid_index_fingerprint`` and ``prompt_format`` to ``metadata``, the LoRA fields of 0.1
-    (``lora_r``, ...) to ``lora``; ``tokenizer_name_or_path`` (no longer used) is dropped."""
-    out = dict(saved)
-    provenance = dict(out.pop("provenance", None) or {})
-    for key in PROVENANCE_FACTS:
-        value = out.pop(key, None)
-        if value is not None:
-            provenance.setdefault(key, value)
-    data = {key: out.pop(key) for key in INIT_DATA if key in out}
-    data = {k: v for k, v in data.items() if v is not None}
-    if data:
-        provenance.setdefault("init_data", data)
-    if provenance:
-        out["provenance"] = provenance
-    recorded = {key: out.pop(key) for key in METADATA_KEYS if key in out}
-    recorded = {k: v for k, v in recorded.items() if v is not None}
-    if recorded:
-        out["metadata"] = {**(out.get("metadata") or {}), **recorded}
-    lora = legacy_lora(
-        *(out.pop(k, None) for k in ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"))
-    )
-    if lora is not None:
-        if out.get("lora") is not None:
-            raise ValueError(
-                "Give the LoRA once: `lora` and the old `lora_r`/`lora_target_modules` fields both set."
-            )
-        out["lora"] = lora
-    out.pop("tokenizer_name_or_path", None)
-    return out

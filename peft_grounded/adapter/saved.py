@@ -87,14 +87,14 @@ def read_adapter_config(path: str | Path) -> dict[str, Any]:
 
 def recorded_metadata(config: dict[str, Any], key: str) -> Any:
     """What a saved config's application metadata holds under ``key`` (``sid_index_fingerprint``,
-    ``prompt_format``): in ``metadata`` since 0.2, at the top level before."""
-    return (config.get("metadata") or {}).get(key, config.get(key))
+    ``prompt_format``)."""
+    return (config.get("metadata") or {}).get(key)
 
 
 def recorded_fact(config: dict[str, Any], key: str) -> Any:
     """A creation-time fact of a saved config (``num_embeddings``, ``embedding_signature``,
-    ``vocab_fingerprint``, ``init_data``): in ``provenance`` now, at the top level in earlier versions."""
-    return (config.get("provenance") or {}).get(key, config.get(key))
+    ``vocab_fingerprint``, ``init_data``)."""
+    return (config.get("provenance") or {}).get(key)
 
 
 def read_tensors(weights: Path) -> dict[str, torch.Tensor]:
@@ -110,9 +110,7 @@ def read_tensors(weights: Path) -> dict[str, torch.Tensor]:
 
 def read_adapter(path: str | Path) -> SavedAdapter:
     """Config and rows of the grounded adapter saved at ``path`` (safetensors only), checked: every tensor
-    finite, the rows' shapes those the config lists, a recorded prompt format this version reads."""
-    from ..prompts import PromptFormat
-
+    finite, the rows' shapes those the config lists."""
     directory = Path(path)
     config = read_adapter_config(directory)
     _, weights = adapter_files(directory)
@@ -139,9 +137,6 @@ def read_adapter(path: str | Path) -> SavedAdapter:
     if bad:
         what = "grounded_embedding" if any(k.endswith("grounded_embedding") for k in bad) else bad[0]
         raise ValueError(f"{weights}: {what} holds NaN or Inf rows (tensors {bad[:3]}); {FIX}")
-    recorded_format = recorded_metadata(config, "prompt_format")
-    if recorded_format:
-        PromptFormat.from_record(recorded_format, str(directory / ADAPTER_CONFIG))
     return SavedAdapter(directory, config, input_rows, output_rows)
 
 

@@ -9,8 +9,6 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..sids.tokens import DEFAULT_TEMPLATE, sid_vocabulary
-
 
 class AddedTokens(list):
     """Row indices of tokens added by :func:`add_tokens` (a ``list[int]``), with what the adapter needs to know.
@@ -99,13 +97,6 @@ def add_tokens(
     if head is not None and head.weight is not model.get_input_embeddings().weight:
         fill_with_mean(head.weight, indices, reference)
     return AddedTokens(indices, tokens, original, fingerprint)
-
-
-def add_sid_tokens(
-    tokenizer, model: nn.Module, codes_per_level: Sequence[int], template: str = DEFAULT_TEMPLATE, **kwargs
-) -> AddedTokens:
-    """Add one token per (level, code), named by ``template`` (default ``<a_12>``), level by level."""
-    return add_tokens(tokenizer, model, sid_vocabulary(codes_per_level, template), **kwargs)
 
 
 def check_tokenizer(config, tokenizer) -> None:

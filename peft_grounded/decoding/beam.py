@@ -42,10 +42,12 @@ def _candidates(
     base: torch.Tensor,
     head: StepHead,
     open_nodes: torch.Tensor | None = None,
+    rows_per_prompt: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(scores, tokens)``, each ``[rows, max degree]``: every allowed continuation of every row, scored
     ``base + log p(token)`` (``log_probs`` in ``head``'s columns), in token order; absent slots score ``-inf``,
-    and so does a continuation into a node that ``open_nodes`` (``[rows, nodes]``) closes."""
+    and so does a continuation into a node that ``open_nodes`` (``[prompts, nodes]``, each prompt's
+    ``rows_per_prompt`` consecutive rows reading its own row) closes."""
     t = trie.tensors(nodes.device)
     rows, tokens, children = trie.allowed_edges(nodes)
     live = nodes >= 0
@@ -56,7 +58,8 @@ def _candidates(
     scores = torch.full((nodes.shape[0], width), float("-inf"), device=nodes.device)
     values = base[rows] + log_probs[rows, head.columns(tokens)]
     if open_nodes is not None:
-        values = values.masked_fill(~open_nodes[rows, children], float("-inf"))
+        prompt = torch.div(rows, rows_per_prompt, rounding_mode="floor")
+        values = values.masked_fill(~open_nodes[prompt, children], float("-inf"))
     scores[rows, columns] = values
     chosen = torch.zeros((nodes.shape[0], width), dtype=torch.long, device=nodes.device)
     chosen[rows, columns] = tokens
@@ -189,8 +192,9 @@ def _select(
     scores, and each new beam's parent (its row among its prompt's, ``[prompts, num_beams]``). A prompt
     with fewer continuations than beams gets ``-inf`` beams (token 0)."""
     rows = generated.shape[0] // prompts
-    row_open = None if open_nodes is None else open_nodes.repeat_interleave(rows, dim=0)
-    scores, tokens = _candidates(trie, trie.walk(generated), log_probs, beam_scores, head, row_open)
+    scores, tokens = _candidates(
+        trie, trie.walk(generated), log_probs, beam_scores, head, open_nodes, rows_per_prompt=rows
+    )
     width = scores.shape[1]
     scores, tokens = scores.view(prompts, rows * width), tokens.view(prompts, rows * width)
     if rows * width < num_beams:  # fewer continuations than beams: pad with empty beams

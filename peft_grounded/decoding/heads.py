@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..adapter.compact_head import head_rows, sid_columns, supports_compact_head
+from ..training.compact_head import head_rows, sid_columns, supports_compact_head
 
 
 def _transformers_model(model: Any) -> Any:
@@ -23,12 +23,12 @@ def _transformers_model(model: Any) -> Any:
 def model_sid_ids(model: Any) -> torch.Tensor:
     """The sorted token ids of the SID rows of ``model``'s grounded adapter (what it trained its softmax over)."""
     tuner = getattr(model, "base_model", None)
-    if not hasattr(tuner, "sid_token_ids"):
+    if not hasattr(tuner, "grounded_token_ids"):
         raise ValueError(
             "sid_softmax=True decodes over the SID rows of a grounded-token adapter; this model has none. "
             "Decode with sid_softmax=False."
         )
-    return tuner.sid_token_ids()
+    return tuner.grounded_token_ids()
 
 
 SIDSoftmax = bool | None | Sequence[int] | torch.Tensor
@@ -40,7 +40,7 @@ def wants_sid_softmax(model: Any, sid_softmax: bool | None) -> bool:
     """``sid_softmax``, or when None what ``model``'s adapter recorded (False without a record)."""
     if sid_softmax is not None:
         return bool(sid_softmax)
-    from ..adapter.loading import sid_softmax_of
+    from ..sids.model import sid_softmax_of
 
     return sid_softmax_of(model)
 

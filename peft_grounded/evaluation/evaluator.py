@@ -248,7 +248,7 @@ def evaluate_adapter(
 ) -> Evaluation:
     """Load a trained adapter onto its base (checked against ``index``) and :func:`evaluate` it, with the
     prompt format recorded in the adapter unless ``fmt`` is given."""
-    from ..adapter.loading import base_model_path, prompt_format_of, sid_model
+    from ..sids.model import base_model_path, prompt_format_of, sid_model
 
     settings = settings or EvalSettings()
     dtype = torch.bfloat16 if settings.bf16 else torch.float32

@@ -20,8 +20,8 @@ import torch
 from ..adapter.config import GroundedRuntimeConfig, GroundedTokenConfig
 from ..adapter.initialize import initializer_range
 from ..adapter.layer import GroundedTokenLayer
+from ..adapter.starts import InitData, initial_rows
 from ..adapter.vocab import add_tokens, check_tokenizer
-from ..init.strategies import InitData, initial_rows
 
 if TYPE_CHECKING:
     from peft import PeftModel

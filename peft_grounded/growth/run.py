@@ -104,8 +104,8 @@ def grow_adapter_into(
     (:class:`~peft_grounded.serving.NewItemRule`) is fitted on it and saved with the grown adapter."""
     import torch
 
-    from ..adapter.loading import base_model_path, sid_model
     from ..sids import SIDIndex, load_catalogue
+    from ..sids.model import base_model_path, sid_model
     from .adapter import check_lineage, grow_adapter
     from .grounding import IncrementalGroundingConfig, ground_new_items, new_item_ids
 
@@ -163,8 +163,8 @@ def grow_adapter_into(
             "loss": [round(result.losses[0], 4), round(result.losses[-1], 4)] if result.losses else None,
         }
     if rule is not None:  # whose beams the rule mixes: the grown model's, or text KNN where that wins
-        from ..adapter.loading import prompt_format_of
         from ..serving import GroundedRecommender
+        from ..sids.model import prompt_format_of
 
         GroundedRecommender(grown, tokenizer, child, prompt_format_of(grown)).choose_new_item_beams(
             rule, logged

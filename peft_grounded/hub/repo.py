@@ -116,14 +116,9 @@ def read_adapter_config(folder: Path, where: str):
             f"The {where} holds a {peft_type or 'non-PEFT'} adapter, not a grounded-token adapter "
             f"(peft_type {GROUNDED_TOKENS.value}); load it with peft.PeftModel.from_pretrained instead."
         )
-    from ..adapter.provenance import upgrade_saved
-
     known = {f.name for f in fields(GroundedTokenConfig)}
     missing = [name for name in ("token_indices",) if name not in raw]
-    try:  # keys the config's loader moves into place are not unknown
-        extra = sorted(name for name in upgrade_saved(raw) if name not in known)
-    except (ValueError, TypeError, AttributeError) as err:
-        raise GroundedHubError(f"The {where}'s {ADAPTER_CONFIG}: {err}; {fix}") from None
+    extra = sorted(name for name in raw if name not in known)
     if missing or extra:
         raise GroundedHubError(
             f"The {where}'s {ADAPTER_CONFIG} has missing fields {missing}, unknown fields {extra}; {fix}"

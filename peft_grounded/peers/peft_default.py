@@ -26,7 +26,7 @@ def peft_default_model(
     ``LoraConfig`` (``lora``: its arguments) whose ``trainable_token_indices`` are the new tokens."""
     from peft import LoraConfig, get_peft_model
 
-    from ..adapter.loading import load_base
+    from ..sids.model import load_base
 
     tokenizer, base = load_base(model_path, dtype)
     tokens = list(index.token_strings)

@@ -24,10 +24,10 @@ import torch
 
 from .._io import read_json
 from .._locks import locks_output
-from ..adapter.loading import sid_model
 from ..adapter.saved import ADAPTER_WEIGHTS
 from ..evaluation.evaluator import evaluate
 from ..evaluation.users import item_token_ids
+from ..sids.model import sid_model
 from ..training import runs
 from ..training.adapter_files import load_adapter_weights, save_adapter_atomic
 from ..training.runs import ADAPTER_DIR, CURVE_FILE, LOG_FILE, RESULTS_FILE

@@ -10,8 +10,8 @@ from peft import PeftModel
 
 from .._locks import locks_output
 from ..adapter import GroundedTokenConfig
-from ..adapter.loading import SID_SOFTMAX_KEY
 from ..prompts import PromptFormat
+from ..sids.model import SID_SOFTMAX_KEY
 from ..training.trainer import RunTrainer, StageRun, run_stage
 from .callbacks import ValidationRecall
 from .config import RecommendationConfig
@@ -70,7 +70,7 @@ class RecommendationTrainer(RunTrainer):
                 f"distill_weight={self.args.distill_weight} scores the teacher's soft targets with the SID-only "
                 f"softmax (sid_softmax_loss), which this run cannot use: it needs {problem}. Set distill_weight=0."
             )
-        sid_ids = self.model.base_model.sid_token_ids().tolist()
+        sid_ids = self.model.base_model.grounded_token_ids().tolist()
         self.data_collator = TeacherCollator(self.data_collator, sid_ids, self.args.distill_top_k)
 
     def _set_signature_columns_if_needed(self) -> None:

@@ -98,7 +98,7 @@ def index_for(sid_index: Any, folder: Path, where: str) -> Any:
 
 
 def base_path_for(config: Any, folder: Path) -> str:
-    from ..adapter.loading import base_model_path
+    from ..sids.model import base_model_path
 
     try:
         return base_model_path(str(folder))
@@ -119,10 +119,10 @@ def load_adapter_parts(
     the adapter before a merge folds it away (``False``: the whole vocabulary)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..adapter.loading import check_model_dir, prompt_format_of
     from ..decoding.heads import sid_rows
     from ..hub.load import load_grounded
     from ..hub.repo import read_adapter_config
+    from ..sids.model import check_model_dir, prompt_format_of
 
     config = read_adapter_config(folder, where)
     index = index_for(sid_index, folder, where)
@@ -145,8 +145,8 @@ def load_merged_parts(
 ) -> tuple[Any, Any, Any, Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..adapter.loading import check_model_dir
     from ..prompts import PromptFormat
+    from ..sids.model import check_model_dir
 
     check_model_dir(folder, "path_or_hub_id")
     index = index_for(sid_index, folder, where)
@@ -236,7 +236,7 @@ def decoding_rows(model: Any, tokenizer: Any, index: Any, trie: Any, sid_softmax
 
     from ..decoding.heads import StepHead, sid_rows
 
-    grounded = hasattr(getattr(model, "base_model", None), "sid_token_ids")
+    grounded = hasattr(getattr(model, "base_model", None), "grounded_token_ids")
     if sid_softmax is None and not grounded:
         raise ValueError(
             "this model carries no grounded adapter, so how it was trained to normalise each SID step is "

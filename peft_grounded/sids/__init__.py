@@ -18,7 +18,15 @@ Heavy dependencies (torch, sentence-transformers) load on first use of the names
 from __future__ import annotations
 
 from .._lazy import lazy_exports
-from .tokens import DEFAULT_TEMPLATE, level_name, parse_sid, sid_string, sid_token, sid_vocabulary
+from .tokens import (
+    DEFAULT_TEMPLATE,
+    add_sid_tokens,
+    level_name,
+    parse_sid,
+    sid_string,
+    sid_token,
+    sid_vocabulary,
+)
 
 _LAZY = {  # module: the names it exports
     "catalogue": "Catalogue CatalogueError Item LeaveOneOut LoadReport UserSplit",
@@ -37,6 +45,7 @@ __getattr__, __dir__, _lazy_names = lazy_exports(__name__, _LAZY)
 
 __all__ = [
     "DEFAULT_TEMPLATE",
+    "add_sid_tokens",
     "level_name",
     "parse_sid",
     "sid_string",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Sequence
+from typing import Any
 
 DEFAULT_TEMPLATE = "<{level}_{code}>"
 
@@ -73,3 +74,13 @@ def parse_sid(text: str, template: str = DEFAULT_TEMPLATE) -> list[int]:
         codes.append(int(match.group("code")))
         pos = match.end()
     return codes
+
+
+def add_sid_tokens(
+    tokenizer, model, codes_per_level: Sequence[int], template: str = DEFAULT_TEMPLATE, **kwargs
+) -> Any:
+    """Add one token per (level, code), named by ``template`` (default ``<a_12>``), level by level, with
+    :func:`peft_grounded.adapter.add_tokens` (its ``AddedTokens``)."""
+    from ..adapter.vocab import add_tokens
+
+    return add_tokens(tokenizer, model, sid_vocabulary(codes_per_level, template), **kwargs)

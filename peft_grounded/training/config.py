@@ -91,7 +91,7 @@ class RunConfig(SFTConfig):
         default=True,
         metadata={
             "help": "Project only the labelled (completion) positions through the LM head, on every device; "
-            "TRL does so on CUDA only (see peft_grounded.adapter.compact_head)."
+            "TRL does so on CUDA only (see peft_grounded.training.compact_head)."
         },
     )
     max_minutes: float | None = field(
@@ -189,3 +189,28 @@ def check_max_examples(n: int | None) -> None:
     checks.raise_problems(
         "training data", [checks.int_at_least("max_examples", n, 1, flag="--max-examples", none_ok=True)]
     )
+
+
+PADDING_FREE_RATIO = 1.5
+"""``padding_free=None`` turns padding-free batches on where padded batches would hold at least this many times
+their real tokens (BENCHMARKS.md, "The step against its matrix products": on a CPU a padding-free batch attends
+over all its rows at once, which costs more than the padding it saves where rows are of similar length)."""
+
+
+def wants_padding_free(dataset, batch_size: int, seed: int = 0, batches: int = 200) -> bool:
+    """Whether ``batch_size`` random rows of ``dataset`` padded to their longest would hold at least
+    :data:`PADDING_FREE_RATIO` times their tokens (seeded; ``False`` for rows not yet tokenised)."""
+    import random
+
+    if dataset is None or not hasattr(dataset, "column_names") or "input_ids" not in dataset.column_names:
+        return False
+    lengths = [len(ids) for ids in dataset["input_ids"]]
+    if len(lengths) < 2 or batch_size < 2:
+        return False
+    rng = random.Random(seed)
+    padded = real = 0
+    for _ in range(batches):
+        rows = rng.sample(lengths, min(batch_size, len(lengths)))
+        padded += max(rows) * len(rows)
+        real += sum(rows)
+    return padded >= PADDING_FREE_RATIO * real

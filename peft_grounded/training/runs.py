@@ -135,3 +135,23 @@ def check_run(output_dir: str | Path, manifest: dict, resume_from: str | Path | 
         sources.append(output_dir / MANIFEST)
     for source in sources:
         check_manifest(source, manifest)
+
+
+def sample_rows(dataset, n: int | None, seed: int):
+    """A seeded sample of ``n`` rows (all rows when ``n`` is None or larger than the dataset)."""
+    from .config import check_max_examples
+
+    check_max_examples(n)
+    if n is None or n >= len(dataset):
+        return dataset
+    return dataset.shuffle(seed=seed).select(range(n))
+
+
+def dataset_fingerprint(dataset) -> str:
+    """A content hash of the rows, the same in every process and ``datasets`` version (large datasets fall
+    back to ``datasets``' own fingerprint)."""
+    if dataset is None:
+        return "none"
+    if len(dataset) <= 200_000:
+        return fingerprint(dataset.to_list())
+    return str(getattr(dataset, "_fingerprint", len(dataset)))

@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 from accelerate.utils import extract_model_from_parallel
-from peft import PeftModelForCausalLM
 from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_utils import TrainOutput
 from trl import SFTTrainer
@@ -52,28 +51,10 @@ from .checkpoints import (
     train_loss,
 )
 from .clock import TimeProgressCallback, TrainingClock, time_schedule
-from .config import check_max_examples
-from .runs import ADAPTER_DIR, LOG_FILE
+from .config import check_max_examples, wants_padding_free
+from .runs import ADAPTER_DIR, LOG_FILE, dataset_fingerprint, sample_rows
 
 logger = logging.getLogger(__name__)
-
-
-def sample_rows(dataset, n: int | None, seed: int):
-    """A seeded sample of ``n`` rows (all rows when ``n`` is None or larger than the dataset)."""
-    check_max_examples(n)
-    if n is None or n >= len(dataset):
-        return dataset
-    return dataset.shuffle(seed=seed).select(range(n))
-
-
-def dataset_fingerprint(dataset) -> str:
-    """A content hash of the rows, the same in every process and ``datasets`` version (large datasets fall
-    back to ``datasets``' own fingerprint)."""
-    if dataset is None:
-        return "none"
-    if len(dataset) <= 200_000:
-        return runs.fingerprint(dataset.to_list())
-    return str(getattr(dataset, "_fingerprint", len(dataset)))
 
 
 # adapter-config fields that do not define a run (older manifests, written without them, stay resumable)
@@ -116,31 +97,6 @@ def upcast_trainable(model) -> list[str]:
             "trainable weights cast to float32 (master weights): %d tensors, e.g. %s", len(cast), cast[0]
         )
     return cast
-
-
-PADDING_FREE_RATIO = 1.5
-"""``padding_free=None`` turns padding-free batches on where padded batches would hold at least this many times
-their real tokens (BENCHMARKS.md, "The step against its matrix products": on a CPU a padding-free batch attends
-over all its rows at once, which costs more than the padding it saves where rows are of similar length)."""
-
-
-def wants_padding_free(dataset, batch_size: int, seed: int = 0, batches: int = 200) -> bool:
-    """Whether ``batch_size`` random rows of ``dataset`` padded to their longest would hold at least
-    :data:`PADDING_FREE_RATIO` times their tokens (seeded; ``False`` for rows not yet tokenised)."""
-    import random
-
-    if dataset is None or not hasattr(dataset, "column_names") or "input_ids" not in dataset.column_names:
-        return False
-    lengths = [len(ids) for ids in dataset["input_ids"]]
-    if len(lengths) < 2 or batch_size < 2:
-        return False
-    rng = random.Random(seed)
-    padded = real = 0
-    for _ in range(batches):
-        rows = rng.sample(lengths, min(batch_size, len(lengths)))
-        padded += max(rows) * len(rows)
-        real += sum(rows)
-    return padded >= PADDING_FREE_RATIO * real
 
 
 def _head_wrapped_by_peft(model) -> bool:
@@ -194,18 +150,8 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
         self._pending = torch.zeros(2, dtype=torch.long)  # [labelled tokens, item targets] not yet counted
         self._since_log = [0, 0]  # the same, counted since the last loss log
         self.clock.flush = self._flush_counts
-        # The flag reaches GroundedTokenModel.forward only through PeftModelForCausalLM: a plain PeftModel
-        # (no task_type) calls the transformers model directly, which would ignore it.
-        self._compact_loss = getattr(self.args, "compact_loss", False) and isinstance(
-            self.model, PeftModelForCausalLM
-        )
-        if getattr(self.args, "compact_loss", False) and not self._compact_loss:
-            warnings.warn(
-                "compact_loss=True needs a model wrapped with task_type='CAUSAL_LM' (a PeftModelForCausalLM); "
-                f"this is a {type(self.model).__name__}, so TRL's full-vocabulary head is used for every position "
-                "(same result, slower). Pass task_type='CAUSAL_LM' to GroundedTokenConfig.",
-                stacklevel=2,
-            )
+        # DataParallel copies each module's __dict__ to its replicas: the compact head would run on the original
+        self._compact_loss = bool(getattr(self.args, "compact_loss", False)) and self.args.n_gpu <= 1
 
     def _resolve_sid_softmax(self) -> bool:
         """Whether SID targets take the SID-only softmax: ``sid_softmax_loss`` True (refused, before any step,
@@ -231,12 +177,14 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
 
     def _sid_softmax_problem(self) -> str | None:
         """What the SID-only softmax needs that this trainer lacks (None: it applies)."""
-        from ..adapter.compact_head import supports_compact_head
+        from .compact_head import causal_lm, supports_compact_head
 
         problem = None
-        if not isinstance(self.model, PeftModelForCausalLM):
-            problem = f"a model wrapped with task_type='CAUSAL_LM' (a PeftModelForCausalLM), not a {type(self.model).__name__}"
-        elif not supports_compact_head(self.model.get_base_model()):
+        if not hasattr(getattr(self.model, "base_model", None), "grounded_token_ids"):
+            problem = f"a model with a grounded-token adapter, not a {type(self.model).__name__}"
+        elif self.args.n_gpu > 1:
+            problem = "one process per device (DDP through accelerate launch or torchrun, not DataParallel)"
+        elif not supports_compact_head(causal_lm(self.model)):
             problem = "a head without logit soft-capping or scaling"
         elif self.args.label_smoothing_factor > 0 or self.compute_loss_func is not None:
             problem = "TRL's fused loss (no label_smoothing_factor, no compute_loss_func)"
@@ -371,16 +319,33 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
             return Trainer.compute_loss(
                 self, model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
             )
-        if self._compact_loss:
-            inputs = {**inputs, "compact_fused_lm_head": True}
+        if not (self._compact_loss or self._sid_softmax):
+            return super().compute_loss(
+                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+            )
+        from .compact_head import compact_head
+
+        sid = {}
         if self._sid_softmax:
-            inputs = {**inputs, "sid_softmax": True}
-            temperature = getattr(self.args, "sid_softmax_temperature", 1.0)
-            if temperature != 1.0:
-                inputs["sid_temperature"] = temperature
-        return super().compute_loss(
-            model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
-        )
+            sid["sid_ids"] = self._sid_ids(model)
+            sid["sid_temperature"] = getattr(self.args, "sid_softmax_temperature", 1.0)
+            sid["sid_targets"] = inputs.pop("sid_targets", None)
+        with compact_head(model, **sid):
+            return super().compute_loss(
+                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+            )
+
+    def _sid_ids(self, model) -> torch.Tensor:
+        """The SID rows of ``model``'s active grounded adapters (the SID-only softmax's columns)."""
+        from .compact_head import causal_lm
+
+        wrapped = getattr(model, "module", model)
+        tuner = getattr(wrapped, "base_model", None)
+        if not hasattr(tuner, "grounded_token_ids"):
+            raise ValueError(
+                f"the SID-only softmax needs a grounded-token adapter; {causal_lm(model)!r} has none"
+            )
+        return tuner.grounded_token_ids()
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
         """Train; ``resume_from_checkpoint=True`` continues from the last complete checkpoint, starts afresh
@@ -498,10 +463,10 @@ def run_stage(
     **start,
 ):
     """The body of a stage's entry point (``ground``, ``train_recommender``): check ``run.max_examples``, take
-    ``run.model`` or load one for ``index`` (:func:`~peft_grounded.adapter.loading.model_for` with ``start``
+    ``run.model`` or load one for ``index`` (:func:`~peft_grounded.sids.model.model_for` with ``start``
     and the run's seed), ``prepare`` it, then train a ``trainer_cls`` built from ``args`` on
     ``dataset(tokenizer)``, from the run's last checkpoint when ``run.resume``. Returns the model."""
-    from ..adapter.loading import model_for
+    from ..sids.model import model_for
 
     check_max_examples(run.max_examples)
     tokenizer, model = model_for(index, run.model, run.tokenizer, seed=args.seed, **start)

@@ -72,7 +72,7 @@ def world(tmp_path_factory, smollm2_dir):
     from transformers import AutoTokenizer
 
     from peft_grounded.adapter import add_lora
-    from peft_grounded.adapter.loading import sid_model
+    from peft_grounded.sids.model import sid_model
 
     root = tmp_path_factory.mktemp("user")
     base = root / "base"

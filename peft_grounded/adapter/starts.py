@@ -21,12 +21,11 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import torch
 
-from .projection import project_vectors
-from .stats import vocabulary_stats
+from .projection import project_vectors, vocabulary_stats
 
 InitName = Literal["mean", "gaussian", "random", "description", "centroid", "tensor", "adapter"]
 INITS: tuple[str, ...] = get_args(InitName)
@@ -115,7 +114,7 @@ def _check_anchor_ids(ids: Sequence[int], tokens: Sequence[int], n_rows: int) ->
         raise ValueError(
             f"init_anchors token_ids holds {len(outside)} ids outside the vocabulary [0, {n_rows}) (e.g. "
             f"{outside[:5]}); use the ids of existing vocabulary tokens, e.g. from "
-            "peft_grounded.init.vocabulary_anchors(tokenizer, encoder) with this model's tokenizer."
+            "peft_grounded.adapter.starts.vocabulary_anchors(tokenizer, encoder) with this model's tokenizer."
         )
     new = set(tokens)
     anchored_new = [i for i in ids if i in new]
@@ -194,3 +193,39 @@ def initial_rows(
     if not torch.isfinite(rows).all():
         raise ValueError(f"init={strategy!r} produced non-finite rows; check the inputs it was given.")
     return rows.to(torch.float32)
+
+
+# --- anchors ---
+
+
+def word_tokens(
+    tokenizer: Any, vocab_size: int | None = None, n: int = 4000, min_chars: int = 3
+) -> list[int]:
+    """Ids of up to ``n`` word-like tokens (alphabetic, at least ``min_chars`` letters), spread over the
+    original vocabulary (BPE vocabularies put frequent words first, rare fragments last)."""
+    size = vocab_size or len(tokenizer)
+    candidates = []
+    for token_id in range(size):
+        text = tokenizer.decode([token_id]).strip()
+        if len(text) >= min_chars and text.isalpha():
+            candidates.append(token_id)
+    if not candidates:
+        raise ValueError("The tokenizer has no word-like tokens to anchor the lstsq projection on.")
+    if len(candidates) <= n:
+        return candidates
+    step = len(candidates) / n
+    return [candidates[int(i * step)] for i in range(n)]
+
+
+def vocabulary_anchors(
+    tokenizer: Any, encoder: Any, *, vocab_size: int | None = None, n: int = 4000, batch_size: int = 256
+) -> dict[str, torch.Tensor]:
+    """``{"token_ids", "vectors"}`` for ``GroundedTokenConfig(init_anchors=...)``: ``encoder`` (anything with
+    ``encode(texts) -> array``, e.g. :func:`peft_grounded.sids.load_encoder`) applied to the decoded strings
+    of word-like vocabulary tokens. Save them with ``safetensors.torch.save_file`` to reuse them."""
+    ids = word_tokens(tokenizer, vocab_size, n)
+    texts = [tokenizer.decode([i]).strip() for i in ids]
+    vectors = torch.as_tensor(encoder.encode(texts, batch_size=batch_size), dtype=torch.float32)
+    if vectors.shape[0] != len(ids):
+        raise ValueError(f"The encoder returned {vectors.shape[0]} vectors for {len(ids)} token strings.")
+    return {"token_ids": torch.as_tensor(ids, dtype=torch.long), "vectors": vectors}

@@ -8,9 +8,9 @@ is >90% wasted work: on a 2-core CPU, 40% of a SmolLM2-135M step.
 
 :func:`compact_fused_forward` returns the same output object, computed from the labelled positions only,
 through the model's own head (so the grounded rows get their gradient as usual). The trainers of this
-package request it with ``compact_fused_lm_head=True``; models with logit soft-capping or scaling,
-pre-shifted labels, and MoE forwards asked for router logits (whose load-balancing loss TRL reads from
-the output) keep TRL's own path.
+package install it around TRL's ``compute_loss`` with :func:`compact_head`; models with logit soft-capping or
+scaling, pre-shifted labels, and MoE forwards asked for router logits (whose load-balancing loss TRL reads from
+the output) keep TRL's own path. The loss lives here, on the trainer's side: the adapter's forward is PEFT's.
 
 With ``sid_ids`` (``RecommendationConfig.sid_softmax_loss``) it is also the SID-only softmax: a SID target's
 logits are ``hidden @ W[sid_ids].T``, normalised over the SID rows only (:func:`head_rows` reads just those
@@ -21,6 +21,8 @@ With ``sid_targets`` as well it returns the SID-only log-probabilities of given 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 
@@ -168,3 +170,65 @@ def _gather_log_probs(sid_logits: torch.Tensor, sid_ids: torch.Tensor, targets: 
         raise ValueError("sid_targets holds token ids that are not SID rows (sid_ids)")
     log_probs = sid_logits.log_softmax(dim=-1)
     return log_probs.gather(1, column.view(targets.shape))
+
+
+def causal_lm(model):
+    """The transformers causal LM inside ``model`` (under DDP's ``module`` and PEFT's wrappers)."""
+    model = getattr(model, "module", model)
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def takes_compact_path(lm, kwargs: dict) -> bool:
+    """Whether a forward call with ``kwargs`` is TRL's fused-head call that :func:`compact_fused_forward`
+    reproduces for ``lm``."""
+    return bool(
+        kwargs.get("fused_lm_head")
+        and kwargs.get("labels") is not None
+        and kwargs.get("shift_labels") is None
+        and not kwargs.get("output_router_logits")  # MoE: TRL adds the router loss from TRL's own output
+        and supports_compact_head(lm)
+    )
+
+
+@contextmanager
+def compact_head(
+    model,
+    *,
+    sid_ids: torch.Tensor | None = None,
+    sid_targets: torch.Tensor | None = None,
+    sid_temperature: float = 1.0,
+) -> Iterator[None]:
+    """While open, TRL's fused-head calls on ``model``'s causal LM go through :func:`compact_fused_forward`
+    (with ``sid_ids``: the SID-only softmax; ``sid_targets``/``sid_temperature`` as there); every other call
+    runs the model's own forward. Raises where ``sid_ids`` is given and a call cannot take the compact path."""
+    if sid_targets is not None and sid_ids is None:
+        raise ValueError("sid_targets are scored by the SID-only softmax: pass sid_ids too")
+    if sid_temperature != 1.0 and sid_ids is None:
+        raise ValueError("sid_temperature applies to the SID-only softmax: pass sid_ids too")
+    lm = causal_lm(model)
+    own = lm.__dict__.get("forward")
+    original = lm.forward
+
+    def forward(*args, **kwargs):
+        if not takes_compact_path(lm, kwargs):
+            if sid_ids is not None and kwargs.get("fused_lm_head"):
+                raise ValueError(
+                    "the SID-only softmax scores TRL's fused head (fused_lm_head=True with labels) through the "
+                    "SID rows; this call cannot: it has pre-shifted labels, MoE router logits, or the model "
+                    "scales or soft-caps its logits. Train such a model with sid_softmax_loss=False."
+                )
+            return original(*args, **kwargs)
+        kwargs.pop("fused_lm_head")
+        kwargs.pop("shift_labels", None)
+        return compact_fused_forward(
+            lm, *args, sid_ids=sid_ids, sid_targets=sid_targets, sid_temperature=sid_temperature, **kwargs
+        )
+
+    lm.forward = forward
+    try:
+        yield
+    finally:
+        if own is None:
+            del lm.forward
+        else:
+            lm.forward = own

@@ -64,14 +64,17 @@ def sid_model(
     """
     from peft import PeftModel, get_peft_model
 
-    from . import GroundedTokenConfig, add_tokens
+    from ..adapter import GroundedTokenConfig, add_tokens
 
     if adapter is not None:  # the adapter's files and its index are checked before the base loads
         from types import SimpleNamespace
 
-        from .saved import read_adapter
+        from ..adapter.saved import ADAPTER_CONFIG, read_adapter, recorded_metadata
 
         saved = read_adapter(adapter)
+        recorded_format = recorded_metadata(saved.config, "prompt_format")
+        if recorded_format:  # a format this version cannot read fails here, before the base loads
+            PromptFormat.from_record(recorded_format, str(Path(adapter) / ADAPTER_CONFIG))
         index.check_adapter(SimpleNamespace(**saved.config), where=f"the adapter at {adapter}")
     tokenizer, base = load_base(model_path, dtype)
     added = add_tokens(tokenizer, base, index.token_strings)
@@ -112,7 +115,7 @@ def base_model_path(adapter: str) -> str:
     """The local base model of a saved adapter: its recorded base if that is a directory here, else the
     packaged SmolLM2-135M when the adapter was made on it."""
     from .. import assets
-    from .saved import read_adapter_config
+    from ..adapter.saved import read_adapter_config
 
     recorded = read_adapter_config(adapter).get("base_model_name_or_path") or ""
     if recorded and Path(recorded).is_dir():
