@@ -12,10 +12,10 @@ from .._lazy import lazy_exports
 
 _LAZY = {  # module: the names it exports
     "config": "RunConfig check_max_examples check_run_config",
-    "trainer": "RunTrainer upcast_trainable sample_rows",
+    "trainer": "RunTrainer upcast_trainable",
     "adapter_files": "save_adapter_atomic load_adapter_weights",
     "clock": "TrainingClock time_schedule",
-    "runs": "RunMismatchError",
+    "runs": "RunMismatchError sample_rows",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY)
