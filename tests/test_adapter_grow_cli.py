@@ -12,7 +12,7 @@ from helpers.toy_catalogue import toy_catalogue, toy_index
 from safetensors.torch import load_file
 
 from peft_grounded.growth.grounding import rows_used
-from peft_grounded.sids.model import sid_model
+from peft_grounded.sids.model import sid_model, sid_record
 
 WEIGHTS = "adapter_model.safetensors"
 
@@ -54,7 +54,7 @@ def test_cli_grows_the_adapter_exactly_like_grow_adapter(world, capsys):
     config = json.loads((world["root"] / "grown" / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == world["base"]  # later commands find the base by it
     _, reloaded = sid_model(world["base"], child, adapter=str(world["root"] / "grown"))  # checks the index
-    assert reloaded.peft_config["default"].metadata["sid_index_fingerprint"] == child.fingerprint()
+    assert sid_record(reloaded)["sid_index_fingerprint"] == child.fingerprint()
 
 
 @pytest.mark.parametrize("bf16", [False, True])

@@ -14,6 +14,7 @@ from peft_grounded.pipeline import Budget, Experiment, run_strategy
 from peft_grounded.pipeline.side_by_side import strategy_curve
 from peft_grounded.prompts import HistoryError, PromptFormat, inference_prompts
 from peft_grounded.recommend import recommendation_examples, training_dataset
+from peft_grounded.sids.model import read_sid_record
 from peft_grounded.training.runs import RunMismatchError
 
 
@@ -143,12 +144,8 @@ def test_runner_sequence_objective_on_a_bf16_base_writes_learning_curves(toy, mo
     for stage in ("grounding", "sft"):
         saved = load_file(str(out / stage / "adapter" / "adapter_model.safetensors"))
         assert {t.dtype for t in saved.values()} == {torch.float32}, stage
-    from peft import PeftConfig
 
-    assert (
-        PeftConfig.from_pretrained(str(out / "sft" / "adapter")).metadata["prompt_format"]["objective"]
-        == "sequence"
-    )
+    assert read_sid_record(out / "sft" / "adapter")["prompt_format"]["objective"] == "sequence"
 
 
 def test_validation_curve_survives_a_resume():

@@ -17,6 +17,7 @@ from peft_grounded.prompts import PromptFormat, inference_prompts
 from peft_grounded.recommend import RecommendationConfig, train_recommender, training_dataset
 from peft_grounded.recommend.callbacks import learning_curve
 from peft_grounded.recommend.sequence import chunk_bounds, sequence_row
+from peft_grounded.sids.model import read_sid_record
 from peft_grounded.training.clock import time_schedule
 from peft_grounded.training.runs import RunMismatchError
 
@@ -141,7 +142,6 @@ def _config(out, **kw) -> RecommendationConfig:
 
 
 def test_sequence_training_lowers_the_loss_and_records_its_format(toy, model_dir, tmp_path):
-    from peft import PeftConfig
 
     from peft_grounded.sids.model import prompt_format_of, sid_model
 
@@ -157,7 +157,7 @@ def test_sequence_training_lowers_the_loss_and_records_its_format(toy, model_dir
     curve = learning_curve(log)["train"]
     assert all(p["items_seen"] > 0 and p["seconds"] > 0 and p["item_nll"] > p["loss"] for p in curve)
     assert [p["items_seen"] for p in curve] == sorted(p["items_seen"] for p in curve)
-    recorded = PeftConfig.from_pretrained(str(out / "adapter")).metadata["prompt_format"]
+    recorded = read_sid_record(out / "adapter")["prompt_format"]
     assert recorded == asdict(SEQ)
     _, model = sid_model(model_dir, index, adapter=str(out / "adapter"), is_trainable=False)
     assert prompt_format_of(model) == SEQ

@@ -303,12 +303,12 @@ def test_evaluate_on_a_missing_adapter_folder(world, tmp_path, capsys):
 
 def test_an_unknown_prompt_format_key_names_the_key_and_the_file(world, tmp_path, capsys):
     adapter = copy_adapter(world, tmp_path)
-    config = json.loads((adapter / "adapter_config.json").read_text())
-    config["metadata"]["prompt_format"] = {**config["metadata"]["prompt_format"], "history_style": "bullets"}
-    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    record = json.loads((adapter / "sid_record.json").read_text())
+    record["prompt_format"] = {**record["prompt_format"], "history_style": "bullets"}
+    (adapter / "sid_record.json").write_text(json.dumps(record))
     line = refuse_adapter(capsys, world, tmp_path, adapter)
     assert "prompt_format has keys this peft_grounded does not know: ['history_style']" in line
-    assert str(adapter / "adapter_config.json") in line and "upgrade peft_grounded" in line
+    assert str(adapter / "sid_record.json") in line and "upgrade peft_grounded" in line
 
 
 def test_a_corrupted_adapter_config_names_the_file(world, tmp_path, capsys):

@@ -135,10 +135,9 @@ def test_an_adapter_of_the_parent_is_told_to_grow():
 
     class Config:
         token_strings = None
-        sid_index_fingerprint = parent.fingerprint()
 
     with pytest.raises(ValueError, match=r"earlier version of this SID index.*grow_adapter"):
-        child.check_adapter(Config())
+        child.check_adapter(Config(), recorded=parent.fingerprint())
 
 
 @pytest.mark.parametrize(

@@ -19,13 +19,6 @@ from .starts import DATA_INITS, INITS, InitName
 
 __all__ = ["GroundedProvenance", "GroundedRuntimeConfig", "GroundedTokenConfig"]
 
-# Saved in adapter_config.json next to "peft_type" (sorted keys), for whoever opens it after PEFT failed
-# without the plugin: PEFT raises a bare KeyError: 'GROUNDED_TOKENS' then (see docs/peft_trl_limitations.md).
-LOAD_HINT = (
-    "A peft_grounded adapter (peft_type GROUNDED_TOKENS): `pip install peft-grounded`, then `import "
-    "peft_grounded` before PEFT loads it; without that import PEFT raises KeyError: 'GROUNDED_TOKENS'."
-)
-
 
 @dataclass
 class GroundedTokenConfig(PeftConfig):
@@ -76,9 +69,6 @@ class GroundedTokenConfig(PeftConfig):
         init_seed (`int`): seed of the gaussian and random initialisations.
         lora (`dict`, *optional*): the stacked LoRA as `peft.LoraConfig` keyword arguments (set by `add_lora`);
             None without LoRA.
-        metadata (`dict`, *optional*): what the application records and the adapter never reads: the SID index
-            its tokens stand for (`sid_index_fingerprint`, which evaluation checks) and the recommendation
-            `prompt_format`.
         provenance (`GroundedProvenance`, *optional*): facts recorded at creation (filled by `get_peft_model`).
         runtime_config (`GroundedRuntimeConfig`): runtime data of the start (not saved).
     """
@@ -172,14 +162,6 @@ class GroundedTokenConfig(PeftConfig):
             "no LoRA. The LM head and embeddings are never targeted: their new rows are this adapter's own."
         },
     )
-    metadata: dict[str, Any] | None = field(
-        default=None,
-        metadata={
-            "help": "What the application records (the adapter never reads it): sid_index_fingerprint, the SID "
-            "index whose codes the tokens stand for (evaluation, further training and diagnostics refuse another "
-            "index), and prompt_format, how recommendation prompts were written (reused by evaluation)."
-        },
-    )
     provenance: GroundedProvenance | None = field(
         default=None,
         metadata={
@@ -191,12 +173,6 @@ class GroundedTokenConfig(PeftConfig):
         default_factory=GroundedRuntimeConfig,
         compare=False,  # runtime data (tensors): two configs are equal by their hyperparameters and provenance
         metadata={"help": "Runtime data of the start (init_vectors, init_anchors, init_texts); never saved."},
-    )
-    peft_grounded: str = field(
-        default=LOAD_HINT,
-        repr=False,
-        compare=False,
-        metadata={"help": "How to load this adapter (a note for readers of adapter_config.json; not used)."},
     )
     # The one-liner of a data-driven start: routed into runtime_config, never stored on the config itself.
     init_vectors: InitVar[Any] = None

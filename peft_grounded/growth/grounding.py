@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from ..grounding.config import GroundingConfig
 from ..grounding.data import GroundingData, grounding_dataset
+from ..sids.model import FINGERPRINT_KEY, sid_record
 
 if TYPE_CHECKING:
     from ..sids.index import SIDIndex
@@ -175,7 +176,7 @@ def ground_new_items(
     """
     args = incremental_config(args, **settings)
     name = adapter_name or model.active_adapter
-    child_index.check_adapter(model.peft_config[name])
+    child_index.check_adapter(model.peft_config[name], recorded=sid_record(model, name).get(FINGERPRINT_KEY))
     new_ids = new_item_ids(parent_index, child_index)
     if not new_ids:
         raise ValueError("the child index adds no items to the parent: nothing to ground")

@@ -50,7 +50,9 @@ def check_output(output: Path, adapter: Path, overwrite: bool) -> None:
 def owned_by_adapter(path: Path) -> bool:
     """Whether ``path`` in an adapter folder is the adapter's own (replaced by a new save): its config,
     weights and PEFT's model card; anything else (a README of the user's, notes, data) is kept."""
-    if path.name in ADAPTER_FILES:
+    from ..sids.model import SID_RECORD
+
+    if path.name in ADAPTER_FILES or path.name == SID_RECORD:
         return True
     return path.name == "README.md" and is_generated_card(path, PEFT_CARD_MARKER)
 
@@ -64,7 +66,10 @@ def save_adapter_keeping_others(model, output: Path) -> list[str]:
 
     tmp = make_temp_dir(output)
     try:
+        from ..sids.model import save_sid_record
+
         model.save_pretrained(tmp)
+        save_sid_record(model, tmp)
         return replace_keeping_others(tmp, output, owned_by_adapter)
     except Exception as err:
         if is_disk_full(err):

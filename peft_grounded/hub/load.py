@@ -13,7 +13,6 @@ from .repo import (
     GroundedHubError,
     fetch_adapter,
     open_source,
-    read_adapter_config,
 )
 
 if TYPE_CHECKING:
@@ -36,7 +35,7 @@ def load_grounded(
 ) -> PeftModel:
     """Load the grounded adapter at ``repo_id_or_path`` (Hub repo id or local folder) onto ``base_model``.
 
-    Fetches ``adapter_config.json`` and ``adapter_model.safetensors`` only (a repo with pickled weights
+    Fetches ``adapter_config.json``, ``adapter_model.safetensors`` and the SID record only (a repo with pickled weights
     only is refused before any download), checks that ``base_model`` and ``tokenizer`` are the ones the
     adapter was made for, adds the adapter's tokens to both, in order (``peft_grounded.add_tokens``;
     skipped for a tokenizer that already carries them at the adapter's rows), then returns
@@ -47,9 +46,13 @@ def load_grounded(
     source, folder, config = fetch_adapter(repo_id_or_path, revision=revision, token=token)
     check_weights(Path(folder) / ADAPTER_WEIGHTS)
     prepare_base(config, base_model, tokenizer, where=source.where)
-    return PeftModel.from_pretrained(
+    from ..sids.model import load_sid_record
+
+    model = PeftModel.from_pretrained(
         base_model, str(folder), adapter_name=adapter_name, is_trainable=is_trainable
     )
+    load_sid_record(model, folder, adapter_name)
+    return model
 
 
 def load_sid_index(
@@ -75,10 +78,11 @@ def load_sid_index(
     folder = source.fetch((f"{SID_INDEX_DIR}/*",))
     index = SIDIndex.load(folder / SID_INDEX_DIR)
     if ADAPTER_CONFIG in source.files:  # the index must be the version the adapter was trained or grown on
+        from ..sids.model import FINGERPRINT_KEY, SID_RECORD, read_sid_record
         from .versions import check_index_version
 
-        config = read_adapter_config(source.fetch((ADAPTER_CONFIG,)), source.where)
-        check_index_version(config, index, source.where)
+        record = read_sid_record(source.fetch((SID_RECORD,))) if SID_RECORD in source.files else {}
+        check_index_version(record.get(FINGERPRINT_KEY), index, source.where)
     return index
 
 

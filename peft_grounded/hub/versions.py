@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .repo import GroundedHubError
 
@@ -10,9 +10,9 @@ if TYPE_CHECKING:
     from ..sids.index import SIDIndex
 
 
-def check_index_version(config: Any, index: SIDIndex, where: str) -> None:
-    """Raise :class:`GroundedHubError` unless ``index`` is the version the adapter ``config`` records."""
-    recorded = (getattr(config, "metadata", None) or {}).get("sid_index_fingerprint")
+def check_index_version(recorded: str | None, index: SIDIndex, where: str) -> None:
+    """Raise :class:`GroundedHubError` unless ``index`` is the version (fingerprint ``recorded``, from the
+    adapter's SID record) the adapter was trained or grown on."""
     actual = index.fingerprint()
     if recorded is None or recorded == actual:
         return

@@ -122,11 +122,13 @@ def load_adapter_parts(
     from ..decoding.heads import sid_rows
     from ..hub.load import load_grounded
     from ..hub.repo import read_adapter_config
-    from ..sids.model import check_model_dir, prompt_format_of
+    from ..sids.model import FINGERPRINT_KEY, check_model_dir, prompt_format_of, read_sid_record
 
     config = read_adapter_config(folder, where)
     index = index_for(sid_index, folder, where)
-    index.check_adapter(config, where=f"the adapter in the {where}")
+    index.check_adapter(
+        config, where=f"the adapter in the {where}", recorded=read_sid_record(folder).get(FINGERPRINT_KEY)
+    )
     base = model_path or base_path_for(config, folder)
     if Path(str(base)).expanduser().exists():
         base = check_model_dir(base, "model_name_or_path")

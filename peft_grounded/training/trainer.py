@@ -58,7 +58,7 @@ logger = logging.getLogger(__name__)
 
 
 # adapter-config fields that do not define a run (older manifests, written without them, stay resumable)
-NOT_IN_MANIFEST = ("inference_mode", "peft_version", "peft_grounded")
+NOT_IN_MANIFEST = ("inference_mode", "peft_version")
 UNLIMITED_STEPS = 10**9  # max_steps when only a time budget ends the run
 
 
@@ -196,16 +196,22 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
         return problem
 
     def build_manifest(self, data_fingerprint: str) -> dict:
+        from ..sids.model import sid_record
+
         a = self.args
         config = (
             self.model.peft_config[self.model.active_adapter].to_dict()
             if hasattr(self.model, "peft_config")
             else {}
         )
+        config = {k: v for k, v in config.items() if k not in NOT_IN_MANIFEST}
+        record = sid_record(self.model)
+        if record:  # the SID index, prompt format and softmax the adapter trains for define the run too
+            config["sid_record"] = record
         return {
             "stage": self.stage,
             "base_model": config.get("base_model_name_or_path"),
-            "adapter": runs.fingerprint({k: v for k, v in config.items() if k not in NOT_IN_MANIFEST}),
+            "adapter": runs.fingerprint(config),
             "dataset": data_fingerprint,
             "learning_rate": a.learning_rate,
             "lr_scheduler_type": str(getattr(a.lr_scheduler_type, "value", a.lr_scheduler_type)),
