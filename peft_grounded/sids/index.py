@@ -65,10 +65,8 @@ class EncoderMismatchError(ValueError):
 
 
 def recorded_index(config: Any) -> str | None:
-    """The SID index fingerprint an adapter config records (a GroundedTokenConfig, or a saved config's fields:
-    ``metadata`` since 0.2, top-level before)."""
-    recorded = (getattr(config, "metadata", None) or {}).get("sid_index_fingerprint")
-    return recorded if recorded is not None else getattr(config, "sid_index_fingerprint", None)
+    """The SID index fingerprint an adapter config records (in its ``metadata``), or None."""
+    return (getattr(config, "metadata", None) or {}).get("sid_index_fingerprint")
 
 
 @dataclass(eq=False)
@@ -200,9 +198,9 @@ class SIDIndex:
         grow first."""
         recorded = recorded_index(config)
         grow = (
-            f"{where} was trained with an earlier version of this SID index (fingerprint {recorded}); this "
+            f"{where} was trained with a parent version of this SID index (fingerprint {recorded}); this "
             "version added items. Grow the adapter first: peft-grounded grow-adapter --adapter ADAPTER "
-            "--parent-index PARENT_INDEX --sid-index THIS_INDEX --output GROWN (in Python: "
+            "--parent_index PARENT_INDEX --sid_index THIS_INDEX --output_dir GROWN (in Python: "
             "peft_grounded.growth.grow_adapter(model, tokenizer, parent_index, this_index))."
         )
         older = recorded is not None and recorded in self.lineage
