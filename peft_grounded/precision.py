@@ -1,11 +1,12 @@
 """bf16 or float32: the precision this machine runs faster, chosen once, with the reason.
 
 bf16 autocast and bf16 weights halve the memory traffic, and a CPU with native bf16 instructions (x86:
-AVX512-BF16 or AMX; Arm: the BF16 extension) or a GPU that supports it runs them faster than float32. A
-CPU without them *emulates* bf16, many times slower than float32 (BENCHMARKS.md). :func:`choose_precision` decides from the CPU's flags (``/proc/cpuinfo``)
-and torch's CPU capability (``AVX512``, ``AVX2``, ``DEFAULT``, ...); :func:`bf16_slowdown` times a small
-bf16 and float32 matmul once (cached) for the messages. The decision itself, :func:`cpu_has_native_bf16`,
-takes the capability and flags as arguments, so it is tested for every kind of CPU on any machine.
+AVX512-BF16 or AMX; Arm: the BF16 extension) or a GPU that supports it runs them faster than float32. A CPU
+without them *emulates* bf16, many times slower than float32 (BENCHMARKS.md). :func:`choose_precision` decides
+from the CPU's flags (``/proc/cpuinfo``) and torch's CPU capability (``AVX512``, ``AVX2``, ``DEFAULT``, ...);
+:func:`bf16_slowdown` times a small bf16 and float32 matmul once (cached) for the messages. The decision
+itself, :func:`cpu_has_native_bf16`, takes the capability and flags as arguments, so it is tested for every
+kind of CPU on any machine.
 """
 
 from __future__ import annotations

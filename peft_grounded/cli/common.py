@@ -1,10 +1,11 @@
 """Every command's settings are dataclasses that TRL's parser turns into flags.
 
 Each command is parsed by ``trl.TrlParser`` from dataclasses (TRL's own scripts do the same with
-``ScriptArguments``, ``SFTConfig`` and ``ModelConfig``): every field is a flag under its own name (``--sid_index``,
-also ``--sid-index``) and a key of a ``--config FILE.yaml``. A stage's training settings are its config (``GroundingConfig``, ``RecommendationConfig``:
-TRL's ``SFTConfig`` fields); the base model and the stacked LoRA are TRL's ``ModelConfig`` fields
-(:class:`~.model_config.GroundedModelConfig`); what is neither lives here or beside its command:
+``ScriptArguments``, ``SFTConfig`` and ``ModelConfig``): every field is a flag under its own name
+(``--sid_index``, also ``--sid-index``) and a key of a ``--config FILE.yaml``. A stage's training settings are
+its config (``GroundingConfig``, ``RecommendationConfig``: TRL's ``SFTConfig`` fields); the base model and the
+stacked LoRA are TRL's ``ModelConfig`` fields (:class:`~.model_config.GroundedModelConfig`); what is neither
+lives here or beside its command:
 
 * :class:`ModelArguments`: the SID index and catalogue a stage trains on, and how the new rows start;
 * :class:`SFTArguments`: the recommendation stage's grounded start and prompt format.

@@ -1,8 +1,8 @@
 """``peft-grounded push`` and ``peft-grounded pull``: share a saved grounded adapter on the Hub.
 
 The flags are the fields of :class:`PushArguments` and :class:`PullArguments`, parsed by TRL's parser; the
-operands (the folder and the repo id, source first) may also be given without their flags. The Hub token comes from
-``HF_TOKEN`` or ``hf auth login``, never from the command line.
+operands (the folder and the repo id, source first) may also be given without their flags. The Hub token
+comes from ``HF_TOKEN`` or ``hf auth login``, never from the command line.
 """
 
 from __future__ import annotations

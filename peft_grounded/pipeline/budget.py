@@ -212,7 +212,7 @@ STAGE_FIELDS = (
     "bf16",
     "seed",
 )
-# fields that do not change what a stage trains: where it writes (set per run by the runner) and the progress bar
+# fields that do not change what a stage trains: where it writes (the runner sets it per run), the progress bar
 NOT_RECORDED = {"output_dir", "logging_dir", "disable_tqdm"}
 
 

@@ -15,9 +15,10 @@ class RunConfig(SFTConfig):
     """``SFTConfig`` with the defaults every stage of this package shares; the settings of a training stage.
 
     Every field is a command-line flag under its own name (``peft-grounded ground --learning_rate 1e-3``, also
-    ``--learning-rate``) and a key of a ``--config stage.yaml``. Differences from TRL's defaults: ``bf16`` chosen by the CPU (off where bf16 is emulated), the CPU unless
-    CUDA is available (``use_cpu``), the stage's own ``max_steps`` (:attr:`default_steps`), a cosine schedule with
-    3% warm-up, no gradient checkpointing, no logging integrations.
+    ``--learning-rate``) and a key of a ``--config stage.yaml``. Differences from TRL's defaults: ``bf16``
+    chosen by the CPU (off where bf16 is emulated), the CPU unless CUDA is available (``use_cpu``), the
+    stage's own ``max_steps`` (:attr:`default_steps`), a cosine schedule with 3% warm-up, no gradient
+    checkpointing, no logging integrations.
     """
 
     default_steps: ClassVar[int] = -1  # max_steps when none is given (-1: TRL's epochs)
