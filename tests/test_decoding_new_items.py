@@ -171,7 +171,7 @@ def test_evaluation_serves_the_grown_indexs_new_items(tokenizer, tiny_model_fact
 def test_the_evaluate_command_takes_the_new_item_share():
     from peft_grounded.cli.evaluate import parse
 
-    common = ["--adapter", "a", "--sid-index", "s", "--output", "o"]
+    common = ["--adapter", "a", "--sid-index", "s", "--output_dir", "o"]
     _, args = parse([*common, "--new-item-share", "0.1", "--match-levels", "2"])
     assert (args.new_item_share, args.match_levels) == (0.1, 2)
     assert parse(common)[1].new_item_share is None  # off unless asked

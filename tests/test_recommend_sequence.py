@@ -241,20 +241,20 @@ def test_cli_objective_minutes_and_dtype():
     from peft_grounded.grounding import GroundingConfig
 
     _, args, _, config = sft.parse(
-        ["--sid-index", "s", "--output", "o", "--objective", "sequence", "--minutes", "15"]
+        ["--sid-index", "s", "--output_dir", "o", "--objective", "sequence", "--max_minutes", "15"]
     )
     assert args.prompt_format() == PromptFormat(objective="sequence", max_history=19)
     assert config.max_minutes == 15 and config.max_steps == -1  # the time alone ends the run
     assert isinstance(config, RecommendationConfig)
-    _, plain_args, _, plain = sft.parse(["--sid-index", "s", "--output", "o"])
+    _, plain_args, _, plain = sft.parse(["--sid-index", "s", "--output_dir", "o"])
     assert plain_args.prompt_format() == PromptFormat() and plain.max_steps == 400
     _, both_model, both = ground.parse(
-        ["--sid-index", "s", "--output", "o", "--minutes", "2", "--steps", "50"]
+        ["--sid-index", "s", "--output_dir", "o", "--max_minutes", "2", "--max_steps", "50"]
     )
     assert both.max_steps == 50 and both_model.dtype == "float32"
     assert plain.lr_scheduler_type == "cosine"  # the default
     _, _, linear = ground.parse(
-        ["--sid-index", "s", "--output", "o", "--steps", "50", "--lr-scheduler", "linear"]
+        ["--sid-index", "s", "--output_dir", "o", "--max_steps", "50", "--lr_scheduler_type", "linear"]
     )
     assert isinstance(linear, GroundingConfig) and linear.lr_scheduler_type == "linear"
 

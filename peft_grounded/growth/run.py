@@ -27,23 +27,23 @@ def check_output(output: Path, adapter: Path, overwrite: bool) -> None:
     """Raise ``ValueError`` unless ``output`` may receive the grown adapter (before anything is loaded)."""
     if output.resolve() == adapter.resolve():
         raise ValueError(
-            f"--output is the trained adapter's directory ({adapter}); write the grown adapter elsewhere "
+            f"--output_dir is the trained adapter's directory ({adapter}); write the grown adapter elsewhere "
             "(the trained one stays loadable with the parent index)"
         )
     if not output.exists():
         return
     if not output.is_dir():
-        raise ValueError(f"--output {output} is a file, not a directory; choose another --output")
+        raise ValueError(f"--output_dir {output} is a file, not a directory; choose another --output_dir")
     if (output / ADAPTER_CONFIG).is_file():
         if not overwrite:
             raise ValueError(
-                f"{output} already holds an adapter; choose another --output, or pass --overwrite to "
+                f"{output} already holds an adapter; choose another --output_dir, or pass --overwrite to "
                 "replace it (its other files are kept)"
             )
     elif any(output.iterdir()):
         raise ValueError(
             f"{output} holds files but no adapter, and writing there would replace them; choose a new or "
-            "empty --output"
+            "empty --output_dir"
         )
 
 

@@ -18,8 +18,8 @@ def check_index_version(recorded: str | None, index: SIDIndex, where: str) -> No
         return
     if recorded in index.lineage:
         why = (
-            f"the adapter belongs to an earlier version ({recorded}) of this index ({actual}, {index.n_items} "
-            "items): grow the adapter onto it (peft_grounded.growth.grow_adapter) or use the earlier index"
+            f"the adapter belongs to a parent version ({recorded}) of this index ({actual}, {index.n_items} "
+            "items): grow the adapter onto it (peft_grounded.growth.grow_adapter) or use the parent index"
         )
     elif index.parent is not None or index.lineage:
         why = (
@@ -28,7 +28,7 @@ def check_index_version(recorded: str | None, index: SIDIndex, where: str) -> No
         )
     else:
         why = (
-            f"the adapter belongs to SID index {recorded}, this index is {actual}: another build, or an earlier "
+            f"the adapter belongs to SID index {recorded}, this index is {actual}: another build, or a parent "
             "version (an adapter grown with grow_adapter belongs to the grown index: push that one)"
         )
     raise GroundedHubError(f"The SID index of the {where} does not match its adapter: {why}.")

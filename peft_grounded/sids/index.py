@@ -192,9 +192,9 @@ class SIDIndex:
         the index fingerprint (``recorded``), for this index's codes; ``where`` names the adapter in the message.
         An adapter of an index this one grew from is told to grow first."""
         grow = (
-            f"{where} was trained with an earlier version of this SID index (fingerprint {recorded}); this "
+            f"{where} was trained with a parent version of this SID index (fingerprint {recorded}); this "
             "version added items. Grow the adapter first: peft-grounded grow-adapter --adapter ADAPTER "
-            "--parent-index PARENT_INDEX --sid-index THIS_INDEX --output GROWN (in Python: "
+            "--parent_index PARENT_INDEX --sid_index THIS_INDEX --output_dir GROWN (in Python: "
             "peft_grounded.growth.grow_adapter(model, tokenizer, parent_index, this_index))."
         )
         older = recorded is not None and recorded in self.lineage

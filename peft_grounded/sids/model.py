@@ -11,7 +11,7 @@ import torch
 from ..prompts import PromptFormat
 
 
-def check_model_dir(model_path: Any, flag: str = "--model") -> str:
+def check_model_dir(model_path: Any, flag: str = "--model_name_or_path") -> str:
     """``model_path`` if it is a local model directory with safetensors weights; else a clear error (a
     missing path would otherwise reach the Hub client as a malformed repo id)."""
     path = Path(str(model_path)).expanduser()
@@ -90,7 +90,7 @@ def sid_model(
             first = next((line for line in lines if "size mismatch" in line), lines[0] if lines else "")
             raise ValueError(
                 f"the adapter at {adapter} does not fit the base model {model_path} ({first[:300]}); pass the base "
-                f"it was trained on with --model (its config records "
+                f"it was trained on with --model_name_or_path (its config records "
                 f"{saved.config.get('base_model_name_or_path')!r}), or restore the adapter's files if that is it"
             ) from None
         load_sid_record(model, adapter)
@@ -129,7 +129,7 @@ def base_model_path(adapter: str) -> str:
         return str(local)
     raise FileNotFoundError(
         f"The adapter at {adapter} was made on {recorded!r}, which is not a local directory: pass its path "
-        "(model_path= / --model)."
+        "(model_path= / --model_name_or_path)."
     )
 
 

@@ -78,7 +78,7 @@ def grow(world, output: str, *extra: str, child: str = "sids-v2") -> int:
             str(root / "sids"),
             "--sid-index",
             str(root / child),
-            "--output",
+            "--output_dir",
             str(root / output),
             *extra,
         ]

@@ -97,7 +97,14 @@ def world(tmp_path_factory, smollm2_dir):
 
 
 def data_args(world) -> list[str]:
-    return ["--model", world["base"], "--sid-index", world["sids"], "--catalogue", world["catalogue"]]
+    return [
+        "--model_name_or_path",
+        world["base"],
+        "--sid-index",
+        world["sids"],
+        "--catalogue",
+        world["catalogue"],
+    ]
 
 
 def build_sids_args(world, catalogue, out, *extra) -> list:
@@ -114,7 +121,7 @@ def build_sids_args(world, catalogue, out, *extra) -> list:
         "--levels",
         "2",
         "--no-progress",
-        "-o",
+        "--output_dir",
         out,
         *extra,
     ]
