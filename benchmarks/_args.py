@@ -75,6 +75,7 @@ def parse(
     description: str | None = None,
     check: Callable[..., Any] | None = None,
     positionals: tuple[tuple[str, str], ...] = (),
+    defaults: dict[str, Any] | None = None,
     config_file: bool = True,
     dry_run: bool = True,
 ) -> Any:
@@ -82,7 +83,8 @@ def parse(
 
     ``check(*instances)`` runs next (it raises on bad settings and may settle defaults that follow other
     settings); with ``--dry-run`` what it returns is printed and the process exits with status 0.
-    ``positionals``: (field, nargs) pairs given without their flag. ``config_file=False``: no ``--config
+    ``positionals``: (field, nargs) pairs given without their flag; ``defaults``: the script's own defaults of
+    fields of a reused dataclass (``{"ks": [5, 10, 20]}``). ``config_file=False``: no ``--config
     FILE.yaml`` (a script whose own ``--config`` means something else); ``dry_run=False``: the script's own
     ``--dry-run`` field, passed through."""
     classes = settings if isinstance(settings, tuple) else (settings,)
@@ -98,10 +100,15 @@ def parse(
         run=_no_run,
         positionals=positionals,
     )
-    if config_file:
-        parsed = script.parse(argv)
+    parser = script.parser()
+    if defaults:
+        unknown = parser.set_defaults_with_config(**defaults)
+        if unknown:
+            raise ValueError(f"{prog}: defaults of no field: {unknown}")
+    if config_file:  # --config FILE.yaml: its values replace the defaults, the flags given win
+        parsed = tuple(parser.parse_args_and_config(argv))
     else:
-        parsed = tuple(script.parser().parse_args_into_dataclasses(argv, look_for_args_file=False))
+        parsed = tuple(parser.parse_args_into_dataclasses(argv, look_for_args_file=False))
     built = check(*parsed) if check is not None else None
     if stop:
         print(f"{prog}: settings OK (--dry-run: nothing was run)")

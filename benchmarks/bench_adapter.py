@@ -20,7 +20,6 @@ CUDA allocator's peak (``max_memory_allocated``) instead of the process's RSS.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -223,58 +222,27 @@ class Settings:
     batch_size: int = field(default=16, metadata={"help": "rows per step"})
     seq_len: int = field(default=64, metadata={"help": "tokens per row"})
     json: Path | None = field(default=None, metadata={"help": "write the rows here too"})
-    # METHOD PRECISION: one configuration in this process (what each of the fresh processes runs)
-    one: list[str] | None = field(default=None, metadata={"help": argparse.SUPPRESS})
-
-    def __post_init__(self) -> None:
-        if self.one is not None and len(self.one) != 2:
-            raise SystemExit(f"--one takes METHOD PRECISION, got {self.one}")
 
 
 def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--one"]:  # one configuration (run_one's keywords as JSON) in a fresh process: no parser
+        print(json.dumps(run_one(**json.loads(argv[1]))))  # imported, so the peak memory is the method's own
+        return
     args = parse(Settings, argv, prog="bench_adapter.py", description=__doc__)
     if args.device is None:
         import torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.one:
-        row = run_one(
-            args.one[0],
-            args.one[1],
-            args.steps,
-            args.warmup,
-            args.new_tokens,
-            args.device,
-            args.batch_size,
-            args.seq_len,
-        )
-        print(json.dumps(row))
-        return
     rows = []
     for precision in args.precisions:
         runs: dict[str, list[dict]] = {m: [] for m in args.methods}
         for _ in range(args.rounds):
             for method in args.methods:
+                one = dict(method=method, precision=precision, steps=args.steps, warmup=args.warmup)
+                one |= dict(new_tokens=args.new_tokens, device=args.device, batch_size=args.batch_size)
                 out = subprocess.run(
-                    [
-                        sys.executable,
-                        __file__,
-                        "--one",
-                        method,
-                        precision,
-                        "--steps",
-                        str(args.steps),
-                        "--warmup",
-                        str(args.warmup),
-                        "--new-tokens",
-                        str(args.new_tokens),
-                        "--device",
-                        args.device,
-                        "--batch-size",
-                        str(args.batch_size),
-                        "--seq-len",
-                        str(args.seq_len),
-                    ],
+                    [sys.executable, __file__, "--one", json.dumps(one | {"seq_len": args.seq_len})],
                     capture_output=True,
                     text=True,
                     check=True,
