@@ -101,6 +101,9 @@ def parse(
         positionals=positionals,
     )
     parser = script.parser()
+    notes = ["--config FILE.yaml sets any flag (the command line wins)"] if config_file else []
+    notes += ["--dry-run checks the settings and stops before any work"] if dry_run else []
+    parser.epilog = "; ".join(notes) + "." if notes else None
     if defaults:
         unknown = parser.set_defaults_with_config(**defaults)
         if unknown:

@@ -225,10 +225,7 @@ class Settings(Precision):
     )
     max_length: int = field(
         default=512,
-        metadata={
-            "help": "longest training row in tokens (rows beyond it are refused, never cut; Office's grounding "
-            "rows reach 362)"
-        },
+        metadata={"help": "longest training row in tokens (rows beyond it are refused, never cut)"},
     )
     curve_every: int = field(
         default=0, metadata={"help": "validation NLL every N SFT steps (learning curves)"}
