@@ -444,11 +444,18 @@ def run_adapter_bench(plan: Plan, work: Path, state: State, deadline: float) -> 
 # summary
 
 
-def _bench_quality():
-    spec = importlib.util.spec_from_file_location("bench_quality", ROOT / "benchmarks" / "bench_quality.py")
+def _script(name: str):
+    """``benchmarks/NAME.py`` as a module, registered in ``sys.modules`` (its settings dataclasses resolve
+    their annotations there)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _bench_quality():
+    return _script("bench_quality")
 
 
 def interval(values: list[float]) -> str:
@@ -582,12 +589,7 @@ def write_summary(
         "",
     ]
     if adapter_rows:
-        spec = importlib.util.spec_from_file_location(
-            "bench_adapter", ROOT / "benchmarks" / "bench_adapter.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        lines.append(module.table(adapter_rows))
+        lines.append(_script("bench_adapter").table(adapter_rows))
     else:
         lines.append("not run (yet)")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
