@@ -83,7 +83,7 @@ def make_world(root: Path, n_items: int = 24, n_users: int = 16) -> list[str]:
     AutoModelForCausalLM.from_config(config).save_pretrained(root / "base")
     tokenizer.save_pretrained(root / "base")
     return [
-        "--model",
+        "--model_name_or_path",
         str(root / "base"),
         "--sid-index",
         str(root / "sids"),
@@ -235,10 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.subprocess:  # the forks start with the command's imports done
         import peft_grounded.cli
         import peft_grounded.grounding.trainer  # noqa: F401
-    common = ["--steps", str(args.steps), "--save-steps", "1", "--batch-size", "4", "--max-length", "96"]
+    common = ["--max_steps", str(args.steps), "--save_steps", "1", "--per_device_train_batch_size", "4"]
+    common += ["--max_length", "96"]
 
     def command(out: Path, resume: bool) -> list[str]:
-        return ["ground", *data, *common, "--output", str(out), *(["--resume"] if resume else [])]
+        resume_flags = ["--resume_from_checkpoint"] if resume else []
+        return ["ground", *data, *common, "--output_dir", str(out), *resume_flags]
 
     t = time.perf_counter()
     straight = Attempt(command(root / "straight", False), root / "straight.log", args.subprocess)
