@@ -1,0 +1,276 @@
+"""PEFT's own common test matrix (``PeftCommonTester``) run for TrainableTokens and for this adapter, side by side.
+
+    python benchmarks/peft_common_matrix.py --peft_tests /work/peft-tests-0.21.2/tests
+    python benchmarks/peft_common_matrix.py --peft_tests DIR -k merge --out runs/peft_matrix
+
+``--peft_tests`` is the ``tests/`` folder of PEFT's repository at the installed version (``testing_common.py``,
+``testing_utils.py``, ``test_custom_models.py``; PEFT's PyPI sdist ships it, without the empty ``__init__.py``).
+Nothing of it is copied into this project: the script copies the folder to a temporary directory as the package
+``peft_common_tests`` and runs its ``TestPeftCustomModel`` tests with pytest, in this process, offline.
+
+The matrix is every test of ``test_custom_models.py`` parametrised over ``TEST_CASES`` (merge, safe merge,
+unload, save/load, disable and delete adapters, dtypes, ...), on the small models PEFT runs TrainableTokens on.
+``TEST_CASES`` is narrowed to these cases, each run for both methods with ``init_weights=False``, as PEFT's
+TrainableTokens entry and its ``set_init_weights_false`` set it:
+
+* ``EmbConv1D [0,1,3]``: PEFT's own TrainableTokens entry (``ModelEmbConv1D``, 100 x 5 embedding, tokens 0, 1,
+  3), and the same for ``GroundedTokenConfig`` (``tokens_are_new=False``: the rows exist already);
+* ``EmbWithEmbeddingUtils [0,1,3]``: the same on PEFT's ``ModelEmbWithEmbeddingUtils``, which has
+  ``get_input_embeddings`` as transformers models do (added to the file's ``MockTransformerWrapper``);
+* ``EmbConv1D new [7,8,9]``: for this adapter new tokens (``tokens_are_new``, ``original_vocab_size`` 7: a start's
+  statistics come from the rows below). The merge tests compare the first input row, the ids 0..9, only.
+
+``GroundedTokenConfig`` defaults to ``task_type="CAUSAL_LM"``; these models are no language models, so its cases
+set PEFT's default, ``task_type=None``, which TrainableTokens has.
+
+The table gives each test's outcome for both methods (PASS, FAIL, ERROR, SKIP) and, last, the tests that fail
+for this adapter where TrainableTokens passes, with the first line of the error. ``--out DIR`` also writes
+``matrix.md`` and ``matrix.json``. The exit status is 1 when there is such a test, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+from peft_grounded._scripts import parse_script_args
+
+PACKAGE = "peft_common_tests"
+MATRIX_PARAMS = ("test_name", "model_id", "config_cls", "config_kwargs")
+TT_ENTRY = "Embedding + transformers Conv1D 1 trainable_tokens"  # PEFT's own TrainableTokens case
+METHODS = ("TrainableTokens", "grounded")
+# (column label, model_id, kwargs of both methods (None: PEFT's TrainableTokens entry), GroundedTokenConfig's extra)
+# The merge tests compare the first input row only, the ids 0..9 (prepare_inputs_for_testing): the tokens lie there.
+# GroundedTokenConfig's task_type defaults to CAUSAL_LM; these models are no LMs: PEFT's default, None.
+CASES = (
+    ("EmbConv1D [0,1,3]", "EmbConv1D", None, {"tokens_are_new": False, "task_type": None}),
+    (
+        "EmbWithEmbeddingUtils [0,1,3]",
+        "EmbWithEmbeddingUtils",
+        {"target_modules": ["embed_tokens"], "token_indices": [0, 1, 3]},
+        {"tokens_are_new": False, "task_type": None},
+    ),
+    (
+        "EmbConv1D new [7,8,9]",
+        "EmbConv1D",
+        {"target_modules": ["emb"], "token_indices": [7, 8, 9]},
+        {"task_type": None},
+    ),
+)
+EXTRA_MODELS = {"EmbWithEmbeddingUtils": "ModelEmbWithEmbeddingUtils"}  # PEFT's classes the mock does not build
+
+
+def _case_name(method: str, label: str) -> str:
+    return f"{method} {label}"
+
+
+def matrix_cases(test_cases: list) -> list[tuple]:
+    """The ``TEST_CASES`` rows of the run: PEFT's TrainableTokens entry and its counterparts."""
+    from peft import TrainableTokensConfig
+
+    from peft_grounded import GroundedTokenConfig
+
+    entry = next(row for row in test_cases if row[0] == TT_ENTRY)
+    rows = []
+    for label, model_id, shared, extra in CASES:
+        kwargs = dict(entry[3]) if shared is None else {**shared, "init_weights": False}
+        rows.append((_case_name("TrainableTokens", label), model_id, TrainableTokensConfig, kwargs))
+        rows.append((_case_name("grounded", label), model_id, GroundedTokenConfig, {**kwargs, **extra}))
+    return rows
+
+
+class MatrixPlugin:
+    """Narrows ``TEST_CASES`` before collection, keeps the tests parametrised over it, records the outcomes."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, tuple[str, str]] = {}  # nodeid -> (test, case name)
+        self.outcomes: dict[str, str] = {}
+        self.messages: dict[str, str] = {}
+
+    def pytest_sessionstart(self, session) -> None:
+        import importlib
+
+        import torch
+
+        module = importlib.import_module(f"{PACKAGE}.test_custom_models")
+        # the parametrize marks hold this very list: narrowing it in place narrows the matrix
+        module.TEST_CASES[:] = matrix_cases(list(module.TEST_CASES))
+        mock = module.MockTransformerWrapper
+        original = mock.from_pretrained.__func__
+
+        def from_pretrained(cls, model_id, dtype=None):
+            if model_id not in EXTRA_MODELS:
+                return original(cls, model_id, dtype=dtype)
+            torch.manual_seed(0)  # as the mock does: the same model on every call
+            return getattr(module, EXTRA_MODELS[model_id])().to(dtype or torch.float32)
+
+        mock.from_pretrained = classmethod(from_pretrained)
+
+    def pytest_collection_modifyitems(self, session, config, items) -> None:
+        keep, drop = [], []
+        for item in items:
+            params = getattr(getattr(item, "callspec", None), "params", {})
+            if not all(p in params for p in MATRIX_PARAMS):
+                drop.append(item)
+                continue
+            others = [f"{k}={_short(v)}" for k, v in params.items() if k not in MATRIX_PARAMS]
+            test = item.originalname + (f"[{', '.join(others)}]" if others else "")
+            self.items[item.nodeid] = (test, params["test_name"])
+            keep.append(item)
+        items[:] = keep
+        config.hook.pytest_deselected(items=drop)
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.nodeid not in self.items:
+            return
+        if report.failed:
+            outcome = "FAIL" if report.when == "call" else "ERROR"
+            self.outcomes[report.nodeid] = outcome
+            self.messages[report.nodeid] = _first_line(report)
+        elif report.skipped:
+            self.outcomes.setdefault(report.nodeid, "SKIP")
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            self.messages.setdefault(report.nodeid, reason.removeprefix("Skipped: "))
+        elif report.when == "call":
+            self.outcomes[report.nodeid] = "PASS"
+
+    def table(self) -> dict[str, dict[str, dict[str, str]]]:
+        """``{test: {case name: {"outcome": ..., "message": ...}}}``."""
+        out: dict[str, dict[str, dict[str, str]]] = {}
+        for nodeid, (test, case) in self.items.items():
+            out.setdefault(test, {})[case] = {
+                "outcome": self.outcomes.get(nodeid, "NOT RUN"),
+                "message": self.messages.get(nodeid, ""),
+            }
+        return out
+
+
+def _short(value) -> str:
+    return str(value).removeprefix("torch.")
+
+
+def _first_line(report) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(report.longrepr)
+    return text.strip().splitlines()[0][:200] if text.strip() else ""
+
+
+def regressions(table: dict) -> list[tuple[str, str, str]]:
+    """``(test, case label, message)`` where this adapter fails and TrainableTokens passes."""
+    out = []
+    for test, row in table.items():
+        for label, *_ in CASES:
+            ours = row.get(_case_name("grounded", label), {})
+            theirs = row.get(_case_name("TrainableTokens", label), {})
+            if theirs.get("outcome") == "PASS" and ours.get("outcome") != "PASS":
+                out.append((test, label, f"{ours.get('outcome')}: {ours.get('message', '')}"))
+    return out
+
+
+def markdown(table: dict) -> str:
+    columns = [(label, method) for label, *_ in CASES for method in METHODS]
+    head = "| test | " + " | ".join(f"{m} {label}" for label, m in columns) + " |"
+    lines = [head, "|---" * (len(columns) + 1) + "|"]
+    for test in sorted(table):
+        row = table[test]
+        cells = [row.get(_case_name(m, label), {}).get("outcome", "-") for label, m in columns]
+        lines.append(f"| {test} | " + " | ".join(cells) + " |")
+    counts = []
+    for label, m in columns:
+        outcomes = [table[t].get(_case_name(m, label), {}).get("outcome") for t in table]
+        counts.append(f"{outcomes.count('PASS')}/{sum(o is not None for o in outcomes)} pass")
+    lines.append("| **total** | " + " | ".join(counts) + " |")
+    lost = regressions(table)
+    lines += ["", f"Fails for the grounded adapter where TrainableTokens passes: {len(lost)}"]
+    lines += [f"- {test} [{label}]: {message}" for test, label, message in lost]
+    return "\n".join(lines)
+
+
+def _stage(peft_tests: Path, into: Path) -> Path:
+    """Copy PEFT's tests to ``into/peft_common_tests`` (a package: their imports are relative)."""
+    package = into / PACKAGE
+    shutil.copytree(peft_tests, package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (package / "__init__.py").touch()
+    (into / "pytest.ini").write_text("[pytest]\n")  # none of this project's pytest settings
+    return package
+
+
+def _stub_diffusers() -> None:
+    """``testing_common`` imports ``diffusers`` for its Stable Diffusion tests, which the matrix does not run."""
+    try:
+        import diffusers  # noqa: F401
+    except ImportError:
+        stub = types.ModuleType("diffusers")
+        stub.StableDiffusionPipeline = type("StableDiffusionPipeline", (), {})
+        sys.modules["diffusers"] = stub
+
+
+def _check(args: argparse.Namespace) -> str:
+    folder = Path(args.peft_tests)
+    missing = [
+        f for f in ("testing_common.py", "testing_utils.py", "test_custom_models.py") if not (folder / f).is_file()
+    ]
+    if missing:
+        raise SystemExit(f"--peft_tests {folder}: no {', '.join(missing)} (PEFT's tests/ folder, its version's)")
+    return f"PEFT tests: {folder.resolve()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--peft_tests", required=True, help="PEFT's tests/ folder at the installed version")
+    parser.add_argument("-k", default=None, help="pytest -k expression to run part of the matrix")
+    parser.add_argument("--out", default=None, help="folder for matrix.md and matrix.json")
+    parser.add_argument("--verbose", action="store_true", help="pytest's own output too")
+    args = parse_script_args(parser, argv, check=_check)
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import peft
+    import pytest
+
+    import peft_grounded  # registers GROUNDED_TOKENS with PEFT
+
+    _stub_diffusers()
+    with tempfile.TemporaryDirectory(prefix="peft_matrix_") as tmp:
+        package = _stage(Path(args.peft_tests), Path(tmp))
+        sys.path.insert(0, tmp)
+        plugin = MatrixPlugin()
+        pytest_args = [
+            str(package / "test_custom_models.py"),
+            "-c",
+            str(Path(tmp) / "pytest.ini"),
+            "--rootdir",
+            tmp,
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "ignore::DeprecationWarning",
+        ]
+        pytest_args += ["-q", "--tb=line"] if args.verbose else ["-p", "no:terminal"]
+        if args.k:
+            pytest_args += ["-k", args.k]
+        status = pytest.main(pytest_args, plugins=[plugin])
+        sys.path.remove(tmp)
+    table = plugin.table()
+    if not table:
+        raise SystemExit(f"pytest ran none of the matrix (exit status {int(status)}); rerun with --verbose")
+    text = (
+        f"PEFT {peft.__version__}, peft_grounded {getattr(peft_grounded, '__version__', '?')}, "
+        f"tests from {Path(args.peft_tests).resolve()}\n\n" + markdown(table)
+    )
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "matrix.md").write_text(text + "\n")
+        (out / "matrix.json").write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    return 1 if regressions(table) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
