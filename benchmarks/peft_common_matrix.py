@@ -63,7 +63,8 @@ CASES = (
         {"task_type": None},
     ),
 )
-EXTRA_MODELS = {"EmbWithEmbeddingUtils": "ModelEmbWithEmbeddingUtils"}  # PEFT's classes the mock does not build
+# PEFT's model classes that its MockTransformerWrapper does not build
+EXTRA_MODELS = {"EmbWithEmbeddingUtils": "ModelEmbWithEmbeddingUtils"}
 
 
 def _case_name(method: str, label: str) -> str:
@@ -214,15 +215,21 @@ def _stub_diffusers() -> None:
 def _check(args: argparse.Namespace) -> str:
     folder = Path(args.peft_tests)
     missing = [
-        f for f in ("testing_common.py", "testing_utils.py", "test_custom_models.py") if not (folder / f).is_file()
+        f
+        for f in ("testing_common.py", "testing_utils.py", "test_custom_models.py")
+        if not (folder / f).is_file()
     ]
     if missing:
-        raise SystemExit(f"--peft_tests {folder}: no {', '.join(missing)} (PEFT's tests/ folder, its version's)")
+        raise SystemExit(
+            f"--peft_tests {folder}: no {', '.join(missing)} (PEFT's tests/ folder, its version's)"
+        )
     return f"PEFT tests: {folder.resolve()}"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--peft_tests", required=True, help="PEFT's tests/ folder at the installed version")
     parser.add_argument("-k", default=None, help="pytest -k expression to run part of the matrix")
     parser.add_argument("--out", default=None, help="folder for matrix.md and matrix.json")
