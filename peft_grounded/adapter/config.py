@@ -27,7 +27,9 @@ class GroundedTokenConfig(PeftConfig):
     The adapter wraps the input embedding (and, for untied models, the output head) so that the rows of
     ``token_indices`` come from small trainable matrices while every other weight stays frozen and
     bit-identical. ``init`` chooses how those rows start (see :mod:`peft_grounded.adapter.starts`);
-    ``init_weights=False`` keeps the rows the base has, so the wrapped model starts as a no-op.
+    ``init="keep"`` keeps the rows the base has, so the wrapped model starts as a no-op. ``init_weights`` means
+    what it means in PEFT (TrainableTokens): True (the default) starts the rows by ``init``; False draws random
+    rows (``torch.randn``), for tests that need the adapter to change the output.
 
     Like ``LoraConfig``, the fields are JSON-able hyperparameters, plus two objects:
 
@@ -61,8 +63,10 @@ class GroundedTokenConfig(PeftConfig):
         target_modules (`str`, *optional*): the input-embedding module; default `get_input_embeddings()`.
         output_module (`str`, *optional*): the untied output head; default `get_output_embeddings()`.
         train_output_rows (`bool`): untied heads also get trainable output rows.
-        init (`str`): how the rows start: mean, gaussian, random, description, centroid, tensor or adapter.
-        init_weights (`bool`): False keeps the base's rows (a no-op start) instead of starting them by `init`.
+        init (`str`): how the rows start: mean, gaussian, random, description, centroid, tensor, adapter, or keep
+            (the base's rows: a no-op start).
+        init_weights (`bool`): True starts the rows by `init`; False draws random rows (`torch.randn`) whatever
+            `init` says, as PEFT's `TrainableTokensConfig(init_weights=False)`.
         centroid_projection (`str`): centroid: auto, truncate, pca or lstsq.
         norm_match (`bool`): centroid: scale deviations to the vocabulary's RMS deviation.
         init_scale (`float`): pull the started rows toward the vocabulary mean, `mean + init_scale * (row - mean)`.
@@ -124,8 +128,8 @@ class GroundedTokenConfig(PeftConfig):
     init_weights: bool = field(
         default=True,
         metadata={
-            "help": "False: skip `init` and keep the rows the base has at creation, so the wrapped model's output "
-            "equals the base's until training moves them (PEFT's no-op start)."
+            "help": "As in PEFT's TrainableTokensConfig: True starts the rows by `init`; False draws random rows "
+            "(torch.randn, the global generator), whatever `init` says. For a no-op start use init='keep'."
         },
     )
     centroid_projection: ProjectionName = field(
