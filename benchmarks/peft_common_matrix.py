@@ -25,17 +25,30 @@ this adapter where TrainableTokens passes on the same model and tokens, with the
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import sys
 import tempfile
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from peft_grounded._scripts import parse_script_args
+try:
+    from benchmarks._args import parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import parse
+
+
+@dataclass
+class Settings:
+    peft_tests: str = field(metadata={"help": "PEFT's tests/ folder at the installed version"})
+    k: str | None = field(
+        default=None, metadata={"help": "pytest -k expression to run part of the matrix", "aliases": ["-k"]}
+    )
+    out: str | None = field(default=None, metadata={"help": "folder for matrix.md and matrix.json"})
+    verbose: bool = field(default=False, metadata={"help": "pytest's own output too"})
+
 
 PACKAGE = "peft_common_tests"
 MATRIX_PARAMS = ("test_name", "model_id", "config_cls", "config_kwargs")
@@ -293,15 +306,13 @@ def _check_folder(folder: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    args = parse(
+        Settings,
+        argv,
+        prog="peft_common_matrix.py",
+        description=__doc__,
+        check=lambda a: _check_folder(Path(a.peft_tests)),
     )
-    parser.add_argument("--peft_tests", required=True, help="PEFT's tests/ folder at the installed version")
-    parser.add_argument("-k", default=None, help="pytest -k expression to run part of the matrix")
-    parser.add_argument("--out", default=None, help="folder for matrix.md and matrix.json")
-    parser.add_argument("--verbose", action="store_true", help="pytest's own output too")
-    args = parse_script_args(parser, argv)
-    _check_folder(Path(args.peft_tests))
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import peft

@@ -234,3 +234,15 @@ def test_the_documented_workarounds_train(chat_source, workaround):
     assert (chat_source / "out" / "adapter" / "adapter_model.safetensors").is_file()
     if extra:  # the template's token is one of the adapter's trained rows
         assert tokenizer.convert_tokens_to_ids("<|turn|>") == new[0]
+
+
+def test_a_lookup_of_peft_before_its_import_keeps_the_registration():
+    """TRL and transformers look PEFT up (``find_spec``) to see whether it is installed; the registration hook
+    must survive that and register when PEFT really loads (found by PEFT's own test matrix)."""
+    code = (
+        "import importlib.util, peft_grounded; importlib.util.find_spec('peft'); import peft.utils; "
+        "print(getattr(peft.utils.get_peft_model_state_dict, '_grounded_patch', False), "
+        "'GROUNDED_TOKENS' in peft.utils.peft_types.PeftType.__members__)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.stdout.split() == ["True", "True"], result.stderr[-2000:]
