@@ -20,7 +20,7 @@ THIRD_PARTY = {
     "huggingface_hub",
     "deepspeed",
 }
-LEAF_HELPERS = {"peft_grounded.checks", "peft_grounded._io", "peft_grounded._messages"}
+LEAF_HELPERS = frozenset(("peft_grounded.checks", "peft_grounded._io", "peft_grounded._messages"))
 
 
 def _imports(path: Path) -> list[str]:
