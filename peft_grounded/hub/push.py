@@ -27,7 +27,7 @@ from .repo import (
     GroundedHubError,
     check_adapter_files,
     check_repo_id,
-    read_adapter_config,
+    load_grounded_config,
 )
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ def stage_adapter(
                 shutil.copyfile(folder / name, stage / name)
     else:
         _save_model(model, stage, adapter_name)
-    config = read_adapter_config(stage, "adapter")
+    config = load_grounded_config(stage, "adapter")
     check_weights(stage / ADAPTER_WEIGHTS, config)
     return config
 
