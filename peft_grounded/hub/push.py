@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from huggingface_hub.constants import REPOCARD_NAME
 
+from ..new_items.rule import RULE_FILES  # the new-item rule stored with an adapter
 from .repo import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -43,7 +44,6 @@ DEFAULT_COMMIT_MESSAGE = "Upload grounded adapter (peft_grounded)"
 # a stale pickled adapter_model.bin) always, the SID index folder only when an index is pushed.
 ADAPTER_WEIGHT_FILES = f"{Path(ADAPTER_WEIGHTS).stem}.*"
 INDEX_FILES = f"{SID_INDEX_DIR}/*"
-RULE_FILES = ("new_item_rule.json", "new_item_rule.safetensors")  # peft_grounded.serving's new-item rule
 
 
 def replaced_patterns(with_index: bool) -> list[str]:
