@@ -387,7 +387,7 @@ class GroundedRecommender:
         return dict(
             fmt=self.fmt,
             catalogue=self.catalogue,
-            trie=trie or self.trie,
+            trie=self.trie if trie is None else trie,
             sid_softmax=self.sid_rows,
             batch_size=self.batch_size,
         )

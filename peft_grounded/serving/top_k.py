@@ -63,7 +63,7 @@ def model_beams(
     new-item rule mixes, or a list before it is cut to ``k``."""
     from ..decoding import recommend
 
-    trie = trie or sid_trie(tokenizer, index)
+    trie = sid_trie(tokenizer, index) if trie is None else trie
     return recommend(
         model,
         tokenizer,
@@ -130,7 +130,7 @@ def top_k_lists(
 
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
-    trie = trie or sid_trie(tokenizer, index)
+    trie = sid_trie(tokenizer, index) if trie is None else trie
     histories = [list(h) for h in histories]
     width = min(len(trie), max(num_beams, k))
     search = dict(fmt=fmt, catalogue=catalogue, trie=trie, sid_softmax=sid_softmax, batch_size=batch_size)
