@@ -164,9 +164,9 @@ def top_k_lists(
         if new_item_rule.beams == "text":  # the rule chose text KNN on the log: no model run
             recs = new_item_rule.mixture.text_beams(users, wide, trie)
         else:
-            recs = cached or model_beams(
-                model, tokenizer, index, users, wide, show_progress=progress, **search
-            )
+            recs = cached
+            if recs is None:
+                recs = model_beams(model, tokenizer, index, users, wide, show_progress=progress, **search)
         return recs, new_item_rule.apply(recs, users, k)
 
     first, served = mixed(histories, width, beams, show_progress)
