@@ -20,7 +20,6 @@ CUDA allocator's peak (``max_memory_allocated``) instead of the process's RSS.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -29,9 +28,13 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from peft_grounded._scripts import parse_script_args
+try:
+    from benchmarks._args import parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import parse
 
 METHODS = ("grounded", "trainable", "full", "floor")
 
@@ -195,72 +198,51 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--steps", type=int, default=4, help="timed steps per process")
-    parser.add_argument(
-        "--rounds",
-        type=int,
+@dataclass
+class Settings:
+    steps: int = field(default=4, metadata={"help": "timed steps per process"})
+    rounds: int = field(
         default=3,
-        help="processes per configuration, interleaved across methods so drift in the machine's "
-        "load hits all of them alike; the median is over every timed step",
+        metadata={
+            "help": "processes per configuration, interleaved across methods so drift in the machine's load "
+            "hits all of them alike; the median is over every timed step"
+        },
     )
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--new-tokens", type=int, default=512)
-    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    parser.add_argument(
-        "--device", default=None, help="cpu or cuda[:N] (default: cuda when available, else cpu)"
+    warmup: int = field(default=2, metadata={"help": "untimed steps first"})
+    new_tokens: int = field(default=512, metadata={"help": "new tokens added"})
+    precisions: list[str] = field(
+        default_factory=lambda: ["fp32", "bf16"], metadata={"help": "precisions", "choices": ["fp32", "bf16"]}
     )
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--one", nargs=2, metavar=("METHOD", "PRECISION"), help=argparse.SUPPRESS)
-    args = parse_script_args(parser)
+    methods: list[str] = field(
+        default_factory=lambda: list(METHODS), metadata={"help": "configurations", "choices": METHODS}
+    )
+    device: str | None = field(
+        default=None, metadata={"help": "cpu or cuda[:N] (None: cuda when available, else cpu)"}
+    )
+    batch_size: int = field(default=16, metadata={"help": "rows per step"})
+    seq_len: int = field(default=64, metadata={"help": "tokens per row"})
+    json: Path | None = field(default=None, metadata={"help": "write the rows here too"})
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--one"]:  # one configuration (run_one's keywords as JSON) in a fresh process: no parser
+        print(json.dumps(run_one(**json.loads(argv[1]))))  # imported, so the peak memory is the method's own
+        return
+    args = parse(Settings, argv, prog="bench_adapter.py", description=__doc__)
     if args.device is None:
         import torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.one:
-        row = run_one(
-            args.one[0],
-            args.one[1],
-            args.steps,
-            args.warmup,
-            args.new_tokens,
-            args.device,
-            args.batch_size,
-            args.seq_len,
-        )
-        print(json.dumps(row))
-        return
     rows = []
     for precision in args.precisions:
         runs: dict[str, list[dict]] = {m: [] for m in args.methods}
         for _ in range(args.rounds):
             for method in args.methods:
+                one = dict(method=method, precision=precision, steps=args.steps, warmup=args.warmup)
+                one |= dict(new_tokens=args.new_tokens, device=args.device, batch_size=args.batch_size)
                 out = subprocess.run(
-                    [
-                        sys.executable,
-                        __file__,
-                        "--one",
-                        method,
-                        precision,
-                        "--steps",
-                        str(args.steps),
-                        "--warmup",
-                        str(args.warmup),
-                        "--new-tokens",
-                        str(args.new_tokens),
-                        "--device",
-                        args.device,
-                        "--batch-size",
-                        str(args.batch_size),
-                        "--seq-len",
-                        str(args.seq_len),
-                    ],
+                    [sys.executable, __file__, "--one", json.dumps(one | {"seq_len": args.seq_len})],
                     capture_output=True,
                     text=True,
                     check=True,

@@ -13,15 +13,18 @@ settings need no TRL ``SFTConfig``; ``ground``, ``sft`` and ``evaluate`` no slow
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 
-from peft_grounded._scripts import parse_script_args
+try:
+    from benchmarks._args import parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import parse
 
 
 def _commands() -> tuple[str, ...]:
@@ -61,19 +64,18 @@ def row(name: str, seconds: list[float]) -> str:
     return f"| {name} | {min(seconds):.2f} | {statistics.median(seconds):.2f} | {max(seconds):.2f} | {len(seconds)} |"
 
 
+@dataclass
+class Settings:
+    runs: int = field(default=5, metadata={"help": "timed rounds (after one warm-up round)"})
+    no_control: bool = field(default=False, metadata={"help": "leave out trl sft --help"})
+    commands: list[str] | None = field(
+        default=None,
+        metadata={"help": "only these commands (and the controls)", "choices": [c for c in COMMANDS if c]},
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--no-control", action="store_true", help="leave out trl sft --help")
-    parser.add_argument(
-        "--commands",
-        nargs="+",
-        choices=[c for c in COMMANDS if c],
-        help="only these commands (and the controls)",
-    )
-    args = parse_script_args(parser, argv)
+    args = parse(Settings, argv, prog="bench_cli_help.py", description=__doc__)
     chosen = [c for c in COMMANDS if args.commands is None or c in args.commands]
     commands = [START, *chosen, *([] if args.no_control else [CONTROL])]
     load = os.getloadavg()

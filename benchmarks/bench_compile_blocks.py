@@ -10,18 +10,18 @@ the median steps, their median ratio and the largest loss gap.
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 
 from peft_grounded import assets
-from peft_grounded._scripts import parse_script_args
 from peft_grounded.adapter import add_lora
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.recommend import training_dataset
@@ -33,14 +33,24 @@ from peft_grounded.training.compact_head import compact_head
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also under runpy
 from bench_step_limit import BATCH, HISTORY, collate, index_for
 
+try:
+    from benchmarks._args import parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import parse
+
+
+@dataclass
+class Settings:
+    precision: Literal["fp32", "bf16"] = field(default="fp32", metadata={"help": "the blocks' precision"})
+    output: Path = field(
+        default=Path("runs/compile-blocks"), metadata={"help": "the cut base and the SID index go here"}
+    )
+
 
 def main(argv=None) -> None:
     from trl.trainer.utils import add_fused_lm_head
 
-    p = argparse.ArgumentParser(prog="bench_compile_blocks.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
-    p.add_argument("--output", type=Path, default=Path("runs/compile-blocks"))
-    args = parse_script_args(p, argv)
+    args = parse(Settings, argv, prog="bench_compile_blocks.py", description=__doc__)
     bf16 = args.precision == "bf16"
     catalogue = load_catalogue("movielens-100k")
     index = index_for(catalogue, args.output / "sids")

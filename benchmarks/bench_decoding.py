@@ -20,52 +20,59 @@ benchmark; ``--fp32`` / ``--bf16`` force one).
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from peft_grounded import assets
-from peft_grounded._scripts import parse_script_args
 from peft_grounded.adapter import add_lora
 from peft_grounded.decoding import SIDTrie, recommend
 from peft_grounded.evaluation import item_token_ids
-from peft_grounded.precision import script_precision
 from peft_grounded.prompts import PromptFormat, inference_prompts
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
 from peft_grounded.sids.model import sid_model
 
+try:
+    from benchmarks._args import Precision, parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import Precision, parse
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the generate reference
 from helpers.generate_reference import generate_recommend
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+@dataclass(kw_only=True)
+class Settings(Precision):
+    """What is decoded, by which engines (``--fp32`` / ``--bf16``: the weights' precision and autocast)."""
+
+    users: int = field(default=40, metadata={"help": "seeded test users decoded"})
+    engines: list[str] = field(
+        default_factory=lambda: ["generate", "fast"],
+        metadata={"help": "generate, fast, fast+nll, fast+sid (see above)"},
     )
-    parser.add_argument("--users", type=int, default=40)
-    parser.add_argument("--engines", nargs="+", default=["generate", "fast"])
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--beams", type=int, default=20)
-    parser.add_argument("--max-history", type=int, default=8)
-    parser.add_argument("--fp32", action="store_true", help="fp32 weights, no autocast")
-    parser.add_argument("--bf16", action="store_true", help="bf16 weights and autocast even where emulated")
-    parser.add_argument("--likelihood", action="store_true", help="also time target_log_likelihood")
-    parser.add_argument("--rounds", type=int, default=2, help="timed rounds per engine, interleaved")
-    parser.add_argument(
-        "--fp32-reference",
-        action="store_true",
-        help="also compare each bf16 engine's lists with fp32 decoding",
+    batch_size: int = field(default=16, metadata={"help": "prompts per decoding batch"})
+    beams: int = field(default=20, metadata={"help": "beams of the search"})
+    max_history: int = field(default=8, metadata={"help": "items of history per prompt"})
+    likelihood: bool = field(default=False, metadata={"help": "also time target_log_likelihood"})
+    rounds: int = field(default=2, metadata={"help": "timed rounds per engine, interleaved"})
+    fp32_reference: bool = field(
+        default=False, metadata={"help": "also compare each bf16 engine's lists with fp32 decoding"}
     )
-    parser.add_argument("--output", type=Path, default=Path("runs/bench_decoding"))
-    args = parse_script_args(parser)
-    args.fp32 = not script_precision(args.fp32, args.bf16).bf16
+    output: Path = field(
+        default=Path("runs/bench_decoding"), metadata={"help": "the SID index is cached here"}
+    )
+
+
+def main(argv=None) -> None:
+    args = parse(Settings, argv, prog="bench_decoding.py", description=__doc__)
+    args.fp32 = not args.choice().bf16
 
     catalogue = load_catalogue("movielens-100k")
     sid_dir = args.output / "sids"

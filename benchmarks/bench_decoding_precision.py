@@ -10,18 +10,24 @@ are compared with the unmerged float32 ones, which ``evaluate`` measures.
 
 from __future__ import annotations
 
-import argparse
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from peft_grounded._scripts import parse_script_args
+try:
+    from benchmarks._args import parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import parse
+
+
+@dataclass
+class Settings:
+    run: Path = field(metadata={"help": "a demo run folder (its sids and its one strategy's SFT adapter)"})
+    users: int = field(default=160, metadata={"help": "validation users decoded by each recommender"})
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="bench_decoding_precision.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--run", type=Path, required=True, help="a demo run folder")
-    p.add_argument("--users", type=int, default=160, help="validation users decoded by each recommender")
-    args = parse_script_args(p, argv)
+    args = parse(Settings, argv, prog="bench_decoding_precision.py", description=__doc__)
     from peft_grounded import GroundedRecommender
     from peft_grounded.sids import SIDIndex, load_catalogue
 

@@ -12,111 +12,118 @@ or, with ``--sft-minutes`` / ``--grounding-minutes``, minutes. Every flag left o
 
 from __future__ import annotations
 
-import argparse
 import time
-from dataclasses import replace
+from dataclasses import asdict, dataclass, field, replace
+from typing import Literal
 
-from peft_grounded._scripts import parse_script_args
+from peft_grounded.sids.behaviour import ItemVectorsConfig
+
+try:
+    from benchmarks._args import REPEATABLE, OnOff, ZeroOrMore, parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import REPEATABLE, OnOff, ZeroOrMore, parse
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="bench_demo_recipe.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, help="the demo's output folder (resumed when it exists)")
-    p.add_argument(
-        "--dataset",
+@dataclass
+class Settings:
+    """The preset's settings this run changes: None (a flag left out) keeps the preset's value. What the SIDs
+    and the centroid start are built from: ItemVectorsConfig's fields, the preset's by default."""
+
+    out: str = field(metadata={"help": "the demo's output folder (resumed when it exists)"})
+    dataset: str = field(
         default="movielens-100k",
-        help="the catalogue (load_catalogue: a name or a folder such as ../shared/data/amazon-office)",
+        metadata={
+            "help": "the catalogue (load_catalogue: a name or a folder such as ../shared/data/amazon-office)"
+        },
     )
-    p.add_argument("--layers", type=int, default=None, help="keep the base's first N blocks (0: all 30)")
-    p.add_argument(
-        "--sid-softmax",
-        action=argparse.BooleanOptionalAction,
+    layers: int | None = field(default=None, metadata={"help": "keep the base's first N blocks (0: all 30)"})
+    sid_softmax: bool | None = field(
         default=None,
-        help="SFT with the SID-only softmax (--no-sid-softmax: the full head)",
+        metadata={"help": "SFT with the SID-only softmax (--no-sid-softmax: the full head)", "action": OnOff},
     )
-    p.add_argument("--init-scale", type=float, default=None, help="GroundedTokenConfig.init_scale")
-    p.add_argument("--lora-r", type=int, default=None, help="the stacked LoRA's rank (alpha: twice it)")
-    p.add_argument(
-        "--lora-dropout",
-        type=float,
+    init_scale: float | None = field(default=None, metadata={"help": "GroundedTokenConfig.init_scale"})
+    lora_r: int | None = field(default=None, metadata={"help": "the stacked LoRA's rank (alpha: twice it)"})
+    lora_dropout: float | None = field(default=None, metadata={"help": "the stacked LoRA's dropout"})
+    block_lr: float | None = field(
         default=None,
-        help="the stacked LoRA's dropout (default: the preset's 0)",
+        metadata={
+            "help": "full fine-tuning of the kept blocks at this learning rate instead of the stacked LoRA (a "
+            "reference row: decoded in place, so no --keep-best and no resume)"
+        },
     )
-    p.add_argument(
-        "--block-lr",
-        type=float,
+    weight_decay: float | None = field(default=None, metadata={"help": "AdamW weight decay of SFT"})
+    padding_free: bool | None = field(
         default=None,
-        help="full fine-tuning of the kept blocks at this learning rate instead of the stacked LoRA (a "
-        "reference row: decoded in place, so no --keep-best and no resume)",
+        metadata={
+            "help": "SFT on padding-free batches (--no-padding-free: padded; None: the trainer's choice)",
+            "action": OnOff,
+        },
     )
-    p.add_argument("--weight-decay", type=float, default=None, help="AdamW weight decay of SFT")
-    p.add_argument(
-        "--padding-free",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="SFT on padding-free batches (--no-padding-free: padded; default: the trainer's choice)",
+    codes: int | None = field(default=None, metadata={"help": "codes per SID level"})
+    balanced: Literal["none", "last", "all"] | None = field(
+        default=None, metadata={"help": "balanced RQ-KMeans levels of the SIDs"}
     )
-    p.add_argument("--codes", type=int, default=None, help="codes per SID level (default: the preset's 64)")
-    p.add_argument(
-        "--balanced",
-        choices=("none", "last", "all"),
-        default=None,
-        help="balanced RQ-KMeans levels of the SIDs (default: the preset's none)",
+    history: int | None = field(default=None, metadata={"help": "items of history per training window"})
+    curve_every: int | None = field(default=None, metadata={"help": "validation NLL every N steps"})
+    eval_every: int | None = field(
+        default=None, metadata={"help": "validation Recall@10 every N SFT steps (0: off)"}
     )
-    p.add_argument(
-        "--item-vectors",
-        choices=("text", "behaviour", "mix"),
-        default=None,
-        help="what the SIDs and the centroid start are built from (default: the preset's text)",
+    curve_users: int | None = field(default=None, metadata={"help": "validation users of both curves"})
+    keep_best: bool = field(
+        default=False,
+        metadata={
+            "help": "end SFT with the adapter of the best validation Recall@10 (early stopping; needs --eval-every)"
+        },
     )
-    p.add_argument(
-        "--behaviour-weight", type=float, default=None, help="--item-vectors mix: behaviour's share"
+    sft_steps: int | None = field(default=None, metadata={"help": "SFT steps"})
+    sft_minutes: float | None = field(default=None, metadata={"help": "a time budget instead of steps"})
+    grounding_steps: int | None = field(default=None, metadata={"help": "grounding steps"})
+    grounding_minutes: float | None = field(default=None, metadata={"help": "a time budget instead of steps"})
+    grounding_lr: float | None = field(default=None, metadata={"help": "grounding's learning rate"})
+    sft_lr: float | None = field(default=None, metadata={"help": "SFT's learning rate"})
+    users: int | None = field(default=None, metadata={"help": "test users evaluated (0: all)"})
+    exclude_history: bool = field(
+        default=False,
+        metadata={"help": "leave the user's history items out of the LLM's lists (as the peers do)"},
     )
-    p.add_argument("--history", type=int, default=None, help="items of history per training window")
-    p.add_argument("--curve-every", type=int, default=None, help="validation NLL every N steps")
-    p.add_argument(
-        "--eval-every", type=int, default=None, help="validation Recall@10 every N SFT steps (0: off)"
+    eval_parts: list[str] | None = field(
+        default=None, metadata={"help": "parts decoded", "choices": ("valid", "test")}
     )
-    p.add_argument("--curve-users", type=int, default=None, help="validation users of both curves")
-    p.add_argument(
-        "--keep-best",
-        action="store_true",
-        help="end SFT with the adapter of the best validation Recall@10 (early stopping; needs --eval-every)",
+    peers: list[str] | None = field(
+        default=None, metadata={"help": "the peers scored (none: --peers alone)", "action": ZeroOrMore}
     )
-    p.add_argument("--sft-steps", type=int, default=None)
-    p.add_argument("--sft-minutes", type=float, default=None, help="a time budget instead of steps")
-    p.add_argument("--grounding-steps", type=int, default=None)
-    p.add_argument("--grounding-minutes", type=float, default=None, help="a time budget instead of steps")
-    p.add_argument("--grounding-lr", type=float, default=None)
-    p.add_argument("--sft-lr", type=float, default=None)
-    p.add_argument("--users", type=int, default=None, help="test users evaluated (0: all)")
-    p.add_argument(
-        "--exclude-history",
-        action="store_true",
-        help="leave the user's history items out of the LLM's lists (as the peers do)",
+    sasrec_minutes: float | None = field(default=None, metadata={"help": "SASRec's time budget"})
+    strategies: list[str] | None = field(default=None, metadata={"help": "the strategies run"})
+    sft_set: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "FIELD=VALUE: any RecommendationConfig field of SFT (VALUE read as JSON, else as text), e.g. "
+            "augment_views=2, neftune_noise_alpha=5; repeatable"
+        }
+        | REPEATABLE,
     )
-    p.add_argument("--eval-parts", nargs="+", choices=("valid", "test"), default=None, help="parts decoded")
-    p.add_argument("--peers", nargs="*", default=None, help="the peers scored (none: --peers alone)")
-    p.add_argument("--sasrec-minutes", type=float, default=None)
-    p.add_argument("--strategies", nargs="+", default=None)
-    p.add_argument(
-        "--sft-set",
-        action="append",
-        default=[],
-        metavar="FIELD=VALUE",
-        help="any RecommendationConfig field of SFT (VALUE read as JSON, else as text), e.g. augment_views=2, "
-        "neftune_noise_alpha=5; repeatable",
+    max_train_examples: int | None = field(
+        default=None, metadata={"help": "SFT on a seeded sample of this many training rows"}
     )
-    p.add_argument(
-        "--max-train-examples",
-        type=int,
-        default=None,
-        help="SFT on a seeded sample of this many training rows",
+    seed: int | None = field(default=None, metadata={"help": "the run's seed"})
+    precision: Literal["auto", "bf16", "fp32"] = field(
+        default="auto", metadata={"help": "auto: bf16 where it runs natively, else float32"}
     )
-    p.add_argument("--seed", type=int, default=None, help="the run's seed (default: the preset's)")
-    p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto")
-    p.add_argument("--no-diagnostics", action="store_true")
-    return parse_script_args(p, argv, check=preset)
+    no_diagnostics: bool = field(default=False, metadata={"help": "skip the geometry report"})
+
+
+def parse_args(argv=None) -> tuple[Settings, ItemVectorsConfig]:
+    """The settings and the item vectors' config (the preset's unless changed)."""
+    from peft_grounded.pipeline.demo import PRESETS
+
+    return parse(
+        (Settings, ItemVectorsConfig),
+        argv,
+        prog="bench_demo_recipe.py",
+        description=__doc__,
+        check=preset,
+        defaults=asdict(PRESETS["default"].item_vectors),
+    )
 
 
 def _stage(config, steps: int | None, minutes: float | None, lr: float | None, **more):
@@ -144,8 +151,9 @@ def _field_value(pair: str) -> tuple[str, object]:
         return name, value
 
 
-def preset(args: argparse.Namespace):
-    """The ``default`` preset with the arguments' changes (built and checked before any work)."""
+def preset(args: Settings, vectors: ItemVectorsConfig | None = None):
+    """The ``default`` preset with the arguments' changes (built and checked before any work); ``vectors``:
+    the SIDs' item vectors (None: the preset's)."""
     from peft_grounded.pipeline.demo import PRESETS
 
     base = PRESETS["default"]
@@ -188,11 +196,8 @@ def preset(args: argparse.Namespace):
         spec = replace(spec, codes=args.codes)
     if args.balanced is not None:
         spec = replace(spec, balanced=args.balanced)
-    if args.item_vectors is not None or args.behaviour_weight is not None:
-        vectors = {"item_vectors": args.item_vectors or spec.item_vectors.item_vectors}
-        if args.behaviour_weight is not None:
-            vectors["behaviour_weight"] = args.behaviour_weight
-        spec = replace(spec, item_vectors=replace(spec.item_vectors, **vectors))
+    if vectors is not None:
+        spec = replace(spec, item_vectors=vectors)
     if args.history is not None:
         spec = replace(spec, fmt=replace(spec.prompt_format(), max_history=args.history))
     if args.peers is not None:
@@ -207,16 +212,16 @@ def preset(args: argparse.Namespace):
 def main(argv=None) -> None:
     from peft_grounded.pipeline.demo import run_demo
 
-    args = parse_args(argv)
+    args, vectors = parse_args(argv)
     started = time.perf_counter()
     run_demo(
-        preset(args),
+        preset(args, vectors),
         args.out,
         catalogue=args.dataset,
         precision=args.precision,
         diagnostics=not args.no_diagnostics,
     )
-    print(f"demo wall time: {time.perf_counter() - started:.1f} s ({vars(args)})")
+    print(f"demo wall time: {time.perf_counter() - started:.1f} s ({vars(args)}, {vectors})")
 
 
 if __name__ == "__main__":

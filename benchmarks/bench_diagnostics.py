@@ -10,14 +10,18 @@ snapshot and writing the whole report with :func:`~peft_grounded.diagnostics.dia
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
-from peft_grounded._scripts import parse_script_args
+try:
+    from benchmarks._args import parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import parse
 
 INITS = ("mean", "gaussian", "centroid")
 
@@ -66,6 +70,14 @@ def save_adapters(base: Path, index, out: Path, inits: tuple[str, ...]) -> list[
     return paths
 
 
+@dataclass
+class Settings:
+    out: str | None = field(
+        default=None, metadata={"help": "where to keep the adapters and the report (None: a temporary dir)"}
+    )
+    snapshots: Literal[1, 2, 3] = field(default=3, metadata={"help": "adapters to compare"})
+
+
 def main(argv: list[str] | None = None) -> None:
     import torch
 
@@ -80,12 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     from peft_grounded.diagnostics.codes import level0_labels, token_frequencies
 
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--out", help="where to keep the adapters and the report (default: a temporary dir)")
-    parser.add_argument("--snapshots", type=int, default=3, choices=[1, 2, 3], help="adapters to compare")
-    args = parse_script_args(parser, argv)
+    args = parse(Settings, argv, prog="bench_diagnostics.py", description=__doc__)
     out = Path(args.out or tempfile.mkdtemp(prefix="diagnostics-bench-"))
     print(f"torch threads {torch.get_num_threads()}; files in {out}")
     base = assets.smollm2()

@@ -7,13 +7,22 @@ validation Recall@10 paired per user.
 
 from __future__ import annotations
 
-import argparse
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from peft_grounded._scripts import parse_script_args
+try:
+    from benchmarks._args import parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import parse
+
+
+@dataclass
+class Settings:
+    run: Path = field(metadata={"help": "a demo run folder (its sids and its SFT adapter)"})
+    users: int = field(default=300, metadata={"help": "the first N validation users"})
 
 
 def left_out(items, scores, exclude, k):
@@ -27,10 +36,7 @@ def left_out(items, scores, exclude, k):
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="bench_exclusion.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--run", type=Path, required=True, help="a demo run folder (its sids and its SFT adapter)")
-    p.add_argument("--users", type=int, default=300, help="the first N validation users")
-    args = parse_script_args(p, argv)
+    args = parse(Settings, argv, prog="bench_exclusion.py", description=__doc__)
     from peft_grounded import GroundedRecommender
     from peft_grounded.decoding import recommend
     from peft_grounded.evaluation.intervals import bootstrap_interval

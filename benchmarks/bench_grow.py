@@ -12,19 +12,23 @@ the catalogue's texts (items/s, cache off). Memory: the peak Python allocation (
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 import tracemalloc
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from peft_grounded._scripts import parse_script_args
 from peft_grounded.growth.index import GrowthReport, add_vectors
 from peft_grounded.sids import build_sids, load_catalogue
 from peft_grounded.sids.encoders import encode_texts, load_encoder
 from peft_grounded.sids.text import TextTemplate
+
+try:
+    from benchmarks._args import parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import parse
 
 
 def new_vectors(index, vectors: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
@@ -33,17 +37,18 @@ def new_vectors(index, vectors: np.ndarray, n: int, seed: int = 0) -> np.ndarray
     return (vectors[rows] + 0.02 * rng.standard_normal((n, vectors.shape[1]))).astype(np.float32)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--dataset", default="movielens-100k")
-    parser.add_argument("--add", type=int, default=1000, help="items to add (default: %(default)s)")
-    parser.add_argument("--codes", type=int, default=64)
-    parser.add_argument("--levels", type=int, default=3)
-    parser.add_argument("--encoder-sample", type=int, default=128, help="texts timed through the encoder")
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parse_script_args(parser)
+@dataclass
+class Settings:
+    dataset: str = field(default="movielens-100k", metadata={"help": "the catalogue (a name or a folder)"})
+    add: int = field(default=1000, metadata={"help": "items to add"})
+    codes: int = field(default=64, metadata={"help": "codes per SID level of the parent index"})
+    levels: int = field(default=3, metadata={"help": "SID levels of the parent index"})
+    encoder_sample: int = field(default=128, metadata={"help": "texts timed through the encoder"})
+    repeats: int = field(default=3, metadata={"help": "timed additions (the best kept)"})
+
+
+def main(argv=None) -> None:
+    args = parse(Settings, argv, prog="bench_grow.py", description=__doc__)
 
     catalogue = load_catalogue(args.dataset)
     encoder = load_encoder("minilm")

@@ -40,19 +40,19 @@ runs resume (``<out>/old``, ``<out>/full``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import time
 from collections import Counter
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
 
 from peft_grounded import assets
-from peft_grounded._scripts import parse_script_args
 from peft_grounded.decoding import Recommendations
 from peft_grounded.evaluation import EvalSettings
 from peft_grounded.evaluation.intervals import bootstrap_interval
@@ -76,13 +76,17 @@ from peft_grounded.new_items import (
 )
 from peft_grounded.peers import TextKNN
 from peft_grounded.pipeline import Budget, Experiment, run_strategy, strategy
-from peft_grounded.precision import script_precision
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.serving.top_k import model_beams, top_k_lists
 from peft_grounded.sids import build_sids, load_catalogue
 from peft_grounded.sids.encoders import encode_texts, load_encoder
 from peft_grounded.sids.model import sid_model
 from peft_grounded.sids.text import TextTemplate
+
+try:
+    from benchmarks._args import Precision, ZeroOrMore, parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import Precision, ZeroOrMore, parse
 
 
 def interval(values: np.ndarray, seed: int, rounds: int) -> tuple[float, float]:
@@ -192,140 +196,136 @@ SMOKE = dict(  # a path check, not a measurement: seconds of training, a few use
 )
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--dataset", default="movielens-100k")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--smoke", action="store_true", help=f"tiny budget path check: {SMOKE}")
-    parser.add_argument("--share", type=float, default=0.1, help="newest share of items held out")
-    parser.add_argument(
-        "--positions",
-        choices=("test", "last-two"),
+@dataclass(kw_only=True)
+class Settings(Precision):
+    """The catalogue split, the trained models' budget, the served rules and the scoring (``--fp32`` /
+    ``--no-bf16``, ``--bf16``: the base's precision and autocast; neither: the machine's choice)."""
+
+    out: str = field(metadata={"help": "protocol.json / protocol.md and the training runs (resumed)"})
+    dataset: str = field(default="movielens-100k", metadata={"help": "the catalogue (a name or a folder)"})
+    smoke: bool = field(default=False, metadata={"help": f"tiny budget path check: {SMOKE}"})
+    share: float = field(default=0.1, metadata={"help": "newest share of items held out"})
+    positions: Literal["test", "last-two"] = field(
         default="test",
-        help="new-item targets scored: each user's test target, or (last-two) the test target when it is a "
-        "new item, else the validation target when it is one (one per user; no model trains on either)",
+        metadata={
+            "help": "new-item targets scored: each user's test target, or (last-two) the test target when it is "
+            "a new item, else the validation target when it is one (one per user; no model trains on either)"
+        },
     )
-    parser.add_argument("--strategy", default="centroid", help="centroid | centroid_gti | gti | mean ...")
-    parser.add_argument("--objective", choices=("sequence", "prompt"), default="sequence")
-    parser.add_argument(
-        "--max-history", type=int, default=None, help="items of history (default: 19 sequence, 10 prompt)"
+    strategy: str = field(default="centroid", metadata={"help": "centroid | centroid_gti | gti | mean ..."})
+    objective: Literal["sequence", "prompt"] = field(
+        default="sequence", metadata={"help": "training objective"}
     )
-    parser.add_argument(
-        "--max-length", type=int, default=None, help="token cap per row (default: 128 sequence, 256 prompt)"
+    max_history: int | None = field(
+        default=None, metadata={"help": "items of history (None: 19 sequence, 10 prompt)"}
     )
-    parser.add_argument("--levels", type=int, default=3)
-    parser.add_argument("--codes", type=int, default=64)
-    parser.add_argument("--minutes", type=float, default=12.0, help="SFT minutes per trained model")
-    parser.add_argument(
-        "--grounding-minutes",
-        type=float,
+    max_length: int | None = field(
+        default=None, metadata={"help": "token cap per row (None: 128 sequence, 256 prompt)"}
+    )
+    levels: int = field(default=3, metadata={"help": "RQ-KMeans levels of the SIDs"})
+    codes: int = field(default=64, metadata={"help": "codes per SID level"})
+    minutes: float = field(default=12.0, metadata={"help": "SFT minutes per trained model"})
+    grounding_minutes: float = field(
         default=2.0,
-        help="grounding minutes per trained model (only strategies that ground: gti, centroid_gti)",
+        metadata={
+            "help": "grounding minutes per trained model (only strategies that ground: gti, centroid_gti)"
+        },
     )
-    parser.add_argument("--sft-steps", type=int, default=0, help="step cap on SFT (0: the time alone)")
-    parser.add_argument("--grounding-steps", type=int, default=0, help="step cap on grounding (0: time)")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=1e-3, help="SFT and grounding learning rate")
-    parser.add_argument("--lora-r", type=int, default=8)
-    parser.add_argument("--lora-alpha", type=int, default=16)
-    parser.add_argument(
-        "--no-bf16", action="store_true", help="float32 base, no autocast (default: the machine's choice)"
-    )
-    parser.add_argument("--bf16", action="store_true", help="bf16 base and autocast even where emulated")
-    parser.add_argument(
-        "--choice-users",
-        type=int,
+    sft_steps: int = field(default=0, metadata={"help": "step cap on SFT (0: the time alone)"})
+    grounding_steps: int = field(default=0, metadata={"help": "step cap on grounding (0: time)"})
+    batch_size: int = field(default=8, metadata={"help": "rows per step"})
+    lr: float = field(default=1e-3, metadata={"help": "SFT and grounding learning rate"})
+    lora_r: int = field(default=8, metadata={"help": "the stacked LoRA's rank"})
+    lora_alpha: int = field(default=16, metadata={"help": "the stacked LoRA's alpha"})
+    choice_users: int = field(
         default=500,
-        help="logged (history, next item) pairs, a seeded sample of the calibration positions, on which the "
-        "served rule chooses whose beams it mixes (NewItemRule.choose_beams; 0: no choice row)",
+        metadata={
+            "help": "logged (history, next item) pairs, a seeded sample of the calibration positions, on which "
+            "the served rule chooses whose beams it mixes (NewItemRule.choose_beams; 0: no choice row)"
+        },
     )
-    parser.add_argument("--incremental-steps", type=int, default=30)
-    parser.add_argument(
-        "--incremental-lr",
-        type=float,
+    incremental_steps: int = field(default=30, metadata={"help": "incremental grounding steps per variant"})
+    incremental_lr: float | None = field(
+        default=None, metadata={"help": "incremental grounding's learning rate (None: --lr)"}
+    )
+    replay: list[float] = field(
+        default_factory=lambda: [0.0, 1.0],
+        metadata={
+            "help": "incremental grounding variants: old items' pairs mixed in per new item (0: new items alone; "
+            "none given: no incremental grounding)",
+            "action": ZeroOrMore,
+        },
+    )
+    new_item_share: list[float] = field(
+        default_factory=lambda: [0.1, 0.2],
+        metadata={
+            "help": "the grown model with new-item slots (TIGER's cold-start rule, new_items.mix_new_items): at "
+            "most this share of the top-k goes to new items sharing a generated item's SID prefix",
+            "action": ZeroOrMore,
+        },
+    )
+    match_levels: list[int] | None = field(
         default=None,
-        help="incremental grounding's learning rate (default: --lr)",
+        metadata={
+            "help": "prefix codes a new item must share with a generated item, one variant each (None: all "
+            "levels but the last, and one fewer)"
+        },
     )
-    parser.add_argument(
-        "--replay",
-        type=float,
-        nargs="*",
-        default=[0.0, 1.0],
-        help="incremental grounding variants: old items' pairs mixed in per new item (0: new items alone; "
-        "none given: no incremental grounding)",
+    num_beams: int = field(default=20, metadata={"help": "beams per user (the top --k are scored)"})
+    no_retrained: bool = field(
+        default=False,
+        metadata={"help": "skip the full-catalogue reference model (its training and decoding)"},
     )
-    parser.add_argument(
-        "--new-item-share",
-        type=float,
-        nargs="*",
-        default=[0.1, 0.2],
-        help="the grown model with new-item slots (TIGER's cold-start rule, decoding.mix_new_items): at most "
-        "this share of the top-k goes to new items sharing a generated item's SID prefix",
-    )
-    parser.add_argument(
-        "--match-levels",
-        type=int,
-        nargs="+",
-        default=None,
-        help="prefix codes a new item must share with a generated item, one variant each (default: all levels "
-        "but the last, and one fewer)",
-    )
-    parser.add_argument("--num-beams", type=int, default=20, help="beams per user (the top --k are scored)")
-    parser.add_argument(
-        "--no-retrained",
-        action="store_true",
-        help="skip the full-catalogue reference model (its training and decoding)",
-    )
-    parser.add_argument(
-        "--old-users",
-        type=int,
+    old_users: int = field(
         default=200,
-        help="a seeded sample of test users whose target is an old item, scored too (what growth costs them)",
+        metadata={
+            "help": "a seeded sample of test users whose target is an old item, scored too (what growth costs "
+            "them)"
+        },
     )
-    parser.add_argument(
-        "--max-examples", type=int, default=0, help="sample of SFT and grounding examples (0: all)"
+    max_examples: int = field(default=0, metadata={"help": "sample of SFT and grounding examples (0: all)"})
+    users: int = field(
+        default=0, metadata={"help": "cap on new-item-target test users scored (0: all of them)"}
     )
-    parser.add_argument(
-        "--users", type=int, default=0, help="cap on new-item-target test users scored (0: all of them)"
-    )
-    parser.add_argument(
-        "--run-eval-users",
-        type=int,
+    run_eval_users: int = field(
         default=8,
-        help="users the strategy runner itself decodes for its valid/test metrics (not the protocol's)",
+        metadata={
+            "help": "users the strategy runner itself decodes for its valid/test metrics (not the protocol's)"
+        },
     )
-    parser.add_argument("--k", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=2000, help="bootstrap resamples")
-    parser.add_argument("--seed", type=int, default=0)
-
-    def settle(args: argparse.Namespace) -> Budget:
-        """Defaults that follow other arguments, the checks, and the budget: all before any work."""
-        if args.smoke:
-            for key, value in SMOKE.items():
-                setattr(args, key, value)
-        if args.num_beams < args.k:
-            parser.error(
-                f"--num-beams {args.num_beams} is below --k {args.k}: beam search returns num_beams items"
-            )
-        if any(not 0 <= s <= 1 for s in args.new_item_share):
-            parser.error(f"--new-item-share takes fractions of k between 0 and 1, got {args.new_item_share}")
-        if args.max_history is None:
-            args.max_history = 19 if args.objective == "sequence" else 10
-        if args.max_length is None:
-            args.max_length = 128 if args.objective == "sequence" else 256
-        args.no_bf16 = not script_precision(args.no_bf16, args.bf16).bf16
-        return protocol_budget(args)
-
-    return parse_script_args(parser, argv, check=settle)
+    k: int = field(default=10, metadata={"help": "the cut-off K of Recall@K and NDCG@K"})
+    rounds: int = field(default=2000, metadata={"help": "bootstrap resamples"})
+    seed: int = field(default=0, metadata={"help": "training seed (and of the samples)"})
 
 
-def protocol_budget(args: argparse.Namespace) -> Budget:
+def settle(args: Settings) -> Budget:
+    """Defaults that follow other arguments, the checks, and the budget: all before any work."""
+    if args.smoke:
+        for key, value in SMOKE.items():
+            setattr(args, key, value)
+    if args.num_beams < args.k:
+        raise SystemExit(
+            f"--num-beams {args.num_beams} is below --k {args.k}: beam search returns num_beams items"
+        )
+    if any(not 0 <= s <= 1 for s in args.new_item_share):
+        raise SystemExit(f"--new-item-share takes fractions of k between 0 and 1, got {args.new_item_share}")
+    if args.max_history is None:
+        args.max_history = 19 if args.objective == "sequence" else 10
+    if args.max_length is None:
+        args.max_length = 128 if args.objective == "sequence" else 256
+    args.fp32 = not args.choice().bf16
+    return protocol_budget(args)
+
+
+def parse_args(argv=None) -> Settings:
+    return parse(Settings, argv, prog="bench_grow_protocol.py", description=__doc__, check=settle)
+
+
+def protocol_budget(args: Settings) -> Budget:
     """The training budget the arguments describe, built (and so checked) before any work: a strategy that
     does not ground gets no grounding stage, whatever --grounding-steps and --grounding-minutes say."""
     grounds = strategy(args.strategy).ground
-    bf16 = not args.no_bf16
+    bf16 = not args.fp32
     training = dict(
         per_device_train_batch_size=args.batch_size,
         learning_rate=args.lr,
@@ -360,7 +360,7 @@ def plan(args, grounds: bool) -> str:
         f"Plan ({'SMOKE: a path check, not a measurement' if args.smoke else 'full protocol'}):",
         f"  objective {args.objective} (max_history {args.max_history}, max_length {args.max_length}), "
         f"strategy {args.strategy}, LoRA r {args.lora_r}/alpha {args.lora_alpha} all-linear, lr {args.lr}, "
-        f"batch {args.batch_size}, {'float32' if args.no_bf16 else 'bf16 base + bf16 autocast'}, "
+        f"batch {args.batch_size}, {'float32' if args.fp32 else 'bf16 base + bf16 autocast'}, "
         f"examples {'all' if not args.max_examples else args.max_examples}",
         "  1. encode the catalogue (MiniLM), build SIDs on the old items and on the full catalogue, add the "
         "new items (~1-2 min)",
@@ -386,7 +386,7 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model_path = str(assets.smollm2())
-    bf16 = not args.no_bf16
+    bf16 = not args.fp32
 
     catalogue = load_catalogue(args.dataset)
     seen = first_seen(catalogue, args.dataset)

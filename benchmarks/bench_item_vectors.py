@@ -13,7 +13,6 @@ popularity alone (every prefix shared length 0) is its control. Paired per user 
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -22,6 +21,11 @@ import numpy as np
 
 from peft_grounded.evaluation.intervals import bootstrap_interval
 from peft_grounded.sids.behaviour import ItemVectorsConfig
+
+try:
+    from benchmarks._args import parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import parse
 
 
 @dataclass
@@ -63,18 +67,16 @@ def prefix_rule_hits(index, split, k: int, use_codes: bool = True) -> dict[str, 
 
 
 def main(argv=None) -> None:
-    from trl import TrlParser
-
     from peft_grounded.pipeline.demo import PRESETS
     from peft_grounded.sids import build_sids, load_catalogue
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    dry_run = "--dry-run" in argv
-    argv = [a for a in argv if a != "--dry-run"]
-    args, vector_args = TrlParser((BenchArguments, ItemVectorsConfig)).parse_args_into_dataclasses(argv)
-    if dry_run:
-        print(f"bench_item_vectors.py: settings OK (--dry-run: nothing was run)\n{args}\n{vector_args}")
-        sys.exit(0)
+    args, vector_args = parse(
+        (BenchArguments, ItemVectorsConfig),
+        argv,
+        prog="bench_item_vectors.py",
+        description=__doc__,
+        check=lambda args, vector_args: f"{args}\n{vector_args}",
+    )
     catalogue = load_catalogue(args.dataset)
     split = catalogue.leave_one_out()
     fields = list(PRESETS["default"].text_fields)

@@ -22,7 +22,6 @@ By default each attempt is a fork of this process with everything imported (the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -32,9 +31,13 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from peft_grounded._scripts import parse_script_args
+try:
+    from benchmarks._args import parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import parse
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -80,7 +83,7 @@ def make_world(root: Path, n_items: int = 24, n_users: int = 16) -> list[str]:
     AutoModelForCausalLM.from_config(config).save_pretrained(root / "base")
     tokenizer.save_pretrained(root / "base")
     return [
-        "--model",
+        "--model_name_or_path",
         str(root / "base"),
         "--sid-index",
         str(root / "sids"),
@@ -210,17 +213,20 @@ def check_final(out: Path, steps: int, reference: dict) -> tuple[bool, str, floa
     return not problems, "; ".join(problems), diff
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-n", "--iterations", type=int, default=20)
-    parser.add_argument(
-        "--kills", type=int, default=2, help="killed attempts per iteration before the last resume"
+@dataclass
+class Settings:
+    iterations: int = field(default=20, metadata={"help": "kill-and-resume iterations", "aliases": ["-n"]})
+    kills: int = field(default=2, metadata={"help": "killed attempts per iteration before the last resume"})
+    steps: int = field(default=8, metadata={"help": "training steps (a checkpoint after each)"})
+    seed: int = field(default=0, metadata={"help": "seed of the kill points"})
+    subprocess: bool = field(default=False, metadata={"help": "fresh interpreters instead of forks"})
+    workdir: str | None = field(
+        default=None, metadata={"help": "keep the runs here (None: a temporary folder)"}
     )
-    parser.add_argument("--steps", type=int, default=8, help="training steps (a checkpoint after each)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the kill points")
-    parser.add_argument("--subprocess", action="store_true", help="fresh interpreters instead of forks")
-    parser.add_argument("--workdir", help="keep the runs here (default: a temporary folder)")
-    args = parse_script_args(parser, argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(Settings, argv, prog="bench_kill_resume.py", description=__doc__)
 
     started = time.perf_counter()
     root = Path(args.workdir or tempfile.mkdtemp(prefix="bench_kill_resume-"))
@@ -229,10 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.subprocess:  # the forks start with the command's imports done
         import peft_grounded.cli
         import peft_grounded.grounding.trainer  # noqa: F401
-    common = ["--steps", str(args.steps), "--save-steps", "1", "--batch-size", "4", "--max-length", "96"]
+    common = ["--max_steps", str(args.steps), "--save_steps", "1", "--per_device_train_batch_size", "4"]
+    common += ["--max_length", "96"]
 
     def command(out: Path, resume: bool) -> list[str]:
-        return ["ground", *data, *common, "--output", str(out), *(["--resume"] if resume else [])]
+        resume_flags = ["--resume_from_checkpoint"] if resume else []
+        return ["ground", *data, *common, "--output_dir", str(out), *resume_flags]
 
     t = time.perf_counter()
     straight = Attempt(command(root / "straight", False), root / "straight.log", args.subprocess)

@@ -12,19 +12,22 @@ ML-100K takes minutes and does not change the speed).
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from peft_grounded import assets
-from peft_grounded._scripts import parse_script_args
-from peft_grounded.precision import script_precision
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.recommend import RecommendationConfig, train_recommender
 from peft_grounded.sids import SIDIndex, load_catalogue
+
+try:
+    from benchmarks._args import Precision, parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import Precision, parse
 
 
 def measure(objective: str, catalogue, index, steps: int, batch_size: int, bf16: bool) -> dict:
@@ -63,16 +66,22 @@ def measure(objective: str, catalogue, index, steps: int, batch_size: int, bf16:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sid-index", required=True)
-    parser.add_argument("--catalogue", default="movielens-100k")
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--no-bf16", action="store_true", help="float32 (default: the machine's choice)")
-    parser.add_argument("--bf16", action="store_true", help="bf16 autocast even where bf16 is emulated")
-    a = parse_script_args(parser)
-    bf16 = script_precision(a.no_bf16, a.bf16).bf16
+@dataclass(kw_only=True)
+class Settings(Precision):
+    """The SID index and catalogue trained on, and the steps of each objective (``--fp32``/``--no-bf16``,
+    ``--bf16``: the precision)."""
+
+    sid_index: str = field(metadata={"help": "SID index directory (from `peft-grounded build-sids`)"})
+    catalogue: str = field(
+        default="movielens-100k", metadata={"help": "the catalogue the index was built from"}
+    )
+    steps: int = field(default=6, metadata={"help": "training steps of each objective"})
+    batch_size: int = field(default=8, metadata={"help": "rows per step"})
+
+
+def main(argv=None) -> None:
+    a = parse(Settings, argv, prog="bench_objectives.py", description=__doc__)
+    bf16 = a.choice().bf16
     torch.set_num_threads(torch.get_num_threads())
     catalogue, index = load_catalogue(a.catalogue), SIDIndex.load(a.sid_index)
     rows = [measure(o, catalogue, index, a.steps, a.batch_size, bf16) for o in ("prompt", "sequence")]

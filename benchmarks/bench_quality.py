@@ -18,12 +18,12 @@ finished ones are read back. The script then prints (and writes to ``results.md`
 
 from __future__ import annotations
 
-import argparse
 import statistics
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from peft_grounded import assets
-from peft_grounded._scripts import parse_script_args
 from peft_grounded.evaluation import (
     LIKELIHOOD_METRICS,
     POPULARITY_LABEL,
@@ -34,11 +34,15 @@ from peft_grounded.evaluation import (
     popularity_users,
 )
 from peft_grounded.pipeline import STRATEGIES, Budget, Experiment, run_strategy
-from peft_grounded.precision import script_precision
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
 from peft_grounded.training import runs
+
+try:
+    from benchmarks._args import Precision, parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import Precision, parse
 
 METRICS = ("recall@5", "recall@10", "recall@20", "ndcg@5", "ndcg@10", "ndcg@20")
 CLAIMS = (  # (strategy, baseline, metric, subset, the papers' figure)
@@ -188,74 +192,59 @@ def plot_curves(records: dict[str, list[dict]], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+@dataclass(kw_only=True)
+class Settings(Precision):
+    """The catalogue, the strategies and seeds, and the budget every run shares (``--fp32`` / ``--bf16``: the
+    base's precision and autocast; neither: the machine's choice, as the demo)."""
+
+    dataset: str = field(default="movielens-100k", metadata={"help": "'movielens-100k' or a catalogue path"})
+    output: Path | None = field(default=None, metadata={"help": "None: runs/bench_quality/<dataset name>"})
+    strategies: list[str] = field(
+        default_factory=lambda: list(STRATEGIES), metadata={"help": "strategies run"}
     )
-    parser.add_argument("--dataset", default="movielens-100k", help="'movielens-100k' or a catalogue path")
-    parser.add_argument("--output", type=Path, default=None)
-    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--levels", type=int, default=3)
-    parser.add_argument("--codes", type=int, default=64)
-    parser.add_argument("--grounding-steps", type=int, default=60)
-    parser.add_argument("--sft-steps", type=int, default=150)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument(
-        "--eval-users",
-        "--users",
-        dest="eval_users",
-        type=int,
-        default=200,
-        help="seeded evaluation sample per part",
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "training seeds"})
+    levels: int = field(default=3, metadata={"help": "RQ-KMeans levels of the SIDs"})
+    codes: int = field(default=64, metadata={"help": "codes per SID level"})
+    grounding_steps: int = field(default=60, metadata={"help": "grounding steps of gti / centroid_gti"})
+    sft_steps: int = field(default=150, metadata={"help": "SFT steps"})
+    batch_size: int = field(default=8, metadata={"help": "rows per step of both stages"})
+    eval_users: int = field(
+        default=200, metadata={"help": "seeded evaluation sample per part", "aliases": ["--users"]}
     )
-    parser.add_argument(
-        "--objective",
-        choices=["prompt", "sequence"],
+    objective: Literal["prompt", "sequence"] = field(
         default="sequence",
-        help="sequence: the history as SIDs, every item a target; prompt: the papers' instruction prompt",
+        metadata={
+            "help": "sequence: the history as SIDs, every item a target; prompt: the papers' instruction prompt"
+        },
     )
-    parser.add_argument(
-        "--minutes",
-        type=float,
-        default=None,
-        help="SFT minutes per strategy (then --sft-steps 0: time alone)",
+    minutes: float | None = field(
+        default=None, metadata={"help": "SFT minutes per strategy (then --sft-steps 0: time alone)"}
     )
-    parser.add_argument(
-        "--grounding-minutes", type=float, default=None, help="grounding minutes of gti / centroid_gti"
+    grounding_minutes: float | None = field(
+        default=None, metadata={"help": "grounding minutes of gti / centroid_gti"}
     )
-    parser.add_argument(
-        "--max-length",
-        type=int,
+    max_length: int = field(
         default=512,
-        help="longest training row in tokens (rows beyond it are refused, never cut; Office's grounding "
-        "rows reach 362)",
+        metadata={"help": "longest training row in tokens (rows beyond it are refused, never cut)"},
     )
-    parser.add_argument(
-        "--curve-every", type=int, default=0, help="validation NLL every N SFT steps (learning curves)"
+    curve_every: int = field(
+        default=0, metadata={"help": "validation NLL every N SFT steps (learning curves)"}
     )
-    parser.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples of the intervals")
-    parser.add_argument("--eval-every", type=int, default=25)
-    parser.add_argument("--curve-users", type=int, default=100)
-    parser.add_argument(
-        "--max-history", type=int, default=None, help="default: 19 for sequence (chunks of 20), 8 for prompt"
+    resamples: int = field(default=10_000, metadata={"help": "bootstrap resamples of the intervals"})
+    eval_every: int = field(default=25, metadata={"help": "validation Recall every N SFT steps"})
+    curve_users: int = field(default=100, metadata={"help": "the validation users of the curves"})
+    max_history: int | None = field(
+        default=None, metadata={"help": "None: 19 for sequence (chunks of 20), 8 for prompt"}
     )
-    parser.add_argument(
-        "--max-train-examples",
-        type=int,
+    max_train_examples: int = field(
         default=5000,
-        help="seeded sample of the SFT sliding windows (tokenising all of them costs minutes)",
+        metadata={"help": "seeded sample of the SFT sliding windows (tokenising all of them costs minutes)"},
     )
-    parser.add_argument(
-        "--fp32",
-        action="store_true",
-        help="fp32 base and no autocast (default: the machine's choice, as the demo)",
-    )
-    parser.add_argument(
-        "--bf16", action="store_true", help="bf16 base and autocast even where bf16 is emulated"
-    )
-    args = parse_script_args(parser)
-    bf16 = script_precision(args.fp32, args.bf16).bf16
+
+
+def main(argv=None) -> None:
+    args = parse(Settings, argv, prog="bench_quality.py", description=__doc__)
+    bf16 = args.choice().bf16
 
     name = Path(args.dataset).name or args.dataset
     out = args.output or Path("runs/bench_quality") / name
@@ -327,7 +316,7 @@ def main() -> None:
     (out / "results.md").write_text(header + text + "\n")
     runs.write_json_atomic(
         out / "results.json",
-        {"table": table, "intervals": interval_rows, "args": vars(args) | {"output": str(out)}},
+        {"table": table, "intervals": interval_rows, "args": asdict(args) | {"output": str(out)}},
     )
     print(header + text)
 

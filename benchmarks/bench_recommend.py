@@ -27,20 +27,20 @@ Other jobs on the machine slow both engines alike within a round; the load avera
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
 from transformers import LogitsProcessorList
 
 from peft_grounded import assets
-from peft_grounded._scripts import parse_script_args
 from peft_grounded.adapter import add_lora
 from peft_grounded.decoding.search import left_pad
 from peft_grounded.prompts import inference_prompts
@@ -51,26 +51,39 @@ from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
 from peft_grounded.sids.model import sid_model
 
+try:
+    from benchmarks._args import parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import parse
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the generate reference
 from helpers.generate_reference import SIDConstraintLogitsProcessor, isolated_generation
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+@dataclass
+class Settings:
+    blocks: list[int] = field(
+        default_factory=lambda: [8, 30], metadata={"help": "decoder blocks kept, one base each (30: all)"}
     )
-    parser.add_argument("--blocks", type=int, nargs="+", default=[8, 30])
-    parser.add_argument("--users", type=int, default=12, help="users decoded one at a time (batch 1)")
-    parser.add_argument("--batch-users", type=int, default=32, help="users in the batched call")
-    parser.add_argument("--rounds", type=int, default=2, help="batched rounds per engine, alternating")
-    parser.add_argument("--beams", type=int, default=20)
-    parser.add_argument("--k", type=int, default=10)
-    parser.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"])
-    parser.add_argument(
-        "--full-vocabulary", action="store_true", help="an adapter decoded over the whole vocabulary"
+    users: int = field(default=12, metadata={"help": "users decoded one at a time (batch 1)"})
+    batch_users: int = field(default=32, metadata={"help": "users in the batched call"})
+    rounds: int = field(default=2, metadata={"help": "batched rounds per engine, alternating"})
+    beams: int = field(default=20, metadata={"help": "beams of both engines"})
+    k: int = field(default=10, metadata={"help": "items per list"})
+    dtype: Literal["auto", "float32", "bfloat16"] = field(
+        default="float32", metadata={"help": "the loaded model's dtype"}
     )
-    parser.add_argument("--output", type=Path, default=Path("runs/bench_recommend"))
-    return parse_script_args(parser, argv)
+    full_vocabulary: bool = field(
+        default=False, metadata={"help": "an adapter decoded over the whole vocabulary"}
+    )
+    output: Path = field(
+        default=Path("runs/bench_recommend"),
+        metadata={"help": "the SID index, cut bases and adapters go here"},
+    )
+
+
+def parse_args(argv=None) -> Settings:
+    return parse(Settings, argv, prog="bench_recommend.py", description=__doc__)
 
 
 def index_for(catalogue, folder: Path) -> SIDIndex:

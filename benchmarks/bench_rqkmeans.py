@@ -12,16 +12,20 @@ markdown table (and, with ``--json``, to a file).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
-from peft_grounded._scripts import parse_script_args
+try:
+    from benchmarks._args import parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import parse
 
 OFFICE = Path(__file__).resolve().parents[2] / "shared" / "data" / "amazon-office"
 
@@ -146,33 +150,42 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--encode-office", nargs=2, help=argparse.SUPPRESS)
-    p.add_argument("--n", type=int, default=100_000)
-    p.add_argument("--dim", type=int, default=384)
-    p.add_argument("--levels", type=int, default=3)
-    p.add_argument("--codes", type=int, default=256)
-    p.add_argument("--balanced", default="none", choices=["none", "last", "all"])
-    p.add_argument("--sample-size", type=int)
-    p.add_argument("--normalize", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--scaling", action="store_true", help="also 25k and 50k items (memory vs n)")
-    p.add_argument(
-        "--office", action="store_true", help="the Amazon Office catalogue instead of random vectors"
+@dataclass
+class Settings:
+    n: int = field(default=100_000, metadata={"help": "random vectors"})
+    dim: int = field(default=384, metadata={"help": "their dimension"})
+    levels: int = field(default=3, metadata={"help": "RQ-KMeans levels"})
+    codes: int = field(default=256, metadata={"help": "codes per level"})
+    balanced: Literal["none", "last", "all"] = field(
+        default="none", metadata={"help": "balanced levels (RQKMeansConfig.balanced)"}
     )
-    p.add_argument("--office-dir", default=str(OFFICE))
-    p.add_argument("--faiss", action="store_true", help="add faiss.Kmeans residual quantisation (same shape)")
-    p.add_argument("--faiss-niter", type=int, default=20)
-    p.add_argument("--json", help="also write the rows to this JSON file")
-    args = parse_script_args(p)
-    if args.worker:
-        print(json.dumps(worker(json.loads(args.worker))))
+    sample_size: int | None = field(
+        default=None, metadata={"help": "fit the codebooks on this many vectors, then code all"}
+    )
+    normalize: bool = field(default=False, metadata={"help": "L2-normalise the residual before each level"})
+    seed: int = field(default=0, metadata={"help": "seed of the vectors and of the k-means"})
+    scaling: bool = field(default=False, metadata={"help": "also 25k and 50k items (memory vs n)"})
+    office: bool = field(
+        default=False, metadata={"help": "the Amazon Office catalogue instead of random vectors"}
+    )
+    office_dir: str = field(default=str(OFFICE), metadata={"help": "where the Office catalogue is"})
+    faiss: bool = field(
+        default=False, metadata={"help": "add faiss.Kmeans residual quantisation (same shape)"}
+    )
+    faiss_niter: int = field(default=20, metadata={"help": "faiss.Kmeans iterations per level"})
+    json: str | None = field(default=None, metadata={"help": "also write the rows to this JSON file"})
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # the subprocesses: no parser imported, so that their peak memory is the quantiser's (or the encoder's)
+    if argv[:1] == ["--worker"]:
+        print(json.dumps(worker(json.loads(argv[1]))))
         return
-    if args.encode_office:
-        encode_office(*args.encode_office)
+    if argv[:1] == ["--encode-office"]:
+        encode_office(*argv[1:3])
         return
+    args = parse(Settings, argv, prog="bench_rqkmeans.py", description=__doc__)
     spec = {
         "data": "office" if args.office else "random",
         "office": args.office_dir,

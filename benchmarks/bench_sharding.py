@@ -14,7 +14,6 @@ optimiser keeps its own), and the process's peak RSS. Prints a markdown table; `
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -23,9 +22,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from peft_grounded._scripts import parse_script_args
+try:
+    from benchmarks._args import parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import parse
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER = ROOT / "tests" / "helpers" / "sharded_run.py"
@@ -110,19 +113,28 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+@dataclass
+class Settings:
+    job: str = field(
+        default="grounding:smollm2:tied", metadata={"help": "tests/helpers/sharded_run.py's JOB"}
     )
-    parser.add_argument("--job", default="grounding:smollm2:tied", help="tests/helpers/sharded_run.py's JOB")
-    parser.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
-    parser.add_argument(
-        "--index", type=int, nargs=3, default=(1024, 3, 256), metavar=("ITEMS", "LEVELS", "CODES")
+    setups: list[str] = field(
+        default_factory=lambda: list(SETUPS), metadata={"help": "launchers compared", "choices": list(SETUPS)}
     )
-    parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--batch", type=int, default=2, help="per process (one process: twice that)")
-    parser.add_argument("--json", type=Path, default=None)
-    args = parse_script_args(parser)
+    index: list[int] = field(
+        default_factory=lambda: [1024, 3, 256], metadata={"help": "the toy SID index: ITEMS LEVELS CODES"}
+    )
+    steps: int = field(default=2, metadata={"help": "training steps under each launcher"})
+    batch: int = field(default=2, metadata={"help": "per process (one process: twice that)"})
+    json: Path | None = field(default=None, metadata={"help": "write the rows here too"})
+
+    def __post_init__(self) -> None:
+        if len(self.index) != 3:
+            raise SystemExit(f"--index takes ITEMS LEVELS CODES, got {self.index}")
+
+
+def main(argv=None) -> None:
+    args = parse(Settings, argv, prog="bench_sharding.py", description=__doc__)
     rows = []
     for setup in args.setups:
         rows.append(measure(setup, args))

@@ -19,20 +19,18 @@ trainer does where the CPU has native bf16.
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import statistics
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from peft_grounded import assets
-from peft_grounded._scripts import parse_script_args
 from peft_grounded.adapter import add_lora
-from peft_grounded.precision import script_precision
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.recommend import training_dataset
 from peft_grounded.recommend.shallow_base import shallow_base
@@ -41,6 +39,25 @@ from peft_grounded.sids.index import JSON_NAME
 from peft_grounded.sids.model import sid_model
 from peft_grounded.training.compact_head import compact_head
 from peft_grounded.training.trainer import count_targets
+
+try:
+    from benchmarks._args import Precision, parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import Precision, parse
+
+
+@dataclass(kw_only=True)
+class Settings(Precision):
+    """The depths and batch timed (``--fp32`` / ``--bf16``: float32, or bf16 autocast)."""
+
+    layers: list[int] = field(
+        default_factory=lambda: [8, 30], metadata={"help": "decoder blocks kept (30: the whole model)"}
+    )
+    batch_size: int = field(default=8, metadata={"help": "sequence rows per batch"})
+    rounds: int = field(default=4, metadata={"help": "timed steps per head, alternating"})
+    output: Path = field(
+        default=Path("runs/bench_sid_softmax"), metadata={"help": "the SID index and the cut bases go here"}
+    )
 
 
 def ml100k_index(catalogue, output: Path) -> SIDIndex:
@@ -120,18 +137,9 @@ def measure(base: str, catalogue, index, args, bf16: bool) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--layers", type=int, nargs="+", default=[8, 30])
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=4, help="timed steps per head, alternating")
-    parser.add_argument("--fp32", action="store_true", help="float32 (no autocast)")
-    parser.add_argument("--bf16", action="store_true", help="bf16 autocast even where bf16 is emulated")
-    parser.add_argument("--output", type=Path, default=Path("runs/bench_sid_softmax"))
-    args = parse_script_args(parser)
-    bf16 = script_precision(args.fp32, args.bf16).bf16
+def main(argv=None) -> None:
+    args = parse(Settings, argv, prog="bench_sid_softmax.py", description=__doc__)
+    bf16 = args.choice().bf16
     catalogue = load_catalogue("movielens-100k")
     index = ml100k_index(catalogue, args.output)
     load = os.getloadavg()[0]

@@ -11,32 +11,41 @@ beam search ranks by; uniform: every SID equally likely). Issue 28, item 4: why 
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from peft_grounded._scripts import parse_script_args
+try:
+    from benchmarks._args import parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import parse
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="bench_start_nll.py", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--demo-dir", type=Path, required=True, help="a demo output folder (sids/, base-N-blocks/)"
+@dataclass
+class Settings:
+    demo_dir: Path = field(metadata={"help": "a demo output folder (sids/, base-N-blocks/)"})
+    blocks: int = field(default=0, metadata={"help": "the demo's --layers (0: the whole SmolLM2)"})
+    starts: list[str] = field(
+        default_factory=lambda: ["mean", "centroid", "gaussian"], metadata={"help": "the starts scored"}
     )
-    p.add_argument("--blocks", type=int, default=0, help="the demo's --layers (0: the whole SmolLM2)")
-    p.add_argument("--starts", nargs="+", default=["mean", "centroid", "gaussian"])
-    p.add_argument("--scales", type=float, nargs="+", default=[1.0, 0.5, 0.25, 0.1])
-    p.add_argument("--users", type=int, default=200, help="validation users scored")
-    p.add_argument("--seed", type=int, default=0)
-    return parse_script_args(p, argv, check=check)
+    scales: list[float] = field(
+        default_factory=lambda: [1.0, 0.5, 0.25, 0.1],
+        metadata={"help": "init_scale values of the centroid start, fractions in (0, 1]"},
+    )
+    users: int = field(default=200, metadata={"help": "validation users scored"})
+    seed: int = field(default=0, metadata={"help": "seed of the starts and of the user sample"})
 
 
-def check(args: argparse.Namespace) -> dict:
+def parse_args(argv=None) -> Settings:
+    return parse(Settings, argv, prog="bench_start_nll.py", description=__doc__, check=check)
+
+
+def check(args: Settings) -> dict:
     if any(not 0 < s <= 1 for s in args.scales):
         raise SystemExit(f"--scales are fractions in (0, 1], got {args.scales}")
     return {"sids": args.demo_dir / "sids", "base": base_of(args)}
 
 
-def base_of(args: argparse.Namespace) -> str:
+def base_of(args: Settings) -> str:
     if args.blocks:
         return str(args.demo_dir / f"base-{args.blocks}-blocks")
     from peft_grounded import assets

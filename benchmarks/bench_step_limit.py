@@ -21,20 +21,19 @@ the speed does not depend on what the vectors mean.
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import random
 import statistics
 import time
 from contextlib import nullcontext, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from peft_grounded import assets
-from peft_grounded._scripts import parse_script_args
 from peft_grounded.adapter import add_lora
 from peft_grounded.precision import choose_precision
 from peft_grounded.prompts import PromptFormat
@@ -46,20 +45,28 @@ from peft_grounded.sids.model import sid_model
 from peft_grounded.training.attention import float32_attention
 from peft_grounded.training.compact_head import compact_head
 
+try:
+    from benchmarks._args import parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import parse
+
 BLOCKS, BATCH, MAX_LENGTH, HISTORY = 8, 8, 128, 19
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+@dataclass
+class Settings:
+    datasets: list[str] = field(
+        default_factory=lambda: ["movielens-100k"], metadata={"help": "catalogue names or folders"}
     )
-    parser.add_argument(
-        "--datasets", nargs="+", default=["movielens-100k"], help="catalogue names or folders"
+    steps: int = field(default=6, metadata={"help": "timed steps per precision (after one warm-up)"})
+    repeats: int = field(default=5, metadata={"help": "timings of the products alone (best kept)"})
+    output: Path = field(
+        default=Path("runs/bench_step_limit"), metadata={"help": "the cut base and the SID indexes go here"}
     )
-    parser.add_argument("--steps", type=int, default=6, help="timed steps per precision (after one warm-up)")
-    parser.add_argument("--repeats", type=int, default=5, help="timings of the products alone (best kept)")
-    parser.add_argument("--output", type=Path, default=Path("runs/bench_step_limit"))
-    return parse_script_args(parser, argv)
+
+
+def parse_args(argv=None) -> Settings:
+    return parse(Settings, argv, prog="bench_step_limit.py", description=__doc__)
 
 
 def index_for(catalogue, folder: Path) -> SIDIndex:

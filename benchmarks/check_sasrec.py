@@ -23,7 +23,6 @@ sequences it trained on, which are compared with ours.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -31,9 +30,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
-from peft_grounded._scripts import parse_script_args
+try:
+    from benchmarks._args import parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import parse
 
 DATASETS = {"movielens-100k": "movielens-100k", "amazon-office": "/work/shared/data/amazon-office"}
 
@@ -405,48 +409,53 @@ def print_table(rows: list[dict]) -> None:
             print(f"- {r['dataset']}, {r['impl']}: {r['data_check']}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+@dataclass
+class Settings:
+    datasets: list[str] = field(
+        default_factory=lambda: ["movielens-100k", "amazon-office"],
+        metadata={"help": f"names ({', '.join(DATASETS)}) or catalogue paths"},
     )
-    parser.add_argument(
-        "--datasets",
-        nargs="+",
-        default=["movielens-100k", "amazon-office"],
-        help=f"names ({', '.join(DATASETS)}) or catalogue paths",
+    sasrec_config: str = field(
+        default="{}",
+        metadata={"help": "SASRecConfig overrides as JSON (ours and RecBole's)", "aliases": ["--config"]},
     )
-    parser.add_argument("--config", default="{}", help="SASRecConfig overrides as JSON (ours and RecBole's)")
-    parser.add_argument("--minutes", type=float, default=None, help="training budget per run (both)")
-    parser.add_argument("--recbole-venv", type=Path, default=None, help="run RecBole's SASRec in this venv")
-    parser.add_argument("--recbole-data", choices=("ours", "native", "both"), default="ours")
-    parser.add_argument("--recbole-epochs", type=int, default=200)
-    parser.add_argument("--recbole-batch-size", type=int, default=2048, help="RecBole's train_batch_size")
-    parser.add_argument(
-        "--recbole-inner-size",
-        type=int,
+    minutes: float | None = field(default=None, metadata={"help": "training budget per run (both)"})
+    recbole_venv: Path | None = field(default=None, metadata={"help": "run RecBole's SASRec in this venv"})
+    recbole_data: Literal["ours", "native", "both"] = field(
+        default="ours", metadata={"help": "the data RecBole reads (native: its own ml-100k files)"}
+    )
+    recbole_epochs: int = field(default=200, metadata={"help": "RecBole's epochs"})
+    recbole_batch_size: int = field(default=2048, metadata={"help": "RecBole's train_batch_size"})
+    recbole_inner_size: int | None = field(
         default=None,
-        help="RecBole's feed-forward width (default: hidden_size, as ours; RecBole's own: 256)",
+        metadata={"help": "RecBole's feed-forward width (None: hidden_size, as ours; RecBole's own: 256)"},
     )
-    parser.add_argument(
-        "--recbole-chunk-minutes",
-        type=float,
+    recbole_chunk_minutes: float = field(
         default=8.0,
-        help="RecBole trains in processes of at most this many minutes (plus one epoch)...",
+        metadata={"help": "RecBole trains in processes of at most this many minutes (plus one epoch)..."},
     )
-    parser.add_argument(
-        "--recbole-chunks",
-        type=int,
-        default=1,
-        help="... and at most this many of them, resuming from a safetensors state",
+    recbole_chunks: int = field(
+        default=1, metadata={"help": "... and at most this many of them, resuming from a safetensors state"}
     )
-    parser.add_argument("--skip-ours", action="store_true")
-    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
-    parser.add_argument("--recbole-worker", default=None, help=argparse.SUPPRESS)
-    args = parse_script_args(parser, argv)
-    if args.recbole_worker is not None:
-        recbole_worker(json.loads(args.recbole_worker))
+    skip_ours: bool = field(default=False, metadata={"help": "RecBole's row only"})
+    json: Path | None = field(default=None, metadata={"help": "also write the rows here"})
+
+    def __post_init__(self) -> None:
+        overrides = json.loads(self.sasrec_config)
+        if not isinstance(overrides, dict):
+            raise SystemExit(
+                f"--config takes a JSON object of SASRecConfig fields, got {self.sasrec_config!r}"
+            )
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--recbole-worker"]:  # run_recbole's job, in RecBole's venv (which has no TRL)
+        recbole_worker(json.loads(argv[1]))
         return
-    overrides = json.loads(args.config)
+    # --config is this script's JSON of SASRecConfig overrides, not a YAML file of flags
+    args = parse(Settings, argv, prog="check_sasrec.py", description=__doc__, config_file=False)
+    overrides = json.loads(args.sasrec_config)
     if args.minutes is not None:
         overrides["max_minutes"] = args.minutes
     rows = []

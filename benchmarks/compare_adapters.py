@@ -18,12 +18,11 @@ pooled over the seeds a strategy shares with the reference, pairing each user wi
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from peft_grounded._scripts import parse_script_args
 from peft_grounded.evaluation import (
     POPULARITY_LABEL,
     EvalSettings,
@@ -36,6 +35,11 @@ from peft_grounded.evaluation import (
 from peft_grounded.precision import script_precision
 from peft_grounded.sids import SIDIndex, load_catalogue
 from peft_grounded.training import runs
+
+try:
+    from benchmarks._args import REPEATABLE, parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import REPEATABLE, parse
 
 METRICS = ("recall@5", "recall@10", "recall@20", "ndcg@10", "constrained_nll")
 
@@ -82,47 +86,56 @@ def _in(records: list[dict], subset: str) -> list[dict]:
     return [r for r in records if r.get(subset, subset == "all")]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--sid-index", required=True)
-    parser.add_argument("--catalogue", default="movielens-100k")
-    parser.add_argument("--adapter", action="append", required=True, help="NAME=DIRECTORY (repeat)")
-    parser.add_argument("--reference", default="mean", help="the adapter name the others are compared with")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument(
-        "--users", type=int, default=None, help="a seeded sample of test users (default: all)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the user sample")
-    parser.add_argument("--num-beams", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument(
-        "--fp32", action="store_true", help="fp32 base and decoding (default: the machine's choice)"
-    )
-    parser.add_argument(
-        "--bf16", action="store_true", help="bf16 base and decoding even where bf16 is emulated"
-    )
-    parser.add_argument("--resamples", type=int, default=10_000)
-    parser.add_argument(
-        "--subsets", nargs="+", default=["all", "cold"], help="user subsets (cold: a rarely seen target)"
-    )
-    parser.add_argument(
-        "--pair", action="append", default=[], help="A:B, compare adapter A with adapter B too (repeat)"
-    )
-    args = parse_script_args(parser)
-    bf16 = script_precision(args.fp32, args.bf16).bf16
+@dataclass
+class Settings:
+    """The adapters compared and the table's settings; how the users are evaluated: EvalSettings' fields."""
 
-    adapters = _named(args.adapter)
-    catalogue, index = load_catalogue(args.catalogue), SIDIndex.load(args.sid_index)
-    settings = EvalSettings(
-        ks=(5, 10, 20),
-        users=args.users,
-        seed=args.seed,
-        num_beams=args.num_beams,
-        batch_size=args.batch_size,
-        bf16=bf16,
+    sid_index: str = field(metadata={"help": "SID index directory the adapters were trained on"})
+    out: Path = field(metadata={"help": "results (one JSON per adapter, read back on a rerun) and the table"})
+    adapter: list[str] = field(
+        metadata={"help": "NAME=DIRECTORY or NAME@SEED=DIRECTORY; repeatable"} | REPEATABLE
     )
+    catalogue: str = field(
+        default="movielens-100k", metadata={"help": "the catalogue the index was built from"}
+    )
+    reference: str = field(default="mean", metadata={"help": "the adapter name the others are compared with"})
+    fp32: bool = field(
+        default=False,
+        metadata={"help": "fp32 base and decoding (neither --fp32 nor --bf16: the machine's choice)"},
+    )
+    resamples: int = field(default=10_000, metadata={"help": "bootstrap resamples"})
+    subsets: list[str] = field(
+        default_factory=lambda: ["all", "cold"],
+        metadata={"help": "user subsets (cold: a rarely seen target)"},
+    )
+    pair: list[str] = field(
+        default_factory=list,
+        metadata={"help": "A:B, compare adapter A with adapter B too; repeatable"} | REPEATABLE,
+    )
+
+    def __post_init__(self) -> None:
+        self.adapters = _named(self.adapter)
+
+
+def check(args: Settings, settings: EvalSettings) -> None:
+    if not {5, 10, 20} <= set(settings.ks):
+        raise SystemExit(f"--ks must hold 5, 10 and 20 (the table's columns), got {settings.ks}")
+
+
+def main(argv=None) -> None:
+    args, settings = parse(
+        (Settings, EvalSettings),
+        argv,
+        prog="compare_adapters.py",
+        description=__doc__,
+        check=check,
+        defaults={"ks": [5, 10, 20]},
+    )
+    # --bf16 (EvalSettings.bf16) and --fp32 force one; neither: the machine's choice
+    bf16 = script_precision(args.fp32, settings.bf16).bf16
+    settings = replace(settings, bf16=bf16)
+    adapters = args.adapters
+    catalogue, index = load_catalogue(args.catalogue), SIDIndex.load(args.sid_index)
     args.out.mkdir(parents=True, exist_ok=True)
     users: dict[str, dict[int, list[dict]]] = {}
     seconds: dict[str, float] = {}
@@ -191,7 +204,7 @@ def main() -> None:
     timing = ", ".join(f"{n} {s:.0f} s" for n, s in seconds.items())
     text = "\n".join(
         [
-            f"## {catalogue.name}: {len(_in(popularity, 'all'))} test users, {args.num_beams} beams "
+            f"## {catalogue.name}: {len(_in(popularity, 'all'))} test users, {settings.num_beams} beams "
             f"({'bf16' if bf16 else 'fp32'}); evaluation time: {timing}",
             "",
             *table,
@@ -210,7 +223,11 @@ def main() -> None:
     (args.out / "results.md").write_text(text + "\n")
     runs.write_json_atomic(
         args.out / "results.json",
-        {"intervals": rows, "seconds": seconds, "args": vars(args) | {"out": str(args.out)}},
+        {
+            "intervals": rows,
+            "seconds": seconds,
+            "args": asdict(args) | {"out": str(args.out)} | asdict(settings),
+        },
     )
     print(text)
 

@@ -10,12 +10,17 @@ within each seed, ``evaluation.intervals.paired_intervals``).
 
 from __future__ import annotations
 
-import argparse
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
-from peft_grounded._scripts import parse_script_args
 from peft_grounded.evaluation.intervals import paired_intervals, user_values
+
+try:
+    from benchmarks._args import parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import parse
 
 METRICS = ("recall@10", "ndcg@10", "constrained_nll")
 
@@ -47,11 +52,21 @@ def training(folder: Path) -> str:
     return f"{last.get('step', '?')} ({float(last.get('epoch', 0)):.2f}), {seconds} s"
 
 
+@dataclass
+class Settings:
+    arms: list[str] = field(
+        default_factory=list,
+        metadata={"help": "NAME=DIR[,DIR...] (also positional); the first is the reference"},
+    )
+    part: Literal["valid", "test"] = field(default="valid", metadata={"help": "the users compared"})
+
+    def __post_init__(self) -> None:
+        if not self.arms:
+            raise SystemExit("give the arms as NAME=DIR[,DIR...] NAME=DIR[,DIR...] ...")
+
+
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="pool_arms.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("arms", nargs="+", help="NAME=DIR[,DIR...]; the first is the reference")
-    p.add_argument("--part", default="valid", choices=("valid", "test"))
-    args = parse_script_args(p, argv)
+    args = parse(Settings, argv, prog="pool_arms.py", description=__doc__, positionals=(("arms", "*"),))
     arms = {}
     for arm in args.arms:
         name, _, dirs = arm.partition("=")

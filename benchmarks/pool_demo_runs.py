@@ -20,45 +20,58 @@ must hold the reference and score the same users in it as in the other strategie
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
-from peft_grounded._scripts import parse_script_args
 from peft_grounded.evaluation.intervals import paired_intervals, user_values
+
+try:
+    from benchmarks._args import ZeroOrMore, parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import ZeroOrMore, parse
 
 METRICS = ("recall@10", "ndcg@10", "constrained_nll")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="pool_demo_runs.py", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "runs",
-        nargs="+",
-        help="demo output folders (each with strategies/<name>-seed<N>/); one seed's folders joined by commas",
+@dataclass
+class Settings:
+    runs: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "demo output folders (each with strategies/<name>-seed<N>/; also positional); one seed's "
+            "folders joined by commas"
+        },
     )
-    p.add_argument("--reference", default="mean", help="the strategy every other one is compared with")
-    p.add_argument("--part", default="test")
-    p.add_argument(
-        "--peers", nargs="*", default=[], help="peers of the runs (peers/<name>.json) added as rows"
+    reference: str = field(default="mean", metadata={"help": "the strategy every other one is compared with"})
+    part: str = field(default="test", metadata={"help": "the part whose users are compared"})
+    peers: list[str] = field(
+        default_factory=list,
+        metadata={"help": "peers of the runs (peers/<name>.json) added as rows", "action": ZeroOrMore},
     )
-    p.add_argument(
-        "--evaluated",
-        nargs="*",
-        default=[],
-        metavar="NAME=FOLDER[,FOLDER...]",
-        help="rows from `peft-grounded evaluate` output folders (users.json), one folder per run",
+    evaluated: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "NAME=FOLDER[,FOLDER...]: rows from `peft-grounded evaluate` output folders (users.json), "
+            "one folder per run",
+            "action": ZeroOrMore,
+        },
     )
-    p.add_argument(
-        "--subset",
-        choices=("all", "warm", "cold"),
-        default="all",
-        help="the users whose target is any / a warm / a cold item",
+    subset: Literal["all", "warm", "cold"] = field(
+        default="all", metadata={"help": "the users whose target is any / a warm / a cold item"}
     )
-    return parse_script_args(p, argv)
+
+    def __post_init__(self) -> None:
+        if not self.runs:
+            raise SystemExit("give the demo runs: RUN [RUN ...] (one seed each)")
+
+
+def parse_args(argv=None) -> Settings:
+    return parse(Settings, argv, prog="pool_demo_runs.py", description=__doc__, positionals=(("runs", "*"),))
 
 
 def evaluated_records(spec: str, runs: list[str], part: str) -> tuple[str, list[list[dict]]]:

@@ -12,15 +12,19 @@ scored the same way (e.g. to leave out a row whose method changed between the ru
 
 from __future__ import annotations
 
-import argparse
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from peft_grounded._io import atomic_write_text
-from peft_grounded._scripts import parse_script_args
 from peft_grounded.evaluation.intervals import bootstrap_interval, user_value
+
+try:
+    from benchmarks._args import parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import parse
 
 
 def per_user(ranks: list[int], metric: str) -> np.ndarray:
@@ -115,18 +119,30 @@ def markdown(pooled: dict, k: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+@dataclass
+class Settings:
+    runs: list[str] = field(
+        default_factory=list,
+        metadata={"help": "output folders of bench_grow_protocol.py, one per seed (also positional)"},
     )
-    parser.add_argument("runs", nargs="+", help="output folders of bench_grow_protocol.py (one per seed)")
-    parser.add_argument("--models", nargs="+", default=None, help="models to pool (default: all common ones)")
-    parser.add_argument("--k", type=int, default=10)
-    parser.add_argument("--resamples", type=int, default=10_000)
-    parser.add_argument("--out", default=None, help="write the markdown here (and its .json beside it)")
-    args = parse_script_args(parser, argv)
-    if len(args.runs) < 2:
-        parser.error("give two or more runs (one per training seed)")
+    models: list[str] | None = field(
+        default=None, metadata={"help": "models to pool (None: all common ones)"}
+    )
+    k: int = field(default=10, metadata={"help": "the cut-off K of Recall@K and NDCG@K"})
+    resamples: int = field(default=10_000, metadata={"help": "bootstrap resamples"})
+    out: str | None = field(
+        default=None, metadata={"help": "write the markdown here (and its .json beside it)"}
+    )
+
+    def __post_init__(self) -> None:
+        if len(self.runs) < 2:
+            raise SystemExit("give two or more runs (one per training seed)")
+
+
+def main(argv=None) -> None:
+    args = parse(
+        Settings, argv, prog="pool_grow_protocol.py", description=__doc__, positionals=(("runs", "*"),)
+    )
     pooled = pool(load_runs(args.runs), args.models, args.k, args.resamples)
     text = markdown(pooled, args.k)
     print(text)

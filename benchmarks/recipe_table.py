@@ -12,27 +12,42 @@ the same users of ``--part`` (the same split and seed).
 
 from __future__ import annotations
 
-import argparse
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
-from peft_grounded._scripts import parse_script_args
 from peft_grounded.evaluation.intervals import bootstrap_interval, paired_intervals, user_values
+
+try:
+    from benchmarks._args import parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import parse
 
 METRICS = ("recall@10", "ndcg@10", "constrained_nll")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="recipe_table.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("recipes", nargs="+", help="LABEL=FOLDER: a demo output folder per recipe")
-    p.add_argument("--strategy", default="centroid", help="the strategy compared across recipes")
-    p.add_argument("--part", default="valid", choices=("valid", "test"))
-    p.add_argument(
-        "--reference", default=None, help="the recipe every other one is paired with (default: first)"
+@dataclass
+class Settings:
+    recipes: list[str] = field(
+        default_factory=list,
+        metadata={"help": "LABEL=FOLDER: a demo output folder per recipe (also positional)"},
     )
-    return parse_script_args(p, argv)
+    strategy: str = field(default="centroid", metadata={"help": "the strategy compared across recipes"})
+    part: Literal["valid", "test"] = field(default="valid", metadata={"help": "the users compared"})
+    reference: str | None = field(
+        default=None, metadata={"help": "the recipe every other one is paired with (None: the first)"}
+    )
+
+    def __post_init__(self) -> None:
+        if not self.recipes:
+            raise SystemExit("give the recipes as LABEL=FOLDER LABEL=FOLDER ...")
+
+
+def parse_args(argv=None) -> Settings:
+    return parse(Settings, argv, prog="recipe_table.py", description=__doc__, positionals=(("recipes", "*"),))
 
 
 def recipe(folder: Path, strategy: str, part: str) -> dict:

@@ -15,10 +15,10 @@ committed table differs from what the script writes.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,15 +127,27 @@ def check(root: Path = ROOT) -> list[str]:
     ]
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    from peft_grounded._scripts import parse_script_args  # here: rendering a table imports no torch
-
-    p = argparse.ArgumentParser(prog="results_table.py", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--check", action="store_true", help="write nothing; exit 1 where a committed table differs"
+@dataclass
+class Settings:
+    check: bool = field(
+        default=False, metadata={"help": "write nothing; exit 1 where a committed table differs"}
     )
-    p.add_argument("--root", type=Path, default=ROOT, help="the checkout holding the JSON and the two files")
-    return parse_script_args(p, argv, check=lambda args: summary(load(args.root)))
+    root: Path = field(default=ROOT, metadata={"help": "the checkout holding the JSON and the two files"})
+
+
+def parse_args(argv=None) -> Settings:
+    try:
+        from benchmarks._args import parse
+    except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+        from _args import parse
+
+    return parse(
+        Settings,
+        argv,
+        prog="results_table.py",
+        description=__doc__,
+        check=lambda args: summary(load(args.root)),
+    )
 
 
 def summary(data: dict) -> str:

@@ -16,14 +16,12 @@ against training minutes). Everything resumes; ``--report-only`` rebuilds the ta
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from peft_grounded import assets
-from peft_grounded._scripts import parse_script_args
 from peft_grounded.evaluation import EvalSettings
 from peft_grounded.pipeline import Budget, Experiment, run_strategy
 from peft_grounded.pipeline.side_by_side import (
@@ -37,52 +35,69 @@ from peft_grounded.pipeline.side_by_side import (
     strategy_row,
     summarise_rows,
 )
-from peft_grounded.precision import script_precision
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
 from peft_grounded.training.runs import write_json_atomic
 
+try:
+    from benchmarks._args import Precision, ZeroOrMore, parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import Precision, ZeroOrMore, parse
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", default="movielens-100k")
-    p.add_argument("--out", required=True)
-    p.add_argument("--strategies", nargs="*", default=["centroid", "peft_default"])
-    p.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument(
-        "--minutes",
-        type=float,
-        default=12.0,
-        help="SFT minutes per LLM row (0: --sft-steps alone, cosine schedule)",
+
+@dataclass(kw_only=True)
+class Settings(Precision):
+    """The split, the rows and their budgets (``--fp32`` / ``--bf16``: the LLM rows' precision; neither: bf16
+    only on a CPU with native bf16)."""
+
+    out: str = field(metadata={"help": "the SIDs, the runs and the tables go here (resumed)"})
+    dataset: str = field(default="movielens-100k", metadata={"help": "the catalogue (a name or a folder)"})
+    strategies: list[str] = field(
+        default_factory=lambda: ["centroid", "peft_default"],
+        metadata={"help": "the LLM rows (none: peers only)", "action": ZeroOrMore},
     )
-    p.add_argument("--grounding-minutes", type=float, default=2.0)
-    p.add_argument("--sasrec-minutes", type=float, default=5.0, help="SASRec's time budget (best epoch kept)")
-    p.add_argument("--users", type=int, default=0, help="test users scored (0: all)")
-    p.add_argument("--reference", default="sasrec", help="row the paired differences are taken against")
-    p.add_argument("--fp32", action="store_true", help="float32 even on a CPU with native bf16")
-    p.add_argument("--bf16", action="store_true", help="bf16 even where the CPU emulates it (slow)")
-    p.add_argument("--layers", type=int, default=0, help="keep the base's first N decoder blocks (0: all)")
-    p.add_argument("--keep-history", action="store_true", help="let the LLM rows recommend history items")
-    p.add_argument("--sft-steps", type=int, default=0, help="step cap on SFT (0: the time alone)")
-    p.add_argument(
-        "--eval-every",
-        type=int,
+    peers: list[str] = field(
+        default_factory=lambda: list(PEERS),
+        metadata={"help": "the peer rows (none: no peers)", "choices": PEERS, "action": ZeroOrMore},
+    )
+    seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "training seeds of the LLM rows"})
+    minutes: float = field(
+        default=12.0, metadata={"help": "SFT minutes per LLM row (0: --sft-steps alone, cosine schedule)"}
+    )
+    grounding_minutes: float = field(
+        default=2.0, metadata={"help": "grounding minutes of a grounding strategy"}
+    )
+    sasrec_minutes: float = field(default=5.0, metadata={"help": "SASRec's time budget (best epoch kept)"})
+    users: int = field(default=0, metadata={"help": "test users scored (0: all)"})
+    reference: str = field(
+        default="sasrec", metadata={"help": "row the paired differences are taken against"}
+    )
+    layers: int = field(default=0, metadata={"help": "keep the base's first N decoder blocks (0: all)"})
+    keep_history: bool = field(default=False, metadata={"help": "let the LLM rows recommend history items"})
+    sft_steps: int = field(default=0, metadata={"help": "step cap on SFT (0: the time alone)"})
+    eval_every: int = field(
         default=0,
-        help="validation Recall@10 of the LLM rows every N SFT steps, for the learning curve (0: off)",
+        metadata={
+            "help": "validation Recall@10 of the LLM rows every N SFT steps, for the learning curve (0: off)"
+        },
     )
-    p.add_argument("--curve-users", type=int, default=100, help="validation users of those points")
-    p.add_argument(
-        "--also", nargs="*", default=[], help="more ranking metrics, one table each (recall@5 ...)"
+    curve_users: int = field(default=100, metadata={"help": "validation users of those points"})
+    also: list[str] = field(
+        default_factory=list,
+        metadata={"help": "more ranking metrics, one table each (recall@5 ...)", "action": ZeroOrMore},
     )
-    p.add_argument(
-        "--report-only",
-        action="store_true",
-        help="tables from the LLM runs already finished in --out, whatever their settings (nothing trains)",
+    report_only: bool = field(
+        default=False,
+        metadata={
+            "help": "tables from the LLM runs already finished in --out, whatever their settings (nothing trains)"
+        },
     )
-    p.add_argument("--smoke", action="store_true")
-    return parse_script_args(p, argv)
+    smoke: bool = field(default=False, metadata={"help": "a path check: seconds of training, a few users"})
+
+
+def parse_args(argv=None) -> Settings:
+    return parse(Settings, argv, prog="side_by_side.py", description=__doc__)
 
 
 def finished_record(folder: Path, name: str) -> dict:
@@ -104,7 +119,7 @@ def main(argv=None) -> int:
         index = SIDIndex.load(out / "sids")
     else:
         index = build_sids(catalogue, out / "sids", levels=3, codes=codes, show_progress=False)
-    precision = script_precision(args.fp32, args.bf16)
+    precision = args.choice()
     bf16 = precision.bf16
     users = (8 if args.smoke else None) if not args.users else args.users
     budget = Budget.from_training(

@@ -13,11 +13,14 @@ different machine load different step counts.
 
 from __future__ import annotations
 
-import argparse
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from peft_grounded._scripts import parse_script_args
+try:
+    from benchmarks._args import REPEATABLE, parse
+except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
+    from _args import REPEATABLE, parse
 
 
 def curve(run: Path) -> list[dict]:
@@ -36,18 +39,23 @@ def steps_to_reach(entries: list[dict], level: float) -> int | None:
 def _named(value: str) -> tuple[str, list[Path]]:
     name, sep, dirs = value.partition("=")
     if not sep or not name or not dirs:
-        raise argparse.ArgumentTypeError(f"{value!r}: write NAME=DIR[,DIR...] (one directory per seed)")
+        raise SystemExit(f"{value!r}: write NAME=DIR[,DIR...] (one directory per seed)")
     return name, [Path(d) for d in dirs.split(",")]
 
 
+@dataclass
+class Settings:
+    reference: str = field(metadata={"help": "NAME=DIR[,DIR...]: the reference, one directory per seed"})
+    run: list[str] = field(metadata={"help": "NAME=DIR[,DIR...]; repeatable"} | REPEATABLE)
+
+    def __post_init__(self) -> None:
+        self.named_reference = _named(self.reference)
+        self.named_runs = [_named(run) for run in self.run]
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--reference", type=_named, required=True, help="NAME=DIR[,DIR...]")
-    parser.add_argument("--run", type=_named, action="append", required=True, help="NAME=DIR[,DIR...]")
-    args = parse_script_args(parser, argv)
-    ref_name, ref_dirs = args.reference
+    args = parse(Settings, argv, prog="steps_to_reach.py", description=__doc__)
+    ref_name, ref_dirs = args.named_reference
     lines = [
         f"| run | seed | steps | training s | steps to {ref_name}'s final progressive loss | fewer steps |",
         "|---|---:|---:|---:|---|---:|",
@@ -57,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         level, total = ref[-1]["item_nll"], ref[-1]["step"]
         seconds = ref[-1].get("seconds", float("nan"))
         lines.append(f"| {ref_name} | {seed} | {total} | {seconds:.0f} | {level:.2f} (its final) | |")
-        for name, dirs in args.run:
+        for name, dirs in args.named_runs:
             if seed >= len(dirs):
                 continue
             entries = curve(dirs[seed])

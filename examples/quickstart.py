@@ -1,6 +1,6 @@
 """Quickstart: the adapter's user flow on SmolLM2-135M and MovieLens-100K, offline, in a few minutes on a CPU.
 
-    python examples/quickstart.py [--output_dir runs/quickstart] [--steps 10]
+    python examples/quickstart.py [--output_dir runs/quickstart] [--max_steps 10]
 
 1. Semantic IDs for MovieLens-100K (all-MiniLM-L6-v2 + RQ-KMeans), and their per-token centroids.
 2. Add the SID tokens to SmolLM2, wrap it with a centroid-initialised GroundedTokenConfig.
@@ -33,12 +33,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--output_dir", "--out", dest="out", type=Path, default=Path("runs/quickstart"))
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--output_dir", type=Path, default=Path("runs/quickstart"))
+    parser.add_argument("--max_steps", type=int, default=10)
     args = parser.parse_args()
 
     catalogue = load_catalogue("movielens-100k")
-    sid_dir = args.out / "sids"
+    sid_dir = args.output_dir / "sids"
     if (sid_dir / JSON_NAME).is_file():
         index = SIDIndex.load(sid_dir)
     else:
@@ -57,23 +57,24 @@ def main() -> None:
     model = get_peft_model(model, config)
     model.print_trainable_parameters()  # len(new_ids) x 576 (SmolLM2 ties its head)
 
-    data = sample_rows(grounding_dataset(catalogue, index, tokenizer), 16 * args.steps, seed=0)
+    data = sample_rows(grounding_dataset(catalogue, index, tokenizer), 16 * args.max_steps, seed=0)
     trainer = GroundingTrainer(
         model,
         GroundingConfig(
-            output_dir=str(args.out / "grounding"),
-            max_steps=args.steps,
+            output_dir=str(args.output_dir / "grounding"),
+            max_steps=args.max_steps,
             per_device_train_batch_size=8,
             learning_rate=5e-3,
             max_length=128,
             logging_steps=5,
-            save_steps=args.steps,
+            save_steps=args.max_steps,
         ),
         train_dataset=data,
         processing_class=tokenizer,
     )
-    trainer.train(resume_from_checkpoint=True if (args.out / "grounding" / "run.json").is_file() else None)
-    adapter_dir = args.out / "grounding" / "adapter"  # adapter_model.safetensors holds only the new rows
+    out = args.output_dir
+    trainer.train(resume_from_checkpoint=True if (out / "grounding" / "run.json").is_file() else None)
+    adapter_dir = out / "grounding" / "adapter"  # adapter_model.safetensors holds only the new rows
     print(
         f"adapter: {adapter_dir} ({(adapter_dir / 'adapter_model.safetensors').stat().st_size / 2**20:.2f} MiB)"
     )

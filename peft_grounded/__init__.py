@@ -51,6 +51,8 @@ class _ThenRegister(importlib.abc.Loader):
 
     def exec_module(self, module) -> None:
         self._loader.exec_module(module)
+        for finder in [f for f in sys.meta_path if isinstance(f, _RegisterWithPeft)]:
+            sys.meta_path.remove(finder)
         _register()
 
     def __getattr__(self, name: str) -> Any:  # resources, source and the like: PEFT's loader answers
@@ -58,16 +60,22 @@ class _ThenRegister(importlib.abc.Loader):
 
 
 class _RegisterWithPeft(importlib.abc.MetaPathFinder):
-    """Finds ``peft`` like the other finders do, with :class:`_ThenRegister` around its loader (once)."""
+    """Finds ``peft`` like the other finders do, with :class:`_ThenRegister` around its loader. It stays on
+    ``sys.meta_path`` until ``peft`` executes: a mere lookup (``importlib.util.find_spec("peft")``, which TRL
+    and transformers make to see whether PEFT is installed) must not use it up."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != "peft":
+        if fullname != "peft" or "peft" in sys.modules:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _ThenRegister(spec.loader)
-        return spec
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _ThenRegister(spec.loader)
+                return spec
+        return None
 
 
 if "peft" in sys.modules:

@@ -43,7 +43,11 @@ RUN_MANIFEST = "run.json"  # a training run's (or a strategy run's) folder: see 
 
 
 def check_report_folder(
-    folder: Path, tool: str, files: Sequence[str], recognise: Callable[[Any], bool], flag: str = "--output"
+    folder: Path,
+    tool: str,
+    files: Sequence[str],
+    recognise: Callable[[Any], bool],
+    flag: str = "--output_dir",
 ) -> None:
     """Refuse to write ``tool``'s ``files`` into ``folder`` unless it is new, or holds only other files, or
     holds ``tool``'s own earlier output (its ``files[0]``, a JSON file, passes ``recognise``).

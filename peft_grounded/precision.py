@@ -1,12 +1,12 @@
 """bf16 or float32: the precision this machine runs faster, chosen once, with the reason.
 
 bf16 autocast and bf16 weights halve the memory traffic, and a CPU with native bf16 instructions (x86:
-AVX512-BF16 or AMX; Arm: the BF16 extension) or a GPU that supports it runs them faster than float32. A
-CPU without them *emulates* bf16: one SmolLM2-135M training step took 9.3 s in float32 and over 190 s under
-bf16 autocast on an AVX2 EPYC. :func:`choose_precision` decides from the CPU's flags (``/proc/cpuinfo``)
-and torch's CPU capability (``AVX512``, ``AVX2``, ``DEFAULT``, ...); :func:`bf16_slowdown` times a small
-bf16 and float32 matmul once (cached) for the messages. The decision itself, :func:`cpu_has_native_bf16`,
-takes the capability and flags as arguments, so it is tested for every kind of CPU on any machine.
+AVX512-BF16 or AMX; Arm: the BF16 extension) or a GPU that supports it runs them faster than float32. A CPU
+without them *emulates* bf16, many times slower than float32 (BENCHMARKS.md). :func:`choose_precision` decides
+from the CPU's flags (``/proc/cpuinfo``) and torch's CPU capability (``AVX512``, ``AVX2``, ``DEFAULT``, ...);
+:func:`bf16_slowdown` times a small bf16 and float32 matmul once (cached) for the messages. The decision
+itself, :func:`cpu_has_native_bf16`, takes the capability and flags as arguments, so it is tested for every
+kind of CPU on any machine.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def _choose_precision(device: str, limits: tuple[str, ...]) -> PrecisionChoice:
 @functools.cache
 def bf16_slowdown(size: int = 256, repeats: int = 5) -> float:
     """How many times slower a ``size``-square bf16 matmul runs than a float32 one on this CPU (best of
-    ``repeats``; measured once per process, about 10 ms where bf16 is native)."""
+    ``repeats``; measured once per process)."""
     import torch
 
     a, b = torch.randn(size, size), torch.randn(size, size)

@@ -71,8 +71,8 @@ def tiny_model_factory():
 
 @pytest.fixture
 def save_tiny_model(tiny_model_factory, tokenizer):
-    """``save(path, tied=True)``: a tiny llama and the tokenizer saved as a local model directory (what --model
-    and model_path take); returns the path as a string."""
+    """``save(path, tied=True)``: a tiny llama and the tokenizer saved as a local model directory (what
+    --model_name_or_path and model_path take); returns the path as a string."""
 
     def save(path, tied: bool = True) -> str:
         tiny_model_factory("llama", tied).save_pretrained(path)

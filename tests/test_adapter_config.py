@@ -1,11 +1,10 @@
 """GroundedTokenConfig as small and reusable as LoraConfig: Literal choices, no mutation of the caller's object,
-data-driven starts after creation (PEFT's EVA convention), and application metadata in one place."""
+data-driven starts after creation (PEFT's EVA convention), and no application data in the config."""
 
 from __future__ import annotations
 
 import json
 import typing
-from dataclasses import asdict
 
 import pytest
 import torch
@@ -16,7 +15,6 @@ from peft_grounded import GroundedTokenConfig, initialize_grounded_rows
 from peft_grounded.adapter.projection import PROJECTIONS
 from peft_grounded.adapter.provenance import describe_tensor
 from peft_grounded.adapter.starts import INITS
-from peft_grounded.prompts import PromptFormat
 
 
 def fresh(tokenizer):
@@ -125,19 +123,16 @@ def test_description_texts_are_tokenised_outside_get_peft_model(tokenizer, tiny_
         )
 
 
-def test_application_metadata_lives_in_one_place(tmp_path):
-    fmt = asdict(PromptFormat(objective="sequence", max_history=4))
-    config = GroundedTokenConfig(
-        token_indices=[10, 11], metadata={"sid_index_fingerprint": "abc", "prompt_format": fmt}
-    )
+def test_the_config_holds_no_application_data(tmp_path):
+    """The recommender's record (SID index, prompt format) is not a config field: it is saved beside the
+    adapter (sid_record.json), and the config refuses it."""
+    config = GroundedTokenConfig(token_indices=[10, 11])
     config.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "adapter_config.json").read_text())
-    assert saved["metadata"] == {"sid_index_fingerprint": "abc", "prompt_format": fmt}
-    assert "sid_index_fingerprint" not in saved and "prompt_format" not in saved
-    assert GroundedTokenConfig.from_pretrained(tmp_path).metadata == saved["metadata"]
-    assert GroundedTokenConfig(token_indices=[10]).metadata is None
-    with pytest.raises(TypeError, match="sid_index_fingerprint"):  # no second way in: metadata only
-        GroundedTokenConfig(token_indices=[10], sid_index_fingerprint="abc")
+    assert not {"metadata", "sid_index_fingerprint", "prompt_format", "peft_grounded"} & set(saved)
+    for field in ("metadata", "sid_index_fingerprint"):
+        with pytest.raises(TypeError, match=field):
+            GroundedTokenConfig(token_indices=[10], **{field: "abc"})
 
 
 def test_every_field_has_help_as_loraconfigs_do():
@@ -150,4 +145,4 @@ def test_every_field_has_help_as_loraconfigs_do():
     own = {f.name for f in dataclasses.fields(GroundedTokenConfig)} - {
         f.name for f in dataclasses.fields(peft_grounded.adapter.config.PeftConfig)
     }
-    assert len(own) == 18  # the count docs/adapter.md gives beside LoraConfig
+    assert len(own) == 16  # the count docs/adapter.md gives beside LoraConfig

@@ -12,6 +12,7 @@ import peft_grounded
 from peft_grounded.decoding import recommend, sid_token_ids
 from peft_grounded.growth import add_items, grow_adapter
 from peft_grounded.sids import Item
+from peft_grounded.sids.model import sid_record
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +55,11 @@ def test_grown_adapter_keeps_trained_rows_and_lora_and_reloads(
     for name, value in loras.items():
         assert torch.equal(dict(grown.named_parameters())[name], value)
     assert (
-        config.metadata["sid_index_fingerprint"] == child.fingerprint()
+        sid_record(grown)["sid_index_fingerprint"] == child.fingerprint()
         and config.token_strings == child.token_strings
     )
     assert tokenizer.convert_ids_to_tokens(config.token_indices) == child.token_strings
-    child.check_adapter(config)
+    child.check_adapter(config, recorded=sid_record(grown)["sid_index_fingerprint"])
     with torch.no_grad():
         after = grown(ids).logits
     if dtype == torch.float32:
@@ -143,8 +144,8 @@ def test_a_child_without_new_tokens_only_changes_the_recorded_index(tokenizer, t
     assert len(tokenizer) == n_vocab and torch.equal(
         grown.get_input_embeddings().grounded_embedding["default"], rows
     )
-    assert grown.peft_config["default"].metadata["sid_index_fingerprint"] == child.fingerprint()
-    child.check_adapter(grown.peft_config["default"])
+    assert sid_record(grown)["sid_index_fingerprint"] == child.fingerprint()
+    child.check_adapter(grown.peft_config["default"], recorded=child.fingerprint())
 
 
 def test_new_rows_start_at_the_parents_init_scale(tokenizer, tiny_model_factory, indices):

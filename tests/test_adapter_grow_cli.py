@@ -12,7 +12,7 @@ from helpers.toy_catalogue import toy_catalogue, toy_index
 from safetensors.torch import load_file
 
 from peft_grounded.growth.grounding import rows_used
-from peft_grounded.sids.model import sid_model
+from peft_grounded.sids.model import sid_model, sid_record
 
 WEIGHTS = "adapter_model.safetensors"
 
@@ -37,7 +37,7 @@ def write_catalogue(world) -> str:
 
 
 def test_cli_grows_the_adapter_exactly_like_grow_adapter(world, capsys):
-    assert grow(world, "grown") == 0  # the base recorded in the adapter: no --model
+    assert grow(world, "grown") == 0  # the base recorded in the adapter: no --model_name_or_path
     out = capsys.readouterr().out.splitlines()
     parent, child = world["parent"], world["child"]
     summary = json.loads(out[0])
@@ -54,17 +54,26 @@ def test_cli_grows_the_adapter_exactly_like_grow_adapter(world, capsys):
     config = json.loads((world["root"] / "grown" / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == world["base"]  # later commands find the base by it
     _, reloaded = sid_model(world["base"], child, adapter=str(world["root"] / "grown"))  # checks the index
-    assert reloaded.peft_config["default"].metadata["sid_index_fingerprint"] == child.fingerprint()
+    assert sid_record(reloaded)["sid_index_fingerprint"] == child.fingerprint()
 
 
 @pytest.mark.parametrize("bf16", [False, True])
 def test_ground_moves_only_the_rows_the_new_items_use(world, capsys, bf16):
     catalogue = write_catalogue(world)
-    dtype = ["--weights-dtype", "bfloat16", "--bf16"] if bf16 else []
-    model = ["--model", world["base"], *dtype]
+    dtype = ["--dtype", "bfloat16", "--bf16"] if bf16 else []
+    model = ["--model_name_or_path", world["base"], *dtype]
     assert grow(world, "plain", *model) == 0
     capsys.readouterr()
-    steps = ["--ground-steps", "3", "--lr", "1e-2", "--batch-size", "4", "--replay", "1"]
+    steps = [
+        "--max_steps",
+        "3",
+        "--learning_rate",
+        "1e-2",
+        "--per_device_train_batch_size",
+        "4",
+        "--replay",
+        "1",
+    ]
     assert grow(world, "grounded", *model, "--ground", catalogue, *steps) == 0
     summary = json.loads(capsys.readouterr().out.splitlines()[0])["grounding"]
     assert summary["steps"] == 3 and summary["replayed"] == 3 and len(summary["loss"]) == 2
@@ -88,30 +97,32 @@ def test_ground_moves_only_the_rows_the_new_items_use(world, capsys, bf16):
 
 def test_refusals_exit_2_with_the_reason(world, capsys):
     root = world["root"]
-    assert grow(world, "grown", "--model", world["base"]) == 0
+    assert grow(world, "grown", "--model_name_or_path", world["base"]) == 0
     capsys.readouterr()
-    assert grow(world, "grown", "--model", world["base"]) == 2
+    assert grow(world, "grown", "--model_name_or_path", world["base"]) == 2
     err = capsys.readouterr().err
     assert "already holds an adapter" in err and "--overwrite" in err
-    assert grow(world, "grown", "--model", world["base"], "--overwrite") == 0
+    assert grow(world, "grown", "--model_name_or_path", world["base"], "--overwrite") == 0
     assert not list(root.glob(".grown*"))  # the replaced copy is gone too
     capsys.readouterr()
 
-    assert grow(world, "adapter", "--model", world["base"], "--overwrite") == 2
-    assert "--output is the trained adapter's directory" in capsys.readouterr().err
+    assert grow(world, "adapter", "--model_name_or_path", world["base"], "--overwrite") == 2
+    assert "--output_dir is the trained adapter's directory" in capsys.readouterr().err
 
     (root / "notes").mkdir()
     (root / "notes" / "todo.txt").write_text("keep me")
-    assert grow(world, "notes", "--model", world["base"], "--overwrite") == 2
+    assert grow(world, "notes", "--model_name_or_path", world["base"], "--overwrite") == 2
     assert "holds files but no adapter" in capsys.readouterr().err
     assert (root / "notes" / "todo.txt").read_text() == "keep me"
 
     toy_index(toy_catalogue(), seed=1).save(root / "fresh")  # a fresh build, not grown from the parent
-    assert grow(world, "other", "--model", world["base"], child="fresh") == 2
+    assert grow(world, "other", "--model_name_or_path", world["base"], child="fresh") == 2
     assert "did not grow from" in capsys.readouterr().err
     assert not (root / "other").exists()
 
     (root / "only_old.item.json").write_text(json.dumps({"0": {"title": "Old"}}))
     (root / "only_old.inter.json").write_text(json.dumps({"u0": ["0"]}))
-    assert grow(world, "other", "--model", world["base"], "--ground", str(root / "only_old")) == 2
+    assert (
+        grow(world, "other", "--model_name_or_path", world["base"], "--ground", str(root / "only_old")) == 2
+    )
     assert "holds none of the 3 new items" in capsys.readouterr().err

@@ -59,7 +59,6 @@ def test_every_config_field_survives_json(tmp_path):
         output_module="lm_head",
         task_type="CAUSAL_LM",
         init_weights=False,
-        metadata={"sid_index_fingerprint": "abc"},
         provenance={
             "num_embeddings": 20,
             "embedding_signature": [1.0, 2.0],

@@ -13,6 +13,7 @@ from torch import nn
 import peft_grounded
 from peft_grounded import GroundedTokenConfig
 from peft_grounded.adapter import GroundedHead, GroundedTiedEmbedding, GroundedTokenLayer
+from peft_grounded.sids.model import record_sid_facts, sid_record
 
 # transformers 5 always ties T5's head (T5Config forces tie_word_embeddings=True); BART can be untied
 CASES = [("t5", True), ("bart", True), ("bart", False)]
@@ -240,10 +241,11 @@ def test_growing_keeps_the_rows_and_every_embedding_module_uses_the_new_ones(tok
         token_indices=ids,
         init="centroid",
         init_vectors=centroids,
-        metadata={"sid_index_fingerprint": parent.fingerprint()},
         task_type="SEQ_2_SEQ_LM",
     )
     model = get_peft_model(base, config)
+    record_sid_facts(model, sid_index_fingerprint=parent.fingerprint())
+    record_sid_facts(model, sid_index_fingerprint=parent.fingerprint())
     torch.manual_seed(1)
     with torch.no_grad():  # "trained": rows off their start
         for p in model.parameters():
@@ -260,7 +262,7 @@ def test_growing_keeps_the_rows_and_every_embedding_module_uses_the_new_ones(tok
     grown = grow_adapter(model, tokenizer, parent, child).eval()
     glayer = grown.get_input_embeddings()
     assert torch.equal(glayer.grounded_embedding["default"][: parent.n_tokens], rows)
-    assert grown.peft_config["default"].metadata["sid_index_fingerprint"] == child.fingerprint()
+    assert sid_record(grown)["sid_index_fingerprint"] == child.fingerprint()
     torch.testing.assert_close(logits(grown, old)[..., : before.shape[-1]], before, rtol=1e-5, atol=1e-5)
     # the new tokens: encoder input, decoder input and head all read the grown rows
     new = grown.peft_config["default"].token_indices[parent.n_tokens :]

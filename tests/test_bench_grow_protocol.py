@@ -28,7 +28,7 @@ def test_defaults_are_the_cpu_protocol(protocol, monkeypatch):
     assert (args.objective, args.max_history, args.max_length) == ("sequence", 19, 128)
     assert (args.lora_r, args.lora_alpha, args.lr, args.batch_size) == (8, 16, 1e-3, 8)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    assert args.no_bf16 == (not choose_precision(device).bf16)  # the machine's choice, whatever the CPU
+    assert args.fp32 == (not choose_precision(device).bf16)  # the machine's choice, whatever the CPU
     assert args.users == 0 and args.max_examples == 0  # all users, all rows
     assert args.minutes > 0 and not args.smoke
     assert args.replay == [0.0, 1.0] and args.old_users == 200  # with and without old items' pairs
@@ -44,12 +44,12 @@ def test_defaults_are_the_cpu_protocol(protocol, monkeypatch):
     assert "SMOKE" in protocol.plan(smoke, grounds=False)
     for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):  # an AVX2 CPU
         monkeypatch.setenv(name, "avx2")
-    assert protocol.parse_args(["--out", "x"]).no_bf16  # float32 there
+    assert protocol.parse_args(["--out", "x"]).fp32  # float32 there
 
 
 @pytest.mark.parametrize("forced", [["--bf16"], ["--no-bf16"]])
 def test_forced_precision_ignores_the_machine(protocol, forced):
-    assert protocol.parse_args(["--out", "x", *forced]).no_bf16 == (forced == ["--no-bf16"])
+    assert protocol.parse_args(["--out", "x", *forced]).fp32 == (forced == ["--no-bf16"])
 
 
 def test_a_centroid_run_without_grounding_minutes_builds_its_budget_before_any_work(protocol):

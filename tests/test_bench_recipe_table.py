@@ -56,7 +56,7 @@ def test_demo_recipe_flags_change_only_what_they_name():
     from peft_grounded.pipeline.demo import PRESETS
 
     default = PRESETS["default"]
-    same = bench_demo_recipe.preset(bench_demo_recipe.parse_args(["--out", "x"]))
+    same = bench_demo_recipe.preset(*bench_demo_recipe.parse_args(["--out", "x"]))
     assert same == default
     args = [
         "--out",
@@ -71,36 +71,36 @@ def test_demo_recipe_flags_change_only_what_they_name():
         "valid",
     ]
     args += ["--sft-minutes", "30"]
-    spec = bench_demo_recipe.preset(bench_demo_recipe.parse_args(args))
+    spec = bench_demo_recipe.preset(*bench_demo_recipe.parse_args(args))
     assert spec.budget.lora == default.budget.lora | {"r": 32, "lora_alpha": 64}
     assert spec.prompt_format() == replace(default.prompt_format(), max_history=9)
     assert spec.peers == ("popularity",) and spec.budget.parts == ("valid",)
     assert spec.budget.sft.max_minutes == 30 and spec.budget.sft.max_steps <= 0
     assert spec.budget.sft.learning_rate == default.budget.sft.learning_rate
     assert spec.budget.grounding == default.budget.grounding and spec.layers == default.layers
-    none = bench_demo_recipe.preset(bench_demo_recipe.parse_args(["--out", "x", "--peers"]))
+    none = bench_demo_recipe.preset(*bench_demo_recipe.parse_args(["--out", "x", "--peers"]))
     assert none.peers == ()
     curves = ["--out", "x", "--exclude-history", "--eval-every", "700", "--curve-users", "200"]
-    spec = bench_demo_recipe.preset(bench_demo_recipe.parse_args(curves))
+    spec = bench_demo_recipe.preset(*bench_demo_recipe.parse_args(curves))
     assert spec.budget.evaluation == replace(default.budget.evaluation, exclude_history=True)
     assert (spec.budget.eval_every, spec.budget.curve_users) == (700, 200)
     assert spec.budget.curve_every == default.budget.curve_every
     assert not default.budget.evaluation.exclude_history and default.budget.eval_every == 0
-    kept = bench_demo_recipe.preset(bench_demo_recipe.parse_args([*curves, "--keep-best"]))
+    kept = bench_demo_recipe.preset(*bench_demo_recipe.parse_args([*curves, "--keep-best"]))
     assert kept.budget.keep_best and not spec.budget.keep_best and not default.budget.keep_best
     with pytest.raises(ValueError, match="keep_best needs validation points"):  # before any work
         bench_demo_recipe.parse_args(["--out", "x", "--keep-best"])
     levers = ["--out", "x", "--codes", "128", "--lora-dropout", "0.1", "--weight-decay", "0.05"]
-    spec = bench_demo_recipe.preset(bench_demo_recipe.parse_args([*levers, "--balanced", "all"]))
+    spec = bench_demo_recipe.preset(*bench_demo_recipe.parse_args([*levers, "--balanced", "all"]))
     assert spec.codes == 128 and default.codes == 64
     assert spec.balanced == "all" and default.balanced == "none"
-    blocks = bench_demo_recipe.preset(bench_demo_recipe.parse_args(["--out", "x", "--block-lr", "1e-4"]))
+    blocks = bench_demo_recipe.preset(*bench_demo_recipe.parse_args(["--out", "x", "--block-lr", "1e-4"]))
     assert blocks.budget == replace(default.budget, block_lr=1e-4) and default.budget.block_lr is None
     with pytest.raises(ValueError, match="block_lr"):  # the blocks are not saved: no best to keep
         bench_demo_recipe.parse_args([*curves, "--keep-best", "--block-lr", "1e-4"])
     assert spec.budget.lora == default.budget.lora | {"lora_dropout": 0.1}
     assert spec.budget.sft == replace(default.budget.sft, weight_decay=0.05)
-    padded = bench_demo_recipe.preset(bench_demo_recipe.parse_args(["--out", "x", "--no-padding-free"]))
+    padded = bench_demo_recipe.preset(*bench_demo_recipe.parse_args(["--out", "x", "--no-padding-free"]))
     assert padded.budget.sft == replace(default.budget.sft, padding_free=False)
     assert default.budget.sft.padding_free is None  # the trainer's choice
     assert (

@@ -95,7 +95,7 @@ def test_runner_fine_tunes_the_blocks_and_refuses_to_resume_them(toy, model_dir,
         eval_parts=("test",),
         block_lr=1e-4,
     )
-    assert budget.record()["block_lr"] == 1e-4 and "block_lr" not in Budget().record()
+    assert budget.record()["block_lr"] == 1e-4 and Budget().record()["block_lr"] is None
     experiment = Experiment(model_dir, catalogue, index)
     out = tmp_path / "run"
     record = run_strategy("centroid", experiment, budget, out)

@@ -1,5 +1,5 @@
 """Every command's settings: one set of dataclasses drives Python, the command line and a YAML file; every
-SFTConfig and ModelConfig field is a flag under its own name, the flags of earlier releases stay as aliases;
+SFTConfig and ModelConfig field is a flag under its own name (also dashed), and no other name is taken;
 ``--help`` of a command whose settings are light never imports torch, transformers or the trainers."""
 
 from __future__ import annotations
@@ -66,16 +66,17 @@ def test_one_settings_object_from_python_cli_and_yaml(tmp_path):
     assert overridden[3].learning_rate == 0.5 and overridden[3].max_steps == 30
 
 
-def test_every_sft_and_model_config_field_is_a_flag_and_old_flags_are_aliases():
+def test_every_sft_and_model_config_field_is_a_flag_in_both_spellings():
     from trl import ModelConfig, SFTConfig
 
     options = {s for action in sft.parser()._actions for s in action.option_strings}
     fields = [f.name for cls in (SFTConfig, ModelConfig) for f in dataclasses.fields(cls) if f.init]
     assert not [name for name in fields if f"--{name}" not in options]
-    old = [
-        "--sid-index", "sids", "--output", "o", "--steps", "7", "--lr", "0.1", "--batch-size", "4",
-        "--grad-accum", "2", "--minutes", "3", "--lr-scheduler", "linear", "--max-length", "96",
-        "--save-steps", "5", "--seed", "3", "--resume", "--model", "base", "--weights-dtype", "bfloat16",
+    dashed = [
+        "--sid-index", "sids", "--output-dir", "o", "--max-steps", "7", "--learning-rate", "0.1",
+        "--per-device-train-batch-size", "4", "--gradient-accumulation-steps", "2", "--max-minutes", "3",
+        "--lr-scheduler-type", "linear", "--max-length", "96", "--save-steps", "5", "--seed", "3",
+        "--resume-from-checkpoint", "--model-name-or-path", "base", "--dtype", "bfloat16",
         "--lora-r", "2", "--lora-target-modules", "q_proj,v_proj", "--max-history", "4", "--with-titles",
     ]  # fmt: skip
     new = [
@@ -85,20 +86,32 @@ def test_every_sft_and_model_config_field_is_a_flag_and_old_flags_are_aliases():
         "--resume_from_checkpoint", "last", "--model_name_or_path", "base", "--dtype", "bfloat16",
         "--lora_r", "2", "--lora_target_modules", "q_proj", "v_proj", "--max_history", "4", "--with_titles",
     ]  # fmt: skip
-    assert _as_dict(sft.parse(old)) == _as_dict(sft.parse(new))
-    _, _, base, config = sft.parse(old)
+    assert _as_dict(sft.parse(dashed)) == _as_dict(sft.parse(new))
+    _, _, base, config = sft.parse(dashed)
     assert config.resume is True and base.dtype == "bfloat16" and base.torch_dtype().is_floating_point
-    assert base.lora()["target_modules"] == ["q_proj", "v_proj"]  # commas (old) or spaces (ModelConfig's)
+    assert base.lora()["target_modules"] == ["q_proj", "v_proj"]  # commas or spaces (ModelConfig's)
     assert sft.parse(["--sid-index", "s"])[2].lora()["target_modules"] == "all-linear"
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--sids", "s"], ["--out", "o"], ["--output", "o"], ["--steps", "7"], ["--lr", "0.1"], ["--batch-size", "4"],
+     ["--grad-accum", "2"], ["--minutes", "3"], ["--lr-scheduler", "linear"], ["--resume"], ["--model", "base"],
+     ["--weights-dtype", "bfloat16"], ["--max_step", "7"]],
+)  # fmt: skip
+def test_no_flag_but_a_fields_own_name_is_taken(flags):
+    """Short names, other names and abbreviations of a field's flag are refused, not guessed."""
+    with pytest.raises((SystemExit, ValueError)):
+        sft.parse(["--sid_index", "s", *flags])
 
 
 def test_stage_defaults_are_the_configs_own():
     """No second set of defaults in the command line: a bare command gives the dataclasses' defaults."""
-    model, base, config = ground.parse(["--sid-index", "s", "--output", "o"])
+    model, base, config = ground.parse(["--sid-index", "s", "--output_dir", "o"])
     assert _as_dict([config]) == _as_dict([GroundingConfig(output_dir="o")])
     assert config.max_steps == 200 and config.learning_rate == 1e-3
     assert RecommendationConfig(output_dir="o").max_steps == 400
-    assert GroundingConfig(output_dir="o", max_minutes=2).max_steps == -1  # time alone, as --minutes gave
+    assert GroundingConfig(output_dir="o", max_minutes=2).max_steps == -1  # time alone
     assert model == ModelArguments(sid_index="s") and base == GroundedModelConfig()
 
 
@@ -108,9 +121,9 @@ def test_bad_settings_fail_at_parse_time():
     from peft_grounded.cli import evaluate
 
     with pytest.raises(ValueError, match="splits"):
-        evaluate.parse(["--adapter", "a", "--sid-index", "s", "--output", "o", "--splits", "train"])
+        evaluate.parse(["--adapter", "a", "--sid-index", "s", "--output_dir", "o", "--splits", "train"])
     with pytest.raises(ValueError, match="num_beams"):
-        evaluate.parse(["--adapter", "a", "--sid-index", "s", "--output", "o", "--num-beams", "0"])
+        evaluate.parse(["--adapter", "a", "--sid-index", "s", "--output_dir", "o", "--num-beams", "0"])
     with pytest.raises(ValueError, match="leave out --use_peft"):
         ground.parse(["--sid-index", "s", "--use_peft"])
     with pytest.raises(ValueError, match="load_in_4bit"):
@@ -160,9 +173,9 @@ def test_help_of_light_commands_imports_neither_torch_nor_transformers():
     assert "COMMANDS 11" in out.stdout
     for flag in (
         "--sid_index",
-        "--sids",
+        "--sid-index",
         "--output_dir",
-        "--out",
+        "--output-dir",
         "--config FILE.yaml",
         "--dry-run",
         "ADAPTERS",
@@ -183,25 +196,21 @@ def test_stage_command_help_lists_the_config_fields(capsys):
         "--objective",
     ):
         assert flag in out
-    assert "--per_device_train_batch_size" in out and "--weights-dtype" in out
+    assert "--per_device_train_batch_size" in out and "--dtype" in out
 
 
 def test_one_meaning_per_flag_name_across_commands():
-    """A flag name that several commands take means one thing: --batch-size is a training batch (sft, ground,
-    grow-adapter); the encoder's and the decoder's batches have their own names, and the old flag there says
-    where it went."""
+    """A flag name that several commands take means one thing: --per_device_train_batch_size is a training batch
+    (sft, ground, grow-adapter); the encoder's and the decoder's batches have their own names."""
     dests: dict[str, set[str]] = {}
     for name in COMMANDS:
         for action in command(name).parser()._actions:
             for option in action.option_strings:
                 dests.setdefault(option, set()).add(action.dest)
-    assert dests["--batch-size"] == {"per_device_train_batch_size"}
+    assert dests["--per_device_train_batch_size"] == {"per_device_train_batch_size"}
     assert dests["--encode-batch-size"] == {"encode_batch_size"} and "--decode-batch-size" in dests
     clashes = {option: d for option, d in dests.items() if len(d) > 1}
-    assert not clashes
-    for name, new in (("build-sids", "--encode-batch-size"), ("evaluate", "--decode-batch-size")):
-        with pytest.raises(ValueError, match=new):
-            command(name).parse(["--batch-size", "4"])
+    assert not clashes and "--batch-size" not in dests and "--batch_size" not in dests
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
@@ -226,13 +235,13 @@ def test_every_command_reads_a_yaml_config(tmp_path, name):
     assert _as_dict(from_yaml) == _as_dict(command(name).parse(flags))
 
 
-def test_old_positional_arguments_stay(capsys):
+def test_operands_without_their_flags(capsys):
     push = command("push").parse(["adapter", "user/repo", "--private"])[0]
     assert (push.adapter_dir, push.repo_id, push.private) == ("adapter", "user/repo", True)
     pull = command("pull").parse(["user/repo", "out"])[0]
     assert (pull.repo_id, pull.output_dir) == ("user/repo", "out")
     diagnose = command("diagnose").parse(
-        ["a", "b", "--sid-index", "s", "--out", "o", "--name", "x", "--name", "y"]
+        ["a", "b", "--sid-index", "s", "--output_dir", "o", "--name", "x", "--name", "y"]
     )
     assert (diagnose[0].adapters, diagnose[0].name) == (["a", "b"], ["x", "y"])
     with pytest.raises(ValueError, match="repo_id"):
@@ -286,10 +295,12 @@ def test_a_yaml_config_runs_a_stage(tmp_path, stage_data):
     ],
 )
 def test_every_command_names_its_output_folder_output_dir(name, required):
-    """One name for the output folder across commands (as TRL's output_dir); the old flags stay aliases."""
-    old = {"diagnose": "--out", "demo": "--output"}.get(name, "-o")
-    for flag in ("--output_dir", "--output-dir", old):
+    """One name for the output folder across commands (as TRL's output_dir), in either spelling."""
+    for flag in ("--output_dir", "--output-dir"):
         assert command(name).parse([*required, flag, "out"])[0].output_dir == "out"
+    for removed in ("--output", "--out", "-o"):
+        with pytest.raises((SystemExit, ValueError)):
+            command(name).parse([*required, removed, "out"])
 
 
 def test_the_cpu_recipe_sets_defaults_that_the_flags_given_and_config_override(tmp_path):
@@ -300,7 +311,7 @@ def test_the_cpu_recipe_sets_defaults_that_the_flags_given_and_config_override(t
     assert {k: values[k] for k in RECIPES["cpu"]} == dict(RECIPES["cpu"]) and values["recipe"] == "cpu"
     plain = {k: v for s in sft.parse(["--sid-index", "s"]) for k, v in vars(s).items()}
     assert plain["objective"] == "prompt" and plain["layers"] == 0 and plain["init"] == "mean"  # no recipe
-    given = sft.parse(["--sid-index", "s", "--recipe=cpu", "--lr", "1e-3", "--layers", "4"])
+    given = sft.parse(["--sid-index", "s", "--recipe=cpu", "--learning_rate", "1e-3", "--layers", "4"])
     assert (given[3].learning_rate, given[2].layers, given[1].objective) == (1e-3, 4, "sequence")
     path = tmp_path / "sft.yaml"
     path.write_text("sid_index: s\nrecipe: cpu\nlora_r: 4\n")
@@ -368,11 +379,11 @@ def test_sft_layers_trains_on_the_first_blocks_of_the_base(tmp_path, stage_data,
 def test_build_sids_recipe_cpu_builds_from_behaviour_and_flags_win():
     from peft_grounded.recommend.recipes import SID_RECIPES
 
-    parsed = command("build-sids").parse(["-o", "s", "--recipe", "cpu"])
+    parsed = command("build-sids").parse(["--output_dir", "s", "--recipe", "cpu"])
     values = {k: v for s in parsed for k, v in vars(s).items()}
     assert {k: values[k] for k in SID_RECIPES["cpu"]} == dict(SID_RECIPES["cpu"])
-    plain = {k: v for s in command("build-sids").parse(["-o", "s"]) for k, v in vars(s).items()}
+    plain = {k: v for s in command("build-sids").parse(["--output_dir", "s"]) for k, v in vars(s).items()}
     assert plain["item_vectors"] == "text" and plain["codes"] == "256"
-    given = {k: v for s in command("build-sids").parse(["-o", "s", "--recipe", "cpu", "--item_vectors", "mix"])
+    given = {k: v for s in command("build-sids").parse(["--output_dir", "s", "--recipe", "cpu", "--item_vectors", "mix"])
              for k, v in vars(s).items()}  # fmt: skip
     assert (given["item_vectors"], given["codes"]) == ("mix", "64")

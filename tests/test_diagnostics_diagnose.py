@@ -351,7 +351,7 @@ def test_cli_writes_the_report_and_reports_bad_input(world, run_folder, tmp_path
             "--n-text",
             "6",
             "--html",
-            "--out",
+            "--output_dir",
             str(out),
         ]
     )
@@ -369,11 +369,18 @@ def test_cli_writes_the_report_and_reports_bad_input(world, run_folder, tmp_path
     )
     assert "centroid-alone" in printed and f"report: {out / 'report.md'}" in printed
 
-    code = main(["diagnose", "--sid-index", str(world["root"] / "sids"), "--out", str(tmp_path / "x")])
+    code = main(["diagnose", "--sid-index", str(world["root"] / "sids"), "--output_dir", str(tmp_path / "x")])
     assert code == 2 and "give ADAPTER_DIR" in capsys.readouterr().err
     bad = make_index(world["catalogue"], codes=4).save(tmp_path / "other-sids")
     code = main(
-        ["diagnose", str(world["adapters"]["mean"]), "--sid-index", str(bad), "--out", str(tmp_path / "y")]
+        [
+            "diagnose",
+            str(world["adapters"]["mean"]),
+            "--sid-index",
+            str(bad),
+            "--output_dir",
+            str(tmp_path / "y"),
+        ]
     )
     assert code == 2 and "does not match the SID index" in capsys.readouterr().err
     assert not (tmp_path / "y").exists()

@@ -26,7 +26,7 @@ def test_only_the_new_items_rows_train(tokenizer, tiny_model_factory, tied, lora
     catalogue = _catalogue(child.item_ids if replay else child.item_ids[16:])
     layer = grown.get_input_embeddings()
     # the new items alone, no step taken: counts their pairs so the replayed ones can be counted
-    alone = ground_new_items(grown, tokenizer, parent, child, catalogue, replay=0.0, steps=0)
+    alone = ground_new_items(grown, tokenizer, parent, child, catalogue, replay=0.0, max_steps=0)
     before = {n: p.detach().clone() for n, p in grown.named_parameters()}
     flags = {n: p.requires_grad for n, p in grown.named_parameters()}
     result = ground_new_items(
@@ -37,9 +37,11 @@ def test_only_the_new_items_rows_train(tokenizer, tiny_model_factory, tied, lora
         catalogue,
         rows=rows,
         replay=replay,
-        steps=6,
+        max_steps=6,
         learning_rate=1e-2,
-        batch_size=int(alone.n_examples * (1 + replay)),  # the full batch: losses comparable step to step
+        per_device_train_batch_size=int(
+            alone.n_examples * (1 + replay)
+        ),  # the full batch: losses comparable step to step
     )
     expected = (
         rows_used(child, child.item_ids[16:])
@@ -67,9 +69,9 @@ def test_replay_needs_old_items_text(tokenizer, tiny_model_factory):
         trained(tokenizer, tiny_model_factory, parent, "llama", True, False), tokenizer, parent, child
     )
     with pytest.raises(ValueError, match="whole catalogue"):
-        ground_new_items(grown, tokenizer, parent, child, _catalogue(child.item_ids[16:]), steps=1)
+        ground_new_items(grown, tokenizer, parent, child, _catalogue(child.item_ids[16:]), max_steps=1)
     with pytest.raises(ValueError, match="replay must be >= 0"):
-        ground_new_items(grown, tokenizer, parent, child, _catalogue(child.item_ids), replay=-1, steps=1)
+        ground_new_items(grown, tokenizer, parent, child, _catalogue(child.item_ids), replay=-1, max_steps=1)
 
 
 def test_runs_through_the_grounding_trainer_with_a_grounding_config(tokenizer, tiny_model_factory, tmp_path):
@@ -99,12 +101,21 @@ def test_runs_through_the_grounding_trainer_with_a_grounding_config(tokenizer, t
 
 
 def test_grow_adapter_flags_build_the_config():
-    """The command's old flags stay aliases of the config's fields; unset ones keep the config's defaults."""
+    """The command's flags are the config's fields; unset ones keep the config's defaults."""
     from peft_grounded.cli import growth
 
-    old = ["--ground-steps", "4", "--lr", "0.01", "--batch-size", "2", "--replay", "0", "--rows", "new"]
+    given = [
+        "--max_steps",
+        "4",
+        "--learning_rate",
+        "0.01",
+        "--per_device_train_batch_size",
+        "2",
+        "--replay",
+        "0",
+    ]
     args = ["--adapter", "a", "--parent_index", "p", "--sid_index", "s", "--output_dir", "o"]
-    _, grounding = growth.GROW_ADAPTER.parse([*args, *old])
+    _, grounding = growth.GROW_ADAPTER.parse([*args, *given, "--rows", "new"])
     config = grounding.config
     assert (config.max_steps, config.learning_rate, config.per_device_train_batch_size) == (4, 0.01, 2)
     assert (config.replay, config.rows, config.seed, config.bf16) == (0.0, "new", 0, False)

@@ -173,3 +173,13 @@ def test_the_cards_init_facts_name_a_scaled_start():
         GroundedTokenConfig(token_indices=[5, 6], init="gaussian", init_scale=0.1, init_seed=3)
     )
     assert scaled["params"] == {"seed": 3, "init_scale": 0.1}
+
+
+def test_the_cards_init_facts_name_random_rows_and_the_no_op_start():
+    from peft_grounded import GroundedTokenConfig
+    from peft_grounded.hub.facts import init_facts
+
+    drawn = init_facts(GroundedTokenConfig(token_indices=[5, 6], init="centroid", init_weights=False))
+    assert drawn["name"] == "randn" and "init_weights=False" in drawn["description"]  # not "centroid"
+    kept = init_facts(GroundedTokenConfig(token_indices=[5, 6], init="keep"))
+    assert kept["name"] == "keep" and "no-op" in kept["description"]

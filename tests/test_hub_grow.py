@@ -10,6 +10,7 @@ from transformers import AutoTokenizer
 
 from peft_grounded.growth import grow_adapter
 from peft_grounded.hub import GroundedHubError, load_grounded, load_sid_index, push_grounded
+from peft_grounded.sids.model import sid_record
 
 FACTS = {"base_model": "org/tiny-base"}
 
@@ -34,7 +35,10 @@ def test_push_a_grown_adapter_with_its_index_version(
     assert loaded_index.fingerprint() == child.fingerprint() and loaded_index.parent == parent.fingerprint()
     fresh = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
     loaded = load_grounded(tiny_model_factory("llama", False), fresh, "user/v2")
-    loaded_index.check_adapter(loaded.peft_config["default"])
+    assert sid_record(loaded)["sid_index_fingerprint"] == child.fingerprint()  # the record came along
+    loaded_index.check_adapter(
+        loaded.peft_config["default"], recorded=sid_record(loaded)["sid_index_fingerprint"]
+    )
     ids = torch.tensor([[1, 17, *loaded.peft_config["default"].token_indices[-3:], 400]])
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, grown(ids).logits)

@@ -347,7 +347,7 @@ def test_cli_push_and_pull(tokenizer, tiny_model_factory, index, hub_endpoint, t
     index.save(tmp_path / "index")
     metrics = {"test": {"all": {"recall@10": 0.5, "ndcg@10": 0.25}}}
     (tmp_path / "metrics.json").write_text(json.dumps(metrics))
-    args = ["push", str(tmp_path / "adapter"), "user/cli", "--base-model", BASE]
+    args = ["push", str(tmp_path / "adapter"), "user/cli", "--model_name_or_path", BASE]
     args += ["--sid-index", str(tmp_path / "index"), "--metrics", str(tmp_path / "metrics.json")]
     args += ["--tokenizer", str(tmp_path / "tokenizer")]
     assert cli_main(args) == 0

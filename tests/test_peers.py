@@ -156,7 +156,7 @@ def test_budget_needs_grounding_steps_only_for_strategies_that_ground(model_dir,
         lora=dict(r=2),
         evaluation=EvalSettings(users=2, num_beams=10, ks=(1, 5, 10)),
     )
-    assert budget.record()["grounding_steps"] == 0  # the key earlier runs recorded
-    with pytest.raises(SettingsError, match="grounding_steps"):
+    assert budget.record()["grounding"] is None  # no grounding stage
+    with pytest.raises(SettingsError, match="no grounding stage"):
         run_strategy("gti", Experiment(model_dir, catalogue, index), budget, tmp_path / "gti")
     assert not (tmp_path / "gti").exists()

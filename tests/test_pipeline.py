@@ -65,9 +65,25 @@ def test_stage_commands(tmp_path, model_dir):
     }
     (tmp_path / "toy.item.json").write_text(json.dumps(items))
     (tmp_path / "toy.inter.json").write_text(json.dumps({u: list(s) for u, s in catalogue.sequences.items()}))
-    data = ["--model", model_dir, "--sids", str(tmp_path / "sids"), "--catalogue", str(tmp_path / "toy")]
-    tiny = ["--steps", "2", "--batch-size", "4", "--save-steps", "2", "--max-length", "96"]
-    assert main(["ground", *data, *tiny, "--init", "centroid", "--output", str(tmp_path / "g")]) == 0
+    data = [
+        "--model_name_or_path",
+        model_dir,
+        "--sid_index",
+        str(tmp_path / "sids"),
+        "--catalogue",
+        str(tmp_path / "toy"),
+    ]
+    tiny = [
+        "--max_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "4",
+        "--save-steps",
+        "2",
+        "--max-length",
+        "96",
+    ]
+    assert main(["ground", *data, *tiny, "--init", "centroid", "--output_dir", str(tmp_path / "g")]) == 0
     assert (tmp_path / "g" / "adapter" / "adapter_model.safetensors").is_file()
     assert (
         main(
@@ -81,7 +97,7 @@ def test_stage_commands(tmp_path, model_dir):
                 "2",
                 "--lora-target-modules",
                 "q_proj,v_proj",
-                "--output",
+                "--output_dir",
                 str(tmp_path / "s"),
             ]
         )
@@ -102,7 +118,7 @@ def test_stage_commands(tmp_path, model_dir):
                 "10",
                 "--num-beams",
                 "10",
-                "--out",
+                "--output_dir",
                 str(tmp_path / "e"),
             ]
         )
@@ -115,7 +131,7 @@ def test_stage_commands(tmp_path, model_dir):
     assert other.fingerprint() != index.fingerprint()
     other.save(tmp_path / "other-sids")
     wrong = [
-        "--model",
+        "--model_name_or_path",
         model_dir,
         "--sid-index",
         str(tmp_path / "other-sids"),
@@ -129,7 +145,7 @@ def test_stage_commands(tmp_path, model_dir):
                 *wrong,
                 "--adapter",
                 str(tmp_path / "s" / "adapter"),
-                "--output",
+                "--output_dir",
                 str(tmp_path / "e2"),
             ]
         )

@@ -14,6 +14,7 @@ from peft_grounded.pipeline import Budget, Experiment, run_strategy
 from peft_grounded.pipeline.side_by_side import strategy_curve
 from peft_grounded.prompts import HistoryError, PromptFormat, inference_prompts
 from peft_grounded.recommend import recommendation_examples, training_dataset
+from peft_grounded.sids.model import read_sid_record
 from peft_grounded.training.runs import RunMismatchError
 
 
@@ -102,7 +103,7 @@ def test_runner_trains_evaluates_and_resumes(toy, model_dir, tmp_path):
         assert added[name] == pytest.approx(likelihood[name], rel=1e-4)
     assert "likelihood" in json.loads((out / "metrics.json").read_text())
     changed = replace(budget, sft=replace(budget.sft, max_steps=3))
-    with pytest.raises(RunMismatchError, match="sft_steps"):
+    with pytest.raises(RunMismatchError, match=r"budget\.sft\.max_steps"):
         run_strategy("centroid_gti", experiment, changed, out, resume=True)
     # another tool's metrics.json in the run folder is never read back as this run's results
     (out / "metrics.json").write_text(json.dumps({"recall@10": 0.5}))
@@ -143,12 +144,8 @@ def test_runner_sequence_objective_on_a_bf16_base_writes_learning_curves(toy, mo
     for stage in ("grounding", "sft"):
         saved = load_file(str(out / stage / "adapter" / "adapter_model.safetensors"))
         assert {t.dtype for t in saved.values()} == {torch.float32}, stage
-    from peft import PeftConfig
 
-    assert (
-        PeftConfig.from_pretrained(str(out / "sft" / "adapter")).metadata["prompt_format"]["objective"]
-        == "sequence"
-    )
+    assert read_sid_record(out / "sft" / "adapter")["prompt_format"]["objective"] == "sequence"
 
 
 def test_validation_curve_survives_a_resume():
@@ -203,33 +200,26 @@ def test_a_live_model_needs_its_tokenizer():
     assert model_for(object(), model=live, tokenizer=tokenizer, caller="ground") == (tokenizer, live)
 
 
-def test_budget_records_keep_the_manifest_keys_of_earlier_runs():
-    """A run's manifest stores Budget.record(): the presets and the default give the very dicts the flat
-    budget of 0.1.0 gave (tests/data/budgets_v0_1_0.json), so runs started then still resume; what those keys
-    cannot hold goes under "settings"."""
-    from pathlib import Path
-
-    from peft_grounded.pipeline import PRESETS
-    from peft_grounded.pipeline.demo import machine_precision
-    from peft_grounded.precision import choose_cpu_precision
-
-    old = json.loads((Path(__file__).parent / "data" / "budgets_v0_1_0.json").read_text())
-    # the default preset changed since (steps, the SID-only softmax, init_scale): its old runs are other runs.
-    # A manifest holds the budget after the machine's precision choice (here: a machine with native bf16)
-    native = choose_cpu_precision("AVX512", frozenset({"avx512f", "avx512_bf16", "amx_bf16"}))
-    kept = {
-        name: machine_precision(p, choice=native)[0].budget.record()
-        for name, p in PRESETS.items()
-        if name != "default"
-    }
-    new = {"Budget()": Budget().record()} | kept
-    assert json.loads(json.dumps(new)) == {name: old[name] for name in new}
-    assert "init_scale" in PRESETS["default"].budget.record()
+def test_a_budget_record_holds_each_part_and_changes_with_any_setting():
+    """A run's manifest stores Budget.record(): the stages' budgets and their other non-default settings, the
+    LoRA, the evaluation and the runner's fields, so that a resume with other settings is refused."""
+    record = Budget().record()
+    assert (
+        record["seed"] == 0 and record["sft"]["max_steps"] == 400 and record["grounding"]["max_steps"] == 200
+    )
+    assert (
+        record["lora"]["r"] == 16 and record["evaluation"]["num_beams"] == 20 and record["init_scale"] == 1.0
+    )
+    assert json.loads(json.dumps(record)) == json.loads(json.dumps(Budget().record()))
     changed = Budget.from_training(dict(warmup_ratio=0.1), grounding=dict(per_device_train_batch_size=4))
-    assert changed.record()["settings"] == {
-        "grounding": {"warmup_ratio": 0.1, "per_device_train_batch_size": 4},
-        "sft": {"warmup_ratio": 0.1},
-    }
+    assert changed.record()["grounding"]["warmup_ratio"] == changed.record()["sft"]["warmup_ratio"] == 0.1
+    assert changed.record()["grounding"]["per_device_train_batch_size"] == 4
+    assert "warmup_ratio" not in record["sft"]  # at its default
+    assert Budget(keep_best=True, eval_every=1).record() != Budget(eval_every=1).record()
+    assert Budget(evaluation=EvalSettings(users=5)).record()["evaluation"]["users"] == 5
+    # where the stages write and whether a progress bar shows do not change a run
+    quiet = Budget.from_training(dict(disable_tqdm=True, output_dir="elsewhere"))
+    assert quiet.record() == Budget.from_training().record()
 
 
 def test_runner_starts_every_strategy_at_the_budgets_init_scale(toy, model_dir, tmp_path):
@@ -245,7 +235,7 @@ def test_runner_starts_every_strategy_at_the_budgets_init_scale(toy, model_dir, 
         eval_parts=("test",),
         init_scale=0.25,
     )
-    assert budget.record()["init_scale"] == 0.25 and "init_scale" not in Budget().record()
+    assert budget.record()["init_scale"] == 0.25 and Budget().record()["init_scale"] == 1.0
     with pytest.raises(ValueError, match="init_scale"):
         Budget(init_scale=0.0)
     run_strategy("centroid", Experiment(model_dir, catalogue, index), budget, tmp_path / "run")
@@ -394,7 +384,7 @@ def test_the_runner_keeps_the_best_validation_adapter_when_asked(toy, model_dir,
         curve_users=3,
         keep_best=True,
     )
-    assert budget.record()["keep_best"] is True and "keep_best" not in Budget().record()
+    assert budget.record()["keep_best"] is True and Budget().record()["keep_best"] is False
     with pytest.raises(ValueError, match="keep_best needs validation points"):
         replace(budget, eval_every=0)
     record = run_strategy("centroid", Experiment(model_dir, catalogue, index), budget, tmp_path / "run")

@@ -17,6 +17,7 @@ from peft_grounded.prompts import PromptFormat, inference_prompts
 from peft_grounded.recommend import RecommendationConfig, train_recommender, training_dataset
 from peft_grounded.recommend.callbacks import learning_curve
 from peft_grounded.recommend.sequence import chunk_bounds, sequence_row
+from peft_grounded.sids.model import read_sid_record
 from peft_grounded.training.clock import time_schedule
 from peft_grounded.training.runs import RunMismatchError
 
@@ -141,7 +142,6 @@ def _config(out, **kw) -> RecommendationConfig:
 
 
 def test_sequence_training_lowers_the_loss_and_records_its_format(toy, model_dir, tmp_path):
-    from peft import PeftConfig
 
     from peft_grounded.sids.model import prompt_format_of, sid_model
 
@@ -157,7 +157,7 @@ def test_sequence_training_lowers_the_loss_and_records_its_format(toy, model_dir
     curve = learning_curve(log)["train"]
     assert all(p["items_seen"] > 0 and p["seconds"] > 0 and p["item_nll"] > p["loss"] for p in curve)
     assert [p["items_seen"] for p in curve] == sorted(p["items_seen"] for p in curve)
-    recorded = PeftConfig.from_pretrained(str(out / "adapter")).metadata["prompt_format"]
+    recorded = read_sid_record(out / "adapter")["prompt_format"]
     assert recorded == asdict(SEQ)
     _, model = sid_model(model_dir, index, adapter=str(out / "adapter"), is_trainable=False)
     assert prompt_format_of(model) == SEQ
@@ -241,20 +241,20 @@ def test_cli_objective_minutes_and_dtype():
     from peft_grounded.grounding import GroundingConfig
 
     _, args, _, config = sft.parse(
-        ["--sid-index", "s", "--output", "o", "--objective", "sequence", "--minutes", "15"]
+        ["--sid-index", "s", "--output_dir", "o", "--objective", "sequence", "--max_minutes", "15"]
     )
     assert args.prompt_format() == PromptFormat(objective="sequence", max_history=19)
     assert config.max_minutes == 15 and config.max_steps == -1  # the time alone ends the run
     assert isinstance(config, RecommendationConfig)
-    _, plain_args, _, plain = sft.parse(["--sid-index", "s", "--output", "o"])
+    _, plain_args, _, plain = sft.parse(["--sid-index", "s", "--output_dir", "o"])
     assert plain_args.prompt_format() == PromptFormat() and plain.max_steps == 400
     _, both_model, both = ground.parse(
-        ["--sid-index", "s", "--output", "o", "--minutes", "2", "--steps", "50"]
+        ["--sid-index", "s", "--output_dir", "o", "--max_minutes", "2", "--max_steps", "50"]
     )
     assert both.max_steps == 50 and both_model.dtype == "float32"
     assert plain.lr_scheduler_type == "cosine"  # the default
     _, _, linear = ground.parse(
-        ["--sid-index", "s", "--output", "o", "--steps", "50", "--lr-scheduler", "linear"]
+        ["--sid-index", "s", "--output_dir", "o", "--max_steps", "50", "--lr_scheduler_type", "linear"]
     )
     assert isinstance(linear, GroundingConfig) and linear.lr_scheduler_type == "linear"
 

@@ -1,6 +1,6 @@
 """Checkpoints and resumes under faults: a SIGKILL or a full disk while a checkpoint is written leaves the
-last complete one, ``--resume`` ends where an uninterrupted run ends, a finished run's resume changes
-nothing, and the trainer replaces no file of the user's.
+last complete one, ``--resume_from_checkpoint`` ends where an uninterrupted run ends, a finished run's resume
+changes nothing, and the trainer replaces no file of the user's.
 
 Faults happen in forked children (tests/helpers/forked.py): SIGKILL at chosen instants of a checkpoint write, and
 a full disk as a file-size limit (``RLIMIT_FSIZE``: a write beyond it fails with ``EFBIG``)."""

@@ -1,7 +1,7 @@
 """The six ways the commands lost a user's work (issue 22), each through the command line: two build-sids or
 two trainings into one folder, a README replaced by TRL's card, evaluate/diagnose writing over a run's
-metrics, ``--resume`` training a finished run again, and ``grow-adapter --overwrite`` deleting the folder.
-Each asserts a clear message and that every byte the user had is still there."""
+metrics, ``--resume_from_checkpoint`` training a finished run again, and ``grow-adapter --overwrite`` deleting
+the folder. Each asserts a clear message and that every byte the user had is still there."""
 
 from __future__ import annotations
 
@@ -85,9 +85,9 @@ def test_two_build_sids_into_one_folder_the_second_is_refused_and_the_first_inde
         "--cache-dir",
         str(cache),
     ]
-    first = start(cli, *argv, "--seed", "0", "--output", str(out), "--no-progress")
+    first = start(cli, *argv, "--seed", "0", "--output_dir", str(out), "--no-progress")
     wait_for(lock_path(out).exists, child=first)  # the first build is running (encoding, clustering)
-    assert cli(*argv, "--seed", "1", "--output", str(out), "--no-progress") == 2
+    assert cli(*argv, "--seed", "1", "--output_dir", str(out), "--no-progress") == 2
     err = capsys.readouterr().err
     assert f"{out.resolve()} is being written by another peft-grounded process (pid {first.pid}" in err
     assert first.wait(300) == 0, first.err[-3000:]
@@ -99,7 +99,7 @@ def test_two_build_sids_into_one_folder_the_second_is_refused_and_the_first_inde
 
 def sft_args(setup: dict, output, steps: int) -> list[str]:
     lora = ["--lora-r", "2", "--lora-target-modules", "q_proj,v_proj"]
-    return ["sft", *setup["data"], *TINY, *lora, "--steps", str(steps), "--output", str(output)]
+    return ["sft", *setup["data"], *TINY, *lora, "--max_steps", str(steps), "--output_dir", str(output)]
 
 
 @pytest.mark.parametrize("command", ["ground", "sft"])
@@ -121,7 +121,7 @@ def test_two_trainings_into_one_folder_the_second_is_refused_and_the_first_finis
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
 
 
-# --- 3. ground -o DIR with the user's README --------------------------------------------------------------
+# --- 3. ground --output_dir DIR with the user's README --------------------------------------------------
 
 
 def test_ground_into_a_folder_with_a_readme_keeps_it(cli_world, tmp_path, caplog):
@@ -136,14 +136,14 @@ def test_ground_into_a_folder_with_a_readme_keeps_it(cli_world, tmp_path, caplog
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
 
 
-# --- 4. evaluate --output <a run's folder>; diagnose likewise ---------------------------------------------
+# --- 4. evaluate --output_dir <a run's folder>; diagnose likewise ---------------------------------------
 
 
 def test_evaluate_into_a_runs_folder_is_refused_and_the_run_still_resumes(cli_world, strategy_run, capsys):
     out = strategy_run["out"]
     before = snapshot(out)
     adapter = str(out / "sft" / "adapter")
-    code = cli("evaluate", *cli_world["data"], "--adapter", adapter, "--users", "2", "--output", str(out))
+    code = cli("evaluate", *cli_world["data"], "--adapter", adapter, "--users", "2", "--output_dir", str(out))
     assert code == 2
     err = capsys.readouterr().err
     assert f"{out} is a training run's folder (it holds run.json)" in err and "metrics.json" in err
@@ -159,7 +159,13 @@ def test_diagnose_into_a_runs_folder_is_refused(cli_world, strategy_run, capsys)
     before = snapshot(out)
     sids = str(cli_world["root"] / "sids")
     code = cli(
-        "diagnose", str(out / "sft" / "adapter"), "--sid-index", sids, "--no-vocabulary", "--out", str(out)
+        "diagnose",
+        str(out / "sft" / "adapter"),
+        "--sid-index",
+        sids,
+        "--no-vocabulary",
+        "--output_dir",
+        str(out),
     )
     assert code == 2
     assert "is a training run's folder" in capsys.readouterr().err
@@ -173,9 +179,9 @@ def test_evaluate_replaces_its_own_files_only_and_refuses_a_users_json_of_the_us
     argv = ["evaluate", *cli_world["data"], "--adapter", adapter, "--users", "2", "--splits", "test"]
     argv += ["--num-beams", "10", "--ks", "1", "5"]
     out = tmp_path / "evaluation"
-    assert cli(*argv, "--output", str(out)) == 0
+    assert cli(*argv, "--output_dir", str(out)) == 0
     (out / "notes.txt").write_text("mine")
-    assert cli(*argv, "--output", str(out)) == 0  # its own earlier output: replaced
+    assert cli(*argv, "--output_dir", str(out)) == 0  # its own earlier output: replaced
     assert (out / "notes.txt").read_text() == "mine"
     assert {"metrics.json", "metrics.md", "likelihood.json", "users.json"} <= {p.name for p in out.iterdir()}
 
@@ -183,7 +189,7 @@ def test_evaluate_replaces_its_own_files_only_and_refuses_a_users_json_of_the_us
     data.mkdir()
     (data / "users.json").write_text('{"alice": 1}')
     capsys.readouterr()
-    assert cli(*argv, "--output", str(data)) == 2
+    assert cli(*argv, "--output_dir", str(data)) == 2
     assert "holds users.json, not written by `peft-grounded evaluate`" in capsys.readouterr().err
     assert (data / "users.json").read_text() == '{"alice": 1}' and sorted(os.listdir(data)) == ["users.json"]
 
@@ -194,22 +200,22 @@ def test_diagnose_refuses_a_metrics_json_another_tool_wrote(cli_world, strategy_
     (out / "metrics.json").write_text('{"test": {"all": {"recall@10": 0.5}}}')  # evaluate's
     sids = str(cli_world["root"] / "sids")
     adapter = str(strategy_run["out"] / "sft" / "adapter")
-    assert cli("diagnose", adapter, "--sid-index", sids, "--no-vocabulary", "--out", str(out)) == 2
+    assert cli("diagnose", adapter, "--sid-index", sids, "--no-vocabulary", "--output_dir", str(out)) == 2
     assert "metrics.json was not written by `peft-grounded diagnose`" in capsys.readouterr().err
     assert (out / "metrics.json").read_text() == '{"test": {"all": {"recall@10": 0.5}}}'
 
 
-# --- 5. --resume on a finished run ------------------------------------------------------------------------
+# --- 5. --resume_from_checkpoint on a finished run ------------------------------------------------------
 
 
 def test_resume_on_a_finished_run_is_a_no_op_that_says_so(cli_world, tmp_path, caplog):
     out = tmp_path / "run"
     assert cli(*ground_args(cli_world, out, 4)) == 0
     before = snapshot(out)
-    for _ in range(2):  # every --resume used to add a step
+    for _ in range(2):  # every resume used to add a step
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="peft_grounded"):
-            assert cli(*ground_args(cli_world, out, 4), "--resume") == 0
+            assert cli(*ground_args(cli_world, out, 4), "--resume_from_checkpoint") == 0
         assert "holds this run finished (step 4): nothing to resume" in caplog.text
     assert snapshot(out) == before
     assert not (out / "checkpoint-5").exists()
@@ -220,7 +226,7 @@ def test_resume_on_a_finished_run_is_a_no_op_that_says_so(cli_world, tmp_path, c
 
 def test_grow_adapter_overwrite_replaces_the_adapter_and_keeps_the_users_files(world, capsys):
     root = world["root"]
-    assert grow(world, "grown", "--model", world["base"]) == 0
+    assert grow(world, "grown", "--model_name_or_path", world["base"]) == 0
     grown = root / "grown"
     first_weights = (grown / "adapter_model.safetensors").read_bytes()
     (grown / "notes.txt").write_text("how I grew it")
@@ -229,7 +235,7 @@ def test_grow_adapter_overwrite_replaces_the_adapter_and_keeps_the_users_files(w
     (grown / "latest").symlink_to("eval")
     assert "library_name: peft" in (grown / "README.md").read_text()  # PEFT's card: the adapter's own
     capsys.readouterr()
-    assert grow(world, "grown", "--model", world["base"], "--overwrite", "--init", "mean") == 0
+    assert grow(world, "grown", "--model_name_or_path", world["base"], "--overwrite", "--init", "mean") == 0
     summary = json.loads(capsys.readouterr().out.splitlines()[0])
     assert sorted(summary["kept"]) == ["eval", "latest", "notes.txt"]
     assert (grown / "adapter_model.safetensors").read_bytes() != first_weights  # replaced (mean init)
@@ -241,9 +247,9 @@ def test_grow_adapter_overwrite_replaces_the_adapter_and_keeps_the_users_files(w
 
 def test_grow_adapter_overwrite_keeps_a_readme_the_user_wrote(world, capsys):
     root = world["root"]
-    assert grow(world, "grown", "--model", world["base"]) == 0
+    assert grow(world, "grown", "--model_name_or_path", world["base"]) == 0
     (root / "grown" / "README.md").write_text("# Grown for the spring catalogue\n")
-    assert grow(world, "grown", "--model", world["base"], "--overwrite") == 0
+    assert grow(world, "grown", "--model_name_or_path", world["base"], "--overwrite") == 0
     assert (root / "grown" / "README.md").read_text() == "# Grown for the spring catalogue\n"
     assert (root / "grown" / "adapter_config.json").is_file()
 
@@ -272,7 +278,7 @@ def test_a_full_disk_during_ground_is_reported_and_resume_finishes_the_run(cli_w
     assert child.returncode == 2, child.err[-3000:]
     assert "error: no space to write checkpoint" in child.err and "checkpoint-2, is kept" in child.err
     assert "Traceback" not in child.err
-    assert cli(*ground_args(cli_world, out, 6), "--resume") == 0
+    assert cli(*ground_args(cli_world, out, 6), "--resume_from_checkpoint") == 0
     state = json.loads((out / "checkpoint-6" / "trainer_state.json").read_text())
     assert state["global_step"] == 6 and not (out / "checkpoint-7").exists()
     assert (out / "adapter" / "adapter_model.safetensors").is_file()

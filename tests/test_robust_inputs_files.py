@@ -94,7 +94,7 @@ def test_wrong_column_names_list_the_columns_and_the_mapping_flag(world, tmp_pat
 def test_a_directory_where_the_catalogue_file_is_expected(world, tmp_path, capsys):
     folder = tmp_path / "items.csv"
     folder.mkdir()
-    line = refuse_catalogue(capsys, world, tmp_path, folder, "--format", "table")
+    line = refuse_catalogue(capsys, world, tmp_path, folder, "--catalogue_format", "table")
     assert str(folder) in line and "is a directory, where a file was expected" in line
 
 
@@ -132,8 +132,8 @@ def damaged_index(world, tmp_path, **changes):
 
 
 def refuse_index(capsys, world, tmp_path, folder) -> str:
-    args = ["--model", world["base"], "--sid-index", folder, "--catalogue", world["catalogue"]]
-    line = refused(capsys, "ground", *args, "--steps", "1", "--output", tmp_path / "run")
+    args = ["--model_name_or_path", world["base"], "--sid-index", folder, "--catalogue", world["catalogue"]]
+    line = refused(capsys, "ground", *args, "--max_steps", "1", "--output_dir", tmp_path / "run")
     assert not (tmp_path / "run").exists()
     return line
 
@@ -226,7 +226,7 @@ def test_the_hub_caches_links_from_a_snapshot_to_its_blobs_are_its_own_files(wor
 
 
 def refuse_adapter(capsys, world, tmp_path, adapter) -> str:
-    args = [*data_args(world), "--adapter", adapter, "--output", tmp_path / "eval"]
+    args = [*data_args(world), "--adapter", adapter, "--output_dir", tmp_path / "eval"]
     line = refused(capsys, "evaluate", *args, "--users", "2", "--num-beams", "2", "--ks", "1")
     assert not (tmp_path / "eval").exists()
     return line
@@ -278,7 +278,9 @@ def test_evaluate_on_a_lora_of_another_shape_says_which_base_fits(world, tmp_pat
     tensors[lora] = torch.zeros(tensors[lora].shape[0], tensors[lora].shape[1] + 8)
     save_file(tensors, adapter / WEIGHTS)
     line = refuse_adapter(capsys, world, tmp_path, adapter)
-    assert "does not fit the base model" in line and "size mismatch" in line and "--model" in line
+    assert (
+        "does not fit the base model" in line and "size mismatch" in line and "--model_name_or_path" in line
+    )
 
 
 def test_evaluate_on_an_adapter_folder_without_weights(world, tmp_path, capsys):
@@ -303,12 +305,12 @@ def test_evaluate_on_a_missing_adapter_folder(world, tmp_path, capsys):
 
 def test_an_unknown_prompt_format_key_names_the_key_and_the_file(world, tmp_path, capsys):
     adapter = copy_adapter(world, tmp_path)
-    config = json.loads((adapter / "adapter_config.json").read_text())
-    config["metadata"]["prompt_format"] = {**config["metadata"]["prompt_format"], "history_style": "bullets"}
-    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    record = json.loads((adapter / "sid_record.json").read_text())
+    record["prompt_format"] = {**record["prompt_format"], "history_style": "bullets"}
+    (adapter / "sid_record.json").write_text(json.dumps(record))
     line = refuse_adapter(capsys, world, tmp_path, adapter)
     assert "prompt_format has keys this peft_grounded does not know: ['history_style']" in line
-    assert str(adapter / "adapter_config.json") in line and "upgrade peft_grounded" in line
+    assert str(adapter / "sid_record.json") in line and "upgrade peft_grounded" in line
 
 
 def test_a_corrupted_adapter_config_names_the_file(world, tmp_path, capsys):
@@ -334,7 +336,14 @@ def test_diagnose_on_a_truncated_adapter_names_the_file(world, tmp_path, capsys)
     weights = adapter / WEIGHTS
     weights.write_bytes(weights.read_bytes()[:40])
     line = refused(
-        capsys, "diagnose", adapter, "--sid-index", world["sids"], "--no-vocabulary", "--out", tmp_path / "r"
+        capsys,
+        "diagnose",
+        adapter,
+        "--sid-index",
+        world["sids"],
+        "--no-vocabulary",
+        "--output_dir",
+        tmp_path / "r",
     )
     assert f"{weights} cannot be read" in line
     assert not (tmp_path / "r").exists()
@@ -348,9 +357,16 @@ def test_an_adapter_older_than_its_grown_index_says_grow_it_first(world, tmp_pat
 
     assert parent.fingerprint() == SIDIndex.load(world["sids"]).fingerprint()  # the adapter's index
     child.save(tmp_path / "sids-v2")
-    args = ["--model", world["base"], "--sid-index", tmp_path / "sids-v2", "--catalogue", world["catalogue"]]
-    line = refused(capsys, "evaluate", *args, "--adapter", world["adapter"], "--output", tmp_path / "e")
-    assert "earlier version of this SID index" in line
+    args = [
+        "--model_name_or_path",
+        world["base"],
+        "--sid-index",
+        tmp_path / "sids-v2",
+        "--catalogue",
+        world["catalogue"],
+    ]
+    line = refused(capsys, "evaluate", *args, "--adapter", world["adapter"], "--output_dir", tmp_path / "e")
+    assert "parent version of this SID index" in line
     assert "Grow the adapter first: peft-grounded grow-adapter --adapter ADAPTER" in line
     assert not (tmp_path / "e").exists()
 
@@ -359,23 +375,37 @@ def test_an_adapter_older_than_its_grown_index_says_grow_it_first(world, tmp_pat
 
 
 def test_a_missing_model_directory_is_named_not_taken_for_a_repo_id(world, tmp_path, capsys):
-    args = ["--model", "/nonexistent", "--sid-index", world["sids"], "--catalogue", world["catalogue"]]
-    line = refused(capsys, "ground", *args, "--steps", "1", "--output", tmp_path / "g")
-    assert "--model /nonexistent: no such directory" in line and "Repo id" not in line
+    args = [
+        "--model_name_or_path",
+        "/nonexistent",
+        "--sid-index",
+        world["sids"],
+        "--catalogue",
+        world["catalogue"],
+    ]
+    line = refused(capsys, "ground", *args, "--max_steps", "1", "--output_dir", tmp_path / "g")
+    assert "--model_name_or_path /nonexistent: no such directory" in line and "Repo id" not in line
     assert not (tmp_path / "g").exists()
 
 
 def test_an_adapter_folder_given_as_the_model_says_so(world, tmp_path, capsys):
-    args = ["--model", world["adapter"], "--sid-index", world["sids"], "--catalogue", world["catalogue"]]
-    line = refused(capsys, "ground", *args, "--steps", "1", "--output", tmp_path / "g")
+    args = [
+        "--model_name_or_path",
+        world["adapter"],
+        "--sid-index",
+        world["sids"],
+        "--catalogue",
+        world["catalogue"],
+    ]
+    line = refused(capsys, "ground", *args, "--max_steps", "1", "--output_dir", tmp_path / "g")
     assert "holds no config.json" in line and "it holds an adapter" in line
 
 
 def test_a_model_without_safetensors_weights_is_refused(world, tmp_path, capsys):
     model = tmp_path / "model"
     shutil.copytree(world["base"], model, ignore=shutil.ignore_patterns("*.safetensors"))
-    args = ["--model", model, "--sid-index", world["sids"], "--catalogue", world["catalogue"]]
-    line = refused(capsys, "ground", *args, "--steps", "1", "--output", tmp_path / "g")
+    args = ["--model_name_or_path", model, "--sid-index", world["sids"], "--catalogue", world["catalogue"]]
+    line = refused(capsys, "ground", *args, "--max_steps", "1", "--output_dir", tmp_path / "g")
     assert "holds no *.safetensors weights" in line and "never loaded" in line
 
 
@@ -386,8 +416,8 @@ def test_an_evaluation_target_missing_from_the_index_is_named_before_decoding(wo
     items = toy_items() | {"x99": {"title": "Not indexed", "description": "A new film."}}
     sequences = {"u0": ["0", "4", "8", "x99"], "u1": ["1", "5", "9", "13"]}
     prefix = write_lcrec(tmp_path / "cat", items, sequences)
-    args = ["--model", world["base"], "--sid-index", world["sids"], "--catalogue", prefix]
-    line = refused(capsys, "evaluate", *args, "--adapter", world["adapter"], "--output", tmp_path / "e")
+    args = ["--model_name_or_path", world["base"], "--sid-index", world["sids"], "--catalogue", prefix]
+    line = refused(capsys, "evaluate", *args, "--adapter", world["adapter"], "--output_dir", tmp_path / "e")
     assert "have no SID in the index (e.g. ['x99'])" in line and "add-items" in line
     assert not (tmp_path / "e").exists()
 
@@ -398,7 +428,16 @@ def test_a_corrupted_run_manifest_is_named_on_resume(world, tmp_path, capsys):
     (run / "run.json").write_text('{"stage": "grounding", ')
     (run / "checkpoint-1" / "run.json").write_text('{"stage": "grounding", ')
     before = snapshot(run)
-    line = refused(capsys, "ground", *data_args(world), "--steps", "1", "--output", run, "--resume")
+    line = refused(
+        capsys,
+        "ground",
+        *data_args(world),
+        "--max_steps",
+        "1",
+        "--output_dir",
+        run,
+        "--resume_from_checkpoint",
+    )
     assert "run.json is not valid JSON" in line
     assert snapshot(run) == before
 
@@ -456,7 +495,7 @@ def add_items(capsys, world, lm_index, catalogue, out, *extra):
         f"lm:{world['base']}",
         "--no-cache",
         "--no-progress",
-        "-o",
+        "--output_dir",
         out,
         *extra,
     )
@@ -523,6 +562,6 @@ def test_a_zeroed_embedding_cache_is_detected_and_encoded_again(world, tmp_path,
 def test_permissions_of_the_users_files_are_unchanged_by_a_refusal(world, tmp_path, capsys):
     """A refused command leaves modes and times as they were, not only contents."""
     before = {p: (p.stat().st_mode, p.stat().st_mtime_ns) for p in world["root"].rglob("*")}
-    refused(capsys, "ground", *data_args(world), "--steps", "0", "--output", tmp_path / "g")
+    refused(capsys, "ground", *data_args(world), "--max_steps", "0", "--output_dir", tmp_path / "g")
     assert {p: (p.stat().st_mode, p.stat().st_mtime_ns) for p in world["root"].rglob("*")} == before
     assert os.listdir(tmp_path) == []

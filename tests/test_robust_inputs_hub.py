@@ -26,7 +26,7 @@ def dead_endpoint(tmp_path, monkeypatch) -> str:
 
 def test_push_without_a_network_names_the_endpoint(world, tmp_path, capsys, dead_endpoint):
     before = snapshot(world["root"])
-    line = refused(capsys, "push", world["adapter"], "user/repo", "--base-model", "org/base")
+    line = refused(capsys, "push", world["adapter"], "user/repo", "--model_name_or_path", "org/base")
     assert f"cannot reach the Hub at {dead_endpoint}" in line and "ConnectError" in line
     assert "check the network connection" in line
     assert snapshot(world["root"]) == before
@@ -44,7 +44,7 @@ def test_push_in_offline_mode_says_how_to_go_online(world, tmp_path, capsys, dea
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    line = refused(capsys, "push", world["adapter"], "user/repo", "--base-model", "org/base")
+    line = refused(capsys, "push", world["adapter"], "user/repo", "--model_name_or_path", "org/base")
     assert "HF_HUB_OFFLINE=1 is set" in line and "unset it" in line
 
 

@@ -38,7 +38,7 @@ def test_sigint_during_build_sids_exits_130_and_leaves_nothing_half_written(worl
         "--no-progress",
         "--cache-dir",
         str(cache),
-        "-o",
+        "--output_dir",
         str(out),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PEFT_GROUNDED_DEBUG": ""}

@@ -13,25 +13,31 @@ from helpers.robust_world import build_sids_args, data_args, refused, snapshot, 
 
 # (flag values, words the message must hold); each command adds its required arguments
 TRAINING = {
-    "steps_negative": (["--steps", "-5"], ["max_steps", "--steps", "-5", "falls back to training epochs"]),
-    "steps_zero": (["--steps", "0"], ["max_steps", "--steps", "got 0", "--minutes"]),
+    "steps_negative": (
+        ["--max_steps", "-5"],
+        ["max_steps", "--max_steps", "-5", "falls back to training epochs"],
+    ),
+    "steps_zero": (["--max_steps", "0"], ["max_steps", "--max_steps", "got 0", "--max_minutes"]),
     "grad_accum_zero": (
-        ["--grad-accum", "0"],
-        ["gradient_accumulation_steps", "--grad-accum", "positive integer"],
+        ["--gradient_accumulation_steps", "0"],
+        ["gradient_accumulation_steps", "--gradient_accumulation_steps", "positive integer"],
     ),
     "max_examples_zero": (["--max-examples", "0"], ["max_examples", "--max-examples", "got 0"]),
-    "batch_size_zero": (["--batch-size", "0"], ["per_device_train_batch_size", "--batch-size", "got 0"]),
-    "lr_nan": (["--lr", "nan"], ["learning_rate", "--lr", "finite number > 0", "nan"]),
-    "lr_zero": (["--lr", "0"], ["learning_rate", "--lr", "> 0"]),
-    "lr_negative": (["--lr=-1e-3"], ["learning_rate", "--lr", "-0.001"]),
-    "lr_inf": (["--lr", "inf"], ["learning_rate", "inf"]),
+    "batch_size_zero": (
+        ["--per_device_train_batch_size", "0"],
+        ["per_device_train_batch_size", "--per_device_train_batch_size", "got 0"],
+    ),
+    "lr_nan": (["--learning_rate", "nan"], ["learning_rate", "--learning_rate", "finite number > 0", "nan"]),
+    "lr_zero": (["--learning_rate", "0"], ["learning_rate", "--learning_rate", "> 0"]),
+    "lr_negative": (["--learning_rate=-1e-3"], ["learning_rate", "--learning_rate", "-0.001"]),
+    "lr_inf": (["--learning_rate", "inf"], ["learning_rate", "inf"]),
     "max_length_zero": (["--max-length", "0"], ["max_length", "--max-length"]),
     "save_steps_zero": (["--save-steps", "0"], ["save_steps", "--save-steps"]),
     "seed_negative": (["--seed", "-1"], ["seed", "--seed", "between 0 and 4294967295"]),
-    "minutes_zero": (["--minutes", "0"], ["max_minutes", "--minutes", "> 0"]),
-    "minutes_nan": (["--minutes", "nan"], ["max_minutes", "--minutes", "nan"]),
+    "minutes_zero": (["--max_minutes", "0"], ["max_minutes", "--max_minutes", "> 0"]),
+    "minutes_nan": (["--max_minutes", "nan"], ["max_minutes", "--max_minutes", "nan"]),
     "steps_below_minus_one_with_minutes": (
-        ["--minutes", "1", "--steps", "-4"],
+        ["--max_minutes", "1", "--max_steps", "-4"],
         ["max_steps", "-4", "time alone"],
     ),
 }
@@ -41,8 +47,8 @@ TRAINING = {
 def test_ground_refuses_a_training_number_out_of_range(world, tmp_path, capsys, case):
     flags, words = TRAINING[case]
     before = snapshot(world["root"])
-    base = ["--steps", "1"] if "--steps" not in flags else []
-    line = refused(capsys, "ground", *data_args(world), "--output", tmp_path / "out", *base, *flags)
+    base = ["--max_steps", "1"] if "--max_steps" not in flags else []
+    line = refused(capsys, "ground", *data_args(world), "--output_dir", tmp_path / "out", *base, *flags)
     for word in words:
         assert word in line, (word, line)
     assert not (tmp_path / "out").exists()
@@ -55,7 +61,10 @@ SFT = {
     "lora_dropout_above_one": (["--lora-dropout", "1.5"], ["lora_dropout", "< 1", "--lora-dropout"]),
     "lora_dropout_negative": (["--lora-dropout", "-0.1"], ["lora_dropout", ">= 0"]),
     "max_history_negative": (["--max-history", "-1"], ["max_history=-1", ">= 0"]),
-    "sft_grad_accum_zero": (["--grad-accum", "0"], ["gradient_accumulation_steps", "--grad-accum"]),
+    "sft_grad_accum_zero": (
+        ["--gradient_accumulation_steps", "0"],
+        ["gradient_accumulation_steps", "--gradient_accumulation_steps"],
+    ),
 }
 
 
@@ -63,7 +72,9 @@ SFT = {
 def test_sft_refuses_a_number_out_of_range(world, tmp_path, capsys, case):
     flags, words = SFT[case]
     before = snapshot(world["root"])
-    line = refused(capsys, "sft", *data_args(world), "--output", tmp_path / "out", "--steps", "1", *flags)
+    line = refused(
+        capsys, "sft", *data_args(world), "--output_dir", tmp_path / "out", "--max_steps", "1", *flags
+    )
     for word in words:
         assert word in line, (word, line)
     assert not (tmp_path / "out").exists()
@@ -92,7 +103,7 @@ def test_evaluate_refuses_a_number_out_of_range(world, tmp_path, capsys, case):
         *data_args(world),
         "--adapter",
         world["adapter"],
-        "--output",
+        "--output_dir",
         tmp_path / "e",
         *flags,
     )
@@ -143,15 +154,18 @@ def grow_args(world, tmp_path) -> list:
         world["sids"],
         "--sid-index",
         world["sids"],
-        "--output",
+        "--output_dir",
         tmp_path / "grown",
     ]
 
 
 GROW = {
-    "ground_steps_negative": (["--ground-steps", "-1"], ["steps", "--ground-steps", "-1"]),
-    "batch_size_zero": (["--batch-size", "0"], ["batch_size", "--batch-size", "positive integer"]),
-    "lr_zero": (["--lr", "0"], ["learning_rate", "--lr"]),
+    "ground_steps_negative": (["--max_steps", "-1"], ["steps", "--max_steps", "-1"]),
+    "batch_size_zero": (
+        ["--per_device_train_batch_size", "0"],
+        ["batch_size", "--per_device_train_batch_size", "positive integer"],
+    ),
+    "lr_zero": (["--learning_rate", "0"], ["learning_rate", "--learning_rate"]),
     "replay_negative": (["--replay", "-1"], ["replay must be >= 0", "--replay"]),
     "replay_nan": (["--replay", "nan"], ["replay must be >= 0", "nan"]),
 }
@@ -180,7 +194,7 @@ def test_add_items_refuses_a_zero_batch_size(world, tmp_path, capsys):
         f"lm:{world['base']}",
         "--encode-batch-size",
         "0",
-        "-o",
+        "--output_dir",
         tmp_path / "v2",
     )
     assert "batch_size must be a positive integer" in line and "--encode-batch-size" in line
@@ -201,7 +215,14 @@ DIAGNOSE = {
 def test_diagnose_refuses_a_report_setting_out_of_range(world, tmp_path, capsys, case):
     flags, words = DIAGNOSE[case]
     line = refused(
-        capsys, "diagnose", world["adapter"], "--sid-index", world["sids"], "--out", tmp_path / "r", *flags
+        capsys,
+        "diagnose",
+        world["adapter"],
+        "--sid-index",
+        world["sids"],
+        "--output_dir",
+        tmp_path / "r",
+        *flags,
     )
     for word in words:
         assert word in line, (word, line)
@@ -218,7 +239,15 @@ def test_diagnose_refuses_a_report_setting_out_of_range(world, tmp_path, capsys,
 )
 def test_demo_refuses_bad_choices_before_building_sids(world, tmp_path, capsys, flags, words):
     line = refused(
-        capsys, "demo", "--preset", "smoke", "--model", world["base"], "--output", tmp_path / "demo", *flags
+        capsys,
+        "demo",
+        "--preset",
+        "smoke",
+        "--model_name_or_path",
+        world["base"],
+        "--output_dir",
+        tmp_path / "demo",
+        *flags,
     )
     for word in words:
         assert word in line, (word, line)
@@ -239,7 +268,7 @@ def test_the_python_api_refuses_the_same_values():
         GroundingConfig(output_dir="unused", max_steps=2, gradient_accumulation_steps=0, use_cpu=True)
     with pytest.raises(
         SettingsError,
-        match=r"batch_size must be a positive integer, got 0 \(--batch-size\); gradient_accumulation",
+        match=r"batch_size must be a positive integer, got 0 \(--per_device_train_batch_size\); gradient_accumulation",
     ):
         Budget.from_training(
             dict(per_device_train_batch_size=0, gradient_accumulation_steps=0)
@@ -249,7 +278,9 @@ def test_the_python_api_refuses_the_same_values():
     with pytest.raises(SettingsError, match="max_steps must be a positive number"):
         Budget.from_training(sft=dict(max_steps=0))  # no time budget: a zero step count would train nothing
     timed = Budget.from_training(sft=dict(max_steps=0, max_minutes=1.0))
-    assert timed.sft.max_steps == 0 and timed.record()["sft_steps"] == 0  # with one, 0 means "the time alone"
+    assert (
+        timed.sft.max_steps == 0 and timed.record()["sft"]["max_steps"] == 0
+    )  # with one, 0 means "the time alone"
     with pytest.raises(SettingsError, match="users must be a positive integer or None"):
         EvalSettings(users=0)
     with pytest.raises(QuantizationError, match="max_iter must be a positive integer"):

@@ -178,7 +178,7 @@ def test_build_sids_cli_refuses_a_busy_folder_before_any_work(tmp_path, holder, 
     catalogue = tmp_path / "cat.jsonl"
     catalogue.write_text('{"item_id": "a", "title": "A"}\n')
     code = main(
-        ["build-sids", "--catalogue", str(catalogue), "--output", str(tmp_path / "out"), "--no-cache"]
+        ["build-sids", "--catalogue", str(catalogue), "--output_dir", str(tmp_path / "out"), "--no-cache"]
     )
     assert code == 2
     err = capsys.readouterr().err
@@ -191,7 +191,7 @@ def test_add_items_cli_refuses_a_busy_folder(tmp_path, holder, capsys):
     new = tmp_path / "new.jsonl"
     new.write_text('{"item_id": "n1", "title": "New"}\n')
     argv = ["add-items", "--sid-index", str(tmp_path / "parent"), "--catalogue", str(new)]
-    code = main([*argv, "--output", str(tmp_path / "out"), "--encoder", "minilm", "--no-cache"])
+    code = main([*argv, "--output_dir", str(tmp_path / "out"), "--encoder", "minilm", "--no-cache"])
     assert code == 2
     assert f"pid {holder.pid}" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -479,11 +479,17 @@ def test_an_adapter_config_of_another_kind_is_named(world, tmp_path, capsys, con
     [
         (lambda c: c.update(surprise=1), " has missing fields [], unknown fields ['surprise']"),
         (lambda c: c.pop("token_indices"), " has missing fields ['token_indices'], unknown fields []"),
-        (lambda c: c.update(metadata=[1]), ": field 'metadata' is [1], not an object"),
+        (lambda c: c.update(provenance=[1]), ": field 'provenance' is [1], not an object"),
         (lambda c: c.update(token_indices="abc"), "token_indices must be integer row indices"),
         (lambda c: c.update(init_scale="big"), "init_scale must be a finite number > 0, got 'big'"),
     ],
-    ids=["extra_field", "missing_field", "metadata_not_an_object", "indices_not_ints", "scale_not_a_number"],
+    ids=[
+        "extra_field",
+        "missing_field",
+        "provenance_not_an_object",
+        "indices_not_ints",
+        "scale_not_a_number",
+    ],
 )
 def test_an_adapter_config_field_that_is_missing_unknown_or_mistyped_is_named(
     world, tmp_path, capsys, change, said
@@ -494,22 +500,11 @@ def test_an_adapter_config_field_that_is_missing_unknown_or_mistyped_is_named(
     change(config)
     path.write_text(json.dumps(config))
     line = refuse_adapter(capsys, world, adapter)
-    if "fields" in said or "field 'metadata'" in said:
+    if "fields" in said or "field 'provenance'" in said:
         assert line.startswith(f"error: The folder '{adapter}''s adapter_config.json{said}"), line
         assert line.endswith("save the adapter again (save_pretrained), or restore (or pull) a good copy")
     else:  # the config's own checks name the field
         assert said in line, line
-
-
-def test_keys_the_config_loader_moves_into_place_are_not_unknown(world, recommender, tmp_path, capsys):
-    """A config with its index fingerprint at the top level (moved into ``metadata`` on load) serves."""
-    adapter = copy(world["root"] / "adapter", tmp_path)
-    path = adapter / "adapter_config.json"
-    config = json.loads(path.read_text())
-    config["sid_index_fingerprint"] = config["metadata"].pop("sid_index_fingerprint")
-    path.write_text(json.dumps(config))
-    code, out, _ = run_cli(capsys, *command(world, "--history", "0,1", adapter=adapter))
-    assert code == 0 and printed_items(out) == recommender.recommend([["0", "1"]], k=K)[0].items
 
 
 def test_truncated_adapter_weights_are_named(world, tmp_path, capsys):

@@ -137,7 +137,7 @@ def test_build_sids_cli_on_a_full_disk_says_so(tmp_path):
     catalogue = tmp_path / "items.jsonl"
     catalogue.write_text("".join(f'{{"item_id": "{i}", "title": "Film number {i}"}}\n' for i in range(12)))
     argv = ["build-sids", "--catalogue", str(catalogue), "--codes", "4", "--levels", "2", "--no-cache"]
-    child = run(main, [*argv, "--output", str(tmp_path / "sids"), "--no-progress"], fsize=1024)
+    child = run(main, [*argv, "--output_dir", str(tmp_path / "sids"), "--no-progress"], fsize=1024)
     assert child.returncode == 2, child.err[-2000:]
     assert "error: no space to write" in child.err and "Traceback" not in child.err
     assert not (tmp_path / "sids" / "sid_index.json").exists()

@@ -18,6 +18,7 @@ from peft_grounded.evaluation import EvalSettings
 from peft_grounded.evaluation.evaluator import evaluate_adapter
 from peft_grounded.recommend.trainer import record_sid_softmax
 from peft_grounded.serving import GroundedRecommender
+from peft_grounded.sids.model import save_sid_record
 
 K, BEAMS = 5, 8
 CASES = [("llama", True, True), ("llama", True, False), ("qwen3", False, True), ("qwen3", False, False)]
@@ -42,7 +43,6 @@ def _adapter(root, arch: str, tied: bool, sid_softmax: bool):
         token_indices=ids,
         init="centroid",
         init_vectors=centroids,
-        metadata={"sid_index_fingerprint": index.fingerprint()},
     )
     model = get_peft_model(base, config)
     peft_grounded.add_lora(model, r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
@@ -54,6 +54,7 @@ def _adapter(root, arch: str, tied: bool, sid_softmax: bool):
     record_sid_softmax(model, sid_softmax)
     model.peft_config["default"].base_model_name_or_path = str(base_dir)
     model.save_pretrained(root / "adapter")
+    save_sid_record(model, root / "adapter")
     index.save(root / "adapter" / "sid_index")
     return catalogue, index, root / "adapter"
 

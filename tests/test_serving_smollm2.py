@@ -12,6 +12,8 @@ import sys
 import pytest
 from helpers.growth_fixtures import grown_indices
 
+from peft_grounded.sids.model import save_sid_record
+
 pytestmark = pytest.mark.slow
 
 LOGGED = {"a": ["0", "4", "new0"], "b": ["1", "new0", "new1"], "c": ["2", "6"], "d": ["3", "new2"]}
@@ -36,6 +38,7 @@ def grown_folder(tmp_path_factory):
                 p.add_(0.01 * torch.randn(p.shape, generator=generator))
     grown = grow_adapter(model, tokenizer, parent, child)
     grown.save_pretrained(root / "grown")
+    save_sid_record(grown, root / "grown")
     child.save(root / "grown" / "sid_index")
     NewItemRule.fit(child, LOGGED.values()).save(root / "grown")
     return root / "grown"
@@ -116,6 +119,7 @@ def test_served_recall_is_the_evaluated_recall_on_smollm2(tmp_path):
                 p.add_(0.02 * torch.randn(p.shape, generator=generator))
     record_sid_softmax(model, True)
     model.save_pretrained(tmp_path / "adapter")
+    save_sid_record(model, tmp_path / "adapter")
     index.save(tmp_path / "adapter" / "sid_index")
 
     settings = EvalSettings(ks=[5], num_beams=10, cold=False, exclude_history=True)

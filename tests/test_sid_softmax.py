@@ -19,7 +19,7 @@ from peft_grounded import GroundedTokenConfig
 from peft_grounded.adapter import add_lora
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.recommend import RecommendationConfig, train_recommender, training_dataset
-from peft_grounded.sids.model import sid_softmax_of
+from peft_grounded.sids.model import read_sid_record, sid_record, sid_softmax_of
 from peft_grounded.training.compact_head import compact_fused_forward, compact_head
 
 CASES = [("llama", True), ("llama", False), ("qwen3", True), ("qwen3", False)]
@@ -177,8 +177,6 @@ def test_a_run_records_it_and_resumes(toy, model_dir, tmp_path):
     its checkpoint at step 2 resumes to the same adapter as the uninterrupted run."""
     from safetensors.torch import load_file
 
-    from peft_grounded.adapter.saved import read_adapter_config
-
     catalogue, index = toy
     args = dict(max_steps=4, save_steps=2)
     whole, out = tmp_path / "whole", tmp_path / "resumed"
@@ -187,7 +185,7 @@ def test_a_run_records_it_and_resumes(toy, model_dir, tmp_path):
         catalogue, index, _config(whole, **args), model_path=model_dir, fmt=SEQ, lora=dict(r=2)
     )
     assert sid_softmax_of(model)
-    assert read_adapter_config(str(whole / "adapter"))["metadata"]["sid_softmax"] is True
+    assert read_sid_record(whole / "adapter")["sid_softmax"] is True
     torch.manual_seed(0)
     train_recommender(catalogue, index, _config(out, **args), model_path=model_dir, fmt=SEQ, lora=dict(r=2))
     shutil.rmtree(out / "checkpoint-4")
@@ -224,7 +222,7 @@ def test_changing_it_on_resume_is_refused(toy, model_dir, tmp_path):
         )
 
 
-def test_full_softmax_leaves_no_record_and_the_prompt_objective_trains(toy, model_dir, tmp_path):
+def test_full_softmax_is_recorded_as_false_and_the_prompt_objective_trains(toy, model_dir, tmp_path):
     catalogue, index = toy
     model = train_recommender(
         catalogue,
@@ -233,7 +231,7 @@ def test_full_softmax_leaves_no_record_and_the_prompt_objective_trains(toy, mode
         model_path=model_dir,
         lora=dict(r=2),
     )
-    assert not sid_softmax_of(model) and "sid_softmax" not in (model.peft_config["default"].metadata or {})
+    assert not sid_softmax_of(model) and sid_record(model)["sid_softmax"] is False
     prompt = train_recommender(  # chat prompt objective: the end-of-turn targets keep the full vocabulary
         catalogue, index, _config(tmp_path / "prompt", max_steps=1), model_path=model_dir, lora=dict(r=2)
     )
@@ -304,7 +302,6 @@ def test_trls_loop_without_the_compact_head_takes_the_same_loss(toy, model_dir, 
 def test_the_default_applies_it_wherever_it_can(toy, model_dir, tmp_path):
     """sid_softmax_loss=None (the default): the SID-only softmax on a grounded adapter, the full head where it
     cannot apply (label smoothing); the trainer's args and the adapter's record say which runs."""
-    from peft_grounded.adapter.saved import read_adapter_config
     from peft_grounded.recommend import RecommendationTrainer
     from peft_grounded.sids.model import sid_model
 
@@ -326,4 +323,4 @@ def test_the_default_applies_it_wherever_it_can(toy, model_dir, tmp_path):
         lora=dict(r=2),
     )
     assert sid_softmax_of(trained)
-    assert read_adapter_config(str(tmp_path / "run" / "adapter"))["metadata"]["sid_softmax"] is True
+    assert read_sid_record(tmp_path / "run" / "adapter")["sid_softmax"] is True

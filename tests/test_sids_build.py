@@ -186,7 +186,7 @@ def test_cli_build_sids(tmp_path, capsys):
         "2",
         "--codes",
         "2",
-        "--output",
+        "--output_dir",
         str(out),
     ]
     rc = main(
@@ -227,11 +227,19 @@ def test_cli_build_sids(tmp_path, capsys):
 def test_cli_reports_bad_input_with_exit_code_2(tmp_path, capsys):
     write_lcrec(tmp_path / "data")
     rc = main(
-        ["build-sids", "--catalogue", str(tmp_path / "data"), "--codes", "8", "--output", str(tmp_path / "o")]
+        [
+            "build-sids",
+            "--catalogue",
+            str(tmp_path / "data"),
+            "--codes",
+            "8",
+            "--output_dir",
+            str(tmp_path / "o"),
+        ]
     )
     assert rc == 2
     assert "8 codes per level but the catalogue has only 4 items" in capsys.readouterr().err
-    rc = main(["build-sids", "--catalogue", str(tmp_path / "missing"), "--output", str(tmp_path / "o")])
+    rc = main(["build-sids", "--catalogue", str(tmp_path / "missing"), "--output_dir", str(tmp_path / "o")])
     assert rc == 2 and "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
@@ -328,7 +336,7 @@ def test_build_refuses_to_replace_an_index_unless_asked(tmp_path):
 def test_cli_build_sids_refuses_an_existing_index_without_overwrite(tmp_path, capsys):
     write_lcrec(tmp_path / "data")
     argv = ["build-sids", "--catalogue", str(tmp_path / "data"), "--levels", "1", "--codes", "2"]
-    argv += ["--output", str(tmp_path / "sids"), "--cache-dir", str(tmp_path / "cache"), "--no-progress"]
+    argv += ["--output_dir", str(tmp_path / "sids"), "--cache-dir", str(tmp_path / "cache"), "--no-progress"]
     assert main(argv) == 0
     saved = (tmp_path / "sids" / "sid_index.json").read_bytes()
     capsys.readouterr()

@@ -135,10 +135,9 @@ def test_an_adapter_of_the_parent_is_told_to_grow():
 
     class Config:
         token_strings = None
-        sid_index_fingerprint = parent.fingerprint()
 
-    with pytest.raises(ValueError, match=r"earlier version of this SID index.*grow_adapter"):
-        child.check_adapter(Config())
+    with pytest.raises(ValueError, match=r"parent version of this SID index.*grow_adapter"):
+        child.check_adapter(Config(), recorded=parent.fingerprint())
 
 
 @pytest.mark.parametrize(
@@ -189,18 +188,28 @@ def test_cli_add_items_with_the_index_encoder(tmp_path, capsys):
     rows.append({"item_id": "o3", "title": "already there"})
     new = tmp_path / "new.jsonl"
     new.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    argv = ["add-items", "--sid-index", str(tmp_path / "v1"), "--catalogue", str(new), "--format", "table"]
+    argv = [
+        "add-items",
+        "--sid-index",
+        str(tmp_path / "v1"),
+        "--catalogue",
+        str(new),
+        "--catalogue_format",
+        "table",
+    ]
     common = ["--cache-dir", str(tmp_path / "cache"), "--no-progress"]
-    assert main([*argv, "--output", str(tmp_path / "v1"), *common]) == 2
+    assert main([*argv, "--output_dir", str(tmp_path / "v1"), *common]) == 2
     assert "parent index's directory" in capsys.readouterr().err
-    assert main([*argv, "--output", str(tmp_path / "v2"), *common]) == 2
+    assert main([*argv, "--output_dir", str(tmp_path / "v2"), *common]) == 2
     assert "already in the index" in capsys.readouterr().err and not (tmp_path / "v2").exists()
-    assert main([*argv, "--output", str(tmp_path / "v2"), "--skip-problems", *common]) == 0
+    assert main([*argv, "--output_dir", str(tmp_path / "v2"), "--skip-problems", *common]) == 0
     assert "added 3 items" in capsys.readouterr().out
     parent, child = SIDIndex.load(tmp_path / "v1"), SIDIndex.load(tmp_path / "v2")
     assert child.parent == parent.fingerprint() and child.item_ids[-3:] == ["n0", "n1", "n2"]
     assert np.array_equal(child.codes[:16], parent.codes)
     assert child.quality["growth"][-1]["already_indexed"] == ["o3"]
-    assert main([*argv, "--output", str(tmp_path / "v2"), "--skip-problems", *common]) == 2  # v2 is there now
+    assert (
+        main([*argv, "--output_dir", str(tmp_path / "v2"), "--skip-problems", *common]) == 2
+    )  # v2 is there now
     assert "already holds a SID index" in capsys.readouterr().err
-    assert main([*argv, "--output", str(tmp_path / "v2"), "--skip-problems", "--overwrite", *common]) == 0
+    assert main([*argv, "--output_dir", str(tmp_path / "v2"), "--skip-problems", "--overwrite", *common]) == 0

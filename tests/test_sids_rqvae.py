@@ -76,7 +76,15 @@ def test_cli_rqvae(tmp_path, capsys):
     write_lcrec(tmp_path / "data")
     argv = ["build-sids", "--catalogue", str(tmp_path / "data"), "--codes", "2,2", "--quantizer", "rqvae"]
     rc = main(
-        [*argv, "--rqvae-epochs", "3", "--output", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c")]
+        [
+            *argv,
+            "--rqvae-epochs",
+            "3",
+            "--output_dir",
+            str(tmp_path / "o"),
+            "--cache-dir",
+            str(tmp_path / "c"),
+        ]
     )
     assert rc == 0, capsys.readouterr().err
     index = SIDIndex.load(tmp_path / "o")

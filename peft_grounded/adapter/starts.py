@@ -13,6 +13,7 @@ CPU and is deterministic under ``seed``.
 ``centroid``   given vectors, projected to the model's width, mean-shifted (and norm-matched).
 ``tensor``     a given matrix with the model's width, used as is.
 ``adapter``    the rows of a saved grounded adapter (warm start).
+``keep``       the rows the matrix holds already: the wrapped model starts as the base (a no-op start).
 =============  ==========================================================================================
 """
 
@@ -27,7 +28,7 @@ import torch
 
 from .projection import project_vectors, vocabulary_stats
 
-InitName = Literal["mean", "gaussian", "random", "description", "centroid", "tensor", "adapter"]
+InitName = Literal["mean", "gaussian", "random", "description", "centroid", "tensor", "adapter", "keep"]
 INITS: tuple[str, ...] = get_args(InitName)
 DATA_INITS = ("description", "centroid", "tensor", "adapter")  # the starts that take data
 
@@ -125,6 +126,10 @@ def _check_anchor_ids(ids: Sequence[int], tokens: Sequence[int], n_rows: int) ->
         )
 
 
+def _keep(weight, tokens, reference, data, generator, std) -> torch.Tensor:
+    return _gather(weight, tokens)
+
+
 def _tensor(weight, tokens, reference, data, generator, std) -> torch.Tensor:
     return _checked_vectors(data, tokens, width=reference.width).to(torch.float64)
 
@@ -164,6 +169,7 @@ _STRATEGY_FNS: dict[str, Callable[..., torch.Tensor]] = {
     "centroid": _centroid,
     "tensor": _tensor,
     "adapter": _tensor,
+    "keep": _keep,
 }
 
 

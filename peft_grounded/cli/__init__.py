@@ -1,9 +1,9 @@
 """The ``peft-grounded`` command line.
 
 Every command is a :class:`~.common.Command`: settings dataclasses parsed by TRL's parser (every field a flag
-under its own name, old flags as aliases, ``--config FILE.yaml`` for any of them, ``--dry-run`` to check them
-and stop) and the function that runs on them. :data:`COMMANDS` names each one's module and attribute;
-registering a command is one line there. Command modules stay light (heavy libraries are imported inside
+under its own name, ``--config FILE.yaml`` for any of them, ``--dry-run`` to check them and stop) and the
+function that runs on them. :data:`COMMANDS` names each one's module and attribute; registering a command is
+one line there. Command modules stay light (heavy libraries are imported inside
 ``run`` or inside ``settings`` where a TRL ``SFTConfig`` is needed), so ``--help`` is fast.
 """
 
@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"interrupted: {name} stopped before it finished (Ctrl-C). Its outputs are written "
             "through temporary files and renamed only when complete, so none is half-written: run the command "
-            "again (training: --resume continues from the last checkpoint)",
+            "again (training: --resume_from_checkpoint continues from the last checkpoint)",
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED

@@ -1,11 +1,11 @@
 """Every command's settings are dataclasses that TRL's parser turns into flags.
 
 Each command is parsed by ``trl.TrlParser`` from dataclasses (TRL's own scripts do the same with
-``ScriptArguments``, ``SFTConfig`` and ``ModelConfig``): every field is a flag under its own name (``--sid_index``,
-also ``--sid-index``; the flags of earlier releases as ``"aliases"`` in the field's metadata) and a key of a
-``--config FILE.yaml``. A stage's training settings are its config (``GroundingConfig``, ``RecommendationConfig``:
-TRL's ``SFTConfig`` fields); the base model and the stacked LoRA are TRL's ``ModelConfig`` fields
-(:class:`~.model_config.GroundedModelConfig`); what is neither lives here or beside its command:
+``ScriptArguments``, ``SFTConfig`` and ``ModelConfig``): every field is a flag under its own name
+(``--sid_index``, also ``--sid-index``) and a key of a ``--config FILE.yaml``. A stage's training settings are
+its config (``GroundingConfig``, ``RecommendationConfig``: TRL's ``SFTConfig`` fields); the base model and the
+stacked LoRA are TRL's ``ModelConfig`` fields (:class:`~.model_config.GroundedModelConfig`); what is neither
+lives here or beside its command:
 
 * :class:`ModelArguments`: the SID index and catalogue a stage trains on, and how the new rows start;
 * :class:`SFTArguments`: the recommendation stage's grounded start and prompt format.
@@ -51,9 +51,7 @@ def csv_list(values: Sequence[str] | str | None) -> list[str]:
 class ModelArguments:
     """The SID index and catalogue a stage trains on, and how the new rows start."""
 
-    sid_index: str = field(
-        metadata={"help": "SID index directory (from `peft-grounded build-sids`).", "aliases": ["--sids"]}
-    )
+    sid_index: str = field(metadata={"help": "SID index directory (from `peft-grounded build-sids`)."})
     catalogue: str = field(
         default="movielens-100k",
         metadata={"help": "Catalogue path or 'movielens-100k' (the one the SID index was built from)."},
@@ -114,7 +112,7 @@ class SFTArguments:
         default="prompt",
         metadata={
             "help": "prompt: an instruction prompt -> the next SID (the papers' setting); sequence: the history as "
-            "SIDs only, every item a target (~10x the targets per second)."
+            "SIDs only, every item a target."
         },
     )
     max_history: int | None = field(
@@ -130,7 +128,7 @@ class SFTArguments:
         metadata={
             "help": "A named recipe's settings as defaults (the flags given and --config win): cpu = the recipe "
             "chosen on validation per CPU minute, the demo's (--layers 8 --objective sequence --max_history 19 "
-            "--init centroid --init_scale 0.1 --lora_r 8 --lora_alpha 16 --lr 3e-3 "
+            "--init centroid --init_scale 0.1 --lora_r 8 --lora_alpha 16 --learning_rate 3e-3 "
             "--per_device_train_batch_size 8 --max_length 128; peft_grounded.recommend.recipes)."
         },
     )
@@ -151,7 +149,7 @@ class CatalogueArguments:
     """How a catalogue file is read (build-sids, add-items)."""
 
     catalogue_format: Literal["auto", "lcrec", "amazon", "movielens", "recbole", "table"] = field(
-        default="auto", metadata={"help": "The catalogue's format (auto: detected).", "aliases": ["--format"]}
+        default="auto", metadata={"help": "The catalogue's format (auto: detected)."}
     )
     item_columns: str | None = field(
         default=None, metadata={"help": "table format: FIELD=COLUMN,... (item_id, title, ...)."}
@@ -210,9 +208,8 @@ class Command:
     """One ``peft-grounded`` command: its settings dataclasses, parsed by TRL's parser, and what runs on them.
 
     ``settings`` returns the dataclasses (importing heavy ones, e.g. an ``SFTConfig``, only when called);
-    ``run`` takes one instance of each, in order. ``positionals`` lets fields be given without their flag, as
-    earlier releases took them (``push ADAPTER_DIR REPO_ID``): (field, nargs) pairs. ``renamed`` maps a flag
-    that this command no longer takes, because the name means something else elsewhere, to its new name.
+    ``run`` takes one instance of each, in order. ``positionals`` are the command's operands, fields also given
+    without their flag: (field, nargs) pairs (``push ADAPTER_DIR REPO_ID``, ``diagnose ADAPTER...``).
     ``check`` validates the settings together (what one dataclass cannot see) before anything runs.
     """
 
@@ -222,13 +219,13 @@ class Command:
     settings: Callable[[], tuple[type, ...]]
     run: Callable[..., int | None]
     positionals: tuple[tuple[str, str], ...] = ()
-    renamed: Mapping[str, str] = field(default_factory=dict)
     check: Callable[..., None] | None = None
     # name -> {flag destination: value}: ``--recipe NAME`` (or ``recipe: NAME`` in --config) sets those defaults
     recipes: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None
 
     def parser(self) -> Any:
-        """TRL's parser: one flag per field, old names as aliases, ``--config FILE.yaml`` for any of them."""
+        """TRL's parser: one flag per field (``--sid_index`` or ``--sid-index``; no abbreviations), ``--config
+        FILE.yaml`` for any of them."""
         from trl import TrlParser
 
         formatter = partial(argparse.ArgumentDefaultsHelpFormatter, width=HELP_WIDTH, max_help_position=36)
@@ -237,6 +234,7 @@ class Command:
             prog=f"peft-grounded {self.name}",
             description=self.description,
             formatter_class=formatter,
+            allow_abbrev=False,
             epilog="--config FILE.yaml sets any flag (the command line wins); --dry-run checks the settings "
             "and stops before any work.",
         )
@@ -249,9 +247,6 @@ class Command:
     def parse(self, argv: Sequence[str]) -> tuple[Any, ...]:
         """The settings objects from command-line arguments (and ``--config FILE.yaml``), checked."""
         argv = list(argv)
-        for old, new in self.renamed.items():
-            if any(arg == old or arg.startswith(old + "=") for arg in argv):
-                raise ValueError(f"{self.name}: {old} is now {new} ({old} means something else elsewhere)")
         parser = self.parser()
         recipe = _recipe_named(argv) if self.recipes is not None else None
         if recipe is not None:

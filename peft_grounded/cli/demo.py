@@ -19,11 +19,11 @@ class DemoArguments:
 
     preset: Literal["default", "full", "smoke"] = field(
         default="default",
-        metadata={"help": "default: a 2-core CPU (about 9 minutes); full: a GPU; smoke: tests."},
+        metadata={"help": "default: a 2-core CPU; full: a GPU; smoke: tests."},
     )
     output_dir: str = field(
         default="runs/demo",
-        metadata={"help": "Report folder (reused to resume an interrupted run).", "aliases": ["--output"]},
+        metadata={"help": "Report folder (reused to resume an interrupted run)."},
     )
     strategies: list[str] = field(
         default_factory=list,
@@ -31,7 +31,7 @@ class DemoArguments:
     )
     seeds: list[int] = field(default_factory=list, metadata={"help": "Seeds; none: the preset's."})
     model_name_or_path: str | None = field(
-        default=None, metadata={"help": "Another local base model directory.", "aliases": ["--model"]}
+        default=None, metadata={"help": "Another local base model directory."}
     )
     catalogue: str = field(default="movielens-100k", metadata={"help": "Another catalogue (path)."})
     no_resume: bool = field(default=False, metadata={"help": "Refuse to reuse an existing output folder."})
@@ -74,7 +74,7 @@ COMMAND = Command(
     name="demo",
     help="build SIDs, run the initialisation strategies under one budget, compare them, write a report",
     description="Offline end to end: SmolLM2-135M (packaged GGUF) on MovieLens-100K (recbole wheel). Presets: "
-    "default (2-core CPU, about 9 minutes), full (GPU), smoke (tests).",
+    "default (2-core CPU), full (GPU), smoke (tests).",
     settings=lambda: (DemoArguments,),
     run=run,
 )

@@ -20,10 +20,8 @@ def _fmt(value: float | None) -> str:
 class DiagnoseArguments:
     """The adapters (or a runner's folder) to read, the SID index, where the report goes, and its inputs."""
 
-    sid_index: str = field(
-        metadata={"help": "The SID index the adapters were made with.", "aliases": ["--sids"]}
-    )
-    output_dir: str = field(metadata={"help": "Directory of the report.", "aliases": ["--out", "-o"]})
+    sid_index: str = field(metadata={"help": "The SID index the adapters were made with."})
+    output_dir: str = field(metadata={"help": "Directory of the report."})
     adapters: list[str] = field(
         default_factory=list, metadata={"help": "Saved adapter directories (also given without the flag)."}
     )
@@ -32,10 +30,7 @@ class DiagnoseArguments:
     )
     model_name_or_path: str | None = field(
         default=None,
-        metadata={
-            "help": "Base checkpoint; None: the adapters' base_model_name_or_path.",
-            "aliases": ["--base-model", "--base_model", "--model"],
-        },
+        metadata={"help": "Base checkpoint; None: the adapters' base_model_name_or_path."},
     )
     no_vocabulary: bool = field(
         default=False, metadata={"help": "No base-model rows: no text tokens, no nearest."}
@@ -45,7 +40,7 @@ class DiagnoseArguments:
         metadata={"help": "Catalogue path (or movielens-100k) for categories and target counts."},
     )
     catalogue_format: Literal["auto", "lcrec", "amazon", "movielens", "recbole", "table"] = field(
-        default="auto", metadata={"help": "The catalogue's format (auto: detected).", "aliases": ["--format"]}
+        default="auto", metadata={"help": "The catalogue's format (auto: detected)."}
     )
     reference: Literal["items", "codebook", "none"] = field(
         default="items", metadata={"help": "Centroid variant for RSA."}

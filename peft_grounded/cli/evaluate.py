@@ -30,21 +30,11 @@ class EvaluateArguments:
     """The adapter to evaluate, its data, and where the results go."""
 
     adapter: str = field(metadata={"help": "Trained adapter directory (e.g. OUTPUT_DIR/adapter of `sft`)."})
-    sid_index: str = field(
-        metadata={"help": "SID index directory the adapter was trained with.", "aliases": ["--sids"]}
-    )
-    output_dir: str = field(
-        metadata={
-            "help": "Directory for metrics.json/.md, likelihood.json, users.json.",
-            "aliases": ["--output", "--out"],
-        }
-    )
+    sid_index: str = field(metadata={"help": "SID index directory the adapter was trained with."})
+    output_dir: str = field(metadata={"help": "Directory for metrics.json/.md, likelihood.json, users.json."})
     model_name_or_path: str | None = field(
         default=None,
-        metadata={
-            "help": "Local base model directory; None: the base recorded in the adapter.",
-            "aliases": ["--model"],
-        },
+        metadata={"help": "Local base model directory; None: the base recorded in the adapter."},
     )
     catalogue: str = field(
         default="movielens-100k",
@@ -92,7 +82,6 @@ COMMAND = Command(
     description=DESCRIPTION,
     settings=settings,
     run=run,
-    renamed={"--batch-size": "--decode-batch-size", "--batch_size": "--decode_batch_size"},
 )
 
 

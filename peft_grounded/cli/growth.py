@@ -25,27 +25,16 @@ class GrowAdapterArguments:
     adapter: str = field(metadata={"help": "The trained adapter's directory (trained on --parent_index)."})
     parent_index: str = field(metadata={"help": "Directory of the SID index the adapter was trained on."})
     sid_index: str = field(
-        metadata={
-            "help": "Directory of the child index (from `peft-grounded add-items --sid-index PARENT`).",
-            "aliases": ["--sids"],
-        }
+        metadata={"help": "Directory of the child index (from `peft-grounded add-items --sid-index PARENT`)."}
     )
-    output_dir: str = field(
-        metadata={"help": "Directory of the grown adapter.", "aliases": ["--output", "-o"]}
-    )
+    output_dir: str = field(metadata={"help": "Directory of the grown adapter."})
     model_name_or_path: str | None = field(
         default=None,
-        metadata={
-            "help": "Local base model directory; None: the base recorded in the adapter.",
-            "aliases": ["--model"],
-        },
+        metadata={"help": "Local base model directory; None: the base recorded in the adapter."},
     )
     dtype: Literal["float32", "bfloat16"] = field(
         default="float32",
-        metadata={
-            "help": "dtype of the frozen base's weights (adapter rows and LoRA stay float32).",
-            "aliases": ["--weights-dtype", "--weights_dtype"],
-        },
+        metadata={"help": "dtype of the frozen base's weights (adapter rows and LoRA stay float32)."},
     )
     init: Literal["centroid", "mean", "gaussian", "random"] = field(
         default="centroid",
@@ -71,9 +60,9 @@ class GrowAdapterArguments:
     )
 
 
-def _unset(help: str, *aliases: str) -> Any:
+def _unset(help: str) -> Any:
     """A field left None unless given (None: the config's default; a bool field then takes --flag alone)."""
-    return field(default=None, metadata={"help": help, "aliases": list(aliases)})
+    return field(default=None, metadata={"help": help})
 
 
 @dataclass
@@ -93,9 +82,7 @@ class IncrementalGroundingArguments:
         },
     )
     max_steps: int | None = _unset(
-        "Steps of incremental grounding (0: count the pairs, take no step); None: 30.",
-        "--ground-steps",
-        "--ground_steps",
+        "Steps of incremental grounding (0: count the pairs, take no step); None: 30."
     )
     replay: float | None = _unset(
         "Old items per new item whose pairs are mixed in (0: the new items alone); None: 1."
@@ -103,8 +90,8 @@ class IncrementalGroundingArguments:
     rows: Literal["used", "new"] | None = _unset(
         "Rows that train: every token a new item's SID uses, or only the new tokens; None: used."
     )
-    learning_rate: float | None = _unset("Learning rate; None: 1e-3.", "--lr")
-    per_device_train_batch_size: int | None = _unset("Text <-> SID pairs per step; None: 8.", "--batch-size")
+    learning_rate: float | None = _unset("Learning rate; None: 1e-3.")
+    per_device_train_batch_size: int | None = _unset("Text <-> SID pairs per step; None: 8.")
     seed: int | None = _unset("Seed of the replay sample and the batch order; None: 0.")
     bf16: bool = _unset("bf16 mixed precision (CPU with AVX-512 bf16, or GPU); default off.")
     grounding_dir: str | None = _unset(
@@ -169,11 +156,9 @@ GROW_ADAPTER = Command(
 class AddItemsArguments:
     """The parent index, the new items and where the new index version goes."""
 
-    sid_index: str = field(metadata={"help": "Directory of the parent SID index.", "aliases": ["--sids"]})
+    sid_index: str = field(metadata={"help": "Directory of the parent SID index."})
     catalogue: str = field(metadata={"help": "The new items (any format build-sids reads)."})
-    output_dir: str = field(
-        metadata={"help": "Directory of the new index version.", "aliases": ["--output", "-o"]}
-    )
+    output_dir: str = field(metadata={"help": "Directory of the new index version."})
     encoder: str | None = field(
         default=None,
         metadata={
@@ -227,5 +212,4 @@ ADD_ITEMS = Command(
     "(or peft_grounded.growth.grow_adapter).",
     settings=lambda: (AddItemsArguments, CatalogueArguments, EncodingArguments),
     run=run_add_items,
-    renamed={"--batch-size": "--encode-batch-size"},
 )

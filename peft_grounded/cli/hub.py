@@ -1,8 +1,8 @@
 """``peft-grounded push`` and ``peft-grounded pull``: share a saved grounded adapter on the Hub.
 
 The flags are the fields of :class:`PushArguments` and :class:`PullArguments`, parsed by TRL's parser; the
-folders and the repo id may also be given without their flags, as before. The Hub token comes from
-``HF_TOKEN`` or ``hf auth login``, never from the command line.
+operands (the folder and the repo id, source first) may also be given without their flags. The Hub token
+comes from ``HF_TOKEN`` or ``hf auth login``, never from the command line.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class PushArguments:
     )
     sid_index: str | None = field(
         default=None,
-        metadata={"help": "Folder of the SID index (sid_index.json + .safetensors).", "aliases": ["--sids"]},
+        metadata={"help": "Folder of the SID index (sid_index.json + .safetensors)."},
     )
     metrics: str | None = field(
         default=None, metadata={"help": "JSON file (or inline JSON) of evaluation metrics for the card."}
@@ -49,10 +49,7 @@ class PushArguments:
     )
     model_name_or_path: str | None = field(
         default=None,
-        metadata={
-            "help": "The base model's Hub id for the card, where the adapter records a local path.",
-            "aliases": ["--base-model", "--base_model", "--model"],
-        },
+        metadata={"help": "The base model's Hub id for the card, where the adapter records a local path."},
     )
     revision: str | None = field(default=None, metadata={"help": "Branch to push to (created if missing)."})
     private: bool = field(default=False, metadata={"help": "Create the repo as private."})
@@ -69,10 +66,7 @@ class PullArguments:
     repo_id: str | None = field(default=None, metadata={"help": "Hub repo id (also the 1st argument)."})
     output_dir: str | None = field(
         default=None,
-        metadata={
-            "help": "Folder to create, empty unless --overwrite (also the 2nd argument).",
-            "aliases": ["--output", "-o"],
-        },
+        metadata={"help": "Folder to create, empty unless --overwrite (also the 2nd argument)."},
     )
     revision: str | None = field(default=None, metadata={"help": "Branch, tag or commit."})
     overwrite: bool = field(default=False, metadata={"help": "Replace a non-empty output folder."})

@@ -16,22 +16,18 @@ from .common import csv_list
 
 @dataclass
 class GroundedModelConfig(ModelConfig):
-    """TRL's ``ModelConfig`` with this package's defaults: the base model (``--model``), the dtype of its frozen
-    weights (``--weights-dtype``) and, for ``sft``, the stacked LoRA (``--lora_r``, ...)."""
+    """TRL's ``ModelConfig`` with this package's defaults: the base model (``--model_name_or_path``), the dtype
+    of its frozen weights (``--dtype``) and, for ``sft``, the stacked LoRA (``--lora_r``, ...)."""
 
     model_name_or_path: str | None = field(
         default=None,
-        metadata={
-            "help": "Local base model directory; None: the packaged SmolLM2-135M.",
-            "aliases": ["--model"],
-        },
+        metadata={"help": "Local base model directory; None: the packaged SmolLM2-135M."},
     )
     dtype: str | None = field(
         default="float32",
         metadata={
             "help": "dtype of the frozen base's weights (adapter weights always train in float32).",
             "choices": ["float32", "bfloat16", "float16"],
-            "aliases": ["--weights-dtype", "--weights_dtype"],
         },
     )
     layers: int = field(
@@ -51,7 +47,7 @@ class GroundedModelConfig(ModelConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        targets = csv_list(self.lora_target_modules)  # "q_proj,v_proj" (earlier releases) or q_proj v_proj
+        targets = csv_list(self.lora_target_modules)  # q_proj v_proj, q_proj,v_proj or both
         self.lora_target_modules = targets[0] if len(targets) == 1 else targets or None
         unsupported = {
             "model_revision": "main",

@@ -46,7 +46,7 @@ class RecommendArguments:
     )
     sid_index: str | None = field(
         default=None,
-        metadata={"help": "SID index folder; None: the adapter's own sid_index/.", "aliases": ["--sids"]},
+        metadata={"help": "SID index folder; None: the adapter's own sid_index/."},
     )
     history: str | None = field(
         default=None, metadata={"help": "One user's history: item ids, oldest first, comma-separated."}
@@ -58,12 +58,10 @@ class RecommendArguments:
         },
     )
     k: int = field(default=10, metadata={"help": "Items per user."})
-    output_dir: str | None = field(
-        default=None, metadata={"help": f"Folder for {OUTPUT} (resumable).", "aliases": ["--output"]}
-    )
+    output_dir: str | None = field(default=None, metadata={"help": f"Folder for {OUTPUT} (resumable)."})
     model_name_or_path: str | None = field(
         default=None,
-        metadata={"help": "Base model; None: the one the adapter records.", "aliases": ["--model"]},
+        metadata={"help": "Base model; None: the one the adapter records."},
     )
     catalogue: str | None = field(
         default=None, metadata={"help": "Catalogue path or 'movielens-100k', for the items' titles."}
@@ -353,7 +351,6 @@ COMMAND = Command(
     description=DESCRIPTION,
     settings=settings,
     run=run,
-    renamed={"--batch-size": "--decode-batch-size", "--batch_size": "--decode_batch_size"},
 )
 
 

@@ -17,7 +17,7 @@ from .common import CatalogueArguments, Command, EncodingArguments, column_mappi
 class BuildSIDsArguments:
     """The catalogue, how its item texts are written, how they are quantised, and where the index goes."""
 
-    output_dir: str = field(metadata={"help": "Directory of the SID index.", "aliases": ["--output", "-o"]})
+    output_dir: str = field(metadata={"help": "Directory of the SID index."})
     catalogue: str = field(
         default="movielens-100k",
         metadata={
@@ -161,7 +161,6 @@ COMMAND = Command(
     "and save the SID index (codes, codebooks, per-token centroids, quality figures).",
     settings=lambda: (BuildSIDsArguments, CatalogueArguments, EncodingArguments, ItemVectorsConfig),
     run=run,
-    renamed={"--batch-size": "--encode-batch-size"},
     recipes=lambda: _recipes(),
 )
 

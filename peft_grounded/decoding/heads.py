@@ -3,7 +3,7 @@
 A model trained with ``sid_softmax_loss`` (recorded in its adapter's metadata) learnt each SID token's
 probability normalised over the SID tokens, so decoding and scoring normalise the same way: each step runs
 the backbone and ``hidden @ W[sid_ids].T`` through the head's SID rows (the grounded rows from the adapter),
-a few hundred columns instead of the 49,152-row head. Other models keep the full head, exactly as before.
+a few hundred columns instead of the 49,152-row head. Other models keep the full head.
 """
 
 from __future__ import annotations

@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from peft_grounded._locks import locks_output
-from peft_grounded.adapter.saved import ADAPTER_CONFIG, recorded_metadata
 from peft_grounded.diagnostics.checkpoints import (
     AdapterRows,
     Checkpoint,
@@ -35,6 +34,7 @@ from peft_grounded.diagnostics.codes import majority_labels, token_frequencies
 from peft_grounded.diagnostics.measure import ReportConfig
 from peft_grounded.diagnostics.report import ReportFiles, check_report_output, write_report
 from peft_grounded.diagnostics.snapshot import GeometrySnapshot
+from peft_grounded.sids.model import FINGERPRINT_KEY, read_sid_record
 
 FREQUENCY_SOURCES = ("auto", "targets", "interactions", "items", "none")
 MISSING_CATEGORY = "<none>"  # Catalogue.category_labels' placeholder for an item without categories
@@ -191,13 +191,12 @@ def _label(
 
 def _check_index_fingerprints(points: list[Checkpoint], index: Any) -> None:
     """The runner's manifest, and the adapter itself, record which SID index the tokens belong to."""
-    from .._io import read_json
 
     own = index.fingerprint()
     wrong = []
     for point in points:
-        config = read_json(point.path / ADAPTER_CONFIG)
-        fingerprints = {point.index_fingerprint, recorded_metadata(config, "sid_index_fingerprint")} - {None}
+        recorded = read_sid_record(point.path).get(FINGERPRINT_KEY)
+        fingerprints = {point.index_fingerprint, recorded} - {None}
         if fingerprints - {own}:
             wrong.append(point.name)
     if wrong:

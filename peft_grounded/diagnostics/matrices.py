@@ -4,7 +4,7 @@ Inputs are 2-D numpy arrays or torch tensors (any dtype, any device); they are c
 numpy arrays, so results do not depend on the checkpoint's precision. Definitions follow ``METHODS.md``.
 
 Speed: the SVDs go through ``torch.linalg`` (float64) on one thread: for matrices of a few thousand
-rows, LAPACK's threads cost more than they give, and on a loaded 2-core machine they made an SVD 3-8x
+rows, LAPACK's threads cost more than they give, and on a loaded machine they made an SVD several times
 slower. Results are numpy arrays either way.
 """
 

@@ -39,7 +39,9 @@ def check_report_output(out_dir: str | os.PathLike[str]) -> None:
     report's names that another tool wrote, are refused (see :func:`peft_grounded._owned.check_report_folder`)."""
     from peft_grounded._owned import check_report_folder
 
-    check_report_folder(Path(out_dir), "`peft-grounded diagnose`", REPORT_FILES, _is_report_metrics, "--out")
+    check_report_folder(
+        Path(out_dir), "`peft-grounded diagnose`", REPORT_FILES, _is_report_metrics, "--output_dir"
+    )
 
 
 @dataclass

@@ -1,9 +1,8 @@
 """The base model's vocabulary rows and token strings: the text tokens of the heatmap and the nearest-token table.
 
 From a local checkpoint, only the embedding (or head) tensor is read, and only its first ``n_rows``
-rows, through a safetensors slice: a second or less for a 49k x 576 vocabulary, instead of building
-the whole model. Other checkpoints (``.bin`` files, Hub ids in the local cache) go through
-``transformers``, and a model object in memory is used as it is.
+rows, through a safetensors slice, instead of building the whole model. Other checkpoints (``.bin`` files,
+Hub ids in the local cache) go through ``transformers``, and a model object in memory is used as it is.
 """
 
 from __future__ import annotations
@@ -131,8 +130,8 @@ def _transformers_rows(name: str, matrix: str) -> Any:
         model = AutoModelForCausalLM.from_pretrained(name, use_safetensors=True)
     except (OSError, ValueError) as err:
         raise FileNotFoundError(
-            f"cannot load the base model {name!r} ({err}); pass base_model= (--base-model) with a local "
-            "checkpoint directory"
+            f"cannot load the base model {name!r} ({err}); pass base_model= (--model_name_or_path) with a "
+            "local checkpoint directory"
         ) from None
     return _module_rows(model, matrix).float()
 

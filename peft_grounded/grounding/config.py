@@ -18,7 +18,5 @@ class GroundingConfig(RunConfig):
 
     default_steps: ClassVar[int] = 200
 
-    learning_rate: float = field(
-        default=1e-3, metadata={"help": "Learning rate of the new rows.", "aliases": ["--lr"]}
-    )
+    learning_rate: float = field(default=1e-3, metadata={"help": "Learning rate of the new rows."})
     weight_decay: float = field(default=0.0, metadata={"help": "No decay: it would pull the rows to zero."})

@@ -22,6 +22,7 @@ from ..adapter.initialize import initializer_range
 from ..adapter.layer import GroundedTokenLayer
 from ..adapter.starts import InitData, initial_rows
 from ..adapter.vocab import add_tokens, check_tokenizer
+from ..sids.model import FINGERPRINT_KEY, record_sid_facts, sid_record
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -128,7 +129,7 @@ def grow_adapter(
         raise ValueError("The adapter is merged; unmerge it (model.unmerge_adapter()) before growing it.")
     if config.token_strings is None:
         raise ValueError("The adapter does not record its token strings; it cannot be matched to an index.")
-    parent_index.check_adapter(config)
+    parent_index.check_adapter(config, recorded=sid_record(model, name).get(FINGERPRINT_KEY))
     new_tokens = check_lineage(parent_index, child_index)
     check_tokenizer(config, tokenizer)
     if init == "tensor" and (init_vectors is None or len(init_vectors) != len(new_tokens)):
@@ -193,8 +194,10 @@ def grow_adapter(
     if child_config.provenance is not None:
         child_config.provenance = replace(child_config.provenance, num_embeddings=None, init_data=None)
     child_config.inference_mode = False
-    child_config.metadata = {**(config.metadata or {}), "sid_index_fingerprint": child_index.fingerprint()}
     grown_model = get_peft_model(base, child_config, adapter_name=name)
+    record_sid_facts(
+        grown_model, name, **{**sid_record(model, name), FINGERPRINT_KEY: child_index.fingerprint()}
+    )
     params = dict(grown_model.named_parameters())
     missing = sorted(set(lora) - set(params))
     if missing:

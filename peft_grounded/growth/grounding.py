@@ -30,12 +30,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from ..grounding.config import GroundingConfig
 from ..grounding.data import GroundingData, grounding_dataset
+from ..sids.model import FINGERPRINT_KEY, sid_record
 
 if TYPE_CHECKING:
     from ..sids.index import SIDIndex
-
-# the keyword names of earlier releases (ground_new_items(steps=..., batch_size=...)) and the config's
-LEGACY_NAMES = {"steps": "max_steps", "batch_size": "per_device_train_batch_size"}
 
 
 @dataclass
@@ -58,12 +56,8 @@ class IncrementalGroundingConfig(GroundingConfig):
         default="used",
         metadata={"help": "Rows that train: every token a new item's SID uses, or only the new tokens."},
     )
-    per_device_train_batch_size: int = field(
-        default=8, metadata={"help": "Text <-> SID pairs per step.", "aliases": ["--batch-size"]}
-    )
-    lr_scheduler_type: str = field(
-        default="constant", metadata={"help": "Learning-rate schedule.", "aliases": ["--lr-scheduler"]}
-    )
+    per_device_train_batch_size: int = field(default=8, metadata={"help": "Text <-> SID pairs per step."})
+    lr_scheduler_type: str = field(default="constant", metadata={"help": "Learning-rate schedule."})
     warmup_ratio: float = field(default=0.0, metadata={"help": "Share of the steps spent warming up."})
     logging_steps: float = field(default=1, metadata={"help": "Steps between loss logs."})
     bf16: bool | None = field(
@@ -91,7 +85,7 @@ class IncrementalGroundingConfig(GroundingConfig):
                     "max_steps",
                     self.max_steps,
                     0,
-                    flag="--ground-steps; 0: count the pairs, take no step",
+                    flag="--max_steps; 0: count the pairs, take no step",
                     none_ok=True,
                 ),
                 None
@@ -105,15 +99,14 @@ class IncrementalGroundingConfig(GroundingConfig):
 def incremental_config(
     args: IncrementalGroundingConfig | None = None, **settings: Any
 ) -> IncrementalGroundingConfig:
-    """``args``, or an :class:`IncrementalGroundingConfig` from keyword settings (its fields, or the names of
-    earlier releases: ``steps``, ``batch_size``)."""
+    """``args``, or an :class:`IncrementalGroundingConfig` from keyword settings (its fields)."""
     if args is not None:
         if settings:
             raise TypeError(
                 f"pass an IncrementalGroundingConfig or keyword settings, not both ({sorted(settings)})"
             )
         return args
-    return IncrementalGroundingConfig(**{LEGACY_NAMES.get(k, k): v for k, v in settings.items()})
+    return IncrementalGroundingConfig(**settings)
 
 
 @dataclass
@@ -170,12 +163,11 @@ def ground_new_items(
     ``model``: the grown ``PeftModel`` (its adapter must record ``child_index``). ``catalogue``: a
     :class:`~peft_grounded.sids.Catalogue` (or anything with ``.items``) holding the new items' text, and
     the old items' text that ``replay`` samples from. ``args``: the settings (default: an
-    :class:`IncrementalGroundingConfig`), or give its fields as keywords (``replay=0, max_steps=6``; the names
-    of earlier releases ``steps`` and ``batch_size`` too).
+    :class:`IncrementalGroundingConfig`), or give its fields as keywords (``replay=0, max_steps=6``).
     """
     args = incremental_config(args, **settings)
     name = adapter_name or model.active_adapter
-    child_index.check_adapter(model.peft_config[name])
+    child_index.check_adapter(model.peft_config[name], recorded=sid_record(model, name).get(FINGERPRINT_KEY))
     new_ids = new_item_ids(parent_index, child_index)
     if not new_ids:
         raise ValueError("the child index adds no items to the parent: nothing to ground")

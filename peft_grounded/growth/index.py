@@ -369,13 +369,13 @@ def add_items_to(
     parent_dir, out = Path(parent).resolve(), Path(output).resolve()
     if parent_dir == out:
         raise GrowthError(
-            "--output is the parent index's directory; write the new version elsewhere (the parent stays "
+            "--output_dir is the parent index's directory; write the new version elsewhere (the parent stays "
             "loadable for the adapters trained on it)"
         )
     if (out / JSON_NAME).is_file() and not overwrite:
         raise GrowthError(
             f"{out} already holds a SID index; adapters trained on it would no longer match. Choose another "
-            "--output, or pass --overwrite to replace it"
+            "--output_dir, or pass --overwrite to replace it"
         )
     index = SIDIndex.load(parent_dir)
     if options.get("encoder") is None and options.get("vectors") is None:

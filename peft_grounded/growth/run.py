@@ -27,30 +27,32 @@ def check_output(output: Path, adapter: Path, overwrite: bool) -> None:
     """Raise ``ValueError`` unless ``output`` may receive the grown adapter (before anything is loaded)."""
     if output.resolve() == adapter.resolve():
         raise ValueError(
-            f"--output is the trained adapter's directory ({adapter}); write the grown adapter elsewhere "
+            f"--output_dir is the trained adapter's directory ({adapter}); write the grown adapter elsewhere "
             "(the trained one stays loadable with the parent index)"
         )
     if not output.exists():
         return
     if not output.is_dir():
-        raise ValueError(f"--output {output} is a file, not a directory; choose another --output")
+        raise ValueError(f"--output_dir {output} is a file, not a directory; choose another --output_dir")
     if (output / ADAPTER_CONFIG).is_file():
         if not overwrite:
             raise ValueError(
-                f"{output} already holds an adapter; choose another --output, or pass --overwrite to "
+                f"{output} already holds an adapter; choose another --output_dir, or pass --overwrite to "
                 "replace it (its other files are kept)"
             )
     elif any(output.iterdir()):
         raise ValueError(
             f"{output} holds files but no adapter, and writing there would replace them; choose a new or "
-            "empty --output"
+            "empty --output_dir"
         )
 
 
 def owned_by_adapter(path: Path) -> bool:
     """Whether ``path`` in an adapter folder is the adapter's own (replaced by a new save): its config,
     weights and PEFT's model card; anything else (a README of the user's, notes, data) is kept."""
-    if path.name in ADAPTER_FILES:
+    from ..sids.model import SID_RECORD
+
+    if path.name in ADAPTER_FILES or path.name == SID_RECORD:
         return True
     return path.name == "README.md" and is_generated_card(path, PEFT_CARD_MARKER)
 
@@ -64,7 +66,10 @@ def save_adapter_keeping_others(model, output: Path) -> list[str]:
 
     tmp = make_temp_dir(output)
     try:
+        from ..sids.model import save_sid_record
+
         model.save_pretrained(tmp)
+        save_sid_record(model, tmp)
         return replace_keeping_others(tmp, output, owned_by_adapter)
     except Exception as err:
         if is_disk_full(err):

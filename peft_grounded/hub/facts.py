@@ -22,10 +22,13 @@ INIT_DESCRIPTIONS = {
     "centroid": "per-token centroids of the items' text embeddings, projected to the model's width",
     "tensor": "given vectors",
     "adapter": "the rows of another grounded adapter",
+    "keep": "the rows the base held (a no-op start)",
 }
 
 
 def init_facts(config: GroundedTokenConfig) -> dict[str, Any]:
+    if not config.init_weights:  # PEFT's meaning: random rows, whatever `init` says
+        return {"name": "randn", "description": "random rows, torch.randn (init_weights=False)", "params": {}}
     params: dict[str, Any] = {}
     if config.init in ("gaussian", "random"):
         params["seed"] = config.init_seed

@@ -12,7 +12,6 @@ from .repo import (
     SID_INDEX_DIR,
     GroundedHubError,
     fetch_adapter,
-    load_grounded_config,
     open_source,
 )
 
@@ -36,7 +35,7 @@ def load_grounded(
 ) -> PeftModel:
     """Load the grounded adapter at ``repo_id_or_path`` (Hub repo id or local folder) onto ``base_model``.
 
-    Fetches ``adapter_config.json`` and ``adapter_model.safetensors`` only (a repo with pickled weights
+    Fetches ``adapter_config.json``, ``adapter_model.safetensors`` and the SID record only (a repo with pickled weights
     only is refused before any download), checks that ``base_model`` and ``tokenizer`` are the ones the
     adapter was made for, adds the adapter's tokens to both, in order (``peft_grounded.add_tokens``;
     skipped for a tokenizer that already carries them at the adapter's rows), then returns
@@ -71,9 +70,13 @@ def attach_grounded(
 
     check_weights(Path(folder) / ADAPTER_WEIGHTS)
     prepare_base(config, base_model, tokenizer, where=where)
-    return PeftModel.from_pretrained(
+    from ..sids.model import load_sid_record
+
+    model = PeftModel.from_pretrained(
         base_model, str(folder), adapter_name=adapter_name, is_trainable=is_trainable, config=config
     )
+    load_sid_record(model, folder, adapter_name)
+    return model
 
 
 def load_sid_index(
@@ -86,15 +89,19 @@ def load_sid_index(
     if source.folder is None and f"{SID_INDEX_DIR}/{JSON_NAME}" not in source.files:
         raise _no_index(source.where)
     folder = source.fetch((f"{SID_INDEX_DIR}/*",))
-    config = None
+    recorded = None
     if ADAPTER_CONFIG in source.files:  # the index must be the version the adapter was trained or grown on
-        config = load_grounded_config(source.fetch((ADAPTER_CONFIG,)), source.where)
-    return stored_index(folder, source.where, config)
+        from ..sids.model import FINGERPRINT_KEY, SID_RECORD, read_sid_record
+
+        record = read_sid_record(source.fetch((SID_RECORD,))) if SID_RECORD in source.files else {}
+        recorded = record.get(FINGERPRINT_KEY)
+    return stored_index(folder, source.where, recorded)
 
 
-def stored_index(folder: Path, where: str, config: GroundedTokenConfig | None = None) -> SIDIndex:
-    """The index in ``folder``'s ``sid_index/`` (a folder, or a link to one), checked to be the version the
-    adapter ``config`` (already read; None: no adapter beside it) was trained or grown on."""
+def stored_index(folder: Path, where: str, recorded: str | None = None) -> SIDIndex:
+    """The index in ``folder``'s ``sid_index/`` (a folder, or a link to one), checked to be the version
+    (fingerprint ``recorded``, from the adapter's SID record, already read; None: unchecked) the adapter was
+    trained or grown on."""
     from ..sids.index import JSON_NAME, SIDIndex
     from .versions import check_index_version
 
@@ -107,8 +114,8 @@ def stored_index(folder: Path, where: str, config: GroundedTokenConfig | None = 
             )
         raise _no_index(where)
     index = SIDIndex.load(link)
-    if config is not None:
-        check_index_version(config, index, where)
+    if recorded is not None:
+        check_index_version(recorded, index, where)
     return index
 
 

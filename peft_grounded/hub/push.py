@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from huggingface_hub.constants import REPOCARD_NAME
 
 from ..new_items.rule import RULE_FILES  # the new-item rule stored with an adapter
+from ..sids.model import FINGERPRINT_KEY, SID_RECORD, read_sid_record, save_sid_record
 from .repo import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -134,11 +135,12 @@ def stage_adapter(
         check_adapter_files(files, f"folder {str(folder)!r}")
         for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
             shutil.copyfile(folder / name, stage / name)
-        for name in RULE_FILES:  # the new-item rule stored with the adapter, when there is one
+        for name in (SID_RECORD, *RULE_FILES):  # the SID record and the new-item rule, when there are
             if (folder / name).is_file():
                 shutil.copyfile(folder / name, stage / name)
     else:
         _save_model(model, stage, adapter_name)
+        save_sid_record(model, stage, adapter_name)
     config = load_grounded_config(stage, "adapter")
     check_weights(stage / ADAPTER_WEIGHTS, config)
     return config
@@ -241,6 +243,6 @@ def stage_index(config: GroundedTokenConfig, index: SIDIndex | str | Path, stage
             f"The SID index uses {len(missing)} tokens the adapter does not have (e.g. {missing[0]!r}): it belongs "
             "to another SID vocabulary."
         )
-    check_index_version(config, index, "push")
+    check_index_version(read_sid_record(stage).get(FINGERPRINT_KEY), index, "push")
     index.save(stage / SID_INDEX_DIR)
     return index

@@ -127,7 +127,7 @@ def load_grounded_config(folder: Path, where: str):
         raise GroundedHubError(
             f"The {where}'s {ADAPTER_CONFIG} has missing fields {missing}, unknown fields {extra}; {fix}"
         )
-    for name in ("lora", "metadata", "provenance", "runtime_config"):
+    for name in ("lora", "provenance", "runtime_config"):
         if raw.get(name) is not None and not isinstance(raw[name], dict):
             raise GroundedHubError(
                 f"The {where}'s {ADAPTER_CONFIG}: field {name!r} is {raw[name]!r:.60}, not an object; {fix}"
@@ -186,7 +186,8 @@ def open_source(
 def fetch_adapter(
     repo_id_or_path: str | Path, *, revision: str | None = None, token: str | bool | None = None
 ):
-    """Check that ``repo_id_or_path`` holds a safetensors grounded adapter and fetch its config and weights only.
+    """Check that ``repo_id_or_path`` holds a safetensors grounded adapter and fetch its config, weights and SID
+    record only.
 
     A Hub repo is checked from its file list, then its config, before the weights are downloaded. Returns
     ``(source, folder, config)``.
@@ -194,4 +195,7 @@ def fetch_adapter(
     source = open_source(repo_id_or_path, revision=revision, token=token)
     check_adapter_files(list(source.files), source.where)
     config = load_grounded_config(source.fetch((ADAPTER_CONFIG,)), source.where)
-    return source, source.fetch((ADAPTER_CONFIG, ADAPTER_WEIGHTS)), config
+    from ..sids.model import SID_RECORD
+
+    wanted = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, *((SID_RECORD,) if SID_RECORD in source.files else ()))
+    return source, source.fetch(wanted), config

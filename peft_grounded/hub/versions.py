@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .repo import GroundedHubError
 
@@ -10,16 +10,16 @@ if TYPE_CHECKING:
     from ..sids.index import SIDIndex
 
 
-def check_index_version(config: Any, index: SIDIndex, where: str) -> None:
-    """Raise :class:`GroundedHubError` unless ``index`` is the version the adapter ``config`` records."""
-    recorded = (getattr(config, "metadata", None) or {}).get("sid_index_fingerprint")
+def check_index_version(recorded: str | None, index: SIDIndex, where: str) -> None:
+    """Raise :class:`GroundedHubError` unless ``index`` is the version (fingerprint ``recorded``, from the
+    adapter's SID record) the adapter was trained or grown on."""
     actual = index.fingerprint()
     if recorded is None or recorded == actual:
         return
     if recorded in index.lineage:
         why = (
-            f"the adapter belongs to an earlier version ({recorded}) of this index ({actual}, {index.n_items} "
-            "items): grow the adapter onto it (peft_grounded.growth.grow_adapter) or use the earlier index"
+            f"the adapter belongs to a parent version ({recorded}) of this index ({actual}, {index.n_items} "
+            "items): grow the adapter onto it (peft_grounded.growth.grow_adapter) or use the parent index"
         )
     elif index.parent is not None or index.lineage:
         why = (
@@ -28,7 +28,7 @@ def check_index_version(config: Any, index: SIDIndex, where: str) -> None:
         )
     else:
         why = (
-            f"the adapter belongs to SID index {recorded}, this index is {actual}: another build, or an earlier "
+            f"the adapter belongs to SID index {recorded}, this index is {actual}: another build, or a parent "
             "version (an adapter grown with grow_adapter belongs to the grown index: push that one)"
         )
     raise GroundedHubError(f"The SID index of the {where} does not match its adapter: {why}.")

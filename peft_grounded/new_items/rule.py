@@ -8,9 +8,8 @@ new items, the SID index fingerprint it was fitted on, the sha256 of the vectors
 
 The shipped mode is ``"share"``: the model's own list keeps its first ``k - round(k * pi_u)`` places and the
 rest go to the new items of highest ``p_text``. ``"probability"`` (one ranking by the mixture probability)
-wins more new-item hits but on Office cost users whose target is an old item -0.010 Recall@10
-[-0.020, -0.002] against the model alone, while ``"share"`` kept them whole (+0.002 [0.000, +0.006]); see
-BENCHMARKS.md, "New items (Office)".
+wins more new-item hits but on Office cost the users whose target is an old item some Recall against the
+model alone, while ``"share"`` kept them whole; see BENCHMARKS.md, "New items (Office)".
 
 Whose list the rule mixes (``beams``) is chosen on the logged interactions too
 (:meth:`NewItemRule.choose_beams`, which ``GroundedRecommender.fit_new_items`` and ``grow-adapter

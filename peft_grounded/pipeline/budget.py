@@ -6,13 +6,12 @@ so no setting is translated twice), the stacked LoRA as ``peft.LoraConfig`` keyw
 ``GroundedTokenConfig.lora`` records), the final evaluation's
 :class:`~peft_grounded.evaluation.EvalSettings`, and the few choices that belong to the runner alone.
 
-:meth:`Budget.record` is what a run's manifest stores; it keeps the keys of earlier releases, so that runs
-they started still resume, and adds what those keys cannot say.
+:meth:`Budget.record` is what a run's manifest stores: a resume refuses a budget whose record differs.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -135,8 +134,8 @@ class Budget:
         """The grounding stage's config; a clear error for a budget without one (``grounding=None``)."""
         if self.grounding is None:
             raise checks.SettingsError(
-                "Budget: this strategy grounds, but the budget has no grounding stage (grounding=None, as "
-                "grounding_steps 0 without grounding minutes was): give it a GroundingConfig."
+                "Budget: this strategy grounds, but the budget has no grounding stage (grounding=None, or "
+                "from_training(grounding=False)): give it a GroundingConfig."
             )
         return self.grounding
 
@@ -187,94 +186,45 @@ class Budget:
         return replace(self.evaluation, **overrides)
 
     def record(self) -> dict[str, Any]:
-        """The budget as a run's manifest stores it: the keys of earlier releases (runs they started resume),
-        plus ``settings``, the non-default fields those keys cannot hold (absent when there are none)."""
-        s, e = self.sft, self.evaluation
-        g = self.grounding or GroundingConfig(
-            bf16=s.bf16, max_steps=-1, max_minutes=None
-        )  # no stage: steps 0
-        record = {
-            "grounding_steps": max(g.max_steps, 0),
-            "sft_steps": max(s.max_steps, 0),
-            "grounding_lr": g.learning_rate,
-            "sft_lr": s.learning_rate,
-            "grounding_minutes": g.max_minutes,
-            "minutes": s.max_minutes,
-            **{name: getattr(s, config_field) for name, config_field in SHARED.items()},
-            "show_progress": self.show_progress,
-            "lora_r": self.lora["r"],
-            "lora_alpha": self.lora["lora_alpha"],
-            "lora_dropout": self.lora["lora_dropout"],
-            "lora_target_modules": self.lora["target_modules"],
-            "eval_users": e.users,
-            "ks": list(e.ks),
-            "num_beams": e.num_beams,
-            "eval_batch_size": e.decode_batch_size,
-            "cold_max_count": e.cold_max_count,
-            "exclude_history": e.exclude_history or None,  # None: what runs recorded before the field hold
-            **{
-                name: getattr(self, name)
-                for name in (
-                    "weights_dtype",
-                    "centroid_variant",
-                    "eval_parts",
-                    "eval_every",
-                    "curve_every",
-                    "curve_users",
-                    "max_train_examples",
-                    "max_grounding_examples",
-                )
-            },
+        """The budget as a run's manifest stores it (a resume compares it field by field): the seed; per stage
+        its :data:`STAGE_FIELDS` and the other settings that differ from its config's defaults (``grounding``
+        None: no grounding stage); the LoRA; the evaluation settings; the runner's own fields."""
+        parts = {"grounding", "sft", "lora", "evaluation"}
+        return {
+            "seed": self.seed,
+            "grounding": None if self.grounding is None else _stage_record(self.grounding),
+            "sft": _stage_record(self.sft),
+            "lora": dict(self.lora),
+            "evaluation": asdict(self.evaluation),
+            **{f.name: getattr(self, f.name) for f in fields(self) if f.name not in parts},
         }
-        settings = {
-            "grounding": _changed(g, covered=STAGE_FIELDS, shared=s) if self.grounding else {},
-            "sft": _changed(s, covered=STAGE_FIELDS),
-            "lora": {k: v for k, v in self.lora.items() if k not in DEFAULT_LORA},
-            "evaluation": _changed_evaluation(e, expected={"seed": s.seed, "bf16": s.bf16}),
-        }
-        settings = {k: v for k, v in settings.items() if v}
-        if self.init_scale != 1.0:  # absent at 1: the manifests of runs from before the field stay the same
-            record["init_scale"] = self.init_scale
-        if self.keep_best:  # likewise absent when off
-            record["keep_best"] = True
-            record["keep_best_users"] = self.keep_best_users or "all"
-        if self.block_lr is not None:  # likewise absent with the LoRA
-            record["block_lr"] = self.block_lr
-        return record | ({"settings": settings} if settings else {})
 
 
-# record key -> the SFTConfig field both stages shared in earlier releases (taken from the sft config)
-SHARED = {
-    "batch_size": "per_device_train_batch_size",
-    "gradient_accumulation_steps": "gradient_accumulation_steps",
-    "max_length": "max_length",
-    "bf16": "bf16",
-    "gradient_checkpointing": "gradient_checkpointing",
-    "seed": "seed",
-    "logging_steps": "logging_steps",
-    "save_steps": "save_steps",
-}
-# config fields the record's keys hold (or the runner sets)
-STAGE_FIELDS = {"max_steps", "learning_rate", "max_minutes", "disable_tqdm", "output_dir", *SHARED.values()}
-EVAL_RECORDED = {"users", "ks", "num_beams", "decode_batch_size", "cold_max_count", "exclude_history"}
+# the fields of a stage's config that its record always holds (its other fields: where they differ from the
+# defaults)
+STAGE_FIELDS = (
+    "max_steps",
+    "max_minutes",
+    "learning_rate",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "max_length",
+    "bf16",
+    "seed",
+)
+# fields that do not change what a stage trains: where it writes (the runner sets it per run), the progress bar
+NOT_RECORDED = {"output_dir", "logging_dir", "disable_tqdm"}
 
 
-def _changed(config: Any, covered: set[str], shared: Any = None) -> dict[str, Any]:
-    """Fields of ``config`` that differ from its class's defaults and that ``covered`` does not hold; with
-    ``shared``, also the shared fields whose value differs from ``shared``'s."""
+def _stage_record(config: Any) -> dict[str, Any]:
+    """A stage's :data:`STAGE_FIELDS`, plus its other fields that differ from its class's defaults."""
     values, defaults = config.to_dict(), type(config)().to_dict()
-    out = {k: v for k, v in values.items() if k not in covered and v != defaults.get(k)}
-    if shared is not None:
-        mine, theirs = values, shared.to_dict()
-        out |= {k: mine[k] for k in (*SHARED.values(), "disable_tqdm") if mine[k] != theirs[k]}
-    return out
-
-
-def _changed_evaluation(settings: EvalSettings, expected: dict[str, Any]) -> dict[str, Any]:
-    """Evaluation fields the record's keys do not hold and that differ from the default (or, for the seed
-    and bf16, which earlier releases took from the training settings, from ``expected``)."""
-    defaults = asdict(EvalSettings()) | expected
-    return {k: v for k, v in asdict(settings).items() if k not in EVAL_RECORDED and v != defaults[k]}
+    changed = {
+        k: v
+        for k, v in values.items()
+        if k not in STAGE_FIELDS and k not in NOT_RECORDED and v != defaults.get(k)
+    }
+    return {k: values[k] for k in STAGE_FIELDS} | changed
 
 
 @dataclass

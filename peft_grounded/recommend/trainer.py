@@ -11,7 +11,7 @@ from peft import PeftModel
 from .._locks import locks_output
 from ..adapter import GroundedTokenConfig
 from ..prompts import PromptFormat
-from ..sids.model import SID_SOFTMAX_KEY
+from ..sids.model import SID_SOFTMAX_KEY, record_sid_facts
 from ..training.trainer import RunTrainer, StageRun, run_stage
 from .callbacks import ValidationRecall
 from .config import RecommendationConfig
@@ -147,13 +147,9 @@ def _check_teacher_columns(dataset) -> None:
 
 
 def record_sid_softmax(model, on: bool) -> None:
-    """Write the normalisation the adapter trains under into its metadata (``sid_softmax: true``; absent:
-    the full vocabulary, as every adapter before it), before the run manifest fingerprints the config."""
-    config = model.peft_config[model.active_adapter]
-    metadata = {k: v for k, v in (config.metadata or {}).items() if k != SID_SOFTMAX_KEY}
-    if on:
-        metadata[SID_SOFTMAX_KEY] = True
-    config.metadata = metadata if metadata or config.metadata is not None else None
+    """Write the normalisation the adapter trains under into its SID record (``sid_softmax``: true for the
+    SID-only softmax, false for the whole vocabulary)."""
+    record_sid_facts(model, **{SID_SOFTMAX_KEY: bool(on)})
 
 
 @locks_output("args.output_dir", "sft")
@@ -204,7 +200,7 @@ def train_recommender(
     def stack_lora(model: PeftModel) -> None:
         config = model.peft_config[model.active_adapter]
         if isinstance(config, GroundedTokenConfig):
-            config.metadata = {**(config.metadata or {}), "prompt_format": asdict(fmt)}
+            record_sid_facts(model, prompt_format=asdict(fmt))
             if stack:
                 add_lora(model, **lora)
         elif lora_given:

@@ -76,9 +76,9 @@ def as_catalogue(catalogue: Any) -> Any:
     return load_catalogue(str(catalogue))
 
 
-def index_for(sid_index: Any, folder: Path, where: str, config: Any = None) -> Any:
-    """The given index, or the one in ``folder``'s ``sid_index/`` checked against the adapter ``config``
-    (already read: the folder's files are read once)."""
+def index_for(sid_index: Any, folder: Path, where: str, recorded: str | None = None) -> Any:
+    """The given index, or the one in ``folder``'s ``sid_index/`` checked to be the version (fingerprint
+    ``recorded``, from the adapter's SID record, already read) the adapter was trained or grown on."""
     from ..hub.load import stored_index
     from ..hub.repo import SID_INDEX_DIR, GroundedHubError
     from ..sids import SIDIndex
@@ -92,7 +92,7 @@ def index_for(sid_index: Any, folder: Path, where: str, config: Any = None) -> A
             "pass the index (sid_index=..., --sid_index DIR)"
         )
     if link.is_dir():
-        return stored_index(folder, where, config)
+        return stored_index(folder, where, recorded)
     raise GroundedHubError(
         f"The {where} holds no SID index ({SID_INDEX_DIR}/): pass the index the adapter was trained or grown "
         "with (sid_index=..., --sid_index DIR)"
@@ -125,11 +125,12 @@ def load_adapter_parts(
     from ..decoding.heads import sid_rows
     from ..hub.load import attach_grounded
     from ..hub.repo import load_grounded_config
-    from ..sids.model import check_model_dir, prompt_format_of
+    from ..sids.model import FINGERPRINT_KEY, check_model_dir, prompt_format_of, read_sid_record
 
     config = load_grounded_config(folder, where)
-    index = index_for(sid_index, folder, where, config)
-    index.check_adapter(config, where=f"the adapter in the {where}")
+    recorded = read_sid_record(folder).get(FINGERPRINT_KEY)
+    index = index_for(sid_index, folder, where, recorded)
+    index.check_adapter(config, where=f"the adapter in the {where}", recorded=recorded)
     base = model_path or base_path_for(config, folder)
     if Path(str(base)).expanduser().exists():
         base = check_model_dir(base, "model_name_or_path")

@@ -64,13 +64,6 @@ class EncoderMismatchError(ValueError):
     """Vectors from another encoder than the one the index was built with."""
 
 
-def recorded_index(config: Any) -> str | None:
-    """The SID index fingerprint an adapter config records (a GroundedTokenConfig, or a saved config's fields:
-    ``metadata`` since 0.2, top-level before)."""
-    recorded = (getattr(config, "metadata", None) or {}).get("sid_index_fingerprint")
-    return recorded if recorded is not None else getattr(config, "sid_index_fingerprint", None)
-
-
 @dataclass(eq=False)
 class SIDIndex:
     """Item -> SID codes with codebooks, per-token centroids, quality figures and provenance."""
@@ -194,15 +187,14 @@ class SIDIndex:
         digest.update(np.ascontiguousarray(self.codes, dtype=np.int64).tobytes())
         return digest.hexdigest()[:16]
 
-    def check_adapter(self, config: Any, where: str = "the adapter") -> None:
-        """Raise unless the adapter ``config`` was made for this index's tokens (and, when recorded, codes);
-        ``where`` names the adapter in the message. An adapter of an index this one grew from is told to
-        grow first."""
-        recorded = recorded_index(config)
+    def check_adapter(self, config: Any, where: str = "the adapter", recorded: str | None = None) -> None:
+        """Raise unless the adapter ``config`` was made for this index's tokens and, where its SID record gives
+        the index fingerprint (``recorded``), for this index's codes; ``where`` names the adapter in the message.
+        An adapter of an index this one grew from is told to grow first."""
         grow = (
-            f"{where} was trained with an earlier version of this SID index (fingerprint {recorded}); this "
+            f"{where} was trained with a parent version of this SID index (fingerprint {recorded}); this "
             "version added items. Grow the adapter first: peft-grounded grow-adapter --adapter ADAPTER "
-            "--parent-index PARENT_INDEX --sid-index THIS_INDEX --output GROWN (in Python: "
+            "--parent_index PARENT_INDEX --sid_index THIS_INDEX --output_dir GROWN (in Python: "
             "peft_grounded.growth.grow_adapter(model, tokenizer, parent_index, this_index))."
         )
         older = recorded is not None and recorded in self.lineage

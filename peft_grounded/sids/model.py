@@ -11,7 +11,7 @@ import torch
 from ..prompts import PromptFormat
 
 
-def check_model_dir(model_path: Any, flag: str = "--model") -> str:
+def check_model_dir(model_path: Any, flag: str = "--model_name_or_path") -> str:
     """``model_path`` if it is a local model directory with safetensors weights; else a clear error (a
     missing path would otherwise reach the Hub client as a malformed repo id)."""
     path = Path(str(model_path)).expanduser()
@@ -60,7 +60,7 @@ def sid_model(
 
     With ``adapter`` (a saved grounded adapter), its rows (and LoRA) are loaded after checking that it was
     made for this index; otherwise a fresh adapter starts from ``init`` (``centroid``: the index's
-    ``centroid_variant`` centroids; ``init_scale``: :class:`GroundedTokenConfig`'s). The config records the index fingerprint and the prompt format.
+    ``centroid_variant`` centroids; ``init_scale``: :class:`GroundedTokenConfig`'s). Its SID record (:data:`SID_RECORD`) holds the index fingerprint and the prompt format.
     """
     from peft import PeftModel, get_peft_model
 
@@ -69,13 +69,17 @@ def sid_model(
     if adapter is not None:  # the adapter's files and its index are checked before the base loads
         from types import SimpleNamespace
 
-        from ..adapter.saved import ADAPTER_CONFIG, read_adapter, recorded_metadata
+        from ..adapter.saved import read_adapter
 
         saved = read_adapter(adapter)
-        recorded_format = recorded_metadata(saved.config, "prompt_format")
-        if recorded_format:  # a format this version cannot read fails here, before the base loads
-            PromptFormat.from_record(recorded_format, str(Path(adapter) / ADAPTER_CONFIG))
-        index.check_adapter(SimpleNamespace(**saved.config), where=f"the adapter at {adapter}")
+        record = read_sid_record(
+            adapter
+        )  # a record this version cannot read fails here, before the base loads
+        index.check_adapter(
+            SimpleNamespace(**saved.config),
+            where=f"the adapter at {adapter}",
+            recorded=record.get(FINGERPRINT_KEY),
+        )
     tokenizer, base = load_base(model_path, dtype)
     added = add_tokens(tokenizer, base, index.token_strings)
     if adapter is not None:
@@ -86,10 +90,10 @@ def sid_model(
             first = next((line for line in lines if "size mismatch" in line), lines[0] if lines else "")
             raise ValueError(
                 f"the adapter at {adapter} does not fit the base model {model_path} ({first[:300]}); pass the base "
-                f"it was trained on with --model (its config records "
+                f"it was trained on with --model_name_or_path (its config records "
                 f"{saved.config.get('base_model_name_or_path')!r}), or restore the adapter's files if that is it"
             ) from None
-        index.check_adapter(model.peft_config[model.active_adapter], where=f"the adapter at {adapter}")
+        load_sid_record(model, adapter)
         return tokenizer, model
     vectors = None
     if init == "centroid":
@@ -103,12 +107,12 @@ def sid_model(
         init_scale=init_scale,
         init_seed=seed,
         task_type="CAUSAL_LM",
-        metadata={
-            "sid_index_fingerprint": index.fingerprint(),
-            "prompt_format": asdict(fmt or PromptFormat()),
-        },
     )
-    return tokenizer, get_peft_model(base, config)
+    model = get_peft_model(base, config)
+    record_sid_facts(
+        model, sid_index_fingerprint=index.fingerprint(), prompt_format=asdict(fmt or PromptFormat())
+    )
+    return tokenizer, model
 
 
 def base_model_path(adapter: str, recorded: str | None = None) -> str:
@@ -129,26 +133,107 @@ def base_model_path(adapter: str, recorded: str | None = None) -> str:
         return str(local)
     raise FileNotFoundError(
         f"The adapter at {adapter} was made on {recorded!r}, which is not a local directory: pass its path "
-        "(model_path= / --model)."
+        "(model_path= / --model_name_or_path)."
     )
 
 
+SID_RECORD = "sid_record.json"
+"""The file beside an adapter (never in its config) where the recommender records what it trained the adapter
+for: ``sid_index_fingerprint`` (the SID index its tokens stand for), ``prompt_format`` (how its prompts were
+written) and ``sid_softmax`` (True: trained with the SID-only softmax)."""
+RECORD_KEYS = ("sid_index_fingerprint", "prompt_format", "sid_softmax")
 SID_SOFTMAX_KEY = "sid_softmax"
-"""Adapter metadata key: True when the adapter trained with the SID-only softmax (absent: full vocabulary)."""
+FINGERPRINT_KEY = "sid_index_fingerprint"
+
+
+def _records(model) -> dict[str, dict[str, Any]]:
+    """adapter name -> its record, kept on the ``PeftModel`` itself (copies and pickles carry it)."""
+    return vars(model).setdefault("sid_records", {})
+
+
+def sid_record(model, adapter_name: str | None = None) -> dict[str, Any]:
+    """A copy of the record of ``model``'s adapter (default: the active one); ``{}`` when it has none."""
+    if model is None or not hasattr(model, "peft_config"):
+        return {}
+    name = adapter_name or getattr(model, "active_adapter", None)
+    return dict(vars(model).get("sid_records", {}).get(name, {}))
+
+
+def record_sid_facts(model, adapter_name: str | None = None, **facts: Any) -> None:
+    """Set facts of the record of ``model``'s adapter (a ``None`` value removes the fact)."""
+    unknown = sorted(set(facts) - set(RECORD_KEYS))
+    if unknown:
+        raise ValueError(f"a SID record holds {', '.join(RECORD_KEYS)}; not {unknown}")
+    name = adapter_name or model.active_adapter
+    record = _records(model).setdefault(name, {})
+    for key, value in facts.items():
+        if value is None:
+            record.pop(key, None)
+        else:
+            record[key] = value
+
+
+def save_sid_record(model, directory: str | Path, adapter_name: str | None = None) -> None:
+    """Write the record of ``model``'s adapter into ``directory`` (:data:`SID_RECORD`, atomically); an adapter
+    without a record writes none (and removes a stale one)."""
+    import json
+
+    from .._io import atomic_write_text
+
+    record = sid_record(model, adapter_name)
+    path = Path(directory) / SID_RECORD
+    if record:
+        atomic_write_text(path, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    elif path.is_file():
+        path.unlink()
+
+
+def read_sid_record(directory: str | Path) -> dict[str, Any]:
+    """The record saved beside the adapter in ``directory`` (``{}`` when there is none), checked."""
+    from .._io import read_json
+
+    path = Path(directory) / SID_RECORD
+    if not path.is_file():
+        return {}
+    fix = "restore the file the adapter was saved with, or delete it (the adapter then records nothing)"
+    record = read_json(path, fix=fix)
+    if not isinstance(record, dict) or set(record) - set(RECORD_KEYS):
+        raise ValueError(f"{path} is not a SID record (an object of {', '.join(RECORD_KEYS)}); {fix}")
+    if record.get("prompt_format"):  # a format this version cannot read fails here, naming the file
+        PromptFormat.from_record(record["prompt_format"], str(path))
+    return record
+
+
+def load_sid_record(model, directory: str | Path, adapter_name: str | None = None) -> None:
+    """Attach the record saved in ``directory`` to ``model``'s adapter (replacing what it had). A folder without
+    one is remembered, so that decoding asks how to normalise instead of guessing (:func:`sid_softmax_of`)."""
+    name = adapter_name or model.active_adapter
+    _records(model)[name] = read_sid_record(directory)
+    missing = vars(model).setdefault("sid_records_missing", {})
+    if (Path(directory) / SID_RECORD).is_file():
+        missing.pop(name, None)
+    else:
+        missing[name] = str(directory)
 
 
 def sid_softmax_of(model) -> bool:
-    """Whether ``model``'s active adapter was trained with the SID-only softmax (recorded in its metadata
-    by :class:`~peft_grounded.recommend.RecommendationTrainer`); False for a model without a grounded adapter."""
-    config = getattr(model, "peft_config", {}).get(getattr(model, "active_adapter", None))
-    return bool(
-        ((getattr(config, "metadata", None) or {}) if config is not None else {}).get(SID_SOFTMAX_KEY)
-    )
+    """Whether ``model``'s active adapter was trained with the SID-only softmax (its record says so, written
+    by :class:`~peft_grounded.recommend.RecommendationTrainer`); False for an adapter made in memory without
+    one. An adapter loaded from a folder without its record raises: a guess would score other lists."""
+    folder = vars(model).get("sid_records_missing", {}).get(getattr(model, "active_adapter", None))
+    if folder is not None:
+        raise ValueError(
+            f"the adapter loaded from {folder} has no {SID_RECORD} beside it, so how it was trained to normalise "
+            "each SID step is unknown: pass sid_softmax=True (the SID-only softmax, sft's default) or False (the "
+            f"whole vocabulary), or restore {SID_RECORD} (save with the package's savers, or "
+            "peft_grounded.sids.model.save_sid_record(model, folder) after model.save_pretrained(folder))"
+        )
+    return bool(sid_record(model).get(SID_SOFTMAX_KEY))
 
 
 def prompt_format_of(model, default: PromptFormat | None = None) -> PromptFormat:
-    """The prompt format recorded in the model's adapter config (else ``default`` or the standard one)."""
-    recorded = (getattr(model.peft_config[model.active_adapter], "metadata", None) or {}).get("prompt_format")
+    """The prompt format the model's adapter records (else ``default`` or the standard one)."""
+    recorded = sid_record(model).get("prompt_format")
     if recorded:
         return PromptFormat.from_record(recorded)
     return default or PromptFormat()

@@ -10,15 +10,17 @@ from peft import PeftModel
 
 from .._io import DiskFullError, is_disk_full, make_temp_dir, swap_dir_into_place
 from ..adapter.saved import ADAPTER_WEIGHTS
+from ..sids.model import save_sid_record
 
 
 def save_adapter_atomic(model: PeftModel, directory: str | Path, state_dict: dict | None = None) -> Path:
-    """``model.save_pretrained(directory)`` through a temporary sibling directory, swapped in at the end
-    (``state_dict``: the weights to take them from, e.g. gathered from shards)."""
+    """``model.save_pretrained(directory)`` and its SID record through a temporary sibling directory, swapped in
+    at the end (``state_dict``: the weights to take them from, e.g. gathered from shards)."""
     directory = Path(directory)
     tmp = make_temp_dir(directory)
     try:
         model.save_pretrained(tmp, **({} if state_dict is None else {"state_dict": state_dict}))
+        save_sid_record(model, tmp)
         swap_dir_into_place(tmp, directory)
     except Exception as err:
         if is_disk_full(err):

@@ -1,8 +1,8 @@
 """How a training run's checkpoints are written and resumed without loss.
 
 * every checkpoint is written into ``.checkpoint-N.partial`` and renamed into place when complete, so a kill or
-  a full disk at any instant leaves the last complete checkpoint; a resume skips (and moves aside) a
-  checkpoint left incomplete by older code, saying so;
+  a full disk at any instant leaves the last complete checkpoint; a resume skips (and moves aside) an
+  incomplete checkpoint (written otherwise, or damaged since), saying so;
 * resuming a finished run is a no-op that says so (the adapter and the log are left as they are);
 * TRL's draft model card does not replace a ``README.md`` of the user's in the output folder.
 
@@ -162,7 +162,7 @@ class SafeCheckpoints:
                 )
                 raise DiskFullError(
                     f"no space to write checkpoint {root / name} ({err}); the partial checkpoint was removed and "
-                    f"{kept}. Free disk space, then resume (--resume / resume_from_checkpoint=True).",
+                    f"{kept}. Free disk space, then resume (--resume_from_checkpoint / resume_from_checkpoint=True).",
                     err,
                 ) from err
             raise
@@ -186,7 +186,7 @@ class SafeCheckpoints:
             state_file = written / runs.TRAINER_STATE
             if state_file.is_file():
                 self.state.save_to_json(str(state_file))
-        if final.exists():  # an earlier, incomplete copy (older code): replaced as a whole
+        if final.exists():  # a copy of this step already there (e.g. an incomplete one): replaced as a whole
             swap_dir_into_place(written, final)
         else:
             written.rename(final)

@@ -14,12 +14,11 @@ from trl import SFTConfig
 class RunConfig(SFTConfig):
     """``SFTConfig`` with the defaults every stage of this package shares; the settings of a training stage.
 
-    Every field is a command-line flag under its own name (``peft-grounded ground --learning_rate 1e-3``) and a
-    key of a ``--config stage.yaml``; the flags of earlier releases stay as aliases (``--lr``, ``--steps``,
-    ``--batch-size``, ``--grad-accum``, ``--output``, ``--minutes``, ``--lr-scheduler``, ``--resume``).
-    Differences from TRL's defaults: ``bf16`` chosen by the CPU (off where bf16 is emulated), the CPU unless
-    CUDA is available (``use_cpu``), the stage's own ``max_steps`` (:attr:`default_steps`), a cosine schedule with
-    3% warm-up, no gradient checkpointing, no logging integrations.
+    Every field is a command-line flag under its own name (``peft-grounded ground --learning_rate 1e-3``, also
+    ``--learning-rate``) and a key of a ``--config stage.yaml``. Differences from TRL's defaults: ``bf16``
+    chosen by the CPU (off where bf16 is emulated), the CPU unless CUDA is available (``use_cpu``), the
+    stage's own ``max_steps`` (:attr:`default_steps`), a cosine schedule with 3% warm-up, no gradient
+    checkpointing, no logging integrations.
     """
 
     default_steps: ClassVar[int] = -1  # max_steps when none is given (-1: TRL's epochs)
@@ -27,29 +26,20 @@ class RunConfig(SFTConfig):
 
     output_dir: str | None = field(
         default=None,
-        metadata={
-            "help": "Output directory: checkpoints, adapter/, run.json, log_history.json.",
-            "aliases": ["--output", "--out"],
-        },
+        metadata={"help": "Output directory: checkpoints, adapter/, run.json, log_history.json."},
     )
     max_steps: int | None = field(
         default=None,
         metadata={
-            "help": "Optimisation steps. None: the stage's default, or with max_minutes no step limit; -1: epochs.",
-            "aliases": ["--steps"],
+            "help": "Optimisation steps. None: the stage's default, or with max_minutes no step limit; -1: epochs."
         },
     )
-    learning_rate: float = field(default=2e-5, metadata={"help": "Learning rate.", "aliases": ["--lr"]})
-    per_device_train_batch_size: int = field(
-        default=16, metadata={"help": "Batch size per device.", "aliases": ["--batch-size"]}
-    )
+    learning_rate: float = field(default=2e-5, metadata={"help": "Learning rate."})
+    per_device_train_batch_size: int = field(default=16, metadata={"help": "Batch size per device."})
     gradient_accumulation_steps: int = field(
-        default=1,
-        metadata={"help": "Batches accumulated per optimisation step.", "aliases": ["--grad-accum"]},
+        default=1, metadata={"help": "Batches accumulated per optimisation step."}
     )
-    lr_scheduler_type: str = field(
-        default="cosine", metadata={"help": "Learning-rate schedule.", "aliases": ["--lr-scheduler"]}
-    )
+    lr_scheduler_type: str = field(default="cosine", metadata={"help": "Learning-rate schedule."})
     warmup_ratio: float = field(default=0.03, metadata={"help": "Share of the steps spent warming up."})
     max_length: int | None = field(
         default=256, metadata={"help": "Longest training row in tokens; longer rows are refused."}
@@ -71,9 +61,8 @@ class RunConfig(SFTConfig):
     resume_from_checkpoint: str | None = field(
         default=None,
         metadata={
-            "help": "Continue a run: 'last' (what --resume alone gives) from the last checkpoint in output_dir, "
+            "help": "Continue a run: 'last' (what the flag alone gives) from the last checkpoint in output_dir, "
             "or start it when there is none yet; or the path of a checkpoint.",
-            "aliases": ["--resume"],
             "nargs": "?",
             "const": "last",
         },
@@ -100,7 +89,6 @@ class RunConfig(SFTConfig):
             "help": "Stop after this many minutes of training (evaluation excluded), or at max_steps if that "
             "comes first; the learning rate then warms up over warmup_ratio of the time and decays linearly "
             "to 0 at the time limit (lr_scheduler_type is not used).",
-            "aliases": ["--minutes"],
         },
     )
     allow_truncation: bool = field(
@@ -151,26 +139,33 @@ def check_run_config(args: Any) -> None:
         steps_problem = None
         if not checks.is_int(steps) or (steps < getattr(args, "min_steps", 1) and steps != -1):
             steps_problem = (
-                f"max_steps must be a positive number of optimisation steps, got {steps!r} (--steps), which "
-                "transformers does not take as a step count (it falls back to training epochs); give --steps "
-                "N >= 1, or --minutes M for a time budget (-1: num_train_epochs epochs, on purpose)"
+                f"max_steps must be a positive number of optimisation steps, got {steps!r} (--max_steps), "
+                "which transformers does not take as a step count (it falls back to training epochs); give "
+                "--max_steps N >= 1, or --max_minutes M for a time budget (-1: num_train_epochs epochs, on "
+                "purpose)"
             )
     else:
         steps_problem = checks.int_at_least(
-            "max_steps", steps, -1, flag="--steps; 0 or -1 with --minutes: time alone"
+            "max_steps", steps, -1, flag="--max_steps; 0 or -1 with --max_minutes: time alone"
         )
     checks.raise_problems(
         type(args).__name__,
         [
             steps_problem,
-            checks.number_in("max_minutes", minutes, 0, low_open=True, flag="--minutes", none_ok=True),
+            checks.number_in("max_minutes", minutes, 0, low_open=True, flag="--max_minutes", none_ok=True),
             checks.int_at_least(
-                "per_device_train_batch_size", args.per_device_train_batch_size, 1, flag="--batch-size"
+                "per_device_train_batch_size",
+                args.per_device_train_batch_size,
+                1,
+                flag="--per_device_train_batch_size",
             ),
             checks.int_at_least(
-                "gradient_accumulation_steps", args.gradient_accumulation_steps, 1, flag="--grad-accum"
+                "gradient_accumulation_steps",
+                args.gradient_accumulation_steps,
+                1,
+                flag="--gradient_accumulation_steps",
             ),
-            checks.number_in("learning_rate", args.learning_rate, 0, low_open=True, flag="--lr"),
+            checks.number_in("learning_rate", args.learning_rate, 0, low_open=True, flag="--learning_rate"),
             checks.int_at_least("max_length", args.max_length, 1, flag="--max-length", none_ok=True),
             checks.number_in("save_steps", args.save_steps, 0, low_open=True, flag="--save-steps"),
             checks.number_in("logging_steps", args.logging_steps, 0, low_open=True),

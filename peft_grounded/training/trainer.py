@@ -7,7 +7,7 @@ loss log as JSON and writes the final adapter atomically to ``<output_dir>/adapt
 * the output folder is locked (:mod:`peft_grounded._locks`): a second trainer aimed at it stops at once;
 * every checkpoint is written into ``.checkpoint-N.partial`` and renamed into place when complete, so a
   kill or a full disk at any instant leaves the last complete checkpoint; a resume skips (and moves
-  aside) a checkpoint left incomplete by older code, saying so;
+  aside) an incomplete checkpoint (written otherwise, or damaged since), saying so;
 * resuming a finished run is a no-op that says so (the adapter and the log are left as they are), and a
   run killed after its last checkpoint but before its adapter is finished from that checkpoint;
 * TRL's draft model card does not replace a ``README.md`` of the user's in the output folder.
@@ -57,8 +57,8 @@ from .runs import ADAPTER_DIR, LOG_FILE, dataset_fingerprint, sample_rows
 logger = logging.getLogger(__name__)
 
 
-# adapter-config fields that do not define a run (older manifests, written without them, stay resumable)
-NOT_IN_MANIFEST = ("inference_mode", "peft_version", "peft_grounded")
+# adapter-config fields that do not define a run (a run resumes after a PEFT upgrade)
+NOT_IN_MANIFEST = ("inference_mode", "peft_version")
 UNLIMITED_STEPS = 10**9  # max_steps when only a time budget ends the run
 
 
@@ -196,16 +196,22 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
         return problem
 
     def build_manifest(self, data_fingerprint: str) -> dict:
+        from ..sids.model import sid_record
+
         a = self.args
         config = (
             self.model.peft_config[self.model.active_adapter].to_dict()
             if hasattr(self.model, "peft_config")
             else {}
         )
+        config = {k: v for k, v in config.items() if k not in NOT_IN_MANIFEST}
+        record = sid_record(self.model)
+        if record:  # the SID index, prompt format and softmax the adapter trains for define the run too
+            config["sid_record"] = record
         return {
             "stage": self.stage,
             "base_model": config.get("base_model_name_or_path"),
-            "adapter": runs.fingerprint({k: v for k, v in config.items() if k not in NOT_IN_MANIFEST}),
+            "adapter": runs.fingerprint(config),
             "dataset": data_fingerprint,
             "learning_rate": a.learning_rate,
             "lr_scheduler_type": str(getattr(a.lr_scheduler_type, "value", a.lr_scheduler_type)),
@@ -380,7 +386,7 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
         if resume_from_checkpoint is None and (output_dir / ADAPTER_DIR).exists():
             raise runs.RunMismatchError(
                 f"{output_dir} already holds a finished run's adapter ({output_dir / ADAPTER_DIR}); training "
-                "again would replace it and its run.json. Resume it (a no-op: --resume), choose another "
+                "again would replace it and its run.json. Resume it (a no-op: --resume_from_checkpoint), choose another "
                 "output directory, or delete that adapter first."
             )
         if resume_from_checkpoint is None:
@@ -419,7 +425,7 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
             raise DiskFullError(
                 f"the run in {output_dir} finished training, but the disk filled while writing its loss log or "
                 f"adapter ({err}). Its last checkpoint holds the trained state: free disk space, then resume "
-                "(--resume / resume_from_checkpoint=True) to write them without training again.",
+                "(--resume_from_checkpoint / resume_from_checkpoint=True) to write them without training again.",
                 err,
             ) from err
         return result

@@ -12,6 +12,7 @@ from peft_grounded import GroundedTokenConfig
 from peft_grounded.cli import main
 from peft_grounded.growth import add_items, grow_adapter
 from peft_grounded.sids import Item
+from peft_grounded.sids.model import record_sid_facts, save_sid_record
 
 
 def grown_indices():
@@ -34,9 +35,9 @@ def trained(tokenizer, factory, parent, arch, tied, lora, dtype=torch.float32):
         token_indices=ids,
         init="centroid",
         init_vectors=centroids,
-        metadata={"sid_index_fingerprint": parent.fingerprint()},
     )
     model = get_peft_model(base, config)
+    record_sid_facts(model, sid_index_fingerprint=parent.fingerprint())
     if lora:
         peft_grounded.add_lora(model, r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
     generator = torch.Generator().manual_seed(1)
@@ -59,8 +60,10 @@ def grow_world(tmp_path, tokenizer, tiny_model_factory):
     model = trained(tokenizer, tiny_model_factory, parent, "llama", False, True)
     model.peft_config["default"].base_model_name_or_path = str(base)
     model.save_pretrained(tmp_path / "adapter")
+    save_sid_record(model, tmp_path / "adapter")
     reference = grow_adapter(model, tokenizer, parent, child)
     reference.save_pretrained(tmp_path / "reference")
+    save_sid_record(reference, tmp_path / "reference")
     return {"root": tmp_path, "parent": parent, "child": child, "base": str(base)}
 
 
@@ -75,7 +78,7 @@ def grow(world, output: str, *extra: str, child: str = "sids-v2") -> int:
             str(root / "sids"),
             "--sid-index",
             str(root / child),
-            "--output",
+            "--output_dir",
             str(root / output),
             *extra,
         ]

@@ -126,13 +126,20 @@ def make_world(root: Path, tokenizer) -> dict:
     }
     (root / "toy.item.json").write_text(json.dumps(items))
     (root / "toy.inter.json").write_text(json.dumps({u: list(s) for u, s in catalogue.sequences.items()}))
-    data = ["--model", str(base), "--sid-index", str(root / "sids"), "--catalogue", str(root / "toy")]
+    data = [
+        "--model_name_or_path",
+        str(base),
+        "--sid-index",
+        str(root / "sids"),
+        "--catalogue",
+        str(root / "toy"),
+    ]
     return {"root": root, "base": str(base), "data": data}
 
 
-TINY = ["--batch-size", "4", "--save-steps", "2", "--max-length", "96"]
+TINY = ["--per_device_train_batch_size", "4", "--save-steps", "2", "--max-length", "96"]
 
 
 def ground_args(world: dict, output, steps: int = 4, *extra: str) -> list[str]:
     """``peft-grounded ground`` on the world, ``steps`` steps into ``output``."""
-    return ["ground", *world["data"], *TINY, "--steps", str(steps), "--output", str(output), *extra]
+    return ["ground", *world["data"], *TINY, "--max_steps", str(steps), "--output_dir", str(output), *extra]

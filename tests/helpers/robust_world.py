@@ -16,6 +16,7 @@ from conftest import build_tiny_model
 
 from helpers.toy_catalogue import toy_catalogue, toy_index
 from peft_grounded.cli import main
+from peft_grounded.sids.model import save_sid_record
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -85,6 +86,7 @@ def world(tmp_path_factory, smollm2_dir):
     _, model = sid_model(str(base), index, init="centroid")
     add_lora(model, r=2, lora_alpha=4, target_modules=["q_proj"])
     model.save_pretrained(root / "adapter")
+    save_sid_record(model, root / "adapter")
     return {
         "root": root,
         "base": base,
@@ -95,7 +97,14 @@ def world(tmp_path_factory, smollm2_dir):
 
 
 def data_args(world) -> list[str]:
-    return ["--model", world["base"], "--sid-index", world["sids"], "--catalogue", world["catalogue"]]
+    return [
+        "--model_name_or_path",
+        world["base"],
+        "--sid-index",
+        world["sids"],
+        "--catalogue",
+        world["catalogue"],
+    ]
 
 
 def build_sids_args(world, catalogue, out, *extra) -> list:
@@ -112,7 +121,7 @@ def build_sids_args(world, catalogue, out, *extra) -> list:
         "--levels",
         "2",
         "--no-progress",
-        "-o",
+        "--output_dir",
         out,
         *extra,
     ]

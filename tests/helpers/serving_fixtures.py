@@ -9,6 +9,7 @@ from pathlib import Path
 
 from helpers.growth_fixtures import grown_indices, trained
 from peft_grounded.growth import grow_adapter
+from peft_grounded.sids.model import save_sid_record
 
 
 def serving_world(root: Path, tokenizer, tiny_model_factory) -> dict:
@@ -19,11 +20,13 @@ def serving_world(root: Path, tokenizer, tiny_model_factory) -> dict:
     model = trained(tokenizer, tiny_model_factory, parent, "llama", False, True)
     model.peft_config["default"].base_model_name_or_path = str(base)
     model.save_pretrained(root / "adapter")
+    save_sid_record(model, root / "adapter")
     parent.save(root / "adapter" / "sid_index")
     parent.save(root / "sids")
     grown = grow_adapter(model, tokenizer, parent, child)
     grown.peft_config["default"].base_model_name_or_path = str(base)
     grown.save_pretrained(root / "grown")
+    save_sid_record(grown, root / "grown")
     child.save(root / "grown" / "sid_index")
     child.save(root / "sids-v2")
     return {"root": root, "parent": parent, "child": child, "base": str(base)}
