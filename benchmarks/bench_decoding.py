@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -42,6 +43,9 @@ try:
     from benchmarks._args import Precision, parse
 except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
     from _args import Precision, parse
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the generate reference
+from helpers.generate_reference import generate_recommend
 
 
 @dataclass(kw_only=True)
@@ -103,18 +107,28 @@ def main(argv=None) -> None:
         for engine in args.engines:
             with autocast:
                 wall, cpu = time.perf_counter(), time.process_time()
-                recs = recommend(
-                    model,
-                    tokenizer,
-                    prompts,
-                    trie,
-                    k=20,
-                    num_beams=args.beams,
-                    batch_size=args.batch_size,
-                    engine=engine.removesuffix("+nll").removesuffix("+sid"),
-                    targets=[sids[x] for x in targets] if engine.endswith("+nll") else None,
-                    sid_softmax=engine.endswith("+sid"),
-                )
+                if engine == "generate":  # transformers' beam search: the tests' reference engine
+                    recs = generate_recommend(
+                        model,
+                        tokenizer,
+                        prompts,
+                        trie,
+                        k=20,
+                        num_beams=args.beams,
+                        batch_size=args.batch_size,
+                    )
+                else:  # the package's engine (fast, fast+nll, fast+sid)
+                    recs = recommend(
+                        model,
+                        tokenizer,
+                        prompts,
+                        trie,
+                        k=20,
+                        num_beams=args.beams,
+                        batch_size=args.batch_size,
+                        targets=[sids[x] for x in targets] if engine.endswith("+nll") else None,
+                        sid_softmax=engine.endswith("+sid"),
+                    )
                 timings[engine].append((time.perf_counter() - wall, time.process_time() - cpu))
             lists[engine] = recs.items
             values[engine] = recs.scores
@@ -123,9 +137,7 @@ def main(argv=None) -> None:
         _, exact = sid_model(str(assets.smollm2()), index, init="centroid", dtype=torch.float32)
         add_lora(exact, r=8, lora_alpha=16)  # B = 0: the same function as the bf16 model, in fp32
         exact.eval()
-        reference = recommend(
-            exact, tokenizer, prompts, trie, k=20, num_beams=args.beams, engine="fast"
-        ).items
+        reference = recommend(exact, tokenizer, prompts, trie, k=20, num_beams=args.beams).items
     first = lists[args.engines[0]]
     rows = []
     for engine in args.engines:

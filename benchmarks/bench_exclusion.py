@@ -25,12 +25,22 @@ class Settings:
     users: int = field(default=300, metadata={"help": "the first N validation users"})
 
 
+def left_out(items, scores, exclude, k):
+    """The route it replaced: each row's first ``k`` items (and scores) that its ``exclude`` does not hold."""
+    kept_items, kept_scores = [], []
+    for row, values, seen in zip(items, scores, exclude, strict=True):
+        pairs = [(i, s) for i, s in zip(row, values, strict=True) if i not in set(seen)][:k]
+        kept_items.append([i for i, _ in pairs])
+        kept_scores.append([s for _, s in pairs])
+    return kept_items, kept_scores
+
+
 def main(argv=None) -> None:
     args = parse(Settings, argv, prog="bench_exclusion.py", description=__doc__)
     from peft_grounded import GroundedRecommender
-    from peft_grounded.decoding.generation import recommend
-    from peft_grounded.decoding.top_k import left_out
+    from peft_grounded.decoding import recommend
     from peft_grounded.evaluation.intervals import bootstrap_interval
+    from peft_grounded.serving.top_k import history_prompts
     from peft_grounded.sids import SIDIndex, load_catalogue
 
     (adapter,) = sorted(args.run.glob("strategies/*/sft/adapter"))
@@ -44,7 +54,7 @@ def main(argv=None) -> None:
     inside = [x.items for x in r.recommend(histories, k=10, exclude_history=True)]
     inside_s = time.perf_counter() - start
     start = time.perf_counter()
-    prompts = r._prompts(histories)
+    prompts = history_prompts(histories, r.index, r.tokenizer, r.catalogue, r.fmt)
     found = recommend(r.model, r.tokenizer, prompts, r.trie, k=20, num_beams=20, sid_softmax=r.sid_rows)
     before, _ = left_out(found.items, found.scores, histories, 10)
     for u in [u for u, row in enumerate(before) if len(row) < 10]:

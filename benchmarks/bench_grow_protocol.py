@@ -24,12 +24,15 @@ how long) is printed first.
    the same budget (the upper reference); popularity over the training targets (which cannot rank a new
    item). Paired bootstrap intervals (the same resampled users for both rows) of the differences grown -
    retrained and grown+incremental - grown. Also the share of the top-K slots that go to new items.
-5. The served rule (the semantic mixture in ``share`` mode, what ``peft-grounded recommend`` serves) against
+5. The served rule (the semantic mixture in ``share`` mode, what ``peft-grounded recommend`` and ``evaluate``
+   serve: its rows go through the package's one route, ``peft_grounded.serving.top_k_lists``) against
    two controls, paired, on both user groups: the *text-only mixture* (the same mixture with a softmax of
-   text KNN over all items in place of the LLM's beams, :func:`text_knn_beams`) and the new items ranked by
-   ``p_text`` alone (no model, :func:`p_text_lists`). Where the served rule does not beat them, the LLM's
-   beams add nothing for new-item users. Then all users as the population holds them (the two groups
-   weighted by their shares of the users, :func:`blended`): what a shop serving one rule to everyone gets.
+   text KNN over all items in place of the LLM's beams) and the new items ranked by ``p_text`` alone (no
+   model). Where the served rule does not beat them, the LLM's beams add nothing for new-item users. Then
+   all users as the population holds them (the two groups weighted by their shares of the users, a
+   stratified bootstrap): what a shop serving one rule to everyone gets. The controls, the slot rule and
+   that interval live in ``peft_grounded.new_items`` (``controls``, ``slots``); the model-alone rows go
+   through the same route.
 
 Writes ``<out>/protocol.json`` (with per-user ranks of the target) and ``<out>/protocol.md``; training
 runs resume (``<out>/old``, ``<out>/full``).
@@ -41,7 +44,7 @@ import json
 import random
 import time
 from collections import Counter
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -50,20 +53,31 @@ import numpy as np
 import torch
 
 from peft_grounded import assets
-from peft_grounded.decoding import Recommendations, SIDTrie, mix_new_items, recommend
-from peft_grounded.decoding.new_items import default_match_levels
-from peft_grounded.decoding.semantic_mixture import SemanticMixture
+from peft_grounded.decoding import Recommendations
 from peft_grounded.evaluation import EvalSettings
 from peft_grounded.evaluation.intervals import bootstrap_interval
 from peft_grounded.evaluation.metrics import metric_value, ranking_metrics, target_rank
-from peft_grounded.evaluation.new_items import calibration_pairs, first_seen, new_item_examples
-from peft_grounded.evaluation.users import item_token_ids
 from peft_grounded.growth import add_items, grow_adapter
 from peft_grounded.growth.grounding import ground_new_items
+from peft_grounded.new_items import (
+    P_TEXT,
+    TEXT_ONLY,
+    NewItemRule,
+    SemanticMixture,
+    blended,
+    control_lists,
+    default_match_levels,
+    first_seen,
+    full_histories,
+    logged_pairs,
+    mix_new_items,
+    new_item_examples,
+    random_slots,
+)
 from peft_grounded.peers import TextKNN
 from peft_grounded.pipeline import Budget, Experiment, run_strategy, strategy
-from peft_grounded.prompts import PromptFormat, inference_prompts
-from peft_grounded.serving import NewItemRule
+from peft_grounded.prompts import PromptFormat
+from peft_grounded.serving.top_k import model_beams, top_k_lists
 from peft_grounded.sids import build_sids, load_catalogue
 from peft_grounded.sids.encoders import encode_texts, load_encoder
 from peft_grounded.sids.model import sid_model
@@ -81,18 +95,6 @@ def interval(values: np.ndarray, seed: int, rounds: int) -> tuple[float, float]:
         return float("nan"), float("nan")
     found = bootstrap_interval([values], resamples=rounds, seed=seed)
     return found["low"], found["high"]
-
-
-def blended(
-    new: np.ndarray, old: np.ndarray, weight: float, seed: int, rounds: int
-) -> tuple[float, float, float]:
-    """``weight * mean(new) + (1 - weight) * mean(old)`` (``weight``: the new-item users' share of all users)
-    and its 95% stratified bootstrap interval (each group's users resampled within the group)."""
-    rng = np.random.default_rng(seed)
-    value = weight * new.mean() + (1 - weight) * old.mean()
-    draws = weight * new[rng.integers(0, len(new), (rounds, len(new)))].mean(1)
-    draws += (1 - weight) * old[rng.integers(0, len(old), (rounds, len(old)))].mean(1)
-    return float(value), float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))
 
 
 def per_user(predictions: list[list[str]], targets: list[str], k: int) -> dict[str, np.ndarray]:
@@ -118,30 +120,42 @@ def score(predictions: list[list[str]], targets: list[str], new: set[str], k: in
     }
 
 
-def decode(model, tokenizer, examples, index, catalogue, fmt, beams: int, bf16: bool) -> Recommendations:
-    """All ``beams`` beams per example, best first, prompts in the training ``fmt``."""
-    _, prompts, _ = inference_prompts(examples, index, tokenizer, catalogue, fmt)
-    trie = SIDTrie(item_token_ids(tokenizer, index))
+@contextmanager
+def decoding(model, bf16: bool):
+    """No gradients, and bf16 autocast when the protocol runs in bf16."""
     device = model.device.type if hasattr(model, "device") else "cpu"
-    autocast = torch.autocast(device, dtype=torch.bfloat16) if bf16 else nullcontext()
-    with torch.no_grad(), autocast:
-        return recommend(model, tokenizer, prompts, trie, k=beams, num_beams=beams, batch_size=8)
+    with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16) if bf16 else nullcontext():
+        yield
 
 
-def random_slots(
-    recs: Recommendations, new_ids: list[str], share: float, k: int, seed: int
-) -> list[list[str]]:
-    """The control for any new-item rule: the model's first ``k - floor(share * k)`` items, then random new
-    items (seeded, history-blind) in the remaining slots."""
-    rng = random.Random(seed)
-    quota = int(share * k + 1e-9)
-    new = set(new_ids)
-    lists = []
-    for items in recs.items:
-        kept = [i for i in items if i not in new][: k - quota]
-        fill = [i for i in rng.sample(new_ids, min(len(new_ids), quota + k)) if i not in kept]
-        lists.append(kept + fill[: k - len(kept)])
-    return lists
+def decode(model, tokenizer, histories, index, catalogue, fmt, beams: int, bf16: bool) -> Recommendations:
+    """All ``beams`` beams per history, best first, prompts in the training ``fmt``: the first search of the
+    package's route (:func:`peft_grounded.serving.top_k.model_beams`), cached to re-score serving rules."""
+    with decoding(model, bf16):
+        return model_beams(
+            model, tokenizer, index, histories, beams, fmt=fmt, catalogue=catalogue, batch_size=8
+        )
+
+
+def served(model, tokenizer, histories, index, catalogue, fmt, beams, k: int, bf16: bool, rule=None) -> list:
+    """The lists ``peft-grounded recommend`` and ``evaluate`` serve (:func:`peft_grounded.serving.top_k_lists`,
+    with ``rule`` or the model alone, the history kept as the protocol's rows always did), the cached
+    ``beams`` as their first search."""
+    with decoding(model, bf16):
+        return top_k_lists(
+            model,
+            tokenizer,
+            index,
+            histories,
+            k,
+            fmt=fmt,
+            catalogue=catalogue,
+            new_item_rule=rule,
+            num_beams=beams.num_beams,
+            exclude_history=False,
+            batch_size=8,
+            beams=beams,
+        ).items
 
 
 def cached_decode(
@@ -164,47 +178,10 @@ def cached_decode(
     return recs
 
 
-SERVED = "grown + semantic mixture (share)"  # the rule `recommend` serves (peft_grounded.serving.NewItemRule)
-TEXT_ONLY = "text-only mixture (control)"
-P_TEXT = "new items by p_text alone (control)"
+SERVED = (
+    "grown + semantic mixture (share)"  # the rule `recommend` serves (peft_grounded.new_items.NewItemRule)
+)
 CHOSEN = "grown + served, beams chosen on the log"  # NewItemRule.choose_beams: the model's, or text KNN
-
-
-def text_knn_beams(mixture: SemanticMixture, histories, beams: int) -> Recommendations:
-    """The LLM's beams replaced by text KNN over ALL items (:meth:`SemanticMixture.text_beams`: each user's
-    ``beams`` items nearest their recency profile, history items left out, a log-softmax of
-    ``cos / temperature``), so the mixture gets a text "model" in place of the LLM."""
-    return mixture.text_beams(histories, beams)
-
-
-def p_text_lists(mixture: SemanticMixture, histories, k: int) -> list[list[str]]:
-    """The new items ranked by ``p_text`` alone (no model): each user's top ``k`` new items."""
-    text = mixture.text_probabilities(histories)
-    order = np.argsort(-text, axis=1, kind="stable")[:, :k]
-    return [[mixture.new_items[j] for j in user if text[u, j] > 0] for u, user in enumerate(order)]
-
-
-def served(mixture: SemanticMixture, recs: Recommendations, histories, k: int, mode: str = "share") -> list:
-    """The lists ``peft-grounded recommend`` serves with this mixture (:class:`NewItemRule`, ``mode``)."""
-    return NewItemRule(mixture, "protocol", mode).apply(recs, histories, k).items
-
-
-def control_lists(mixture: SemanticMixture, histories, k: int, beams: int, mode: str) -> dict[str, list]:
-    """The two controls of the served rule: the same rule over text KNN beams, and p_text alone."""
-    return {
-        TEXT_ONLY: served(mixture, text_knn_beams(mixture, histories, beams), histories, k, mode),
-        P_TEXT: p_text_lists(mixture, histories, k),
-    }
-
-
-def full_histories(split, examples: list[tuple]) -> list[tuple[str, ...]]:
-    """Each example's whole history (the prompt shows only its last ``max_history`` items)."""
-    by_user = {u.user_id: u for u in split.users}
-    out = []
-    for user, _, target in examples:
-        u = by_user[user]
-        out.append(u.history if target == u.valid and target != u.test else (*u.history, u.valid))
-    return out
 
 
 SMOKE = dict(  # a path check, not a measurement: seconds of training, a few users
@@ -282,7 +259,7 @@ class Settings(Precision):
     new_item_share: list[float] = field(
         default_factory=lambda: [0.1, 0.2],
         metadata={
-            "help": "the grown model with new-item slots (TIGER's cold-start rule, decoding.mix_new_items): at "
+            "help": "the grown model with new-item slots (TIGER's cold-start rule, new_items.mix_new_items): at "
             "most this share of the top-k goes to new items sharing a generated item's SID prefix",
             "action": ZeroOrMore,
         },
@@ -475,7 +452,7 @@ def main(argv=None) -> None:
     histories = {"new": full_histories(split, examples), "old": full_histories(split, old_examples)}
     item_ids = list(catalogue.items)
     t = time.perf_counter()
-    logged = calibration_pairs(split, args.positions)  # what serving logged since the model trained
+    logged = logged_pairs(split, args.positions)  # what serving logged since the model trained
     mixture = SemanticMixture.fit(item_ids, vectors, new_ids, logged)
     choice: dict = {}
     timings["fit_mixture_s"] = round(time.perf_counter() - t, 2)
@@ -490,8 +467,8 @@ def main(argv=None) -> None:
             part: cached_decode(
                 out / f"beams-{slug}-{part}.json",
                 adapter,
-                lambda chosen=chosen: decode(
-                    model, tokenizer, chosen, index, catalogue, fmt, args.num_beams, bf16
+                lambda part=part: decode(
+                    model, tokenizer, histories[part], index, catalogue, fmt, args.num_beams, bf16
                 ),
                 chosen,
                 args.num_beams,
@@ -499,7 +476,11 @@ def main(argv=None) -> None:
             for part, chosen in (("new", examples), ("old", old_examples))
         }
         timings[f"decode_{name}_s"] = round(time.perf_counter() - t, 1)
-        variants = {name: lambda recs, part: recs.items}
+
+        def route(recs, part, rule=None):  # what `recommend` and `evaluate` serve, these beams first
+            return served(model, tokenizer, histories[part], index, catalogue, fmt, recs, args.k, bf16, rule)
+
+        variants = {name: route}
         if name == "grown":
             for levels in match_levels:
                 for share in args.new_item_share:
@@ -517,7 +498,7 @@ def main(argv=None) -> None:
             variants["grown + semantic mixture"] = lambda recs, part: (
                 mixture.mix(recs, histories[part], args.k).items
             )
-            variants[SERVED] = lambda recs, part: served(mixture, recs, histories[part], args.k)
+            variants[SERVED] = lambda recs, part: route(recs, part, NewItemRule(mixture, index.fingerprint()))
             if args.choice_users:
                 sample = random.Random(args.seed).sample(logged, min(args.choice_users, len(logged)))
                 logged_examples = [(f"log-{i}-{t}", list(h), t) for i, (h, t) in enumerate(sample)]
@@ -525,24 +506,26 @@ def main(argv=None) -> None:
                     out / "beams-grown-logged.json",
                     adapter,
                     lambda: decode(
-                        model, tokenizer, logged_examples, index, catalogue, fmt, args.num_beams, bf16
+                        model,
+                        tokenizer,
+                        [e[1] for e in logged_examples],
+                        index,
+                        catalogue,
+                        fmt,
+                        args.num_beams,
+                        bf16,
                     ),
                     logged_examples,
                     args.num_beams,
                 )
-                log_rule = NewItemRule(mixture, "protocol")
+                log_rule = NewItemRule(mixture, index.fingerprint())
                 choice.update(
                     log_rule.choose_beams(
                         logged_beams, [e[1] for e in logged_examples], [e[2] for e in logged_examples], args.k
                     )
                 )
                 print(f"served rule's beams chosen on {len(sample)} logged pairs: {choice}", flush=True)
-                variants[CHOSEN] = lambda recs, part, beams=log_rule.beams: served(
-                    mixture,
-                    recs if beams == "model" else text_knn_beams(mixture, histories[part], args.num_beams),
-                    histories[part],
-                    args.k,
-                )
+                variants[CHOSEN] = lambda recs, part: route(recs, part, log_rule)  # model or text beams
         for label, rule in variants.items():
             for part, table, wanted in (("new", results, targets), ("old", old_results, old_targets)):
                 table[label] = score(rule(lists[part], part), wanted, new, args.k)

@@ -13,7 +13,8 @@ merged). Two engines on that one model object:
   constrained beam search, ``decoding/beam.py``);
 * ``generate``: ``model.generate(num_beams=20, num_return_sequences=10)`` over the same trie, greedy, no
   length penalty: with ``prefix_allowed_tokens_fn`` (``SIDTrie.allowed_tokens``), the path users find first,
-  or, under the SID-only softmax, the package's ``SIDConstraintLogitsProcessor`` renormalising each step.
+  or, under the SID-only softmax, the tests' ``SIDConstraintLogitsProcessor`` renormalising each step (the
+  ``generate`` reference of ``tests/helpers/generate_reference.py``).
 
 The unmerged adapter (``merge=False``) decodes the batch once more: its lists must be the merged default's.
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import os
 import random
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,9 +42,7 @@ from transformers import LogitsProcessorList
 
 from peft_grounded import assets
 from peft_grounded.adapter import add_lora
-from peft_grounded.decoding import isolated_generation
-from peft_grounded.decoding.generation import left_pad
-from peft_grounded.decoding.processor import SIDConstraintLogitsProcessor
+from peft_grounded.decoding.search import left_pad
 from peft_grounded.prompts import inference_prompts
 from peft_grounded.recommend.shallow_base import shallow_base
 from peft_grounded.recommend.trainer import record_sid_softmax
@@ -55,6 +55,9 @@ try:
     from benchmarks._args import parse
 except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
     from _args import parse
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the generate reference
+from helpers.generate_reference import SIDConstraintLogitsProcessor, isolated_generation
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The new-item protocol script's defaults, scoring and (paired) bootstrap intervals; no model runs. Which
-items are new and which users are scored: tests/test_evaluation_new_items.py."""
+items are new, which users are scored, and the controls of the served rule: tests/test_new_items_protocol.py."""
 
 from __future__ import annotations
 
@@ -135,66 +135,3 @@ def test_pool_refuses_other_users_repeated_seeds_and_unknown_models(pooling, tmp
     b = _run(tmp_path, 2, {"grown": [0, 0], "slots": [1, 0]}, users=("u1", "u2"))
     with pytest.raises(SystemExit, match="not scored by every run"):
         pooling.pool(pooling.load_runs([a, b]), ["slots"], k=10, resamples=10)
-
-
-def _toy_mixture():
-    from peft_grounded.decoding.semantic_mixture import SemanticMixture
-
-    rng = np.random.default_rng(0)
-    items = [f"o{i}" for i in range(8)] + [f"n{i}" for i in range(4)]
-    vectors = rng.normal(size=(len(items), 6))
-    vectors[8:] = vectors[:4] + 0.05 * rng.normal(size=(4, 6))  # each new item near one old item
-    mixture = SemanticMixture(items, vectors, items[8:], temperature=0.1, weights=np.array([0.0, 2.0, 2.0]))
-    return mixture, vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
-
-
-def test_text_knn_beams_are_a_softmax_over_all_items_without_the_history(protocol):
-    mixture, unit = _toy_mixture()
-    histories = [["o0"], ["o1", "n1"]]
-    recs = protocol.text_knn_beams(mixture, histories, beams=5)
-    assert [len(i) for i in recs.items] == [5, 5]
-    assert recs.items[0][0] == "n0"  # the nearest item to o0 is its new twin
-    assert "o0" not in recs.items[0] and not {"o1", "n1"} & set(recs.items[1])
-    cos = unit @ unit[0]
-    logits = np.delete(cos / 0.1, 0)  # history left out
-    log_z = np.log(np.exp(logits - logits.max()).sum()) + logits.max()
-    assert recs.scores[0][0] == pytest.approx(cos[8] / 0.1 - log_z, rel=1e-5)
-    assert recs.scores[0] == sorted(recs.scores[0], reverse=True)
-
-
-def test_p_text_lists_hold_new_items_only_and_the_controls_are_rows(protocol):
-    mixture, _ = _toy_mixture()
-    histories = [["o0"], ["o1", "n1"], ["o2", "o3"]]
-    lists = protocol.p_text_lists(mixture, histories, k=3)
-    assert lists[0][0] == "n0" and all(set(x) <= set(mixture.new_items) for x in lists)
-    assert "n1" not in lists[1] and len(lists[1]) == 3
-    controls = protocol.control_lists(mixture, histories, k=4, beams=6, mode="share")
-    assert set(controls) == {protocol.TEXT_ONLY, protocol.P_TEXT}
-    assert all(len(x) == 4 for x in controls[protocol.TEXT_ONLY])
-    scored = protocol.score(controls[protocol.P_TEXT], ["n0", "n2", "o9"], set(mixture.new_items), k=3)
-    assert scored["per_user"]["rank"].tolist()[0] == 1 and scored["per_user"]["rank"].tolist()[2] == 0
-    assert protocol.SERVED == "grown + semantic mixture (share)"
-
-
-def test_the_served_rule_fills_lists_to_k_when_new_items_run_out(protocol):
-    from peft_grounded.decoding import Recommendations
-
-    mixture, _ = _toy_mixture()
-    histories = [["n0", "n1", "n2"]]  # pi_u high, one new item left
-    beams = Recommendations(
-        items=[["o1", "o2", "o3", "n3", "o4"]], scores=[[-1.0, -2.0, -3.0, -4.0, -5.0]], k=5, num_beams=5
-    )
-    (lst,) = protocol.served(mixture, beams, histories, k=4)
-    assert len(lst) == 4 and "n3" in lst and not {"n0", "n1", "n2"} & set(lst)
-
-
-def test_blended_weights_the_groups_and_resamples_within_each(protocol):
-    """All users as the population holds them: the groups' means weighted by their shares; a group without
-    spread adds none to the interval, and the interval holds the value."""
-    new, old = np.array([1.0, 0.0, 1.0, 0.0]), np.full(6, 0.5)
-    value, low, high = protocol.blended(new, old, 0.25, seed=0, rounds=2000)
-    assert value == pytest.approx(0.25 * 0.5 + 0.75 * 0.5)
-    assert low < value < high and high - low <= 0.25 * 1.0 + 1e-9  # only the new group's 25% can move
-    assert protocol.blended(new, old, 0.25, seed=0, rounds=2000) == (value, low, high)  # seeded
-    constant = protocol.blended(np.ones(3), np.zeros(5), 0.1, seed=1, rounds=500)
-    assert constant == pytest.approx((0.1, 0.1, 0.1))

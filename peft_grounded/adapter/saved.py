@@ -70,12 +70,19 @@ def adapter_files(path: str | Path) -> tuple[Path, Path]:
     return config_file, weights
 
 
-def read_adapter_config(path: str | Path) -> dict[str, Any]:
-    """The adapter config (a dict) of the adapter folder ``path``, with errors naming the file."""
+def adapter_config_json(path: str | Path, fix: str = FIX) -> Any:
+    """The JSON value of ``adapter_config.json`` in the adapter folder ``path``: the one place the package
+    parses that file (:func:`read_adapter_config`; the Hub's and the recommender's loading through
+    :func:`peft_grounded.hub.repo.load_grounded_config`, once per load); errors name the file and ``fix``."""
     from .._io import read_json
 
+    return read_json(Path(path) / ADAPTER_CONFIG, fix=fix)
+
+
+def read_adapter_config(path: str | Path) -> dict[str, Any]:
+    """The adapter config (a dict) of the adapter folder ``path``, with errors naming the file."""
     config_file, _ = adapter_files(path)
-    config = read_json(config_file, fix=FIX)
+    config = adapter_config_json(path)
     if not isinstance(config, dict):
         raise ValueError(f"{config_file} holds a JSON {type(config).__name__}, not an adapter config; {FIX}")
     if config.get("peft_type") not in (None, PEFT_TYPE):

@@ -1,18 +1,8 @@
-"""Constrained decoding: beam search restricted to valid Semantic IDs, returning the top-K items."""
+"""Constrained decoding: beam search restricted to valid Semantic IDs, returning the top-K items (one engine,
+:func:`recommend`; the route from users' histories to served lists is :func:`peft_grounded.serving.top_k_lists`)."""
 
-from .generation import Recommendations, beam_search_config, isolated_generation, recommend
-from .new_items import mix_new_items
-from .processor import SIDConstraintLogitsProcessor
+from .search import Recommendations, recommend
 from .sid_ids import sid_token_ids
 from .trie import SIDTrie
 
-__all__ = [
-    "Recommendations",
-    "SIDConstraintLogitsProcessor",
-    "SIDTrie",
-    "beam_search_config",
-    "isolated_generation",
-    "mix_new_items",
-    "recommend",
-    "sid_token_ids",
-]
+__all__ = ["Recommendations", "SIDTrie", "recommend", "sid_token_ids"]

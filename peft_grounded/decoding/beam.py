@@ -1,6 +1,6 @@
-"""A SID-constrained beam search written for fixed-length SIDs: the same search as transformers'
-``generate`` with :class:`~.processor.SIDConstraintLogitsProcessor` (greedy beam search, no length
-penalty, scores = summed full-vocabulary log-probabilities), with less work per user:
+"""The package's one SID-constrained beam search (fixed-length SIDs): the same search as transformers'
+``generate`` with a SID logits processor (greedy beam search, no length penalty, scores = summed
+log-probabilities; ``tests/helpers/generate_reference.py`` holds that reference), with less work per user:
 
 * the prompt is encoded once per user (all tokens but the last, then the last one on one row per user)
   and its KV cache is repeated to the beams only after the first SID token is chosen, so no beam forward
@@ -12,7 +12,7 @@ penalty, scores = summed full-vocabulary log-probabilities), with less work per 
   (sdpa and eager attention; other implementations repeat the cache to the beams and reorder it between
   steps).
 
-Variable-length SIDs (an end token) go through ``generate``; see :func:`~.generation.recommend`.
+:func:`~.search.recommend` batches prompts through it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,10 @@ def _cache_of(output: Any) -> Any:
         cache = getattr(output, name, None)
         if cache is not None:
             return cache
-    raise RuntimeError("the model returned no KV cache with use_cache=True; decode with engine='generate'")
+    raise RuntimeError(
+        "the model returned no KV cache with use_cache=True; the constrained beam search needs one (a "
+        "transformers causal LM gives it)"
+    )
 
 
 def _candidates(
@@ -85,8 +88,8 @@ def _forward(model: Any, head: StepHead, keep: int = 1, **kwargs: Any) -> tuple[
     except TypeError as err:
         raise TypeError(
             f"the model's forward rejected the cached decoding or scoring call ({err}); it needs input_ids, "
-            "attention_mask, position_ids, past_key_values, use_cache and logits_to_keep. Decode with "
-            "recommend(..., engine='generate') for such a model"
+            "attention_mask, position_ids, past_key_values, use_cache and logits_to_keep (a transformers causal "
+            "LM of version 4.45 or later takes them)"
         ) from err
 
 
@@ -107,14 +110,16 @@ def constrained_beam_search(
     score ``-inf``. With ``targets`` (``[prompts, L]`` SID token ids) each prompt's target is also scored
     (:func:`~.scoring.target_nlls`) from the same prompt cache: ``L - 1`` teacher-forced tokens per prompt,
     before the beams start; otherwise the NLLs are ``None``. ``shared_prompt``: keep one cache row per
-    prompt and mask the beams apart (:func:`_tree_steps`; default when the attention is sdpa or eager),
-    or repeat the prompt's cache to every beam (:func:`_repeat_steps`). ``head``: what each step scores
+    prompt and mask the beams apart (:class:`_SharedPrompt`; default when the attention is sdpa or eager),
+    or repeat the prompt's cache to every beam (:class:`_RepeatedPrompt`). ``head``: what each step scores
     (:class:`~.heads.StepHead`; default the whole vocabulary; the SID rows only for a model trained with
     the SID-only softmax). ``open_nodes`` (``[prompts, trie nodes]``, :meth:`~.trie.SIDTrie.open_nodes`): a
     prompt's beams only enter nodes still leading to an item it does not exclude, so excluded items (a
     user's history) take no beam."""
     if not trie.fixed_length:
-        raise ValueError("constrained_beam_search needs SIDs of one length; use engine='generate'")
+        raise ValueError(
+            "constrained_beam_search needs SIDs of one length (every SID index gives one length)"
+        )
     head = head or StepHead(model)
     prompts = input_ids.shape[0]
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
@@ -158,8 +163,8 @@ def constrained_beam_search(
     )
     if shared_prompt and not _mask_kind(model):
         raise ValueError("shared_prompt needs sdpa or eager attention (a custom 4D mask)")
-    steps = _tree_steps if (_mask_kind(model) if shared_prompt is None else shared_prompt) else _repeat_steps
-    generated, beam_scores = steps(
+    shared = bool(_mask_kind(model)) if shared_prompt is None else shared_prompt
+    generated, beam_scores = _beam_steps(
         model,
         head,
         cache,
@@ -170,6 +175,7 @@ def constrained_beam_search(
         trie,
         num_beams,
         open_nodes,
+        shared,
     )
     return generated.view(prompts, num_beams, -1), beam_scores.view(prompts, num_beams), nlls
 
@@ -215,51 +221,61 @@ def _mask_kind(model: Any) -> str | None:
     return {"sdpa": "bool", "eager": "float"}.get(implementation)
 
 
-def _tree_steps(
-    model: Any,
-    head: StepHead,
-    cache: Any,
-    attention_mask: torch.Tensor,
-    last_position: torch.Tensor,
-    generated: torch.Tensor,
-    beam_scores: torch.Tensor,
-    trie: SIDTrie,
-    num_beams: int,
-    open_nodes: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The beam steps with one cache row per prompt: the beams' tokens are appended to their prompt's row
+class _SharedPrompt:
+    """Beam steps with one cache row per prompt: the beams' tokens are appended to their prompt's row
     (``num_beams`` columns per step) and a 4D mask lets each beam see the prompt and its own ancestors, so
-    the prompt's cache is never repeated to the beams nor reordered."""
-    prompts, width = attention_mask.shape
-    device = attention_mask.device
-    slots = torch.arange(num_beams, device=device).expand(prompts, num_beams)
-    path = slots[:, :, None]  # path[p, j, g]: the slot of beam j's token fed at forward g
-    prompt_mask = attention_mask.bool()[:, None, None, :].expand(prompts, 1, num_beams, width)
-    kind = _mask_kind(model)
-    for step in range(1, trie.max_length):
-        own = torch.zeros(prompts, num_beams, step, num_beams, dtype=torch.bool, device=device)
-        own.scatter_(3, path[..., None], True)
-        mask = torch.cat([prompt_mask, own.view(prompts, 1, num_beams, step * num_beams)], dim=-1)
-        if kind == "float":
-            mask = torch.zeros(mask.shape, device=device).masked_fill(~mask, torch.finfo(torch.float32).min)
-        logits, _ = _forward(
-            model,
-            head,
+    the prompt's cache is never repeated to the beams nor reordered (sdpa and eager attention)."""
+
+    def __init__(self, model: Any, cache: Any, attention_mask: torch.Tensor, num_beams: int) -> None:
+        self.prompts, width = attention_mask.shape
+        self.num_beams, self.kind = num_beams, _mask_kind(model)
+        device = attention_mask.device
+        self.slots = torch.arange(num_beams, device=device).expand(self.prompts, num_beams)
+        self.path = self.slots[:, :, None]  # path[p, j, g]: the slot of beam j's token fed at forward g
+        self.prompt_mask = attention_mask.bool()[:, None, None, :].expand(self.prompts, 1, num_beams, width)
+
+    def inputs(self, step: int, generated: torch.Tensor, last_position: torch.Tensor) -> dict[str, Any]:
+        prompts, beams = self.prompts, self.num_beams
+        own = torch.zeros(prompts, beams, step, beams, dtype=torch.bool, device=generated.device)
+        own.scatter_(3, self.path[..., None], True)
+        mask = torch.cat([self.prompt_mask, own.view(prompts, 1, beams, step * beams)], dim=-1)
+        if self.kind == "float":
+            mask = torch.zeros(mask.shape, device=mask.device).masked_fill(
+                ~mask, torch.finfo(torch.float32).min
+            )
+        return dict(
             keep=0,
-            input_ids=generated[:, -1].view(prompts, num_beams),
+            input_ids=generated[:, -1].view(prompts, beams),
             attention_mask=mask,
-            position_ids=(last_position + step).expand(prompts, num_beams),
-            past_key_values=cache,
+            position_ids=(last_position + step).expand(prompts, beams),
         )
-        log_probs = logits.log_softmax(-1).view(prompts * num_beams, -1)
-        generated, beam_scores, parent = _select(
-            trie, head, generated, log_probs, beam_scores, prompts, num_beams, open_nodes
-        )
-        path = torch.cat([path.gather(1, parent[:, :, None].expand(-1, -1, step)), slots[:, :, None]], dim=2)
-    return generated, beam_scores
+
+    def follow(self, parent: torch.Tensor, step: int, cache: Any) -> None:
+        kept = self.path.gather(1, parent[:, :, None].expand(-1, -1, step))
+        self.path = torch.cat([kept, self.slots[:, :, None]], dim=2)
 
 
-def _repeat_steps(
+class _RepeatedPrompt:
+    """Beam steps with the prompt's cache repeated to every beam and reordered after each step (any
+    attention implementation)."""
+
+    def __init__(self, model: Any, cache: Any, attention_mask: torch.Tensor, num_beams: int) -> None:
+        cache.batch_repeat_interleave(num_beams)
+        self.mask = attention_mask.repeat_interleave(num_beams, 0)
+        prompts = attention_mask.shape[0]
+        self.num_beams = num_beams
+        self.offsets = (torch.arange(prompts, device=attention_mask.device) * num_beams)[:, None]
+
+    def inputs(self, step: int, generated: torch.Tensor, last_position: torch.Tensor) -> dict[str, Any]:
+        self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], dim=1)
+        position = last_position.repeat_interleave(self.num_beams, 0) + step
+        return dict(input_ids=generated[:, -1:], attention_mask=self.mask, position_ids=position)
+
+    def follow(self, parent: torch.Tensor, step: int, cache: Any) -> None:
+        cache.reorder_cache((self.offsets + parent).reshape(-1))
+
+
+def _beam_steps(
     model: Any,
     head: StepHead,
     cache: Any,
@@ -270,31 +286,22 @@ def _repeat_steps(
     trie: SIDTrie,
     num_beams: int,
     open_nodes: torch.Tensor | None = None,
+    shared: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The beam steps with the prompt's cache repeated to every beam (any attention implementation)."""
+    """The beam steps after the first SID token: one forward of every beam per step (fed as ``shared``
+    says: :class:`_SharedPrompt` or :class:`_RepeatedPrompt`), then :func:`_select`."""
     prompts = attention_mask.shape[0]
-    cache.batch_repeat_interleave(num_beams)
-    mask = attention_mask.repeat_interleave(num_beams, 0)
-    position = last_position.repeat_interleave(num_beams, 0)
-    offsets = (torch.arange(prompts, device=attention_mask.device) * num_beams)[:, None]
-    parent = None
-    for _ in range(1, trie.max_length):
-        if parent is not None:
-            cache.reorder_cache((offsets + parent).reshape(-1))
-        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-        position = position + 1
+    feed = (_SharedPrompt if shared else _RepeatedPrompt)(model, cache, attention_mask, num_beams)
+    for step in range(1, trie.max_length):
         logits, _ = _forward(
-            model,
-            head,
-            input_ids=generated[:, -1:],
-            attention_mask=mask,
-            position_ids=position,
-            past_key_values=cache,
+            model, head, **feed.inputs(step, generated, last_position), past_key_values=cache
         )
-        log_probs = logits[:, -1, :].log_softmax(-1)
+        log_probs = logits.reshape(prompts * num_beams, -1).log_softmax(-1)  # one position per beam
         generated, beam_scores, parent = _select(
             trie, head, generated, log_probs, beam_scores, prompts, num_beams, open_nodes
         )
+        if step + 1 < trie.max_length:
+            feed.follow(parent, step, cache)
     return generated, beam_scores
 
 

@@ -1,5 +1,6 @@
 """Evaluation: leave-one-out Recall@K / NDCG@K and target likelihood on all users and cold-item targets,
-per-user records, paired bootstrap intervals, JSON and markdown.
+per-user records, paired bootstrap intervals, JSON and markdown. The lists are the served ones
+(:func:`peft_grounded.serving.top_k_lists`); the new-item protocol lives in :mod:`peft_grounded.new_items`.
 
 Names load on first use (:mod:`peft_grounded._lazy`), so that the settings (:mod:`.settings`) parse without
 torch.
@@ -18,7 +19,6 @@ _LAZY = {  # module: the names it exports
     "settings": "EvalSettings",
     "evaluator": "Evaluation evaluate evaluate_adapter evaluate_adapter_into",
     "intervals": "bootstrap_interval compare_users intervals_table paired_intervals user_values",
-    "new_items": "calibration_pairs first_seen new_item_examples",
     "reports": (
         "comparison_table evaluate_predictions evaluate_split markdown_table write_json write_markdown "
         "write_text_atomic"

@@ -51,14 +51,17 @@ def evaluate(
     ranking: bool = True,
     likelihood: bool = True,
     sid_softmax: Any = None,
+    new_item_rule: Any = None,
 ) -> Evaluation:
-    """Rank (constrained beam search) and/or score (target NLL) the split's sampled users in one pass.
+    """Rank (the served lists) and/or score (target NLL) the split's sampled users in one pass.
 
     ``sid_softmax`` (:data:`~peft_grounded.decoding.heads.SIDSoftmax`): the rows each step normalises over;
-    None reads it from the model's adapter, so a plain model (a merged one) needs it given, as serving does."""
+    None reads it from the model's adapter, so a plain model (a merged one) needs it given, as serving does.
+    ``new_item_rule``: the :class:`~peft_grounded.new_items.NewItemRule` stored with the adapter (what
+    ``recommend`` serves the new items with; :func:`evaluate_adapter` loads it), None: the model alone."""
     from ..decoding import SIDTrie
-    from ..decoding.top_k import top_k_lists
     from ..prompts import PromptFormat
+    from ..serving.top_k import top_k_lists
 
     if not (ranking or likelihood):
         raise ValueError("nothing to evaluate: keep ranking=True, likelihood=True or both")
@@ -70,17 +73,11 @@ def evaluate(
         )
     settings = settings or EvalSettings()
     fmt = fmt or PromptFormat()
+    if new_item_rule is not None:
+        new_item_rule.check_index(index, "the given rule")
     sids = item_token_ids(tokenizer, index)
     trie = trie or SIDTrie(sids)
     cold_items = split.cold_items(settings.cold_max_count)
-    new_items = None
-    if settings.new_item_share is not None:
-        new_items = index.added_items()
-        if not new_items:
-            raise ValueError(
-                "new_item_share serves items a grown index added, but this index added none (a fresh build): "
-                "grow it with SIDIndex.add_items / `peft-grounded add-items`, or leave new_item_share unset"
-            )
     check_items_indexed(split, parts, index)
     result = Evaluation()
     for part in parts:
@@ -91,47 +88,30 @@ def evaluate(
         if [r["user"] for r in records] != users:
             raise RuntimeError("prompts and user records are out of order; this is a bug, please report it")
         target_ids = [sids[t] for t in targets]
-        together = ranking and likelihood and trie.fixed_length and new_items is None  # one encoding, both
+        together = ranking and likelihood and new_item_rule is None  # one encoding, both
         with _autocast(model, settings):
             if ranking:
-                if new_items is None:
-                    exclude = None
-                    if settings.exclude_history:
-                        seen = _full_histories(split, part)
-                        exclude = [seen[r["user"]] for r in records]
-                    recs = top_k_lists(
-                        model,
-                        tokenizer,
-                        prompts,
-                        trie,
-                        k=max(settings.ks),
-                        num_beams=settings.num_beams,
-                        exclude=exclude,
-                        batch_size=settings.decode_batch_size,
-                        sid_softmax=sid_softmax,
-                        targets=target_ids if together else None,
-                    )
-                    lists, scores = recs.items, recs.scores
-                else:
-                    lists, recs = _new_item_lists(
-                        model,
-                        tokenizer,
-                        prompts,
-                        trie,
-                        index,
-                        new_items,
-                        settings,
-                        split,
-                        part,
-                        records,
-                        sid_softmax,
-                    )
-                    scores = None
-                for u, (record, items) in enumerate(zip(records, lists, strict=True)):
+                histories = _full_histories(split, part)
+                recs = top_k_lists(
+                    model,
+                    tokenizer,
+                    index,
+                    [histories[r["user"]] for r in records],
+                    max(settings.ks),
+                    fmt=fmt,
+                    catalogue=catalogue,
+                    new_item_rule=new_item_rule,
+                    num_beams=settings.num_beams,
+                    exclude_history=settings.exclude_history,
+                    trie=trie,
+                    sid_softmax=sid_softmax,
+                    batch_size=settings.decode_batch_size,
+                    targets=target_ids if together else None,
+                )
+                for record, items, scores in zip(records, recs.items, recs.scores, strict=True):
                     record["rank"] = target_rank(items, record["target"])
                     record["items"] = list(items)
-                    if scores is not None:
-                        record["scores"] = [round(float(s), 6) for s in scores[u]]
+                    record["scores"] = [round(float(s), 6) for s in scores]
             if likelihood:
                 scores = (
                     recs.extra["target_nlls"]
@@ -159,53 +139,10 @@ def evaluate(
     return result
 
 
-def _new_item_lists(
-    model: Any,
-    tokenizer: Any,
-    prompts: list[Any],
-    trie: Any,
-    index: Any,
-    new_items: list[str],
-    settings: EvalSettings,
-    split: Any,
-    part: str,
-    records: list[dict[str, Any]],
-    sid_softmax: Any = None,
-) -> tuple[list[list[Any]], Any]:
-    """The lists of the new-item slot rule (``new_item_share``): the model's beams with new items mixed in,
-    then the history left out."""
-    from ..decoding import mix_new_items, recommend
-    from ..decoding.top_k import left_out
-
-    beams = max(settings.num_beams, max(settings.ks))
-    recs = recommend(
-        model,
-        tokenizer,
-        prompts,
-        trie,
-        k=beams,
-        num_beams=beams,
-        batch_size=settings.decode_batch_size,
-        sid_softmax=sid_softmax,
-    )
-    recs = mix_new_items(
-        recs,
-        index,
-        new_items,
-        share=settings.new_item_share,
-        match_levels=settings.match_levels,
-        k=max(settings.ks),
-    )
-    lists = recs.items
-    if settings.exclude_history:
-        seen = _full_histories(split, part)
-        lists, _ = left_out(lists, recs.scores, [seen[r["user"]] for r in records], max(settings.ks))
-    return lists, recs
-
-
-def _full_histories(split: Any, part: str) -> dict[str, set[str]]:
-    """Each user's items before the ``part``'s target (the whole history, not the prompt's tail)."""
-    return {u.user_id: set(u.history) if part == "valid" else {*u.history, u.valid} for u in split.users}
+def _full_histories(split: Any, part: str) -> dict[str, list[str]]:
+    """Each user's items before the ``part``'s target, oldest first (the whole history, not the prompt's
+    tail): what the route leaves out of the list and the new-item rule reads."""
+    return {u.user_id: list(u.history) if part == "valid" else [*u.history, u.valid] for u in split.users}
 
 
 def check_items_indexed(split: Any, parts: tuple[str, ...], index: Any) -> None:
@@ -246,12 +183,17 @@ def evaluate_adapter(
     parts: tuple[str, ...] = ("valid", "test"),
     likelihood: bool = True,
 ) -> Evaluation:
-    """Load a trained adapter onto its base (checked against ``index``) and :func:`evaluate` it, with the
-    prompt format recorded in the adapter unless ``fmt`` is given."""
+    """Load a trained adapter onto its base (checked against ``index``) and :func:`evaluate` it as
+    ``recommend`` serves it: with the prompt format recorded in the adapter (unless ``fmt`` is given) and the
+    new-item rule stored beside it (``new_item_rule.json``, checked against ``index``), when there is one."""
+    from ..new_items.rule import NewItemRule
     from ..sids.model import base_model_path, prompt_format_of, sid_model
 
     settings = settings or EvalSettings()
     dtype = torch.bfloat16 if settings.bf16 else torch.float32
+    rule = NewItemRule.load(adapter)
+    if rule is not None:
+        rule.check_index(index, f"the folder {str(adapter)!r}")
     tokenizer, model = sid_model(
         model_path or base_model_path(adapter), index, adapter=adapter, is_trainable=False, dtype=dtype
     )
@@ -265,6 +207,7 @@ def evaluate_adapter(
         parts,
         settings,
         likelihood=likelihood,
+        new_item_rule=rule,
     )
 
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from ..decoding.generation import left_pad
 from ..decoding.heads import StepHead
 from ..decoding.scoring import target_nlls
+from ..decoding.search import left_pad
 from ..decoding.trie import check_targets
 
 LIKELIHOOD_METRICS = ("nll", "constrained_nll", "uniform_nll")

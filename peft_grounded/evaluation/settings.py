@@ -27,21 +27,11 @@ class EvalSettings:
     )
     cold: bool = field(default=True, metadata={"help": "Also score the users whose target is a cold item."})
     bf16: bool = field(default=False, metadata={"help": "bf16 base and decoding (bf16 autocast)."})
-    new_item_share: float | None = field(
-        default=None,
-        metadata={
-            "help": "For a grown index (add-items): give up to this share of each top-K to the items it added that "
-            "share a generated item's SID prefix (TIGER's cold-start rule; decoding.mix_new_items); None: off."
-        },
-    )
-    match_levels: int | None = field(
-        default=None, metadata={"help": "Prefix codes a new item must share (None: all levels but the last)."}
-    )
     exclude_history: bool = field(
         default=False,
         metadata={
-            "help": "Leave the user's own history items out of the ranked list, as the peers do (decodes "
-            "num_beams, keeps the best max(ks) unseen items)."
+            "help": "Leave the user's own history items out of the ranked list, as the peers do and recommend "
+            "does (inside the beam search). A new-item rule stored with the adapter always leaves them out."
         },
     )
 
@@ -63,12 +53,6 @@ class EvalSettings:
                 checks.int_at_least("users", self.users, 1, flag="--users", none_ok=True),
                 checks.int_at_least("cold_max_count", self.cold_max_count, 0, flag="--cold-max-count"),
                 None if ks_ok else f"ks must be positive integers, got {self.ks!r} (--ks)",
-                checks.number_in(
-                    "new_item_share", self.new_item_share, 0, 1, flag="--new-item-share", none_ok=True
-                ),
-                checks.int_at_least(
-                    "match_levels", self.match_levels, 1, flag="--match-levels", none_ok=True
-                ),
                 None if checks.is_int(self.seed) else f"seed must be an integer, got {self.seed!r} (--seed)",
             ],
         )

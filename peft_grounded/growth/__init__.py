@@ -8,8 +8,10 @@
 3. :func:`ground_new_items` (:mod:`.grounding`): a few steps of grounding on the new items' text, training only
    the rows their SIDs use (``grow-adapter --ground``); :func:`grow_adapter_into` (:mod:`.run`) is the
    ``grow-adapter`` command as a function.
-4. At evaluation, :func:`peft_grounded.decoding.mix_new_items` gives new items slots in each top-K
-   (``evaluate --new-item-share``): a decoding rule, so it lives with the decoding.
+4. Serving the new items: the new-item rule fitted on the interactions logged since training
+   (``grow-adapter --interactions``) lives with the rest of the new-item logic in
+   :mod:`peft_grounded.new_items`; ``recommend`` and ``evaluate`` serve it by one route
+   (:func:`peft_grounded.serving.top_k_lists`).
 
 Heavy dependencies load on first use of the names that need them.
 """

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._locks import locks_output
 from .._owned import PEFT_CARD_MARKER, is_generated_card, replace_keeping_others
+from ..new_items.rule import RULE_FILES
 
 if TYPE_CHECKING:
     from .grounding import IncrementalGroundingConfig
@@ -18,8 +19,7 @@ ADAPTER_FILES = (  # an adapter's own files (its new-item rule included: fitted 
     ADAPTER_CONFIG,
     "adapter_model.safetensors",
     "adapter_model.bin",
-    "new_item_rule.json",
-    "new_item_rule.safetensors",
+    *RULE_FILES,
 )
 
 
@@ -106,7 +106,7 @@ def grow_adapter_into(
     ``output`` is locked and checked before anything is loaded; with ``overwrite`` an adapter there is
     replaced, its other files kept. ``interactions``: a JSONL file of histories logged since the adapter was
     trained (``{"user": ..., "history": [...]}``, newest item last): the new-item rule
-    (:class:`~peft_grounded.serving.NewItemRule`) is fitted on it and saved with the grown adapter."""
+    (:class:`~peft_grounded.new_items.NewItemRule`) is fitted on it and saved with the grown adapter."""
     import torch
 
     from ..sids import SIDIndex, load_catalogue
@@ -122,7 +122,8 @@ def grow_adapter_into(
     check_lineage(parent, child)  # the refusal grow_adapter gives, before the model is loaded
     rule = None
     if interactions is not None:  # fitted before the model loads: a bad file fails fast
-        from ..serving import NewItemRule, read_histories
+        from ..new_items.rule import NewItemRule
+        from ..serving import read_histories
 
         logged = read_histories(interactions)[1]
         rule = NewItemRule.fit(child, logged, new_items=new_item_ids(parent, child))

@@ -41,15 +41,39 @@ def load_grounded(
     skipped for a tokenizer that already carries them at the adapter's rows), then returns
     ``PeftModel.from_pretrained``. Nothing is modified when a check fails.
     """
+    source, folder, config = fetch_adapter(repo_id_or_path, revision=revision, token=token)
+    return attach_grounded(
+        base_model,
+        tokenizer,
+        folder,
+        config,
+        source.where,
+        adapter_name=adapter_name,
+        is_trainable=is_trainable,
+    )
+
+
+def attach_grounded(
+    base_model: nn.Module,
+    tokenizer,
+    folder: str | Path,
+    config: GroundedTokenConfig,
+    where: str,
+    *,
+    adapter_name: str = "default",
+    is_trainable: bool = False,
+) -> PeftModel:
+    """:func:`load_grounded` of a local ``folder`` whose config was already read
+    (:func:`~.repo.load_grounded_config`): its weights checked, the base and tokenizer made ready, and the
+    adapter loaded with that config (PEFT reads no config file again)."""
     from peft import PeftModel
 
-    source, folder, config = fetch_adapter(repo_id_or_path, revision=revision, token=token)
     check_weights(Path(folder) / ADAPTER_WEIGHTS)
-    prepare_base(config, base_model, tokenizer, where=source.where)
+    prepare_base(config, base_model, tokenizer, where=where)
     from ..sids.model import load_sid_record
 
     model = PeftModel.from_pretrained(
-        base_model, str(folder), adapter_name=adapter_name, is_trainable=is_trainable
+        base_model, str(folder), adapter_name=adapter_name, is_trainable=is_trainable, config=config
     )
     load_sid_record(model, folder, adapter_name)
     return model
@@ -59,31 +83,48 @@ def load_sid_index(
     repo_id_or_path: str | Path, *, revision: str | None = None, token: str | bool | None = None
 ) -> SIDIndex:
     """The SID index (item -> SID) stored next to an adapter, in its ``sid_index/`` folder."""
-    from ..sids.index import JSON_NAME, SIDIndex
+    from ..sids.index import JSON_NAME
 
     source = open_source(repo_id_or_path, revision=revision, token=token)
-    # a local sid_index/ may be a link to the index's folder: a folder's listing does not enter links
-    linked = source.folder is not None and (source.folder / SID_INDEX_DIR / JSON_NAME).is_file()
-    if f"{SID_INDEX_DIR}/{JSON_NAME}" not in source.files and not linked:
-        link = source.folder / SID_INDEX_DIR if source.folder is not None else None
-        if link is not None and link.is_symlink():
+    if source.folder is None and f"{SID_INDEX_DIR}/{JSON_NAME}" not in source.files:
+        raise _no_index(source.where)
+    folder = source.fetch((f"{SID_INDEX_DIR}/*",))
+    recorded = None
+    if ADAPTER_CONFIG in source.files:  # the index must be the version the adapter was trained or grown on
+        from ..sids.model import FINGERPRINT_KEY, SID_RECORD, read_sid_record
+
+        record = read_sid_record(source.fetch((SID_RECORD,))) if SID_RECORD in source.files else {}
+        recorded = record.get(FINGERPRINT_KEY)
+    return stored_index(folder, source.where, recorded)
+
+
+def stored_index(folder: Path, where: str, recorded: str | None = None) -> SIDIndex:
+    """The index in ``folder``'s ``sid_index/`` (a folder, or a link to one), checked to be the version
+    (fingerprint ``recorded``, from the adapter's SID record, already read; None: unchecked) the adapter was
+    trained or grown on."""
+    from ..sids.index import JSON_NAME, SIDIndex
+    from .versions import check_index_version
+
+    link = Path(folder) / SID_INDEX_DIR
+    if not (link / JSON_NAME).is_file():
+        if link.is_symlink():
             raise GroundedHubError(
                 f"{link} is a link to {os.readlink(link)}, which holds no SID index ({JSON_NAME}): point it at "
                 "the index's folder, or pass the index (sid_index=..., --sid_index DIR)"
             )
-        raise GroundedHubError(
-            f"The {source.where} has no SID index ({SID_INDEX_DIR}/{JSON_NAME}); its model card may say where "
-            "the index is."
-        )
-    folder = source.fetch((f"{SID_INDEX_DIR}/*",))
-    index = SIDIndex.load(folder / SID_INDEX_DIR)
-    if ADAPTER_CONFIG in source.files:  # the index must be the version the adapter was trained or grown on
-        from ..sids.model import FINGERPRINT_KEY, SID_RECORD, read_sid_record
-        from .versions import check_index_version
-
-        record = read_sid_record(source.fetch((SID_RECORD,))) if SID_RECORD in source.files else {}
-        check_index_version(record.get(FINGERPRINT_KEY), index, source.where)
+        raise _no_index(where)
+    index = SIDIndex.load(link)
+    if recorded is not None:
+        check_index_version(recorded, index, where)
     return index
+
+
+def _no_index(where: str) -> GroundedHubError:
+    from ..sids.index import JSON_NAME
+
+    return GroundedHubError(
+        f"The {where} has no SID index ({SID_INDEX_DIR}/{JSON_NAME}); its model card may say where the index is."
+    )
 
 
 def check_weights(path: Path) -> None:

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from .._io import make_temp_dir
-from .repo import SAFE_PATTERNS, GroundedHubError, check_adapter_files, open_source, read_adapter_config
+from .repo import SAFE_PATTERNS, GroundedHubError, check_adapter_files, load_grounded_config, open_source
 
 
 def pull_grounded(
@@ -63,7 +63,7 @@ def _pull(
     try:
         source.fetch(SAFE_PATTERNS, local_dir=tmp)
         shutil.rmtree(tmp / ".cache", ignore_errors=True)  # huggingface_hub's download bookkeeping
-        read_adapter_config(tmp, source.where)
+        load_grounded_config(tmp, source.where)
         if target.exists():
             old = target.with_name(f".{target.name}.old-{os.getpid()}")
             os.replace(target, old)

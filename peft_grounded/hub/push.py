@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from huggingface_hub.constants import REPOCARD_NAME
 
+from ..new_items.rule import RULE_FILES  # the new-item rule stored with an adapter
 from ..sids.model import FINGERPRINT_KEY, SID_RECORD, read_sid_record, save_sid_record
 from .repo import (
     ADAPTER_CONFIG,
@@ -28,7 +29,7 @@ from .repo import (
     GroundedHubError,
     check_adapter_files,
     check_repo_id,
-    read_adapter_config,
+    load_grounded_config,
 )
 
 if TYPE_CHECKING:
@@ -44,7 +45,6 @@ DEFAULT_COMMIT_MESSAGE = "Upload grounded adapter (peft_grounded)"
 # a stale pickled adapter_model.bin) always, the SID index folder only when an index is pushed.
 ADAPTER_WEIGHT_FILES = f"{Path(ADAPTER_WEIGHTS).stem}.*"
 INDEX_FILES = f"{SID_INDEX_DIR}/*"
-RULE_FILES = ("new_item_rule.json", "new_item_rule.safetensors")  # peft_grounded.serving's new-item rule
 
 
 def replaced_patterns(with_index: bool) -> list[str]:
@@ -141,7 +141,7 @@ def stage_adapter(
     else:
         _save_model(model, stage, adapter_name)
         save_sid_record(model, stage, adapter_name)
-    config = read_adapter_config(stage, "adapter")
+    config = load_grounded_config(stage, "adapter")
     check_weights(stage / ADAPTER_WEIGHTS, config)
     return config
 

@@ -99,15 +99,19 @@ def check_adapter_files(files: list[str], where: str) -> None:
         raise GroundedHubError(f"The {where} has {ADAPTER_CONFIG} but no {ADAPTER_WEIGHTS}.")
 
 
-def read_adapter_config(folder: Path, where: str):
-    """The folder's :class:`~peft_grounded.GroundedTokenConfig`; raises if it is another kind of adapter."""
-    from .._io import read_json
-    from ..adapter import GroundedTokenConfig
+def load_grounded_config(folder: Path, where: str):
+    """The folder's :class:`~peft_grounded.GroundedTokenConfig`, its ``adapter_config.json`` parsed once;
+    raises if it is another kind of adapter, or a field is missing, unknown or mistyped. Pass the result
+    on (to :func:`~peft_grounded.hub.load.attach_grounded`, ``check_index_version``) rather than reading
+    the file again."""
+    import warnings
 
-    path = Path(folder) / ADAPTER_CONFIG
+    from ..adapter import GroundedTokenConfig
+    from ..adapter.saved import adapter_config_json
+
     fix = "save the adapter again (save_pretrained), or restore (or pull) a good copy"
     try:
-        raw = read_json(path, fix=fix)  # a bad file is named with the place: "line 4, column 25"
+        raw = adapter_config_json(folder, fix=fix)  # a bad file is named with the place: "line 4, column 25"
     except (OSError, ValueError) as err:
         raise GroundedHubError(f"The {where} has an unreadable {ADAPTER_CONFIG}: {err}") from None
     peft_type = raw.get("peft_type") if isinstance(raw, dict) else None
@@ -128,7 +132,16 @@ def read_adapter_config(folder: Path, where: str):
             raise GroundedHubError(
                 f"The {where}'s {ADAPTER_CONFIG}: field {name!r} is {raw[name]!r:.60}, not an object; {fix}"
             )
-    return GroundedTokenConfig.from_pretrained(str(folder))
+    if "runtime_config" in raw:  # as PeftConfig.from_pretrained does
+        warnings.warn(
+            "The configuration file contains a `runtime_config` key. This is ignored. Runtime configurations "
+            "are only valid at runtime.",
+            stacklevel=2,
+        )
+    kwargs = {name: value for name, value in raw.items() if name != "runtime_config"}
+    config = GroundedTokenConfig.from_peft_type(**GroundedTokenConfig.check_kwargs(**kwargs))
+    config.runtime_config.rows_from_checkpoint = True  # as GroundedTokenConfig.from_pretrained
+    return config
 
 
 def _resolve_commit(repo_id: str, revision: str | None, token: str | bool | None) -> tuple[str, list[str]]:
@@ -181,7 +194,7 @@ def fetch_adapter(
     """
     source = open_source(repo_id_or_path, revision=revision, token=token)
     check_adapter_files(list(source.files), source.where)
-    config = read_adapter_config(source.fetch((ADAPTER_CONFIG,)), source.where)
+    config = load_grounded_config(source.fetch((ADAPTER_CONFIG,)), source.where)
     from ..sids.model import SID_RECORD
 
     wanted = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, *((SID_RECORD,) if SID_RECORD in source.files else ()))

@@ -1,9 +1,12 @@
 """Serving a trained grounded recommender: :class:`GroundedRecommender` (load from a folder or the Hub,
-recommend for users' histories) and the new-item rule stored with an adapter (:class:`NewItemRule`)."""
+recommend for users' histories), the one route from a model to top-k lists (:func:`top_k_lists`, which
+``evaluate`` measures with too) and the new-item rule stored with an adapter
+(:class:`~peft_grounded.new_items.NewItemRule`)."""
 
+from ..new_items.rule import NewItemRule, NewItemRuleError
 from .histories import HistoryInputError, check_histories, read_histories
-from .new_item_rule import NewItemRule, NewItemRuleError
 from .recommender import GroundedRecommender, UserRecommendations
+from .top_k import top_k_lists
 
 __all__ = [
     "GroundedRecommender",
@@ -13,4 +16,5 @@ __all__ = [
     "UserRecommendations",
     "check_histories",
     "read_histories",
+    "top_k_lists",
 ]

@@ -76,8 +76,10 @@ def as_catalogue(catalogue: Any) -> Any:
     return load_catalogue(str(catalogue))
 
 
-def index_for(sid_index: Any, folder: Path, where: str) -> Any:
-    from ..hub.load import load_sid_index
+def index_for(sid_index: Any, folder: Path, where: str, recorded: str | None = None) -> Any:
+    """The given index, or the one in ``folder``'s ``sid_index/`` checked to be the version (fingerprint
+    ``recorded``, from the adapter's SID record, already read) the adapter was trained or grown on."""
+    from ..hub.load import stored_index
     from ..hub.repo import SID_INDEX_DIR, GroundedHubError
     from ..sids import SIDIndex
 
@@ -90,7 +92,7 @@ def index_for(sid_index: Any, folder: Path, where: str) -> Any:
             "pass the index (sid_index=..., --sid_index DIR)"
         )
     if link.is_dir():
-        return load_sid_index(folder)
+        return stored_index(folder, where, recorded)
     raise GroundedHubError(
         f"The {where} holds no SID index ({SID_INDEX_DIR}/): pass the index the adapter was trained or grown "
         "with (sid_index=..., --sid_index DIR)"
@@ -101,7 +103,7 @@ def base_path_for(config: Any, folder: Path) -> str:
     from ..sids.model import base_model_path
 
     try:
-        return base_model_path(str(folder))
+        return base_model_path(str(folder), config.base_model_name_or_path or "")
     except FileNotFoundError:
         return config.base_model_name_or_path  # a Hub id: transformers fetches it (safetensors only)
 
@@ -116,25 +118,25 @@ def load_adapter_parts(
     sid_softmax: Any,
 ) -> tuple[Any, Any, Any, Any, Any]:
     """``(model, tokenizer, index, prompt format, rows)``: the rows each step normalises over are read from
-    the adapter before a merge folds it away (``False``: the whole vocabulary)."""
+    the adapter before a merge folds it away (``False``: the whole vocabulary). ``adapter_config.json`` is
+    read once, here, and its config passed to every check and to PEFT."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..decoding.heads import sid_rows
-    from ..hub.load import load_grounded
-    from ..hub.repo import read_adapter_config
+    from ..hub.load import attach_grounded
+    from ..hub.repo import load_grounded_config
     from ..sids.model import FINGERPRINT_KEY, check_model_dir, prompt_format_of, read_sid_record
 
-    config = read_adapter_config(folder, where)
-    index = index_for(sid_index, folder, where)
-    index.check_adapter(
-        config, where=f"the adapter in the {where}", recorded=read_sid_record(folder).get(FINGERPRINT_KEY)
-    )
+    config = load_grounded_config(folder, where)
+    recorded = read_sid_record(folder).get(FINGERPRINT_KEY)
+    index = index_for(sid_index, folder, where, recorded)
+    index.check_adapter(config, where=f"the adapter in the {where}", recorded=recorded)
     base = model_path or base_path_for(config, folder)
     if Path(str(base)).expanduser().exists():
         base = check_model_dir(base, "model_name_or_path")
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, use_safetensors=True)
-    model = load_grounded(model, tokenizer, folder)
+    model = attach_grounded(model, tokenizer, folder, config, where)
     fmt = prompt_format_of(model)
     rows = sid_rows(model, sid_softmax)
     if merge:

@@ -3,8 +3,9 @@
 ``GroundedRecommender.from_pretrained(folder_or_hub_id)`` loads what a trained recommender is made of (the
 base model and its tokenizer, the grounded adapter, the SID index, the prompt format the adapter records and,
 when one is stored, the new-item rule) with the checks of :func:`peft_grounded.hub.load_grounded`;
-:meth:`GroundedRecommender.recommend` turns users' histories into their top-``k`` items by the package's
-SID-constrained beam search (:func:`peft_grounded.decoding.recommend`, the fast engine for fixed-length SIDs).
+:meth:`GroundedRecommender.recommend` turns users' histories into their top-``k`` items by the package's one
+route (:func:`~.top_k.top_k_lists`: prompts, the SID-constrained beam search, the new-item rule, the history
+left out), the one ``evaluate`` measures with.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..new_items.rule import RULE_FILES, NewItemRule
 from .histories import HistoryInputError, check_histories, check_user_names
 from .loading import (
     SERVING_FORMAT,
@@ -28,7 +30,7 @@ from .loading import (
     open_recommender_source,
     serving_dtype,
 )
-from .new_item_rule import RULE_FILES, NewItemRule
+from .top_k import model_beams, top_k_lists
 
 DEFAULT_BEAMS = 20
 
@@ -247,14 +249,14 @@ class GroundedRecommender:
         histories (a seeded sample of the ``(history, next item)`` pairs); returns the choice."""
         import random
 
-        from .new_item_rule import calibration_pairs
+        from ..new_items.rule import calibration_pairs
 
         rule.check_index(self.index, "the given rule")
         pairs = calibration_pairs(interactions, self.index)
         pairs = random.Random(seed).sample(pairs, min(choice_users, len(pairs)))
         histories = [list(h) for h, _ in pairs]
         beams = min(len(self.trie), max(self.num_beams, k))
-        found = self._model_beams(histories, self.trie, beams, show_progress=False)
+        found = model_beams(self.model, self.tokenizer, self.index, histories, beams, **self._search())
         return rule.choose_beams(found, histories, [t for _, t in pairs], k, seed=seed)
 
     # ------------------------------------------------------------------ serving
@@ -364,71 +366,30 @@ class GroundedRecommender:
     def _decode(
         self, histories: list[list[str]], trie: Any, k: int, exclude_history: bool, show_progress: bool
     ) -> list[tuple[list[Hashable], list[float]]]:
-        """Lists of ``k`` (items, scores) per history: the model alone through the package's one top-k
-        route (:func:`~peft_grounded.decoding.top_k.top_k_lists`, as ``evaluate`` decodes), or the new-item
-        rule's mixture with beams wide enough for the history items left out."""
-        if self.new_item_rule is None:
-            from ..decoding.top_k import top_k_lists
-
-            found = top_k_lists(
-                self.model,
-                self.tokenizer,
-                self._prompts(histories),
-                trie,
-                k=k,
-                num_beams=self.num_beams,
-                exclude=histories if exclude_history else None,
-                batch_size=self.batch_size,
-                sid_softmax=self.sid_rows,
-                show_progress=show_progress,
-            )
-            return list(zip(found.items, found.scores, strict=True))
-        beams = min(len(trie), max(self.num_beams, k))
-        lists = self._search(histories, trie, beams, k, show_progress)
-        short = [u for u, (items, _) in enumerate(lists) if len(items) < k]
-        for u in short:
-            wide = min(len(trie), beams + len({i for i in histories[u] if i in trie}))
-            if wide > beams:
-                lists[u] = self._search([histories[u]], trie, wide, k, False)[0]
-        return lists
-
-    def _search(
-        self, histories: list[list[str]], trie: Any, beams: int, k: int, show_progress: bool
-    ) -> list[tuple[list[Hashable], list[float]]]:
-        rule = self.new_item_rule
-        if rule.beams == "text":  # the rule chose text KNN on the log: no model run
-            recs = rule.mixture.text_beams(histories, beams, trie)
-        else:
-            recs = self._model_beams(histories, trie, beams, show_progress)
-        recs = rule.apply(recs, histories, k)
-        out = []
-        for history, items, scores in zip(histories, recs.items, recs.scores, strict=True):
-            seen = set(history)
-            pairs = [(i, s) for i, s in zip(items, scores, strict=True) if i not in seen and i in trie]
-            out.append(([i for i, _ in pairs[:k]], [s for _, s in pairs[:k]]))
-        return out
-
-    def _prompts(self, histories: list[list[str]]) -> list[Any]:
-        from ..prompts import inference_prompts
-
-        examples = [(str(u), h, None) for u, h in enumerate(histories)]
-        _, prompts, _ = inference_prompts(examples, self.index, self.tokenizer, self.catalogue, self.fmt)
-        return prompts
-
-    def _model_beams(self, histories: list[list[str]], trie: Any, beams: int, show_progress: bool) -> Any:
-        """The model's ``beams`` best items per history (:class:`~peft_grounded.decoding.Recommendations`)."""
-        from ..decoding import recommend
-
-        return recommend(
+        """Lists of ``k`` (items, scores) per history, by the package's one route
+        (:func:`~.top_k.top_k_lists`, the one ``evaluate`` measures with)."""
+        found = top_k_lists(
             self.model,
             self.tokenizer,
-            self._prompts(histories),
-            trie,
-            k=beams,
-            num_beams=beams,
-            batch_size=self.batch_size,
+            self.index,
+            histories,
+            k,
+            new_item_rule=self.new_item_rule,
+            num_beams=self.num_beams,
+            exclude_history=exclude_history,
             show_progress=show_progress,
+            **self._search(trie),
+        )
+        return list(zip(found.items, found.scores, strict=True))
+
+    def _search(self, trie: Any = None) -> dict[str, Any]:
+        """How this recommender decodes: its prompt format, catalogue, trie, rows and batch size."""
+        return dict(
+            fmt=self.fmt,
+            catalogue=self.catalogue,
+            trie=self.trie if trie is None else trie,
             sid_softmax=self.sid_rows,
+            batch_size=self.batch_size,
         )
 
     def _result(

@@ -115,13 +115,17 @@ def sid_model(
     return tokenizer, model
 
 
-def base_model_path(adapter: str) -> str:
+def base_model_path(adapter: str, recorded: str | None = None) -> str:
     """The local base model of a saved adapter: its recorded base if that is a directory here, else the
-    packaged SmolLM2-135M when the adapter was made on it."""
+    packaged SmolLM2-135M when the adapter was made on it. ``recorded``: the config's
+    ``base_model_name_or_path`` when the caller has read it already (None: read from ``adapter``)."""
     from .. import assets
-    from ..adapter.saved import read_adapter_config
 
-    recorded = read_adapter_config(adapter).get("base_model_name_or_path") or ""
+    if recorded is None:
+        from ..adapter.saved import read_adapter_config
+
+        recorded = read_adapter_config(adapter).get("base_model_name_or_path")
+    recorded = recorded or ""
     if recorded and Path(recorded).is_dir():
         return recorded
     local = assets.smollm2()

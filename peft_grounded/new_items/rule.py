@@ -1,5 +1,5 @@
 """The new-item rule stored with an adapter: items added after the adapter was trained (``add-items`` /
-``grow-adapter``) served by :class:`~peft_grounded.decoding.semantic_mixture.SemanticMixture`, fitted on the
+``grow-adapter``) served by :class:`~.mixture.SemanticMixture`, fitted on the
 interactions logged since training.
 
 Two files beside ``adapter_config.json``: ``new_item_rule.json`` (mode, temperature, logistic weights, the
@@ -91,7 +91,7 @@ def _checked_record(record: Any, path: Path, fix: str) -> dict[str, Any]:
 def index_vectors(index: Any) -> np.ndarray:
     """``[items, dim]``: each item's point in the quantiser's space (the sum of its codebook vectors), the
     text vectors' reconstruction that every SID index carries."""
-    from ..decoding.new_items import quantised_vector
+    from .slots import quantised_vector
 
     return np.stack([quantised_vector(index, item) for item in index.item_ids]).astype(np.float32)
 
@@ -151,7 +151,7 @@ class NewItemRule:
         """Fit on logged ``interactions`` (each user's items in time order, the last one logged since
         training). ``new_items``: default the index's last growth (``index.added_items()``); ``vectors``:
         one text vector per item of the index, default :func:`index_vectors`."""
-        from ..decoding.semantic_mixture import SemanticMixture
+        from .mixture import SemanticMixture
 
         new_items = list(index.added_items() if new_items is None else new_items)
         if not new_items:
@@ -303,7 +303,7 @@ class NewItemRule:
         from safetensors.numpy import load
 
         from .._io import read_json
-        from ..decoding.semantic_mixture import SemanticMixture
+        from .mixture import SemanticMixture
 
         folder = Path(folder)
         if not (folder / RULE_JSON).is_file():

@@ -1,31 +1,26 @@
-"""Top-K item recommendation by beam search constrained to valid Semantic IDs.
+"""The package's SID-constrained beam search: :func:`recommend` turns prompts into each prompt's top-``k``
+items with the one engine it serves with (:func:`~.beam.constrained_beam_search`, SIDs of one length).
 
-The constraint goes into ``model.generate`` as a :class:`SIDConstraintLogitsProcessor`; the beam search is
-transformers' own. The call is made deterministic whatever the checkpoint ships: every ``generation_config``
-held by the model (Instruct models turn sampling, temperature, top-p, repetition penalties on) is swapped
-for a blank one for the duration of the call, and an explicit greedy beam-search config is passed.
+transformers' ``generate`` with a SID logits processor is the same search, slower (every prompt encoded
+once per beam); it is kept out of the package, in ``tests/helpers/generate_reference.py``, as the reference
+the tests compare this engine with.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Collection, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList
 
 from .beam import constrained_beam_search
 from .heads import SIDSoftmax, StepHead
-from .processor import SIDConstraintLogitsProcessor
 from .trie import SIDTrie, check_targets
 
-ENGINES = ("auto", "fast", "generate")
-
 FILLER_SCORE = -1e8
-"""Beams scoring below this are beam-search padding (transformers starts extra beams at -1e9), not items."""
+"""Beams scoring below this are padding (a prompt with fewer reachable items than beams), not items."""
 
 
 @dataclass
@@ -68,52 +63,14 @@ class Recommendations:
         }
 
 
-def beam_search_config(
-    num_beams: int, max_new_tokens: int, pad_token_id: int, eos_token_id: int | None
-) -> GenerationConfig:
-    """A deterministic beam-search config: no sampling, no penalties, raw summed log-probs as scores."""
-    return GenerationConfig(
-        do_sample=False,
-        num_beams=num_beams,
-        num_return_sequences=num_beams,
-        max_new_tokens=max_new_tokens,
-        min_length=0,
-        length_penalty=0.0,
-        early_stopping=False,
-        repetition_penalty=1.0,
-        encoder_repetition_penalty=1.0,
-        no_repeat_ngram_size=0,
-        encoder_no_repeat_ngram_size=0,
-        renormalize_logits=False,
-        remove_invalid_values=False,
-        use_cache=True,
-        output_scores=True,
-        return_dict_in_generate=True,
-        pad_token_id=pad_token_id,
-        eos_token_id=eos_token_id,
-    )
-
-
 @contextmanager
-def isolated_generation(model: torch.nn.Module) -> Iterator[None]:
-    """Within the block: eval mode, and a blank ``generation_config`` on every module that holds one.
-
-    ``generate`` fills each unset field of the config it is given from ``model.generation_config``, so fields
-    whose neutral value is ``None`` (``bad_words_ids``, ``suppress_tokens``, ``forced_eos_token_id``, ...)
-    cannot be neutralised by the config passed in; blanking the model's own config can. Everything is
-    restored on exit. PEFT wrappers are covered: they read the wrapped model's config.
-    """
-    holders = [m for m in model.modules() if "generation_config" in vars(m)]
-    saved = [(m, m.generation_config) for m in holders]
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Within the block: the model in eval mode (dropout off); its mode is restored on exit."""
     was_training = model.training
     try:
-        for module in holders:
-            module.generation_config = GenerationConfig()
         model.eval()
         yield
     finally:
-        for module, config in saved:
-            module.generation_config = config
         model.train(was_training)
 
 
@@ -126,50 +83,41 @@ def recommend(
     k: int = 10,
     num_beams: int | None = None,
     batch_size: int = 16,
-    end_token_id: int | None = None,
     add_special_tokens: bool = False,
-    prefix_cache: bool = True,
     strict: bool = True,
     show_progress: bool = False,
-    engine: str = "auto",
     targets: Sequence[Sequence[int]] | None = None,
     sid_softmax: SIDSoftmax = None,
     exclude: Sequence[Collection[Hashable]] | None = None,
 ) -> Recommendations:
-    """Top-``k`` items for each prompt by constrained beam search.
+    """Top-``k`` items for each prompt by constrained beam search (:func:`~.beam.constrained_beam_search`:
+    greedy beam search, no length penalty, each prompt encoded once and no beam forward for the first SID
+    token).
 
     Args:
         model: a causal LM (or a PEFT model wrapping one) with the SID tokens in its vocabulary.
         tokenizer: used to encode string prompts and for its pad token; may be ``None`` for id prompts.
         prompts: formatted prompts that end exactly where the SID starts (chat template and generation
             prompt included, as in training), or their token ids. Encoded with ``add_special_tokens``.
-        catalogue: item id -> SID token ids (see :func:`sid_token_ids`), or a prebuilt :class:`SIDTrie`.
+        catalogue: item id -> SID token ids (see :func:`sid_token_ids`), or a prebuilt :class:`SIDTrie`;
+            SIDs of one length (every SID index gives them).
         k: items returned per prompt. num_beams: beam width, ``>= k`` (default ``k``).
-        batch_size: prompts per ``generate`` call (left padded; prompts are length-sorted to limit padding).
-        end_token_id: token that ends a SID when SIDs have different lengths (ignored when they do not).
-        prefix_cache: encode each prompt once and copy its KV cache to the beams, instead of letting
-            ``generate`` encode every prompt ``num_beams`` times (same result, far less prefill compute).
+        batch_size: prompts per forward batch (left padded; prompts are length-sorted to limit padding).
         strict: raise if any scored beam is not a valid, new item (the constraint guarantees none is).
-        engine: ``"fast"`` (:func:`~.beam.constrained_beam_search`: the same search with the prompt encoded
-            once per user and no beam forward for the first SID token; fixed-length SIDs only),
-            ``"generate"`` (transformers' ``generate`` with the SID logits processor), or ``"auto"``
-            (``fast`` when the SIDs have one length, else ``generate``).
-        targets: optional, one complete SID (token ids) per prompt: the fast engine then also scores it
-            from the same prompt cache, in ``extra["target_nlls"]`` (one dict per prompt, as
-            :func:`~.scoring.target_nlls`). Needs the fast engine.
+        targets: optional, one complete SID (token ids) per prompt, also scored from the same prompt cache,
+            in ``extra["target_nlls"]`` (one dict per prompt, as :func:`~.scoring.target_nlls`).
         sid_softmax: normalise each step over the SID rows only (the SID-only softmax); None: as the
             model's adapter was trained (``sid_softmax_loss``, recorded in its metadata), else the whole
             vocabulary; or the SID rows' token ids (a model whose adapter was merged away, see
-            :data:`~.heads.SIDSoftmax`). The fast engine then computes only the SID rows of the head.
+            :data:`~.heads.SIDSoftmax`). Only the SID rows of the head are then computed.
         exclude: optional, one collection of item ids per prompt (e.g. the user's history) that the search
-            never enters: no beam is spent on them (the fast engine; a prompt excluding all but ``n < k``
-            items gets ``n``).
+            never enters: no beam is spent on them (a prompt excluding all but ``n < k`` items gets ``n``).
 
     Returns:
         :class:`Recommendations`, items and scores best first; a score is the model's summed
         log-probability of the item's SID tokens given the prompt.
     """
-    trie = catalogue if isinstance(catalogue, SIDTrie) else SIDTrie(catalogue, end_token_id=end_token_id)
+    trie = catalogue if isinstance(catalogue, SIDTrie) else SIDTrie(catalogue)
     num_beams = k if num_beams is None else num_beams
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -182,27 +130,18 @@ def recommend(
         raise ValueError(f"k={k} exceeds the catalogue's {len(trie)} items; lower k")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-    if engine == "auto":
-        engine = "fast" if trie.fixed_length else "generate"
-    if engine == "fast" and not trie.fixed_length:
+    if not trie.fixed_length:
         raise ValueError(
-            f"engine='fast' needs SIDs of one length, these have lengths {trie.lengths}; use engine='generate'"
+            f"the constrained beam search needs SIDs of one length, these have lengths {trie.lengths} (every "
+            "SID index gives one length)"
         )
-    if exclude is not None and engine != "fast":
-        raise ValueError("exclude (items the search never enters) needs engine='fast' (SIDs of one length)")
     head = StepHead.for_model(model, sid_softmax)
     encoded = _encode_prompts(tokenizer, prompts, add_special_tokens)
     if exclude is not None and len(exclude) != len(encoded):
         raise ValueError(f"{len(exclude)} exclusion sets for {len(encoded)} prompts: give one per prompt")
     if targets is not None:
-        if engine != "fast":
-            raise ValueError("scoring targets during decoding needs engine='fast' (SIDs of one length)")
         check_targets(targets, trie, len(encoded))
     pad_id = _pad_token_id(tokenizer, model)
-    eos = None if trie.fixed_length else trie.end_token_id
-    config = beam_search_config(num_beams, trie.max_length + (eos is not None), pad_id, eos)
     device = _input_device(model)
 
     result = Recommendations(
@@ -215,40 +154,30 @@ def recommend(
         from tqdm.auto import tqdm
 
         batches = tqdm(batches, desc="constrained beam search", unit="batch")
-    with isolated_generation(model), torch.no_grad():
+    with eval_mode(model), torch.no_grad():
         for batch in batches:
             input_ids, attention_mask = left_pad([encoded[i] for i in batch], pad_id, device)
-            if engine == "fast":
-                batch_targets = None
-                if targets is not None:
-                    batch_targets = torch.tensor(
-                        [list(targets[i]) for i in batch], dtype=torch.long, device=device
-                    )
-                open_nodes = None
-                if exclude is not None:
-                    open_nodes = trie.open_nodes([exclude[i] for i in batch], device)
-                generated, scores, scored = constrained_beam_search(
-                    model,
-                    input_ids,
-                    attention_mask,
-                    trie,
-                    num_beams,
-                    batch_targets,
-                    head=head,
-                    open_nodes=open_nodes,
+            batch_targets = None
+            if targets is not None:
+                batch_targets = torch.tensor(
+                    [list(targets[i]) for i in batch], dtype=torch.long, device=device
                 )
-                generated, scores = generated.cpu(), scores.cpu()
-                for index, value in zip(batch, scored or (), strict=False):
-                    nlls[index] = value
-            else:
-                generated, scores = _generate(
-                    model, input_ids, attention_mask, trie, config, num_beams, prefix_cache, head.sid_ids
-                )
-            if trie.fixed_length and generated.shape[-1] != trie.max_length:
-                raise RuntimeError(
-                    f"generate returned {generated.shape[-1]} new tokens per beam, not the SID length "
-                    f"{trie.max_length}; a custom stopping criterion or generate override interfered"
-                )
+            open_nodes = None
+            if exclude is not None:
+                open_nodes = trie.open_nodes([exclude[i] for i in batch], device)
+            generated, scores, scored = constrained_beam_search(
+                model,
+                input_ids,
+                attention_mask,
+                trie,
+                num_beams,
+                batch_targets,
+                head=head,
+                open_nodes=open_nodes,
+            )
+            generated, scores = generated.cpu(), scores.cpu()
+            for index, value in zip(batch, scored or (), strict=False):
+                nlls[index] = value
             for row, index in enumerate(batch):
                 _collect(result, index, trie, generated[row], scores[row])
 
@@ -270,74 +199,6 @@ def recommend(
             f"{len(result.items[short[0]])}); this should not happen with num_beams >= k, please report it"
         )
     return result
-
-
-def _generate(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    trie: SIDTrie,
-    config: GenerationConfig,
-    num_beams: int,
-    prefix_cache: bool,
-    sid_ids: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(tokens [prompts, num_beams, new tokens], scores [prompts, num_beams])`` from ``model.generate``
-    (``sid_ids``: each step renormalised over those rows)."""
-    processor = SIDConstraintLogitsProcessor(trie, prompt_length=input_ids.shape[1], sid_ids=sid_ids)
-    cache = _prompt_cache(model, input_ids, attention_mask, num_beams) if prefix_cache else {}
-    output = model.generate(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        generation_config=config,
-        logits_processor=LogitsProcessorList([processor]),
-        **cache,
-    )
-    prompts = input_ids.shape[0]
-    generated = output.sequences[:, input_ids.shape[1] :].view(prompts, num_beams, -1).cpu()
-    return generated, output.sequences_scores.view(prompts, num_beams).float().cpu()
-
-
-def _prompt_cache(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_beams: int
-) -> dict[str, Any]:
-    """KV cache of all prompt tokens but the last, computed once per prompt and repeated for each beam.
-
-    ``generate`` then only runs the last prompt token; positions follow the left padding as in
-    ``generate``. Returns ``{}`` (plain ``generate``, with a warning naming the cause) when the model's
-    forward rejects these arguments or its cache cannot be repeated.
-    """
-    if input_ids.shape[1] < 2:
-        return {}
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    try:
-        output = model(
-            input_ids=input_ids[:, :-1],
-            attention_mask=attention_mask[:, :-1],
-            position_ids=position_ids[:, :-1],
-            use_cache=True,
-            logits_to_keep=1,
-        )
-    except TypeError as err:  # a forward lacking one of these arguments: let generate encode, but say so
-        warnings.warn(
-            f"prefix cache disabled: the model's forward rejected the cached prompt call ({err}); every "
-            "prompt is encoded once per beam, which is much slower. Pass prefix_cache=False to silence this.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return {}
-    for name in ("cache", "past_key_values"):  # the attribute was renamed during transformers 5.x
-        cache = getattr(output, name, None)
-        if cache is not None and hasattr(cache, "batch_repeat_interleave"):
-            cache.batch_repeat_interleave(num_beams)
-            return {name: cache}
-    warnings.warn(
-        f"prefix cache disabled: the model returned no repeatable KV cache ({type(output).__name__}); every "
-        "prompt is encoded once per beam. Pass prefix_cache=False to silence this.",
-        RuntimeWarning,
-        stacklevel=3,
-    )
-    return {}
 
 
 def _collect(

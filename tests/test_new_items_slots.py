@@ -1,4 +1,5 @@
-"""New-item slots (TIGER's cold-start rule): prefix matches of the model's picks, a quota, clear errors."""
+"""New-item slots (TIGER's cold-start rule, now a control of the new-item protocol): prefix matches of the
+model's picks, a quota, clear errors; random slots, its control."""
 
 from __future__ import annotations
 
@@ -6,20 +7,10 @@ import numpy as np
 import pytest
 import torch
 from helpers.sids_fixtures import ENCODER, growth_vectors, parent_index
-from helpers.toy_catalogue import toy_catalogue, toy_vectors
 
-from peft_grounded.adapter import add_tokens
-from peft_grounded.decoding import SIDTrie, mix_new_items, recommend, sid_token_ids
-from peft_grounded.decoding.generation import Recommendations
-from peft_grounded.evaluation import EvalSettings, evaluate, item_token_ids, target_rank
+from peft_grounded.decoding import Recommendations, SIDTrie, recommend, sid_token_ids
 from peft_grounded.growth.index import add_vectors
-from peft_grounded.prompts import PromptFormat, inference_prompts
-from peft_grounded.sids import build_sids
-
-
-def evaluate_plain(*args, **kwargs):
-    """``evaluate`` of the plain tiny models here, which decode over the whole vocabulary."""
-    return evaluate(*args, sid_softmax=False, **kwargs)
+from peft_grounded.new_items import mix_new_items, random_slots
 
 
 @pytest.fixture(scope="module")
@@ -125,53 +116,10 @@ def test_added_items_name_what_each_growth_appended(grown):
         grand.added_items(since=grand.fingerprint())
 
 
-def test_evaluation_serves_the_grown_indexs_new_items(tokenizer, tiny_model_factory):
-    catalogue = toy_catalogue(n_items=16, n_users=12)
-    vectors = toy_vectors(catalogue)
-    old_ids, new_ids = list(catalogue.items)[:12], list(catalogue.items)[12:]
-    parent = build_sids(
-        catalogue.subset(old_ids),
-        vectors=vectors[:12],
-        levels=2,
-        codes=4,
-        encoder_fingerprint={"kind": "toy", "model": "clusters"},
-        show_progress=False,
-    )
-    child = add_vectors(parent, new_ids, vectors[12:], encoder={"kind": "toy", "model": "clusters"})
-    assert child.added_items() == new_ids
-    model = tiny_model_factory(arch="qwen3", tied=False)
-    add_tokens(tokenizer, model, child.token_strings)
-    split, fmt = catalogue.leave_one_out(), PromptFormat(max_history=4)
-    args = (model, tokenizer, split, child, catalogue, fmt, ("test",))
-    plain = evaluate_plain(*args, EvalSettings(ks=(1, 3), num_beams=8, cold=False), likelihood=False)
-    served = evaluate_plain(
-        *args,
-        EvalSettings(ks=(1, 3), num_beams=8, cold=False, new_item_share=0.34, match_levels=1),
-        likelihood=False,
-    )
-    # the same lists, re-ranked by the rule: recompute them from the beams
-    examples = {e[0]: e for e in split.test_examples(fmt.max_history)}
-    chosen = [examples[r["user"]] for r in served.users["test"]]
-    _, prompts, targets = inference_prompts(chosen, child, tokenizer, catalogue, fmt)
-    trie = SIDTrie(item_token_ids(tokenizer, child))
-    beams = recommend(model, tokenizer, prompts, trie, k=8, num_beams=8)
-    mixed = mix_new_items(beams, child, new_ids, share=0.34, match_levels=1, k=3)
-    for record, items, target in zip(served.users["test"], mixed.items, targets, strict=True):
-        assert record["rank"] == target_rank(items, target)
-        assert sum(i in new_ids for i in items) <= 1  # int(0.34 * 3)
-    assert any(i in new_ids for items in mixed.items for i in items)  # the rule did serve new items
-    assert served.metrics["test"]["all"]["users"] == plain.metrics["test"]["all"]["users"]
-    fresh = (model, tokenizer, split, parent, catalogue.subset(old_ids), fmt, ("test",))
-    with pytest.raises(ValueError, match="added none"):
-        evaluate_plain(*fresh, EvalSettings(ks=(1, 3), num_beams=8, new_item_share=0.2), likelihood=False)
-    with pytest.raises(ValueError, match="new_item_share must be a fraction"):
-        EvalSettings(new_item_share=2.0)
-
-
-def test_the_evaluate_command_takes_the_new_item_share():
-    from peft_grounded.cli.evaluate import parse
-
-    common = ["--adapter", "a", "--sid-index", "s", "--output_dir", "o"]
-    _, args = parse([*common, "--new-item-share", "0.1", "--match-levels", "2"])
-    assert (args.new_item_share, args.match_levels) == (0.1, 2)
-    assert parse(common)[1].new_item_share is None  # off unless asked
+def test_random_slots_keep_the_models_first_items_and_fill_the_rest_with_new_ones(grown):
+    parent, _, new = grown
+    ranked = [new[0], *parent.item_ids[:9]]
+    lists = random_slots(_lists([ranked], k=10), list(new), share=0.2, k=5, seed=3)
+    assert lists[0][:4] == parent.item_ids[:4]  # the model's old items keep k - int(0.2 * 5) = 4 places
+    assert len(lists[0]) == 5 and lists[0][4] in new
+    assert random_slots(_lists([ranked], k=10), list(new), share=0.2, k=5, seed=3) == lists  # seeded

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .generation import Recommendations
+from ..decoding import Recommendations
 
 RECENT = 5  # the last items whose share of new items is a feature of pi_u
 

@@ -1,9 +1,11 @@
 """The new-item protocol's data side: which items are new (the newest by first interaction), the users
-scored on them, and the pairs a serving side has logged since training (for calibration).
+scored on them, their whole histories, and the pairs a serving side has logged since training (for
+calibration).
 
 ``benchmarks/bench_grow_protocol.py`` runs the protocol (hold out the newest items, train on the rest, grow,
-score the users whose target is new); these functions decide what it holds out and scores, so they live
-beside the evaluation that scores them and are tested here, without a model.
+score the users whose target is new); these functions decide what it holds out and scores, and
+:mod:`.controls` what the served rule is compared with, so they live with the rule (this package) and are
+tested without a model (``tests/test_new_items_protocol.py``).
 """
 
 from __future__ import annotations
@@ -85,13 +87,25 @@ def new_item_examples(split: LeaveOneOut, new: set[str], max_history: int, posit
     return [chosen[u.user_id] for u in split.users if u.user_id in chosen]
 
 
-def calibration_pairs(split: LeaveOneOut, positions: str) -> list[tuple[tuple[str, ...], str]]:
+def logged_pairs(split: LeaveOneOut, positions: str) -> list[tuple[tuple[str, ...], str]]:
     """``(history, next item)`` at the position before the scored one, for every user: what the serving
-    side has logged since the model trained, never a scored target."""
+    side has logged since the model trained (what :meth:`~.rule.NewItemRule.fit` calibrates on), never a
+    scored target."""
     _check_positions(positions)
     if positions == "test":
         return [(u.history, u.valid) for u in split.users]
     return [(u.history[:-1], u.history[-1]) for u in split.users if len(u.history) > 1]
+
+
+def full_histories(split: LeaveOneOut, examples: list[Example]) -> list[tuple[str, ...]]:
+    """Each example's whole history before its target (the prompt shows only its last ``max_history``
+    items): what the served route leaves out of the user's list and the new-item rule reads."""
+    by_user = {u.user_id: u for u in split.users}
+    out = []
+    for user, _, target in examples:
+        u = by_user[user]
+        out.append(u.history if target == u.valid and target != u.test else (*u.history, u.valid))
+    return out
 
 
 def _check_positions(positions: str) -> None:

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from peft_grounded.decoding.generation import Recommendations
-from peft_grounded.decoding.semantic_mixture import SemanticMixture
+from peft_grounded.decoding import Recommendations
+from peft_grounded.new_items import SemanticMixture
 
 
 def catalogue():

@@ -6,17 +6,22 @@ cold-start rule (Rajput et al., 2023) serves such items anyway: a new item whose
 ``match_levels`` codes with an item the model generated takes that item's score, and at most
 ``share * k`` of the ``k`` slots go to new items. No training and no extra forward pass: it reads the
 beams the search already returned.
+
+The served new-item rule is :class:`~.rule.NewItemRule` (what ``evaluate`` and ``recommend`` serve); the slot
+rule is one of the new-item protocol's controls (``benchmarks/bench_grow_protocol.py``), beside
+:func:`random_slots`, the control of any new-item rule.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Hashable, Iterable
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from .generation import Recommendations
+from ..decoding import Recommendations
 
 
 def default_match_levels(index: Any) -> int:
@@ -60,7 +65,7 @@ def mix_new_items(
     are dropped). ``share=0`` keeps the model's new items out entirely.
 
     Args:
-        recommendations: the model's lists (e.g. from :func:`~.generation.recommend` with ``num_beams``
+        recommendations: the model's lists (e.g. from :func:`~peft_grounded.decoding.recommend` with ``num_beams``
             above ``k``, so that there are more generated items to match and to fill with).
         index: the (grown) :class:`~peft_grounded.sids.SIDIndex` holding old and new items.
         new_items: the items added since the model was trained (``child.added_items()``).
@@ -133,3 +138,19 @@ def mix_new_items(
         counts.append(n_new)
     extra = dict(recommendations.extra) | {"new_items_per_list": counts}
     return replace(recommendations, items=items_out, scores=scores_out, k=k, extra=extra)
+
+
+def random_slots(
+    recommendations: Recommendations, new_items: list[str], share: float, k: int, seed: int
+) -> list[list[str]]:
+    """The control for any new-item rule: the model's first ``k - floor(share * k)`` items, then random new
+    items (seeded, history-blind) in the remaining slots."""
+    rng = random.Random(seed)
+    quota = int(share * k + 1e-9)
+    new = set(new_items)
+    lists = []
+    for items in recommendations.items:
+        kept = [i for i in items if i not in new][: k - quota]
+        fill = [i for i in rng.sample(new_items, min(len(new_items), quota + k)) if i not in kept]
+        lists.append(kept + fill[: k - len(kept)])
+    return lists
