@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
         load_vocabulary,
         measure_snapshots,
     )
-    from peft_grounded.diagnostics.codes import level0_labels, token_frequencies
+    from peft_grounded.diagnostics.diagnose import level0_labels, token_frequencies
 
     args = parse(Settings, argv, prog="bench_diagnostics.py", description=__doc__)
     out = Path(args.out or tempfile.mkdtemp(prefix="diagnostics-bench-"))

@@ -22,8 +22,8 @@ import numpy as np
 
 from peft_grounded.growth.index import GrowthReport, add_vectors
 from peft_grounded.sids import build_sids, load_catalogue
+from peft_grounded.sids.catalogue import TextTemplate
 from peft_grounded.sids.encoders import encode_texts, load_encoder
-from peft_grounded.sids.text import TextTemplate
 
 try:
     from benchmarks._args import parse

@@ -55,8 +55,8 @@ import torch
 from peft_grounded import assets
 from peft_grounded.decoding import Recommendations
 from peft_grounded.evaluation import EvalSettings
-from peft_grounded.evaluation.intervals import bootstrap_interval
 from peft_grounded.evaluation.metrics import metric_value, ranking_metrics, target_rank
+from peft_grounded.evaluation.reports import bootstrap_interval
 from peft_grounded.growth import add_items, grow_adapter
 from peft_grounded.growth.grounding import ground_new_items
 from peft_grounded.new_items import (
@@ -79,9 +79,9 @@ from peft_grounded.pipeline import Budget, Experiment, run_strategy, strategy
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.serving.top_k import model_beams, top_k_lists
 from peft_grounded.sids import build_sids, load_catalogue
+from peft_grounded.sids.catalogue import TextTemplate
 from peft_grounded.sids.encoders import encode_texts, load_encoder
 from peft_grounded.sids.model import sid_model
-from peft_grounded.sids.text import TextTemplate
 
 try:
     from benchmarks._args import Precision, ZeroOrMore, parse

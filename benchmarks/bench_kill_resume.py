@@ -192,7 +192,7 @@ def adapter_rows(out: Path) -> dict:
 
 def check_final(out: Path, steps: int, reference: dict) -> tuple[bool, str, float]:
     """Whether the finished run is whole and equal to the reference; a note on what is wrong; max |diff|."""
-    from peft_grounded._locks import lock_path
+    from peft_grounded._io import lock_path
     from peft_grounded.training.runs import checkpoint_problem, checkpoints
 
     problems = []
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     data = make_world(root)
     if not args.subprocess:  # the forks start with the command's imports done
         import peft_grounded.cli
-        import peft_grounded.grounding.trainer  # noqa: F401
+        import peft_grounded.training.grounding  # noqa: F401
     common = ["--max_steps", str(args.steps), "--save_steps", "1", "--per_device_train_batch_size", "4"]
     common += ["--max_length", "96"]
 

@@ -21,8 +21,8 @@ import torch
 
 from peft_grounded import assets
 from peft_grounded.prompts import PromptFormat
-from peft_grounded.recommend import RecommendationConfig, train_recommender
 from peft_grounded.sids import SIDIndex, load_catalogue
+from peft_grounded.training.sft import RecommendationConfig, train_recommender
 
 try:
     from benchmarks._args import Precision, parse

@@ -53,8 +53,8 @@ def encode_office(office_dir: str, out: str) -> None:
     import numpy as np
 
     from peft_grounded.sids import load_catalogue
+    from peft_grounded.sids.catalogue import TextTemplate
     from peft_grounded.sids.encoders import SentenceTransformerEncoder, encode_texts
-    from peft_grounded.sids.text import TextTemplate
 
     catalogue = load_catalogue(office_dir)
     texts = TextTemplate().render_all(list(catalogue.items.values()))
@@ -80,9 +80,8 @@ def worker(spec: dict) -> dict:
     import numpy as np
     import torch
 
-    from peft_grounded.sids.collisions import collision_stats
-    from peft_grounded.sids.quality import level_usage
-    from peft_grounded.sids.rqkmeans import RQKMeansConfig, fit_rqkmeans
+    from peft_grounded.sids.collisions import collision_stats, level_usage
+    from peft_grounded.sids.quantizers import RQKMeansConfig, fit_rqkmeans
 
     x = _vectors(spec)
     levels = tuple(spec["codes"] for _ in range(spec["levels"]))

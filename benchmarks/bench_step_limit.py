@@ -37,13 +37,12 @@ from peft_grounded import assets
 from peft_grounded.adapter import add_lora
 from peft_grounded.precision import choose_precision
 from peft_grounded.prompts import PromptFormat
-from peft_grounded.recommend import training_dataset
-from peft_grounded.recommend.shallow_base import shallow_base
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
 from peft_grounded.sids.model import sid_model
-from peft_grounded.training.attention import float32_attention
-from peft_grounded.training.compact_head import compact_head
+from peft_grounded.training.sft import training_dataset
+from peft_grounded.training.sft.trainer import shallow_base
+from peft_grounded.training.steps import compact_head, float32_attention
 
 try:
     from benchmarks._args import parse

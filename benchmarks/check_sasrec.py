@@ -50,7 +50,7 @@ def _catalogue(name: str):
 
 def run_ours(name: str, overrides: dict, catalogue=None) -> dict:
     """Train our SASRec on ``name`` (or on ``catalogue``) and score it on every validation and test user."""
-    from peft_grounded.evaluation.users import EvalSettings
+    from peft_grounded.evaluation.reports import EvalSettings
     from peft_grounded.peers.base import peer_records, peer_results
     from peft_grounded.peers.sasrec import SASRecConfig, fit_sasrec
 

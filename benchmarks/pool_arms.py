@@ -5,7 +5,7 @@ reference arm, on the part each decoded (validation for the ablations of issue 4
 
 The first arm is the reference. Each arm's folder holds one strategy run (``strategies/<name>-seed<N>/
 metrics.json``, the runner's per-user records) or is a ``peft-grounded evaluate`` output (``users.json``); arms given as ``NAME=DIR1,DIR2`` pool seeds (users resampled
-within each seed, ``evaluation.intervals.paired_intervals``).
+within each seed, ``evaluation.reports.paired_intervals``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from peft_grounded.evaluation.intervals import paired_intervals, user_values
+from peft_grounded.evaluation.reports import paired_intervals, user_values
 
 try:
     from benchmarks._args import parse

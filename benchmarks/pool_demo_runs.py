@@ -14,7 +14,7 @@ folders (two at a time, one per core) is one run given as its folders joined by 
 
 Reads each run's ``strategies/<name>-seed<N>/metrics.json`` (the runner's per-user records of the test
 part) and gives, per strategy and metric, the seeds' mean and the paired difference to the reference with the
-package's bootstrap (users resampled within each seed, ``evaluation.intervals.paired_intervals``). Every run
+package's bootstrap (users resampled within each seed, ``evaluation.reports.paired_intervals``). Every run
 must hold the reference and score the same users in it as in the other strategies.
 """
 
@@ -28,7 +28,7 @@ from typing import Literal
 
 import numpy as np
 
-from peft_grounded.evaluation.intervals import paired_intervals, user_values
+from peft_grounded.evaluation.reports import paired_intervals, user_values
 
 try:
     from benchmarks._args import ZeroOrMore, parse

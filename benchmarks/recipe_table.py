@@ -6,7 +6,7 @@ its Recall@10, NDCG@10 and constrained NLL on the same users, each paired agains
 
 Reads each folder's ``strategies/<strategy>-seed<N>/metrics.json`` (the runner's per-user records) and its SFT
 log (steps, epochs, training seconds) and gives, per recipe, the means and the paired difference to the
-reference recipe (users resampled, ``evaluation.intervals.paired_intervals``). Every recipe must have scored
+reference recipe (users resampled, ``evaluation.reports.paired_intervals``). Every recipe must have scored
 the same users of ``--part`` (the same split and seed).
 """
 
@@ -19,7 +19,7 @@ from typing import Literal
 
 import numpy as np
 
-from peft_grounded.evaluation.intervals import bootstrap_interval, paired_intervals, user_values
+from peft_grounded.evaluation.reports import bootstrap_interval, paired_intervals, user_values
 
 try:
     from benchmarks._args import parse

@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     fmt = PromptFormat(objective="sequence", max_history=19)
     model_path = str(assets.smollm2())
     if args.layers:
-        from peft_grounded.recommend.shallow_base import shallow_base
+        from peft_grounded.training.sft.trainer import shallow_base
 
         model_path = str(shallow_base(model_path, args.layers, out / f"base-{args.layers}-blocks"))
     experiment = Experiment(model_path, catalogue, index, fmt=fmt)

@@ -16,7 +16,7 @@ import importlib.util
 import sys
 from typing import Any
 
-from ._lazy import lazy_exports
+from ._imports import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -27,7 +27,7 @@ __getattr__, __dir__, _lazy_names = lazy_exports(
             "GROUNDED_TOKENS AddedTokens GroundedProvenance GroundedRuntimeConfig GroundedTokenConfig "
             "GroundedTokenModel add_lora add_tokens check_tokenizer initialize_grounded_rows"
         ),
-        "sids.tokens": ("add_sid_tokens"),
+        "sids.index": "add_sid_tokens",
         "serving": "GroundedRecommender",
     },
 )

@@ -78,7 +78,7 @@ def smollm2() -> Path:
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ._extras import require
+    from ._imports import require
 
     require("gguf", "converting the packaged SmolLM2 GGUF")
     gguf = smollm2_gguf()

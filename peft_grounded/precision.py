@@ -7,6 +7,9 @@ from the CPU's flags (``/proc/cpuinfo``) and torch's CPU capability (``AVX512``,
 :func:`bf16_slowdown` times a small bf16 and float32 matmul once (cached) for the messages. The decision
 itself, :func:`cpu_has_native_bf16`, takes the capability and flags as arguments, so it is tested for every
 kind of CPU on any machine.
+
+:func:`one_thread` runs small CPU tensor work on one thread: with several, thread wake-ups dominate small ops
+(and on a loaded machine make them many times slower).
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 logger = logging.getLogger(__name__)
 
@@ -218,3 +224,21 @@ def script_precision(fp32: bool = False, bf16: bool = False, device: str | None 
         choice = choose_precision(device)
     print(f"precision: {choice.reason}", flush=True)
     return choice
+
+
+# Run small CPU tensor work on one thread: with several, thread wake-ups dominate small ops (and on a
+# loaded machine make them many times slower).
+
+
+@contextmanager
+def one_thread(device: torch.device | str | None = None) -> Iterator[None]:
+    """Within the block, torch uses one CPU thread (a no-op for other devices)."""
+    if device is not None and torch.device(device).type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

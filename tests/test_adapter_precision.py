@@ -13,7 +13,7 @@ from peft.tuners.lora import LoraLayer
 
 import peft_grounded
 from peft_grounded import GroundedTokenConfig
-from peft_grounded.adapter.provenance import describe_tensor
+from peft_grounded.adapter.config import describe_tensor
 
 HALF = [torch.bfloat16, torch.float16]
 

@@ -215,7 +215,7 @@ def test_resizing_after_wrapping_is_refused(extended):
 def test_a_recorded_config_describes_its_data_and_waits_for_them(extended, tmp_path):
     from peft import PeftConfig
 
-    from peft_grounded.adapter.provenance import describe_tensor
+    from peft_grounded.adapter.config import describe_tensor
 
     model, new = extended
     vectors = torch.randn(8, 16)

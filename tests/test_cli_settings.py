@@ -15,8 +15,8 @@ from helpers.toy_catalogue import toy_catalogue, toy_index
 from peft_grounded.cli import COMMANDS, command, ground, main, sft
 from peft_grounded.cli.common import ModelArguments, SFTArguments
 from peft_grounded.cli.model_config import GroundedModelConfig, LoraModelConfig
-from peft_grounded.grounding import GroundingConfig
-from peft_grounded.recommend import RecommendationConfig
+from peft_grounded.training.config import GroundingConfig
+from peft_grounded.training.sft import RecommendationConfig
 
 
 def _as_dict(settings) -> list[dict]:
@@ -304,7 +304,7 @@ def test_every_command_names_its_output_folder_output_dir(name, required):
 
 
 def test_the_cpu_recipe_sets_defaults_that_the_flags_given_and_config_override(tmp_path):
-    from peft_grounded.recommend.recipes import RECIPES
+    from peft_grounded.cli.common import RECIPES
 
     settings = sft.parse(["--sid-index", "s", "--recipe", "cpu"])
     values = {k: v for s in settings for k, v in vars(s).items()}
@@ -323,8 +323,8 @@ def test_the_cpu_recipe_sets_defaults_that_the_flags_given_and_config_override(t
 
 def test_the_cpu_recipe_is_the_demos_default_preset():
     """One recipe: `sft --recipe cpu` trains as the demo does (its budget aside)."""
+    from peft_grounded.cli.common import RECIPES
     from peft_grounded.pipeline import PRESETS
-    from peft_grounded.recommend.recipes import RECIPES
 
     recipe, demo = RECIPES["cpu"], PRESETS["default"]
     b, fmt = demo.budget, demo.prompt_format()
@@ -343,7 +343,7 @@ def test_the_cpu_recipe_is_the_demos_default_preset():
     assert recipe["init"] in demo.strategies
     from dataclasses import asdict
 
-    from peft_grounded.recommend.recipes import SID_RECIPES
+    from peft_grounded.cli.common import SID_RECIPES
 
     sids = SID_RECIPES["cpu"]  # and the SIDs it trains on are build-sids --recipe cpu's
     assert (demo.levels, str(demo.codes)) == (sids["levels"], sids["codes"])
@@ -377,7 +377,7 @@ def test_sft_layers_trains_on_the_first_blocks_of_the_base(tmp_path, stage_data,
 
 
 def test_build_sids_recipe_cpu_builds_from_behaviour_and_flags_win():
-    from peft_grounded.recommend.recipes import SID_RECIPES
+    from peft_grounded.cli.common import SID_RECIPES
 
     parsed = command("build-sids").parse(["--output_dir", "s", "--recipe", "cpu"])
     values = {k: v for s in parsed for k, v in vars(s).items()}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from peft_grounded._extras import EXTRA_OF, MissingExtraError, require
+from peft_grounded._imports import EXTRA_OF, MissingExtraError, require
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "peft_grounded"
@@ -49,13 +49,13 @@ def test_library_modules_import_no_harness_and_no_extra_at_module_level():
             if not in_harness and (harness or top in EXTRA_OF):
                 offenders.append(f"{path.relative_to(ROOT)}: {name}")
             elif in_harness and top in EXTRA_OF and parts[-1] != "plots.py":
-                offenders.append(f"{path.relative_to(ROOT)}: {name} (import it through _extras.require)")
+                offenders.append(f"{path.relative_to(ROOT)}: {name} (import it through _imports.require)")
     assert not offenders, offenders
 
 
 def test_a_missing_extra_names_the_pip_line(monkeypatch):
     import peft_grounded.diagnostics  # the package and transformers load before anything hides
-    from peft_grounded.cli.errors import describe
+    from peft_grounded.checks import describe
     from peft_grounded.sids.encoders import SentenceTransformerEncoder
 
     monkeypatch.setitem(sys.modules, "sentence_transformers", None)  # as if not installed

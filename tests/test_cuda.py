@@ -15,7 +15,7 @@ import torch
 
 import peft_grounded
 from peft_grounded import GroundedTokenConfig
-from peft_grounded.training.compact_head import compact_head
+from peft_grounded.training.steps import compact_head
 
 # PEFT_GROUNDED_TEST_DEVICE=cpu runs the same tests CPU against CPU: a check of the tests themselves
 DEVICE = os.environ.get("PEFT_GROUNDED_TEST_DEVICE", "cuda")
@@ -241,7 +241,7 @@ def test_constrained_beam_search_on_cuda_gives_the_cpu_ranking(tokenizer, tiny_m
 def test_rqkmeans_on_cuda_codes_as_good_as_cpu():
     from helpers.sids_fixtures import clustered_vectors, purity
 
-    from peft_grounded.sids.rqkmeans import RQKMeansConfig, fit_rqkmeans
+    from peft_grounded.sids.quantizers import RQKMeansConfig, fit_rqkmeans
 
     x, cluster, offset = clustered_vectors(n_clusters=16, sub=4, per_sub=24, dim=64)
     fits = {

@@ -20,7 +20,7 @@ from peft_grounded.diagnostics import (
     load_sid_rows,
     load_vocabulary,
 )
-from peft_grounded.diagnostics.popularity import principal_components
+from peft_grounded.diagnostics.measure import principal_components
 from peft_grounded.sids import Catalogue, Item, build_sids
 
 WIDTH = 64  # the tiny model's width; the index's vectors have the same width, so centroid init truncates

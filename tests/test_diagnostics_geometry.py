@@ -9,19 +9,27 @@ import numpy as np
 import pytest
 import torch
 
-from peft_grounded.diagnostics.heatmaps import heatmap_matrix, parse_sid_token, select_heatmap_tokens
-from peft_grounded.diagnostics.matrices import cosine_similarity_matrix
-from peft_grounded.diagnostics.neighbours import nearest_vocabulary
-from peft_grounded.diagnostics.popularity import (
+from peft_grounded.diagnostics.matrices import (
+    Spectrum,
+    cosine_similarity_matrix,
+    effective_rank,
+    nearest_vocabulary,
+    neighbourhood_purity,
+    pearson,
+    rankdata,
+    rsa,
+    spearman,
+    spectrum,
+    stable_rank,
+)
+from peft_grounded.diagnostics.measure import (
     pc_regression_curve,
     pc_regression_r2,
     principal_components,
     principal_score,
 )
-from peft_grounded.diagnostics.purity import neighbourhood_purity
-from peft_grounded.diagnostics.similarity import pearson, rankdata, rsa, spearman
-from peft_grounded.diagnostics.spectra import Spectrum, effective_rank, spectrum, stable_rank
-from peft_grounded.sids.tokens import sid_vocabulary
+from peft_grounded.diagnostics.snapshot import heatmap_matrix, parse_sid_token, select_heatmap_tokens
+from peft_grounded.sids.index import sid_vocabulary
 
 
 def orthonormal(n: int, d: int, seed: int = 0) -> np.ndarray:

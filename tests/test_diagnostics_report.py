@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from peft_grounded.diagnostics import GeometrySnapshot, ReportConfig, measure_snapshots, write_report
-from peft_grounded.sids.tokens import sid_vocabulary
+from peft_grounded.sids.index import sid_vocabulary
 
 LEVELS = [8, 8, 8]
 WIDTH = 16

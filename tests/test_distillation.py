@@ -18,15 +18,15 @@ from safetensors.torch import load_file
 from peft_grounded.checks import SettingsError
 from peft_grounded.peers.sasrec import SASRecConfig, fit_sasrec
 from peft_grounded.prompts import PromptFormat
-from peft_grounded.recommend import (
+from peft_grounded.sids.index import SIDIndex
+from peft_grounded.training.sft import (
     RecommendationConfig,
     RecommendationTrainer,
     train_recommender,
     training_dataset,
 )
-from peft_grounded.recommend import distillation as dist
-from peft_grounded.recommend.augmentation import Augmentation
-from peft_grounded.sids.index import SIDIndex
+from peft_grounded.training.sft import distillation as dist
+from peft_grounded.training.sft.data import Augmentation
 
 SEQ = PromptFormat(objective="sequence", max_history=3)
 TOP_K = 4

@@ -113,7 +113,7 @@ def test_every_atomic_writer_gives_ordinary_permissions(tmp_path):
         def save_pretrained(self, directory):
             (Path(directory) / "adapter_config.json").write_text("{}")
 
-    from peft_grounded.training.adapter_files import save_adapter_atomic
+    from peft_grounded.training.runs import save_adapter_atomic
 
     save_adapter_atomic(Saver(), tmp_path / "stage" / "adapter")
     assert os.stat(tmp_path / "stage" / "adapter").st_mode & 0o777 == 0o777 & ~mask

@@ -12,7 +12,8 @@ import torch
 from helpers.toy_catalogue import toy_catalogue, toy_index
 
 import peft_grounded
-from peft_grounded.grounding import GroundingConfig, GroundingTrainer, grounding_dataset, grounding_examples
+from peft_grounded.training.config import GroundingConfig
+from peft_grounded.training.grounding import GroundingTrainer, grounding_dataset, grounding_examples
 from peft_grounded.training.runs import RunMismatchError
 
 SCRIPT = Path(__file__).parent / "helpers" / "grounding_run.py"
@@ -26,7 +27,7 @@ def toy():
 
 def test_six_templates_per_item_with_counted_skips(toy):
     catalogue, index = toy
-    from peft_grounded.grounding import GroundingData
+    from peft_grounded.training.grounding import GroundingData
 
     data = GroundingData(fallback_description_fields=())
     rows = grounding_examples(catalogue, index, data)
@@ -186,7 +187,7 @@ def test_compact_loss_reaches_the_model_with_or_without_a_task_type(
 ):
     """The trainer installs the compact head on the causal LM itself, so a plain PeftModel (no task_type)
     and a PeftModelForCausalLM both take it: one call per training step."""
-    import peft_grounded.training.compact_head as compact
+    import peft_grounded.training.steps as compact
 
     calls = []
     original = compact.compact_fused_forward

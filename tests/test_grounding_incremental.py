@@ -77,8 +77,8 @@ def test_replay_needs_old_items_text(tokenizer, tiny_model_factory):
 def test_runs_through_the_grounding_trainer_with_a_grounding_config(tokenizer, tiny_model_factory, tmp_path):
     """A GroundingConfig drives it: with output_dir the run leaves the grounding stage's manifest, loss log and
     adapter there, and a resume of the finished run takes no step."""
-    from peft_grounded.grounding import GroundingConfig
     from peft_grounded.growth.grounding import IncrementalGroundingConfig
+    from peft_grounded.training.config import GroundingConfig
 
     parent, child = grown_indices()
     grown = grow_adapter(

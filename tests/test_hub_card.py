@@ -165,7 +165,7 @@ def test_the_template_is_package_data_and_model_cards_links_to_it():
 
 def test_the_cards_init_facts_name_a_scaled_start():
     from peft_grounded import GroundedTokenConfig
-    from peft_grounded.hub.facts import init_facts
+    from peft_grounded.hub.card import init_facts
 
     plain = init_facts(GroundedTokenConfig(token_indices=[5, 6], init="centroid"))
     assert plain["params"] == {"projection": "auto", "norm_match": True}
@@ -177,7 +177,7 @@ def test_the_cards_init_facts_name_a_scaled_start():
 
 def test_the_cards_init_facts_name_random_rows_and_the_no_op_start():
     from peft_grounded import GroundedTokenConfig
-    from peft_grounded.hub.facts import init_facts
+    from peft_grounded.hub.card import init_facts
 
     drawn = init_facts(GroundedTokenConfig(token_indices=[5, 6], init="centroid", init_weights=False))
     assert drawn["name"] == "randn" and "init_weights=False" in drawn["description"]  # not "centroid"

@@ -13,7 +13,7 @@ import torch
 from helpers.toy_catalogue import toy_catalogue, toy_index
 
 from peft_grounded.prompts import PromptFormat
-from peft_grounded.recommend import (
+from peft_grounded.training.sft import (
     RecommendationConfig,
     RecommendationTrainer,
     train_recommender,

@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers.planted_catalogue import N_ITEMS, SMALL_SASREC, planted_catalogue
 
-from peft_grounded.evaluation.users import EvalSettings, popularity_users
+from peft_grounded.evaluation.reports import EvalSettings, popularity_users
 from peft_grounded.peers.base import peer_records, peer_results
 from peft_grounded.peers.sasrec import (
     SASRecConfig,

@@ -195,8 +195,8 @@ def test_presets_pass_their_prompt_format_through():
 
 
 def test_learning_curve_section_from_synthetic_curve_files(tmp_path):
-    from peft_grounded.pipeline.plots import curves_section, read_curve
-    from peft_grounded.recommend.callbacks import learning_curve
+    from peft_grounded.diagnostics.plots import curves_section, read_curve
+    from peft_grounded.training.callbacks import learning_curve
 
     dirs = {}
     for name, slope in (("mean", 0.01), ("centroid", 0.03)):
@@ -242,7 +242,7 @@ def test_learning_curve_section_from_synthetic_curve_files(tmp_path):
 
 
 def test_headline_names_the_winner_with_intervals():
-    from peft_grounded.pipeline.headline import headline
+    from peft_grounded.pipeline.side_by_side import headline
 
     def run(ranks, nlls):
         users = [

@@ -13,9 +13,9 @@ from peft_grounded.evaluation import EvalSettings
 from peft_grounded.pipeline import Budget, Experiment, run_strategy
 from peft_grounded.pipeline.side_by_side import strategy_curve
 from peft_grounded.prompts import HistoryError, PromptFormat, inference_prompts
-from peft_grounded.recommend import recommendation_examples, training_dataset
 from peft_grounded.sids.model import read_sid_record
 from peft_grounded.training.runs import RunMismatchError
+from peft_grounded.training.sft import recommendation_examples, training_dataset
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +152,7 @@ def test_validation_curve_survives_a_resume():
     """A resumed run restores the curve points logged before its checkpoint (they are in the trainer state)."""
     from transformers import TrainerControl, TrainerState
 
-    from peft_grounded.recommend import ValidationRecall
+    from peft_grounded.training.sft import ValidationRecall
 
     def evaluate(model):
         return {"recall@5": 0.5, "recall@10": 0.75, "users": 4}
@@ -259,7 +259,7 @@ def _trainable(model) -> dict:
 
 def _keep_best_config(tmp_path):
     """Three SFT steps into tmp_path/sft, one checkpoint at the end: the keep_best tests' run."""
-    from peft_grounded.recommend import RecommendationConfig
+    from peft_grounded.training.sft import RecommendationConfig
 
     return RecommendationConfig(
         output_dir=str(tmp_path / "sft"),
@@ -277,7 +277,7 @@ def test_keep_best_ends_with_the_adapter_of_the_best_validation_point(toy, model
     the last step's; the snapshot folder keeps that one only once a checkpoint covers it."""
     from safetensors.torch import load_file
 
-    from peft_grounded.recommend import ValidationRecall, train_recommender
+    from peft_grounded.training.sft import ValidationRecall, train_recommender
 
     catalogue, index = toy
     values, states = iter([0.1, 0.3, 0.2]), {}
@@ -318,7 +318,7 @@ def test_keep_best_ends_with_the_adapter_of_the_best_validation_point(toy, model
 def test_keep_best_evaluates_the_last_weights_too(toy, model_dir, tmp_path, final_wins):
     """A budget that does not end on a validation step: the last weights are evaluated at the end and are a
     candidate like the others (kept live when they win, the snapshot loaded back when they lose)."""
-    from peft_grounded.recommend import ValidationRecall, train_recommender
+    from peft_grounded.training.sft import ValidationRecall, train_recommender
 
     catalogue, index = toy
     values = iter([0.1, 0.3] if final_wins else [0.3, 0.1])
@@ -350,7 +350,7 @@ def test_keep_best_after_a_resume_keeps_the_snapshot_its_log_knows(tmp_path):
     it trains again, and leftovers of a killed write, are removed."""
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
-    from peft_grounded.recommend import ValidationRecall
+    from peft_grounded.training.sft import ValidationRecall
 
     best = tmp_path / "best"
     for name in ("step-2", "step-4", "step-6", ".tmp-killed-write"):

@@ -14,12 +14,11 @@ from helpers.toy_catalogue import toy_catalogue, toy_index
 
 from peft_grounded.pipeline import Budget
 from peft_grounded.prompts import PromptFormat, inference_prompts
-from peft_grounded.recommend import RecommendationConfig, train_recommender, training_dataset
-from peft_grounded.recommend.callbacks import learning_curve
-from peft_grounded.recommend.sequence import chunk_bounds, sequence_row
 from peft_grounded.sids.model import read_sid_record
-from peft_grounded.training.clock import time_schedule
+from peft_grounded.training.callbacks import learning_curve, time_schedule
 from peft_grounded.training.runs import RunMismatchError
+from peft_grounded.training.sft import RecommendationConfig, train_recommender, training_dataset
+from peft_grounded.training.sft.data import chunk_bounds, sequence_row
 
 SEQ = PromptFormat(objective="sequence", max_history=3)
 
@@ -238,7 +237,7 @@ def test_half_precision_base_trains_fp32_adapter_weights(toy, model_dir, tmp_pat
 
 def test_cli_objective_minutes_and_dtype():
     from peft_grounded.cli import ground, sft
-    from peft_grounded.grounding import GroundingConfig
+    from peft_grounded.training.config import GroundingConfig
 
     _, args, _, config = sft.parse(
         ["--sid-index", "s", "--output_dir", "o", "--objective", "sequence", "--max_minutes", "15"]
@@ -284,8 +283,8 @@ def test_a_timed_run_resumes_with_its_clock_and_counts(toy, model_dir, tmp_path)
 def test_compact_loss_equals_trls_head_on_sequence_rows(toy, model_dir, tmp_path):
     """The compact head (labelled positions only) gives TRL's loss on the sequence objective's masks."""
     from peft_grounded.adapter import add_lora
-    from peft_grounded.recommend import RecommendationTrainer
     from peft_grounded.sids.model import sid_model
+    from peft_grounded.training.sft import RecommendationTrainer
 
     catalogue, index = toy
     tokenizer, model = sid_model(model_dir, index, init="centroid", fmt=SEQ)

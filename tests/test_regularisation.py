@@ -14,13 +14,13 @@ from helpers.toy_catalogue import toy_catalogue, toy_index
 
 from peft_grounded.checks import SettingsError
 from peft_grounded.prompts import PromptFormat
-from peft_grounded.recommend import (
+from peft_grounded.training.sft import (
     RecommendationConfig,
     RecommendationTrainer,
     train_recommender,
     training_dataset,
 )
-from peft_grounded.recommend.augmentation import Augmentation
+from peft_grounded.training.sft.data import Augmentation
 
 SEQ = PromptFormat(objective="sequence", max_history=3)
 

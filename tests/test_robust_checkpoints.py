@@ -20,7 +20,7 @@ from helpers.forked import limit_file_size, run
 from helpers.robust_faults import assert_same_rows, grounding_trainer, logged_steps, rows, snapshot, train
 from transformers import TrainerCallback
 
-from peft_grounded._locks import lock_path
+from peft_grounded._io import lock_path
 from peft_grounded.training import runs
 from peft_grounded.training.runs import RunMismatchError, checkpoint_problem
 

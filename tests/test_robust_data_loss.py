@@ -14,7 +14,7 @@ from helpers.forked import limit_file_size, run, start, wait_for
 from helpers.growth_fixtures import grow, grow_world
 from helpers.robust_faults import TINY, fresh_tokenizer, ground_args, make_world, snapshot
 
-from peft_grounded._locks import lock_path
+from peft_grounded._io import lock_path
 from peft_grounded.cli import main
 from peft_grounded.sids import SIDIndex
 from peft_grounded.training.runs import checkpoint_problem

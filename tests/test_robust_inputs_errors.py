@@ -8,7 +8,7 @@ import errno
 
 import pytest
 
-from peft_grounded.cli.errors import describe
+from peft_grounded.checks import describe
 
 
 @pytest.mark.parametrize(

@@ -258,9 +258,9 @@ def test_the_python_api_refuses_the_same_values():
     """The checks are the settings' own, not the command line's."""
     from peft_grounded.checks import SettingsError
     from peft_grounded.evaluation import EvalSettings
-    from peft_grounded.grounding import GroundingConfig
     from peft_grounded.pipeline import Budget
-    from peft_grounded.sids.rqkmeans import QuantizationError, RQKMeansConfig
+    from peft_grounded.sids.quantizers import QuantizationError, RQKMeansConfig
+    from peft_grounded.training.config import GroundingConfig
 
     with pytest.raises(SettingsError, match=r"max_steps .* got -5"):
         GroundingConfig(output_dir="unused", max_steps=-5, use_cpu=True)

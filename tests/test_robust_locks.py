@@ -1,4 +1,4 @@
-"""One writer per output folder (peft_grounded._locks): a second process is refused at once with the folder and
+"""One writer per output folder (peft_grounded._io): a second process is refused at once with the folder and
 the holder's pid, a killed holder's lock is taken over with a message, and the lock itself leaves nothing
 behind. Holders and contenders are real processes (forked, tests/helpers/forked.py)."""
 
@@ -16,7 +16,7 @@ from helpers.forked import run, start, wait_for
 from helpers.robust_faults import NOBODY, as_another_user
 from helpers.toy_catalogue import toy_catalogue, toy_index, toy_vectors
 
-from peft_grounded._locks import OutputBusyError, lock_path, output_lock
+from peft_grounded._io import OutputBusyError, lock_path, output_lock
 from peft_grounded.cli import main
 from peft_grounded.sids import SIDIndex, build_sids
 

@@ -171,7 +171,7 @@ def grounding_setup(extra_tokens=()):
     tokenizer = fresh_tokenizer()
     model = build_tiny_model("llama", False)
     new = peft_grounded.add_tokens(tokenizer, model, [*extra_tokens, *index.token_strings])
-    from peft_grounded.grounding import grounding_dataset
+    from peft_grounded.training.grounding import grounding_dataset
 
     return model, tokenizer, new, grounding_dataset(catalogue, index, tokenizer)
 
@@ -193,7 +193,8 @@ def test_trls_chat_template_path_fails_with_a_grounded_config_as_documented(chat
 
 
 def test_the_packages_trainers_refuse_it_with_the_workaround(chat_source):
-    from peft_grounded.grounding import GroundingConfig, GroundingTrainer
+    from peft_grounded.training.config import GroundingConfig
+    from peft_grounded.training.grounding import GroundingTrainer
 
     model, tokenizer, new, data = grounding_setup()
     args = GroundingConfig(
@@ -211,7 +212,8 @@ def test_the_packages_trainers_refuse_it_with_the_workaround(chat_source):
 
 @pytest.mark.parametrize("workaround", ["jinja file", "tokens added with the SIDs"])
 def test_the_documented_workarounds_train(chat_source, workaround):
-    from peft_grounded.grounding import GroundingConfig, GroundingTrainer
+    from peft_grounded.training.config import GroundingConfig
+    from peft_grounded.training.grounding import GroundingTrainer
 
     extra = ["<|turn|>"] if workaround == "tokens added with the SIDs" else []
     model, tokenizer, new, data = grounding_setup(extra)

@@ -45,7 +45,7 @@ from helpers.robust_faults import NOBODY, as_another_user
 from helpers.robust_world import refused, run_cli, snapshot
 from helpers.serving_fixtures import serving_world, write_histories
 
-from peft_grounded._locks import lock_path, output_lock
+from peft_grounded._io import lock_path, output_lock
 from peft_grounded.cli import main
 from peft_grounded.serving import GroundedRecommender, NewItemRule, read_histories
 

@@ -14,8 +14,7 @@ from helpers.forked import run
 from helpers.robust_faults import NOBODY, as_another_user
 from helpers.toy_catalogue import toy_catalogue, toy_vectors
 
-from peft_grounded._io import atomic_write, atomic_write_text
-from peft_grounded._locks import lock_path
+from peft_grounded._io import atomic_write, atomic_write_text, lock_path
 from peft_grounded.cli import main
 from peft_grounded.sids import SIDIndex, build_sids
 

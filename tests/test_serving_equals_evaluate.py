@@ -16,9 +16,9 @@ from peft_grounded import GroundedTokenConfig
 from peft_grounded.cli import main
 from peft_grounded.evaluation import EvalSettings
 from peft_grounded.evaluation.evaluator import evaluate_adapter
-from peft_grounded.recommend.trainer import record_sid_softmax
 from peft_grounded.serving import GroundedRecommender
 from peft_grounded.sids.model import save_sid_record
+from peft_grounded.training.sft.trainer import record_sid_softmax
 
 K, BEAMS = 5, 8
 CASES = [("llama", True, True), ("llama", True, False), ("qwen3", False, True), ("qwen3", False, False)]

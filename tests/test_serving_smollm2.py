@@ -105,8 +105,8 @@ def test_served_recall_is_the_evaluated_recall_on_smollm2(tmp_path):
     from peft_grounded.evaluation import EvalSettings
     from peft_grounded.evaluation.evaluator import evaluate_adapter
     from peft_grounded.evaluation.metrics import target_rank
-    from peft_grounded.recommend.trainer import record_sid_softmax
     from peft_grounded.sids.model import sid_model
+    from peft_grounded.training.sft.trainer import record_sid_softmax
 
     catalogue = toy_catalogue()
     index = toy_index(catalogue)

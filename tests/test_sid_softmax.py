@@ -18,9 +18,9 @@ import peft_grounded
 from peft_grounded import GroundedTokenConfig
 from peft_grounded.adapter import add_lora
 from peft_grounded.prompts import PromptFormat
-from peft_grounded.recommend import RecommendationConfig, train_recommender, training_dataset
 from peft_grounded.sids.model import read_sid_record, sid_record, sid_softmax_of
-from peft_grounded.training.compact_head import compact_fused_forward, compact_head
+from peft_grounded.training.sft import RecommendationConfig, train_recommender, training_dataset
+from peft_grounded.training.steps import compact_fused_forward, compact_head
 
 CASES = [("llama", True), ("llama", False), ("qwen3", True), ("qwen3", False)]
 SEQ = PromptFormat(objective="sequence", max_history=3)
@@ -265,7 +265,7 @@ def test_the_compact_head_refuses_a_fused_call_it_cannot_score(tokenizer, tiny_m
 
 
 def test_copying_a_model_keeps_its_record(tokenizer, tiny_model_factory):
-    from peft_grounded.recommend.trainer import record_sid_softmax
+    from peft_grounded.training.sft.trainer import record_sid_softmax
 
     model, _ = setup(tokenizer, tiny_model_factory, "llama", False)
     record_sid_softmax(model, True)
@@ -276,8 +276,8 @@ def test_copying_a_model_keeps_its_record(tokenizer, tiny_model_factory):
 
 def test_trls_loop_without_the_compact_head_takes_the_same_loss(toy, model_dir, tmp_path):
     """compact_loss=False (TRL's own fused head for the full softmax) still gets the SID-only loss."""
-    from peft_grounded.recommend import RecommendationTrainer
     from peft_grounded.sids.model import sid_model
+    from peft_grounded.training.sft import RecommendationTrainer
 
     catalogue, index = toy
     tokenizer, model = sid_model(model_dir, index, init="centroid", fmt=SEQ)
@@ -302,8 +302,8 @@ def test_trls_loop_without_the_compact_head_takes_the_same_loss(toy, model_dir, 
 def test_the_default_applies_it_wherever_it_can(toy, model_dir, tmp_path):
     """sid_softmax_loss=None (the default): the SID-only softmax on a grounded adapter, the full head where it
     cannot apply (label smoothing); the trainer's args and the adapter's record say which runs."""
-    from peft_grounded.recommend import RecommendationTrainer
     from peft_grounded.sids.model import sid_model
+    from peft_grounded.training.sft import RecommendationTrainer
 
     catalogue, index = toy
     assert RecommendationConfig(output_dir=str(tmp_path / "d")).sid_softmax_loss is None

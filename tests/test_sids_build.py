@@ -10,13 +10,12 @@ import pytest
 from helpers.sids_fixtures import clustered_vectors, office_dir, write_lcrec
 
 from peft_grounded.cli import main
-from peft_grounded.diagnostics.codes import majority_labels, token_frequencies
+from peft_grounded.diagnostics.diagnose import majority_labels, token_frequencies
 from peft_grounded.sids import build_sids, load_catalogue
 from peft_grounded.sids.catalogue import Catalogue, CatalogueError, Item
-from peft_grounded.sids.descriptions import token_descriptions
 from peft_grounded.sids.encoders import SentenceTransformerEncoder
-from peft_grounded.sids.index import EncoderMismatchError, SIDIndex
-from peft_grounded.sids.rqkmeans import QuantizationError
+from peft_grounded.sids.index import EncoderMismatchError, SIDIndex, token_descriptions
+from peft_grounded.sids.quantizers import QuantizationError
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +131,7 @@ def test_memory_mapped_vectors(tmp_path):
     import warnings
 
     from peft_grounded.sids.build import index_from_vectors
-    from peft_grounded.sids.rqkmeans import RQKMeansConfig
+    from peft_grounded.sids.quantizers import RQKMeansConfig
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")

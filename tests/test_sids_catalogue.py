@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from peft_grounded.sids.catalogue import Catalogue, CatalogueError, Item, LeaveOneOut
-from peft_grounded.sids.text import TextTemplate
+from peft_grounded.sids.catalogue import Catalogue, CatalogueError, Item, LeaveOneOut, TextTemplate
 
 
 def _catalogue(sequences):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from helpers.sids_fixtures import ENCODER, growth_vectors, parent_index
 
-from peft_grounded.diagnostics.codes import token_frequencies
+from peft_grounded.diagnostics.diagnose import token_frequencies
 from peft_grounded.growth.index import GrowthError, GrowthReport, add_items, add_vectors
 from peft_grounded.sids import Item
 from peft_grounded.sids.build import token_centroids

@@ -9,13 +9,19 @@ import pytest
 import torch
 from helpers.sids_fixtures import clustered_vectors
 
-from peft_grounded.diagnostics.codes import level0_labels, majority_labels, token_frequencies
+from peft_grounded.diagnostics.diagnose import level0_labels, majority_labels, token_frequencies
 from peft_grounded.sids.build import index_from_vectors
 from peft_grounded.sids.collisions import add_disambiguation_level, collision_stats, reassign_last_level
-from peft_grounded.sids.descriptions import token_descriptions
-from peft_grounded.sids.index import JSON_NAME, EncoderMismatchError, IndexFileError, SIDIndex, tensors_path
-from peft_grounded.sids.rqkmeans import RQKMeansConfig
-from peft_grounded.sids.tokens import sid_vocabulary
+from peft_grounded.sids.index import (
+    JSON_NAME,
+    EncoderMismatchError,
+    IndexFileError,
+    SIDIndex,
+    sid_vocabulary,
+    tensors_path,
+    token_descriptions,
+)
+from peft_grounded.sids.quantizers import RQKMeansConfig
 
 ENCODER = {"kind": "sentence-transformers", "model": "toy", "weights": "abc", "dim": 32, "normalize": True}
 

@@ -10,7 +10,7 @@ import torch
 from helpers.sids_fixtures import clustered_vectors, purity
 
 from peft_grounded.sids.kmeans import QuantizationError, assign, balanced_assign, kmeans
-from peft_grounded.sids.rqkmeans import RQKMeansConfig, fit_rqkmeans, quantize
+from peft_grounded.sids.quantizers import RQKMeansConfig, fit_rqkmeans, quantize
 
 
 def test_level_codes_recover_the_clusters():

@@ -10,8 +10,7 @@ from helpers.sids_fixtures import clustered_vectors, purity, write_lcrec
 from peft_grounded.cli import main
 from peft_grounded.sids.build import index_from_vectors
 from peft_grounded.sids.index import SIDIndex
-from peft_grounded.sids.rqkmeans import QuantizationError, RQKMeansConfig
-from peft_grounded.sids.rqvae import RQVAEConfig, fit_rqvae
+from peft_grounded.sids.quantizers import QuantizationError, RQKMeansConfig, RQVAEConfig, fit_rqvae
 
 SMALL = dict(latent_dim=8, hidden=(64, 32), batch_size=128)
 

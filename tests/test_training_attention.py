@@ -9,7 +9,7 @@ import torch
 from conftest import build_tiny_model
 from transformers import TrainerCallback
 
-from peft_grounded.training.attention import FLOAT32_SDPA, float32_attention
+from peft_grounded.training.steps import FLOAT32_SDPA, float32_attention
 
 
 def _wrapped(arch: str, tied: bool):
@@ -80,7 +80,7 @@ def test_the_trainer_uses_it_for_bf16_on_a_cpu_only(tokenizer, tmp_path, bf16):
     import peft_grounded
     from peft_grounded import GroundedTokenConfig
     from peft_grounded.prompts import PromptFormat
-    from peft_grounded.recommend import RecommendationConfig, RecommendationTrainer, training_dataset
+    from peft_grounded.training.sft import RecommendationConfig, RecommendationTrainer, training_dataset
 
     catalogue = toy_catalogue()
     index = toy_index(catalogue)

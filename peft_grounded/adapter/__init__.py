@@ -1,12 +1,11 @@
 """The grounded-token adapter as a PEFT method (``PeftType.GROUNDED_TOKENS``)."""
 
 from .config import GroundedProvenance, GroundedRuntimeConfig, GroundedTokenConfig
-from .initialize import initialize_grounded_rows
+from .initialize import AddedTokens, add_tokens, check_tokenizer, initialize_grounded_rows, vocab_fingerprint
 from .layer import GroundedHead, GroundedTiedEmbedding, GroundedTokenLayer
 from .lora import add_lora
 from .model import GroundedTokenModel
-from .registration import GROUNDED_TOKENS, register
-from .vocab import AddedTokens, add_tokens, check_tokenizer, vocab_fingerprint
+from .saved import GROUNDED_TOKENS, register
 
 register(GroundedTokenConfig, GroundedTokenModel)
 

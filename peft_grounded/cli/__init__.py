@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run a command; a user's error (bad input, a file, the Hub: see :mod:`.errors`) prints ``error: ...`` and
+    """Run a command; a user's error (bad input, a file, the Hub: see :mod:`.common`) prints ``error: ...`` and
     returns 2, Ctrl-C prints what was kept and returns 130.
 
     Set ``PEFT_GROUNDED_DEBUG=1`` to see the traceback instead.
@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().parse_args(argv)  # --help, or an error naming the commands
         return 2  # pragma: no cover - parse_args exits
     name = argv[0]
-    from .errors import EXIT_INTERRUPTED, EXIT_USAGE, describe
+    from ..checks import EXIT_INTERRUPTED, EXIT_USAGE, describe
 
     try:
         return command(name).main(argv[1:])
@@ -94,7 +94,7 @@ def run() -> None:
     on where the signal landed. By then the outputs are complete or absent (atomic writes; ``finally`` blocks
     have run).
     """
-    from .errors import EXIT_INTERRUPTED
+    from ..checks import EXIT_INTERRUPTED
 
     code = main()
     if code == EXIT_INTERRUPTED:

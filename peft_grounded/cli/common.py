@@ -13,6 +13,10 @@ lives here or beside its command:
 A command is a :class:`Command`: its name, help, settings dataclasses and the function that runs on them.
 This module imports nothing heavy (TRL's parser is imported when a command parses; it loads without torch or
 transformers), so ``--help`` of a command whose settings are light answers in a fraction of a second.
+
+Also here, for the commands and the benchmark scripts: the named recipes of ``sft --recipe`` and
+``build-sids --recipe`` (:data:`RECIPES`, :data:`SID_RECIPES`), and :func:`parse_script_args`, the
+``--dry-run`` of the scripts in ``benchmarks/``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import argparse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from types import MappingProxyType
 from typing import Any, Literal
 
 CATALOGUE_FORMATS = ("auto", "lcrec", "amazon", "movielens", "recbole", "table")
@@ -129,7 +134,7 @@ class SFTArguments:
             "help": "A named recipe's settings as defaults (the flags given and --config win): cpu = the recipe "
             "chosen on validation per CPU minute, the demo's (--layers 8 --objective sequence --max_history 19 "
             "--init centroid --init_scale 0.1 --lora_r 8 --lora_alpha 16 --learning_rate 3e-3 "
-            "--per_device_train_batch_size 8 --max_length 128; peft_grounded.recommend.recipes)."
+            "--per_device_train_batch_size 8 --max_length 128; peft_grounded.cli.common)."
         },
     )
 
@@ -308,3 +313,46 @@ def _summary(settings: Any) -> str:
         if value != default:
             shown.append(f"{f.name}={value!r}")
     return ", ".join(shown) or "defaults"
+
+
+# Named recipes for ``peft-grounded sft --recipe NAME``: defaults for the flags that the flags given (and a
+# ``--config`` file) override.
+#
+# ``cpu``: the recipe chosen on validation per CPU minute (BENCHMARKS.md, "A recipe chosen on validation"), the
+# demo's default preset: the first 8 of the base's decoder blocks, the sequence objective over 19 items of
+# history with the SID-only softmax (the default wherever it applies), the centroid start pulled to a tenth of its
+# spread around the vocabulary mean, a rank-8 LoRA, learning rate 3e-3, batches of 8 windows of at most 128
+# tokens. The budget (``--max_minutes`` or ``--max_steps``) stays the user's.
+#
+# ``build-sids --recipe cpu``: the SIDs this recipe was chosen with, 3 levels of 64 codes, built from behaviour
+# (SASRec's item embeddings of the training split; the text map for items with few interactions), which beat
+# the text SIDs on validation (BENCHMARKS.md, "Levers against the peers").
+
+# flag destinations (the settings dataclasses' field names) -> values
+RECIPES: MappingProxyType[str, MappingProxyType[str, Any]] = MappingProxyType(
+    {
+        "cpu": MappingProxyType(
+            {
+                "layers": 8,
+                "objective": "sequence",
+                "max_history": 19,
+                "init": "centroid",
+                "init_scale": 0.1,
+                "lora_r": 8,
+                "lora_alpha": 16,
+                "learning_rate": 3e-3,
+                "per_device_train_batch_size": 8,
+                "max_length": 128,
+            }
+        ),
+    }
+)
+
+# build-sids: flag destinations -> values
+SID_RECIPES: MappingProxyType[str, MappingProxyType[str, Any]] = MappingProxyType(
+    {
+        "cpu": MappingProxyType(
+            {"levels": 3, "codes": "64", "item_vectors": "behaviour", "behaviour_minutes": 1.0}
+        )
+    }
+)

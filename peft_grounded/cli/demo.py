@@ -47,7 +47,7 @@ class DemoArguments:
     def __post_init__(self) -> None:
         self.strategies = csv_list(self.strategies)
         if self.strategies:
-            from ..pipeline.strategies import strategy
+            from ..pipeline.budget import strategy
 
             for name in self.strategies:
                 strategy(name)  # an unknown name: "Unknown strategy ...; choose from ..."

@@ -112,9 +112,9 @@ class DiagnoseReportArguments:
 
 
 def run(args: DiagnoseArguments, report: DiagnoseReportArguments) -> int:
-    from peft_grounded.diagnostics.checkpoints import checkpoint, find_run_checkpoints
     from peft_grounded.diagnostics.diagnose import diagnose
     from peft_grounded.diagnostics.measure import ReportConfig
+    from peft_grounded.diagnostics.rows import checkpoint, find_run_checkpoints
 
     options = {"title": report.title} if report.title else {}
     config = ReportConfig(

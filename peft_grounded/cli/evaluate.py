@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from .common import Command
 
 if TYPE_CHECKING:
-    from ..evaluation.settings import EvalSettings
+    from ..evaluation.metrics import EvalSettings
 
 DESCRIPTION = (
     "Recall@K and NDCG@K on a seeded sample of users and on users whose target is a cold item, for the validation "
@@ -51,7 +51,7 @@ class EvaluateArguments:
 
 
 def settings() -> tuple[type, ...]:
-    from ..evaluation.settings import EvalSettings
+    from ..evaluation.metrics import EvalSettings
 
     return (EvaluateArguments, EvalSettings)
 

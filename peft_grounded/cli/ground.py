@@ -1,7 +1,7 @@
-"""``peft-grounded ground``: the grounding stage from the command line (:func:`peft_grounded.grounding.ground`).
+"""``peft-grounded ground``: the grounding stage from the command line (:func:`peft_grounded.training.grounding.ground`).
 
 The flags are the fields of :class:`~.common.ModelArguments`, :class:`~.model_config.GroundedModelConfig` (TRL's
-``ModelConfig``) and :class:`~peft_grounded.grounding.GroundingConfig` (TRL's ``SFTConfig``), parsed by TRL's
+``ModelConfig``) and :class:`~peft_grounded.training.config.GroundingConfig` (TRL's ``SFTConfig``), parsed by TRL's
 parser; ``--config ground.yaml`` gives any of them.
 """
 
@@ -22,7 +22,7 @@ DESCRIPTION = (
 
 
 def settings() -> tuple[type, ...]:
-    from ..grounding.config import GroundingConfig
+    from ..training.config import GroundingConfig
     from .model_config import GroundedModelConfig
 
     return (ModelArguments, GroundedModelConfig, GroundingConfig)
@@ -36,7 +36,7 @@ def check(model: ModelArguments, base: GroundedModelConfig, config: Any) -> None
 
 def run(model: ModelArguments, base: GroundedModelConfig, config: Any) -> int:
     """Ground as the settings say; the same call serves the command line, a YAML file and Python."""
-    from ..grounding.trainer import ground
+    from ..training.grounding import ground
 
     catalogue, index = model.load()
     ground(catalogue, index, config, **model.start(base, config.output_dir))

@@ -3,7 +3,7 @@
 * ``peft-grounded add-items``: a new version of a SID index with new items (:func:`~peft_grounded.growth.add_items`);
 * ``peft-grounded grow-adapter``: a saved adapter grown onto that version
   (:func:`~peft_grounded.growth.grow_adapter`), optionally grounding the new items
-  (:func:`~peft_grounded.growth.ground_new_items`); :func:`peft_grounded.growth.run.grow_adapter_into` is the
+  (:func:`~peft_grounded.growth.ground_new_items`); :func:`peft_grounded.growth.adapter.grow_adapter_into` is the
   command as a function.
 
 The flags are the fields of the dataclasses below (and :class:`~.common.CatalogueArguments`,
@@ -120,7 +120,7 @@ def run_grow_adapter(args: GrowAdapterArguments, grounding: IncrementalGrounding
     """Grow, optionally ground, save; prints a JSON summary and the output path."""
     import json
 
-    from ..growth.run import grow_adapter_into
+    from ..growth.adapter import grow_adapter_into
 
     summary = grow_adapter_into(
         args.adapter,

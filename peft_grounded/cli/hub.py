@@ -139,7 +139,7 @@ def run_push(args: PushArguments) -> int:
 
 
 def run_pull(args: PullArguments) -> int:
-    from ..hub.pull import pull_grounded
+    from ..hub.load import pull_grounded
 
     folder = pull_grounded(
         args.repo_id, Path(args.output_dir), revision=args.revision, overwrite=args.overwrite

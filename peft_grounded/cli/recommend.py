@@ -129,7 +129,7 @@ def run(args: RecommendArguments) -> int:
     """Recommend as the arguments say; ``--output_dir`` is locked while the command runs."""
     from contextlib import nullcontext
 
-    from .._locks import output_lock
+    from .._io import output_lock
 
     if args.output_dir:
         _check_output_dir(Path(args.output_dir))  # before the lock, which is made beside the folder
@@ -156,7 +156,7 @@ def _check_output_dir(out: Path) -> None:
 
 def _run(args: RecommendArguments) -> int:
     from ..serving import GroundedRecommender, read_histories
-    from ..serving.histories import parse_history
+    from ..serving.loading import parse_history
 
     users, histories = (
         (["history"], [parse_history(args.history)])

@@ -1,9 +1,9 @@
 """``peft-grounded sft``: recommendation SFT (LoRA + the new rows) from the command line
-(:func:`peft_grounded.recommend.train_recommender`).
+(:func:`peft_grounded.training.sft.train_recommender`).
 
 The flags are the fields of :class:`~.common.ModelArguments`, :class:`~.common.SFTArguments`,
 :class:`~.model_config.LoraModelConfig` (TRL's ``ModelConfig``: the base model and the LoRA) and
-:class:`~peft_grounded.recommend.RecommendationConfig` (TRL's ``SFTConfig``), parsed by TRL's parser;
+:class:`~peft_grounded.training.sft.RecommendationConfig` (TRL's ``SFTConfig``), parsed by TRL's parser;
 ``--config sft.yaml`` gives any of them.
 """
 
@@ -26,21 +26,21 @@ DESCRIPTION = (
 
 
 def settings() -> tuple[type, ...]:
-    from ..recommend.config import RecommendationConfig
+    from ..training.config import RecommendationConfig
     from .model_config import LoraModelConfig
 
     return (ModelArguments, SFTArguments, LoraModelConfig, RecommendationConfig)
 
 
 def recipes() -> Any:
-    from ..recommend.recipes import RECIPES
+    from .common import RECIPES
 
     return RECIPES
 
 
 def run(model: ModelArguments, sft: SFTArguments, base: LoraModelConfig, config: Any) -> int:
     """Train the recommender as the settings say; the same call serves the command line, YAML and Python."""
-    from ..recommend.trainer import train_recommender
+    from ..training.sft.trainer import train_recommender
 
     catalogue, index = model.load()
     train_recommender(

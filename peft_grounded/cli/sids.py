@@ -81,7 +81,7 @@ class BuildSIDsArguments:
         metadata={
             "help": "A named recipe's settings as defaults (the flags given and --config win): cpu = the SIDs "
             "of sft's cpu recipe and the demo (--levels 3 --codes 64 --item_vectors behaviour --behaviour_minutes 1; "
-            "peft_grounded.recommend.recipes.SID_RECIPES)."
+            "peft_grounded.cli.common.SID_RECIPES)."
         },
     )
 
@@ -113,7 +113,7 @@ def run(
     import logging
 
     from ..sids.build import build_sids
-    from ..sids.text import TextTemplate
+    from ..sids.catalogue import TextTemplate
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     options: dict[str, Any] = catalogue.catalogue_options()
@@ -166,6 +166,6 @@ COMMAND = Command(
 
 
 def _recipes():
-    from ..recommend.recipes import SID_RECIPES
+    from .common import SID_RECIPES
 
     return SID_RECIPES

@@ -2,7 +2,6 @@
 :func:`recommend`; the route from users' histories to served lists is :func:`peft_grounded.serving.top_k_lists`)."""
 
 from .search import Recommendations, recommend
-from .sid_ids import sid_token_ids
-from .trie import SIDTrie
+from .trie import SIDTrie, sid_token_ids
 
 __all__ = ["Recommendations", "SIDTrie", "recommend", "sid_token_ids"]

@@ -105,7 +105,7 @@ def recommend(
         batch_size: prompts per forward batch (left padded; prompts are length-sorted to limit padding).
         strict: raise if any scored beam is not a valid, new item (the constraint guarantees none is).
         targets: optional, one complete SID (token ids) per prompt, also scored from the same prompt cache,
-            in ``extra["target_nlls"]`` (one dict per prompt, as :func:`~.scoring.target_nlls`).
+            in ``extra["target_nlls"]`` (one dict per prompt, as :func:`~.beam.target_nlls`).
         sid_softmax: normalise each step over the SID rows only (the SID-only softmax); None: as the
             model's adapter was trained (``sid_softmax_loss``, recorded in its metadata), else the whole
             vocabulary; or the SID rows' token ids (a model whose adapter was merged away, see

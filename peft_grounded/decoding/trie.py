@@ -1,4 +1,7 @@
-"""A prefix trie over the Semantic-ID token-id sequences of a catalogue, stored as flat tensors.
+"""The SID constraint: a prefix trie over the catalogue's SID token ids, and the conversion of items' SIDs to
+those token ids (:func:`sid_token_ids`).
+
+A prefix trie over the Semantic-ID token-id sequences of a catalogue, stored as flat tensors.
 
 Every node is one valid SID prefix (the root is the empty prefix); an edge is one SID token. The
 edges are kept sorted by ``parent * key_base + token``, so that
@@ -18,6 +21,7 @@ disambiguation level only some items have) are supported when the set is prefix-
 from __future__ import annotations
 
 from collections.abc import Collection, Hashable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -262,3 +266,38 @@ def check_targets(targets: Sequence[Sequence[int]], trie: SIDTrie, prompts: int)
             raise ValueError(
                 f"target {i} ({list(target)}) is not a SID of the trie: score only catalogue items"
             )
+
+
+# Convert items' SIDs (text or token strings) to the token-id sequences decoding works on.
+
+
+def sid_token_ids(
+    tokenizer: Any, item_sids: Mapping[Hashable, str | Sequence[str]]
+) -> dict[Hashable, list[int]]:
+    """Item id -> SID token ids, checking that every SID token is one token added to ``tokenizer``.
+
+    A SID is given as its text (``"<a_12><b_3><c_200>"``) or as its list of token strings. Fails when a SID
+    would be split into ordinary sub-word pieces, i.e. when its tokens were not added to the tokenizer.
+    """
+    added = tokenizer.get_added_vocab()
+    result: dict[Hashable, list[int]] = {}
+    for item, sid in item_sids.items():
+        if isinstance(sid, str):
+            ids = tokenizer(sid, add_special_tokens=False)["input_ids"]
+            pieces = tokenizer.convert_ids_to_tokens(ids)
+            if "".join(pieces) != sid:
+                raise ValueError(
+                    f"item {item!r}: SID {sid!r} tokenises as {pieces}, not as SID tokens; "
+                    "add the SID tokens to the tokenizer (and resize the model) first"
+                )
+        else:
+            pieces = list(sid)
+            ids = [added.get(piece, -1) for piece in pieces]
+        missing = [piece for piece, i in zip(pieces, ids, strict=True) if added.get(piece) != i]
+        if not ids or missing:
+            raise ValueError(
+                f"item {item!r}: SID tokens {missing or pieces} are not in the tokenizer's added vocabulary; "
+                "add the SID tokens to the tokenizer (and resize the model) first"
+            )
+        result[item] = list(ids)
+    return result

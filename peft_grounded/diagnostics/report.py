@@ -15,16 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from peft_grounded._io import atomic_write_text
-from peft_grounded.diagnostics.document import to_html, to_markdown
-from peft_grounded.diagnostics.heatmaps import HeatmapSelection
 from peft_grounded.diagnostics.measure import (
     ReportConfig,
     SnapshotMetrics,
     measure_snapshots,
     metrics_to_dict,
 )
-from peft_grounded.diagnostics.report_sections import ReportSections
-from peft_grounded.diagnostics.snapshot import GeometrySnapshot
+from peft_grounded.diagnostics.report_sections import ReportSections, to_html, to_markdown
+from peft_grounded.diagnostics.snapshot import GeometrySnapshot, HeatmapSelection
 
 # what write_report writes; metrics.json first: it tells an earlier report of its own from another tool's files
 REPORT_FILES = ("metrics.json", "report.md", "report.html", "nearest_vocabulary.json", "figures")
@@ -36,8 +34,8 @@ def _is_report_metrics(value: Any) -> bool:
 
 def check_report_output(out_dir: str | os.PathLike[str]) -> None:
     """Raise ``ValueError`` unless ``out_dir`` may receive a report: a training run's folder, or files of the
-    report's names that another tool wrote, are refused (see :func:`peft_grounded._owned.check_report_folder`)."""
-    from peft_grounded._owned import check_report_folder
+    report's names that another tool wrote, are refused (see :func:`peft_grounded._io.check_report_folder`)."""
+    from peft_grounded._io import check_report_folder
 
     check_report_folder(
         Path(out_dir), "`peft-grounded diagnose`", REPORT_FILES, _is_report_metrics, "--output_dir"
@@ -74,7 +72,7 @@ def write_report(
     anything is written; so does an ``out_dir`` holding a training run or another tool's files of those
     names (:func:`check_report_output`). ``out_dir`` is locked while the report is written.
     """
-    from peft_grounded._locks import output_lock
+    from peft_grounded._io import output_lock
 
     with output_lock(out_dir, "diagnose"):
         check_report_output(out_dir)

@@ -29,11 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from .._locks import locks_output
+from .._io import locks_output
 from ..sids.catalogue import Catalogue, CatalogueError, Item
 from ..sids.collisions import collision_stats
 from ..sids.index import JSON_NAME, SIDIndex
-from .codes import dedup_mode, grown_centroids, next_disambiguation, reassign_new
+from .grounding import dedup_mode, grown_centroids, next_disambiguation, reassign_new
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ def add_vectors(
         raise GrowthError("no new items to add (every item of the batch was left out: see the report)")
     if not np.isfinite(x).all():
         raise GrowthError("the new items' vectors contain NaN or Inf; re-encode them")
-    from ..sids.rqkmeans import quantize
+    from ..sids.quantizers import quantize
 
     if encoder is not None:
         index.check_encoder(encoder)
@@ -289,8 +289,8 @@ def add_items(
     rest and list the others in ``report``.
     """
     from .. import checks
-    from ..sids.item_vectors import encode_items
-    from ..sids.text import TextTemplate
+    from ..sids.build import encode_items
+    from ..sids.catalogue import TextTemplate
 
     checks.raise_problems(
         "add_items",

@@ -10,12 +10,11 @@ Exports are lazy, so ``import peft_grounded.hub`` (e.g. for the CLI) stays light
 
 from __future__ import annotations
 
-from .._lazy import lazy_exports
+from .._imports import lazy_exports
 
 _LAZY = {  # module: the names it exports
     "push": "push_grounded",
-    "load": "load_grounded load_sid_index prepare_base",
-    "pull": "pull_grounded",
+    "load": "load_grounded load_sid_index prepare_base pull_grounded",
     "repo": "GroundedHubError check_repo_id",
     "card": "render_model_card GroundedCardFacts SIDFacts InitFacts GroundingFacts",
 }

@@ -91,8 +91,7 @@ def push_grounded(
         pointer = f'`{SID_INDEX_DIR}/` in this repo (`peft_grounded.hub.load_sid_index("{{repo}}")`)'
 
         def card(resolved_id: str) -> None:
-            from .card import render_model_card
-            from .facts import derive_card_facts
+            from .card import derive_card_facts, render_model_card
 
             facts = derive_card_facts(
                 config,
@@ -232,7 +231,7 @@ def stage_tokenizer(config: GroundedTokenConfig, tokenizer, stage: Path) -> None
 def stage_index(config: GroundedTokenConfig, index: SIDIndex | str | Path, stage: Path) -> SIDIndex:
     """Check that the index's SID tokens are the adapter's, and save it into ``stage/sid_index``."""
     from ..sids.index import SIDIndex
-    from .versions import check_index_version
+    from .repo import check_index_version
 
     if not isinstance(index, SIDIndex):
         index = SIDIndex.load(index)

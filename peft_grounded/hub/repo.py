@@ -4,6 +4,9 @@ A grounded-adapter repo holds, at its root, ``adapter_config.json`` (a ``GROUNDE
 that also lists the new tokens, the base vocabulary's size and fingerprint, and the base embedding's
 signature) and ``adapter_model.safetensors`` (the new tokens' rows, and a LoRA if one was stacked).
 Pickled weights (``*.bin``, ``*.pt``, ...) are never fetched nor loaded.
+
+:func:`check_index_version` (below): the SID index next to an adapter must be the version the adapter was
+trained or grown on.
 """
 
 from __future__ import annotations
@@ -11,10 +14,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..adapter.registration import GROUNDED_TOKENS
-from ..adapter.saved import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from ..adapter.saved import ADAPTER_CONFIG, ADAPTER_WEIGHTS, GROUNDED_TOKENS
+
+if TYPE_CHECKING:
+    from ..sids.index import SIDIndex
+
 
 SID_INDEX_DIR = "sid_index"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -199,3 +205,30 @@ def fetch_adapter(
 
     wanted = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, *((SID_RECORD,) if SID_RECORD in source.files else ()))
     return source, source.fetch(wanted), config
+
+
+# The SID index next to an adapter must be the version the adapter was trained or grown on.
+
+
+def check_index_version(recorded: str | None, index: SIDIndex, where: str) -> None:
+    """Raise :class:`GroundedHubError` unless ``index`` is the version (fingerprint ``recorded``, from the
+    adapter's SID record) the adapter was trained or grown on."""
+    actual = index.fingerprint()
+    if recorded is None or recorded == actual:
+        return
+    if recorded in index.lineage:
+        why = (
+            f"the adapter belongs to a parent version ({recorded}) of this index ({actual}, {index.n_items} "
+            "items): grow the adapter onto it (peft_grounded.growth.grow_adapter) or use the parent index"
+        )
+    elif index.parent is not None or index.lineage:
+        why = (
+            f"the adapter belongs to index version {recorded}, not to this one ({actual}, grown from "
+            f"{index.parent}): push the index the adapter was grown onto"
+        )
+    else:
+        why = (
+            f"the adapter belongs to SID index {recorded}, this index is {actual}: another build, or a parent "
+            "version (an adapter grown with grow_adapter belongs to the grown index: push that one)"
+        )
+    raise GroundedHubError(f"The SID index of the {where} does not match its adapter: {why}.")

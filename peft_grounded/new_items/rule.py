@@ -91,7 +91,7 @@ def _checked_record(record: Any, path: Path, fix: str) -> dict[str, Any]:
 def index_vectors(index: Any) -> np.ndarray:
     """``[items, dim]``: each item's point in the quantiser's space (the sum of its codebook vectors), the
     text vectors' reconstruction that every SID index carries."""
-    from .slots import quantised_vector
+    from .protocol import quantised_vector
 
     return np.stack([quantised_vector(index, item) for item in index.item_ids]).astype(np.float32)
 
@@ -181,7 +181,7 @@ class NewItemRule:
         items (:meth:`SemanticMixture.text_beams`). Text wins only where its Recall@``k`` of the logged next
         items is higher with a paired 95% bootstrap interval above 0; the model stays otherwise. Sets
         :attr:`beams` and returns (and records in :attr:`fitted_on`) both recalls and the interval."""
-        from ..evaluation.intervals import bootstrap_interval
+        from ..evaluation.reports import bootstrap_interval
 
         histories = [list(h) for h in histories]
         if not histories or len(histories) != len(targets) or len(model_beams.items) != len(histories):

@@ -6,16 +6,23 @@ first) the ``k`` item ids it would show, best first. :func:`peer_records` scores
 (the same seeded "all" and "cold" samples of each part), and returns the same per-user records (``user``,
 ``target``, ``all``, ``cold``, 0-based ``rank`` or ``None``), so that peers and LLM strategies go into one
 table with paired bootstrap intervals (:func:`~peft_grounded.evaluation.compare_users`).
+
+Two peers follow: :class:`TextKNN` (cosine neighbours in the SID index's own item-vector space, no training)
+and PEFT's own default path (``resize_token_embeddings`` + ``trainable_token_indices``), run by the
+experiment runner as strategy ``peft_default``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+import torch
 
 from ..evaluation.metrics import rank_metrics, target_rank
-from ..evaluation.reports import Results
-from ..evaluation.users import EvalSettings, sampled_users, user_records
+from ..evaluation.reports import EvalSettings, Results, sampled_users, user_records
 
 
 @runtime_checkable
@@ -80,3 +87,158 @@ def exclude_seen(scores: Any, histories: Sequence[Sequence[int]]) -> Any:
         if len(seen):
             scores[row, list(seen)] = float("-inf")
     return scores
+
+
+# Text KNN: rank every item by the cosine between its text vector and the user's, no training.
+#
+# The vectors are the SID index's own (the catalogue's items rendered with the index's text template and
+# encoded by its encoder: the vectors the SIDs were quantised from), so this peer sees exactly the
+# semantics the SID tokens start from. The user's vector is the last item's (``profile="last"``) or a
+# recency-weighted mean of the last ``window`` items (``"recency"``: weight ``decay ** age``, the newest
+# item age 0). A user's history items are never recommended.
+
+
+@dataclass
+class TextKNN:
+    """Cosine nearest neighbours of the user's text profile among ``vectors`` (one row per item id)."""
+
+    item_ids: list[str]
+    vectors: np.ndarray
+    profile: Literal["last", "recency"] = "last"
+    decay: float = field(default=0.7, metadata={"help": "recency profile: weight of an item one step older"})
+    window: int = field(default=20, metadata={"help": "recency profile: items of history it averages"})
+    batch_size: int = 1024
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        vectors = np.asarray(self.vectors, dtype=np.float32)
+        if vectors.ndim != 2 or len(vectors) != len(self.item_ids):
+            raise ValueError(
+                f"TextKNN needs one vector per item: got shape {vectors.shape} for {len(self.item_ids)} items"
+            )
+        if self.profile not in ("last", "recency"):
+            raise ValueError(f"profile must be 'last' or 'recency', got {self.profile!r}")
+        if not 0 < self.decay <= 1:
+            raise ValueError(f"decay must be in (0, 1], got {self.decay!r}")
+        if self.window < 1 or self.batch_size < 1:
+            raise ValueError(f"window and batch_size must be >= 1, got {self.window} and {self.batch_size}")
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        if not np.isfinite(vectors).all() or (norms == 0).any():
+            raise ValueError(
+                "TextKNN item vectors must be finite and non-zero; re-encode the catalogue (a zeroed or "
+                "corrupt embedding cache gives such vectors: clear it)"
+            )
+        self.vectors = vectors / norms
+        self._row = {item: row for row, item in enumerate(self.item_ids)}
+        if len(self._row) != len(self.item_ids):
+            raise ValueError("TextKNN item ids must be unique")
+        self.name = self.name or ("text KNN (last item)" if self.profile == "last" else "text KNN (recency)")
+
+    @classmethod
+    def from_index(
+        cls,
+        index: Any,
+        catalogue: Any,
+        encoder: Any = None,
+        *,
+        cache_dir: Any = None,
+        show_progress: bool = False,
+        **kwargs: Any,
+    ) -> TextKNN:
+        """The index's items with the vectors the SIDs came from: its text template, its encoder (checked
+        against the index's fingerprint; default: the packaged MiniLM), the embedding cache."""
+        from ..sids.catalogue import TextTemplate
+        from ..sids.encoders import encode_texts, load_encoder
+
+        missing = [i for i in index.item_ids if i not in catalogue.items]
+        if missing:
+            raise ValueError(
+                f"{len(missing)} items of the SID index are not in the catalogue (e.g. {missing[:3]}): pass the "
+                "catalogue the index was built (or grown) from"
+            )
+        enc = load_encoder(encoder)
+        index.check_encoder(enc)
+        template = TextTemplate.from_spec(index.text_template) if index.text_template else TextTemplate()
+        texts = template.render_all([catalogue.items[i] for i in index.item_ids])
+        vectors = encode_texts(texts, enc, cache_dir=cache_dir, show_progress=show_progress)
+        return cls(list(index.item_ids), vectors, **kwargs)
+
+    def user_vectors(self, histories: Sequence[Sequence[str]]) -> np.ndarray:
+        """``[n, d]`` profile vectors (unknown items ignored; an all-unknown history gives a zero vector)."""
+        out = np.zeros((len(histories), self.vectors.shape[1]), dtype=np.float32)
+        for u, history in enumerate(histories):
+            rows = [self._row[i] for i in history if i in self._row]
+            if not rows:
+                continue
+            if self.profile == "last":
+                out[u] = self.vectors[rows[-1]]
+            else:
+                rows = rows[-self.window :]
+                weights = self.decay ** np.arange(len(rows) - 1, -1, -1, dtype=np.float32)
+                out[u] = weights @ self.vectors[rows]
+        return out
+
+    def scores(self, histories: Sequence[Sequence[str]]) -> np.ndarray:
+        """``[n, items]`` cosine scores, the history items at ``-inf``."""
+        scores = self.user_vectors(histories) @ self.vectors.T
+        seen = [[self._row[i] for i in h if i in self._row] for h in histories]
+        return exclude_seen(scores, seen)
+
+    def recommend(self, histories: Sequence[Sequence[str]], k: int) -> list[list[str]]:
+        """The ``k`` nearest items of each history's profile, nearest first (ties: catalogue order); fewer
+        when the catalogue holds fewer items outside the history."""
+        out: list[list[str]] = []
+        for start in range(0, len(histories), self.batch_size):
+            scores = self.scores(histories[start : start + self.batch_size])
+            top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+            out.extend(
+                [self.item_ids[j] for j in row if np.isfinite(s[j])]
+                for row, s in zip(top, scores, strict=True)
+            )
+        return out
+
+
+# The path a user has without this package: ``resize_token_embeddings(mean_resizing=True)`` and PEFT's own
+# ``LoraConfig(trainable_token_indices=...)``, trained by the same recommendation SFT at the same budget.
+#
+# transformers' ``mean_resizing`` starts every new row at a draw from N(mean, 1e-9 * cov) of the old rows,
+# which is the vocabulary mean in practice (the GTI paper's baseline); PEFT's trainable tokens then train a
+# delta on those rows (tied heads follow the input rows) next to the LoRA.
+
+PEFT_DEFAULT = "peft_default"  # the strategy name of this path in the experiment runner
+
+
+def peft_default_model(
+    model_path: str,
+    index: Any,
+    lora: dict[str, Any],
+    *,
+    dtype: torch.dtype = torch.float32,
+):
+    """``(tokenizer, PeftModel)``: ``index``'s tokens added the plain way, rows mean-resized, and a PEFT
+    ``LoraConfig`` (``lora``: its arguments) whose ``trainable_token_indices`` are the new tokens."""
+    from peft import LoraConfig, get_peft_model
+
+    from ..sids.model import load_base
+
+    tokenizer, base = load_base(model_path, dtype)
+    tokens = list(index.token_strings)
+    tokenizer.add_tokens(tokens, special_tokens=False)
+    base.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+    ids = tokenizer.convert_tokens_to_ids(tokens)
+    if len(set(ids)) != len(tokens) or tokenizer.unk_token_id in ids:
+        raise ValueError("some SID tokens did not become single new tokens of the tokenizer")
+    config = LoraConfig(
+        task_type="CAUSAL_LM",
+        trainable_token_indices={"embed_tokens": ids},
+        **lora,
+    )
+    return tokenizer, get_peft_model(base, config)
+
+
+def is_peft_default(model: Any) -> bool:
+    """Whether ``model`` is a PEFT LoRA model training new tokens through ``trainable_token_indices``."""
+    from peft import LoraConfig
+
+    config = getattr(model, "peft_config", {}).get(getattr(model, "active_adapter", None))
+    return isinstance(config, LoraConfig) and bool(config.trainable_token_indices)

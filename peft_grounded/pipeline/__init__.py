@@ -1,9 +1,8 @@
 """The experiment across stages: the strategy runner, the end-to-end demo and its presets."""
 
-from .budget import Budget, Experiment
+from .budget import STRATEGIES, Budget, Experiment, Strategy, strategy
 from .demo import PRESETS, Preset, load_summary, run_demo
 from .runner import run_strategy
-from .strategies import STRATEGIES, Strategy, strategy
 
 __all__ = [
     "PRESETS",

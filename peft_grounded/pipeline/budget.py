@@ -1,12 +1,14 @@
 """What a strategy comparison runs with: each stage's own settings object, and what only the runner decides.
 
-A :class:`Budget` holds the grounding stage's :class:`~peft_grounded.grounding.GroundingConfig`, the SFT stage's
-:class:`~peft_grounded.recommend.RecommendationConfig` (both TRL ``SFTConfig``\\ s: the objects the stages take,
+A :class:`Budget` holds the grounding stage's :class:`~peft_grounded.training.config.GroundingConfig`, the SFT stage's
+:class:`~peft_grounded.training.sft.RecommendationConfig` (both TRL ``SFTConfig``\\ s: the objects the stages take,
 so no setting is translated twice), the stacked LoRA as ``peft.LoraConfig`` keyword arguments (what
 ``GroundedTokenConfig.lora`` records), the final evaluation's
 :class:`~peft_grounded.evaluation.EvalSettings`, and the few choices that belong to the runner alone.
 
 :meth:`Budget.record` is what a run's manifest stores: a resume refuses a budget whose record differs.
+
+The strategies a comparison runs (:data:`STRATEGIES`: how the new rows start, optionally grounded) are below.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ import torch
 
 from .. import checks
 from ..adapter.lora_settings import checked_lora
-from ..evaluation.settings import EvalSettings
-from ..grounding.trainer import GroundingConfig
+from ..evaluation.metrics import EvalSettings
 from ..prompts import PromptFormat
-from ..recommend.trainer import RecommendationConfig
+from ..training.grounding import GroundingConfig
+from ..training.sft.trainer import RecommendationConfig
 
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 PARTS = ("valid", "test")
@@ -240,3 +242,54 @@ class Experiment:
     def __post_init__(self) -> None:
         if self.split is None:
             self.split = self.catalogue.leave_one_out()
+
+
+# The strategies a comparison runs: how the new rows start (an initialisation), optionally grounded.
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """How the new rows start: an initialisation, optionally followed by grounding."""
+
+    name: str
+    init: str
+    ground: bool = False
+    description: str = ""
+    # None: a grounded adapter; "peft": PEFT's own LoraConfig(trainable_token_indices=...), the baseline
+    adapter: str | None = None
+
+
+STRATEGIES: dict[str, Strategy] = {
+    s.name: s
+    for s in (
+        Strategy(
+            "mean", "mean", description="every new row = the vocabulary mean (the GTI paper's baseline)"
+        ),
+        Strategy(
+            "gaussian",
+            "gaussian",
+            description="draws from N(mean, cov) of the vocabulary (the centroid paper's baseline)",
+        ),
+        Strategy("random", "random", description="the model's initialiser, N(0, initializer_range)"),
+        Strategy("centroid", "centroid", description="SID-region centroids, projected and mean-shifted"),
+        Strategy("gti", "mean", ground=True, description="mean init, then grounding (GTI)"),
+        Strategy(
+            "centroid_gti",
+            "centroid",
+            ground=True,
+            description="centroid init, then grounding (neither paper ran it)",
+        ),
+        Strategy(
+            "peft_default",
+            "mean",
+            adapter="peft",
+            description="without this package: mean_resizing + PEFT's LoraConfig(trainable_token_indices)",
+        ),
+    )
+}
+
+
+def strategy(name: str) -> Strategy:
+    if name not in STRATEGIES:
+        raise ValueError(f"Unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}.")
+    return STRATEGIES[name]

@@ -14,14 +14,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .._locks import locks_output
-from ..evaluation.settings import EvalSettings
+from .._io import locks_output
+from ..evaluation.metrics import EvalSettings
 from ..prompts import PromptFormat
 from ..sids.behaviour import ItemVectorsConfig
 from ..training import runs
-from .budget import Budget, Experiment
+from .budget import STRATEGIES, Budget, Experiment
 from .runner import run_strategy
-from .strategies import STRATEGIES
 
 logger = logging.getLogger(__name__)
 
@@ -197,6 +196,7 @@ def run_demo(
     ``precision``: ``"auto"`` keeps the preset's bf16 only where the machine runs bf16 natively (float32 where
     the CPU emulates it, see :mod:`peft_grounded.precision`), ``"bf16"`` or ``"fp32"`` force one."""
     from .. import checks
+    from ..diagnostics.plots import curves_section
     from ..evaluation import (
         LIKELIHOOD_METRICS,
         POPULARITY_LABEL,
@@ -207,9 +207,8 @@ def run_demo(
     )
     from ..sids import SIDIndex, build_sids, load_catalogue
     from ..sids.index import JSON_NAME
-    from .headline import headline
-    from .plots import curves_section
-    from .strategies import strategy
+    from .budget import strategy
+    from .side_by_side import headline
 
     spec = preset_of(preset)
     if strategies:
@@ -250,7 +249,7 @@ def run_demo(
         manifest["item_vectors"] = asdict(spec.item_vectors)
     runs.check_and_write(out, manifest, out if (out / runs.MANIFEST).is_file() else None)
     if spec.layers:
-        from ..recommend.shallow_base import shallow_base
+        from ..training.sft.trainer import shallow_base
 
         model_path = str(shallow_base(model_path, spec.layers, out / f"base-{spec.layers}-blocks"))
         print(f"[demo] base: its first {spec.layers} decoder blocks, {model_path}", flush=True)

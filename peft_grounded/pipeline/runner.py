@@ -10,6 +10,9 @@ A strategy = an initialisation (+ optionally the grounding stage). The runner, f
 
 Every stage resumes: a finished stage is loaded from its ``adapter/``, an interrupted one continues from
 its last checkpoint, and a stage whose settings changed is refused (see :mod:`peft_grounded.training.runs`).
+
+Full fine-tuning of the base's decoder blocks, the reference row of a recipe comparison
+(:func:`unfreeze_blocks`, :class:`BlockLearningRate`), is below.
 """
 
 from __future__ import annotations
@@ -21,19 +24,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import TrainerCallback
 
-from .._io import read_json
-from .._locks import locks_output
+from .._io import locks_output, read_json
 from ..adapter.saved import ADAPTER_WEIGHTS
 from ..evaluation.evaluator import evaluate
-from ..evaluation.users import item_token_ids
+from ..evaluation.reports import item_token_ids
 from ..sids.model import sid_model
 from ..training import runs
-from ..training.adapter_files import load_adapter_weights, save_adapter_atomic
-from ..training.runs import ADAPTER_DIR, CURVE_FILE, LOG_FILE, RESULTS_FILE
-from ..training.trainer import upcast_trainable
-from .budget import Budget, Experiment
-from .strategies import Strategy, strategy
+from ..training.runs import (
+    ADAPTER_DIR,
+    CURVE_FILE,
+    LOG_FILE,
+    RESULTS_FILE,
+    load_adapter_weights,
+    save_adapter_atomic,
+)
+from ..training.steps import upcast_trainable
+from .budget import Budget, Experiment, Strategy, strategy
 
 logger = logging.getLogger(__name__)
 
@@ -67,14 +75,14 @@ def run_strategy(
 ) -> dict:
     """Run one strategy end to end; returns (and writes to ``metrics.json``) its results.
 
-    Training goes through the same :func:`~peft_grounded.grounding.ground` and
+    Training goes through the same :func:`~peft_grounded.training.grounding.ground` and
     :func:`~.trainer.train_recommender` the CLI uses, on one live model. Under a distributed launch every
     process trains and evaluates; only the main one writes files (and holds ``output_dir``'s lock).
     """
     from ..decoding import SIDTrie
-    from ..grounding import ground
-    from ..recommend.callbacks import LogHistory, ValidationLikelihood, ValidationRecall, learning_curve
-    from ..recommend.trainer import train_recommender
+    from ..training.callbacks import LogHistory, ValidationLikelihood, ValidationRecall, learning_curve
+    from ..training.grounding import ground
+    from ..training.sft.trainer import train_recommender
 
     spec = strategy(name)
     grounding = budget.grounding_config() if spec.ground else None  # refused before any work
@@ -92,7 +100,7 @@ def run_strategy(
     started = time.perf_counter()
     torch.manual_seed(budget.seed)
     if spec.adapter == "peft":
-        from ..peers.peft_default import peft_default_model
+        from ..peers.base import peft_default_model
 
         tokenizer, model = peft_default_model(
             experiment.model_path, experiment.index, budget.lora, dtype=budget.dtype
@@ -164,8 +172,6 @@ def run_strategy(
     t = time.perf_counter()
     extra_callbacks, lora = [], None if spec.adapter == "peft" else budget.lora
     if budget.block_lr is not None:  # the reference row: full fine-tuning of the blocks, decoded in place
-        from .block_tuning import BlockLearningRate, unfreeze_blocks
-
         if stage.exists() and any(stage.iterdir()):
             raise runs.RunMismatchError(
                 f"{stage} holds an earlier start of a run that fine-tunes the base's blocks (block_lr), which "
@@ -322,3 +328,74 @@ def _stage_dirs(spec: Strategy) -> dict[str, str]:
     """Adapter directory of each stage, relative to the strategy's folder (which can then be moved)."""
     stages = ["init", *(["grounding"] if spec.ground else []), "sft"]
     return {stage: f"{stage}/{ADAPTER_DIR}" for stage in stages}
+
+
+# Full fine-tuning of the base's decoder blocks: the reference row of a recipe comparison.
+#
+# Instead of a stacked LoRA, every weight of the base's decoder blocks trains, at its own learning rate (full
+# fine-tuning needs a far lower one than a LoRA or the new rows), in a separate optimizer group that follows the
+# same schedule; the new rows still train through the grounded adapter at the SFT learning rate. The blocks are
+# not part of the adapter, so such a run is decoded in place: it neither resumes nor keeps its best checkpoint
+# (:class:`~.budget.Budget` and the runner refuse both), and LoRA stacking stays the package's documented path.
+
+
+def decoder_blocks(model) -> torch.nn.ModuleList:
+    """The decoder blocks of a (PEFT-wrapped) causal LM: ``<base>.model.layers`` (Llama, Qwen, Mistral, ...)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    blocks = getattr(getattr(base, "model", None), "layers", None)
+    if not isinstance(blocks, torch.nn.ModuleList) or not len(blocks):
+        raise ValueError(
+            f"{type(base).__name__} has no decoder blocks at .model.layers; full fine-tuning of the blocks "
+            "supports the decoder-only architectures that keep them there (Llama, Qwen, Mistral, ...)."
+        )
+    return blocks
+
+
+def unfreeze_blocks(model) -> list[torch.nn.Parameter]:
+    """Make every weight of the decoder blocks trainable; returns them (the embeddings and head stay frozen)."""
+    params = list(decoder_blocks(model).parameters())
+    for p in params:
+        p.requires_grad_(True)
+    return params
+
+
+class BlockLearningRate(TrainerCallback):
+    """Move ``params`` into their own optimizer group at ``learning_rate``, on the schedule of the others.
+
+    Runs when training begins (the optimizer and scheduler exist, no step has been taken): the group's rate
+    is ``learning_rate`` times the schedule's factor, as every other group's is its own base rate times it.
+    """
+
+    def __init__(self, params: list[torch.nn.Parameter], learning_rate: float) -> None:
+        if not params:
+            raise ValueError("BlockLearningRate needs the parameters it gives their own learning rate.")
+        self.params, self.learning_rate = params, learning_rate
+
+    def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
+        if state.global_step:
+            raise RuntimeError(
+                "full fine-tuning of the blocks does not resume: the blocks are not saved with the adapter; "
+                "start the run again in an empty folder."
+            )
+        ids = {id(p) for p in self.params}
+        groups = optimizer.param_groups
+        for group in groups:
+            group["params"] = [p for p in group["params"] if id(p) not in ids]
+        scheduler = getattr(lr_scheduler, "scheduler", lr_scheduler)  # accelerate wraps it
+        if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+            raise TypeError(
+                f"full fine-tuning of the blocks follows a LambdaLR schedule (transformers' and the time budget's); "
+                f"got {type(scheduler).__name__}."
+            )
+        factor = scheduler.lr_lambdas[0]
+        optimizer.add_param_group(
+            {
+                "params": self.params,
+                "lr": self.learning_rate * factor(scheduler.last_epoch),
+                "initial_lr": self.learning_rate,
+                "weight_decay": groups[0].get("weight_decay", 0.0),
+            }
+        )
+        scheduler.base_lrs.append(self.learning_rate)
+        scheduler.lr_lambdas.append(factor)
+        return control

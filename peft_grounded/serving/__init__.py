@@ -4,7 +4,7 @@ recommend for users' histories), the one route from a model to top-k lists (:fun
 (:class:`~peft_grounded.new_items.NewItemRule`)."""
 
 from ..new_items.rule import NewItemRule, NewItemRuleError
-from .histories import HistoryInputError, check_histories, read_histories
+from .loading import HistoryInputError, check_histories, read_histories
 from .recommender import GroundedRecommender, UserRecommendations
 from .top_k import top_k_lists
 

@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from ..new_items.rule import RULE_FILES, NewItemRule
-from .histories import HistoryInputError, check_histories, check_user_names
 from .loading import (
     SERVING_FORMAT,
     SERVING_RECORD,
+    HistoryInputError,
     as_catalogue,
+    check_histories,
+    check_user_names,
     decoding_rows,
     fetch_safe_files,
     load_adapter_parts,
@@ -93,7 +95,7 @@ class GroundedRecommender:
         adapter. A model without one (merged) must say: ``True`` (the SID rows of ``index``, ``sft``'s
         default), ``False`` (the whole vocabulary) or the rows' token ids."""
         from ..decoding import SIDTrie
-        from ..evaluation.users import item_token_ids
+        from ..evaluation.reports import item_token_ids
         from ..prompts import PromptFormat
 
         for name, value in (("num_beams", num_beams), ("batch_size", batch_size)):

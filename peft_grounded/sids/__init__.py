@@ -17,8 +17,8 @@ Heavy dependencies (torch, sentence-transformers) load on first use of the names
 
 from __future__ import annotations
 
-from .._lazy import lazy_exports
-from .tokens import (
+from .._imports import lazy_exports
+from .index import (
     DEFAULT_TEMPLATE,
     add_sid_tokens,
     level_name,
@@ -29,16 +29,13 @@ from .tokens import (
 )
 
 _LAZY = {  # module: the names it exports
-    "catalogue": "Catalogue CatalogueError Item LeaveOneOut LoadReport UserSplit",
+    "catalogue": "Catalogue CatalogueError Item LeaveOneOut LoadReport UserSplit TextTemplate",
     "loaders": "load_catalogue load_lcrec load_amazon load_movielens load_recbole load_table",
-    "text": "TextTemplate",
     "encoders": "TextEncoder SentenceTransformerEncoder LMEncoder load_encoder encode_texts",
-    "item_vectors": "encode_items EncodedItems",
-    "rqkmeans": "RQKMeansConfig fit_rqkmeans",
+    "build": "encode_items EncodedItems build_sids index_from_vectors",
+    "quantizers": "RQKMeansConfig fit_rqkmeans RQVAEConfig fit_rqvae",
     "kmeans": "QuantizationError kmeans",
-    "rqvae": "RQVAEConfig fit_rqvae",
     "index": "SIDIndex IndexFileError EncoderMismatchError",
-    "build": "build_sids index_from_vectors",
 }
 
 __getattr__, __dir__, _lazy_names = lazy_exports(__name__, _LAZY)

@@ -1,12 +1,15 @@
 """From a catalogue (or ready vectors) to a :class:`~peft_grounded.sids.index.SIDIndex`: the Python twin of
-``peft-grounded build-sids``."""
+``peft-grounded build-sids``.
+
+:func:`encode_items` (below) turns a catalogue's items into vectors with a text template and an encoder.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -14,20 +17,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._locks import locks_output
+from .._io import locks_output
 from .behaviour import ItemVectorsConfig
 from .behaviour import item_vectors as build_item_vectors
-from .catalogue import Catalogue
-from .collisions import DEDUP_MODES, add_disambiguation_level, collision_stats, reassign_last_level
-from .encoders import TextEncoder
-from .index import JSON_NAME, SIDIndex
-from .item_vectors import encode_items
+from .catalogue import Catalogue, CatalogueError, Item, TextTemplate
+from .collisions import (
+    DEDUP_MODES,
+    add_disambiguation_level,
+    collision_stats,
+    level_usage,
+    reassign_last_level,
+)
+from .encoders import TextEncoder, encode_texts, load_encoder
+from .index import DEFAULT_TEMPLATE, JSON_NAME, SIDIndex
 from .kmeans import QuantizationError, check_vectors, cluster_sums
-from .quality import level_usage
-from .rqkmeans import RQKMeansConfig, fit_rqkmeans
-from .rqvae import RQVAEConfig
-from .text import TextTemplate
-from .tokens import DEFAULT_TEMPLATE
+from .quantizers import RQKMeansConfig, RQVAEConfig, fit_rqkmeans
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +94,7 @@ def index_from_vectors(
         raise ValueError(f"{x.shape[0]} vectors for {len(item_ids)} item ids")
     start = time.perf_counter()
     if quantizer == "rqvae":
-        from .rqvae import fit_rqvae
+        from .quantizers import fit_rqvae
 
         vae_config = rqvae_config or RQVAEConfig(
             codes_per_level=config.codes_per_level, seed=config.seed, device=config.device
@@ -256,7 +260,7 @@ def build_sids(
     for ``rqvae_epochs`` instead of RQ-KMeans (then ``balanced``, ``normalize_residuals``, ``max_iter`` and
     ``sample_size`` do not apply). ``output`` holding an index already is an error (adapters trained on it
     need it) unless ``overwrite=True``. ``output`` is locked from the check to the save: a second build
-    aimed at it stops at once (:class:`~peft_grounded._locks.OutputBusyError`). ``item_vectors`` builds
+    aimed at it stops at once (:class:`~peft_grounded._io.OutputBusyError`). ``item_vectors`` builds
     from behaviour or a mix instead of text (see :mod:`.behaviour`; the index keeps the text map). See
     ``docs/sids.md``.
     """
@@ -365,3 +369,74 @@ def build_sids(
     if output is not None:
         index.save(output)
     return index
+
+
+# Items -> text -> vectors, the one encode step of ``build_sids`` (a new index) and ``add_items`` (new items
+# of an index): render each item under a template, refuse or drop those whose text is empty, load the encoder,
+# let the caller check it (and the kept items) before the slow part, encode through the cache.
+
+
+@dataclass
+class EncodedItems:
+    """What :func:`encode_items` gives: the items kept (in order), one vector row each, the encoder that
+    made them, the ids dropped for empty text, and the seconds the encoding took."""
+
+    items: list[Item]
+    vectors: np.ndarray
+    encoder: TextEncoder
+    dropped: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def encode_items(
+    items: Sequence[Item],
+    template: TextTemplate,
+    encoder: TextEncoder | str | None = None,
+    *,
+    empty_text: str = "error",
+    what: str = "items",
+    fields_of: str = "the template",
+    fix: str = "give them text",
+    before_encoding: Callable[[list[Item], TextEncoder], Any] | None = None,
+    device: str = "cpu",
+    batch_size: int = 64,
+    cache_dir: str | Path | None = None,
+    use_cache: bool = True,
+    show_progress: bool = True,
+) -> EncodedItems:
+    """Encode ``items`` rendered by ``template`` with ``encoder`` (a TextEncoder or a ``load_encoder`` spec).
+
+    Items whose text is empty: a :class:`CatalogueError` naming ``what``, ``fields_of`` and ``fix`` (``empty_text="error"``),
+    or left out (``"drop"``; :attr:`EncodedItems.dropped` lists them; none left is an error).
+    ``before_encoding(kept_items, encoder)`` runs after the encoder loads and before anything is encoded,
+    so a caller's checks (the index's encoder, enough items for the codes) stop before the slow part."""
+    if empty_text not in ("error", "drop"):
+        raise ValueError(f"empty_text must be 'error' or 'drop', got {empty_text!r}")
+    kept, texts = list(items), template.render_all(items)
+    empty = [it.item_id for it, text in zip(kept, texts, strict=True) if not text]
+    if empty and empty_text == "error":
+        raise CatalogueError(
+            f"{len(empty)} {what} have no text in {fields_of} fields {list(template.fields)} "
+            f"(e.g. {empty[:5]}); {fix}, or pass empty_text='drop' (--drop-empty-text) to leave them out"
+        )
+    if empty:
+        kept = [it for it, text in zip(kept, texts, strict=True) if text]
+        texts = [text for text in texts if text]
+        logger.warning("dropped %d %s whose text under fields %s is empty", len(empty), what, template.fields)
+        if not kept:
+            raise CatalogueError(
+                f"none of the {len(empty)} {what} has text in {fields_of} fields {list(template.fields)}; {fix}"
+            )
+    enc = load_encoder(encoder, device)
+    if before_encoding is not None:
+        before_encoding(kept, enc)
+    start = time.perf_counter()
+    vectors = encode_texts(
+        texts,
+        enc,
+        batch_size=batch_size,
+        cache_dir=cache_dir,
+        use_cache=use_cache,
+        show_progress=show_progress,
+    )
+    return EncodedItems(kept, vectors, enc, empty, time.perf_counter() - start)

@@ -84,7 +84,7 @@ class SentenceTransformerEncoder:
         normalize: bool = True,
         max_seq_length: int | None = None,
     ) -> None:
-        from .._extras import require
+        from .._imports import require
 
         sentence_transformers = require(
             "sentence_transformers", "the sentence-transformers encoder (build-sids)"

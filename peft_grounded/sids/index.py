@@ -2,7 +2,7 @@
 
 It holds item -> SID codes, the codebooks of each k-means level, the per-token centroids in two variants,
 the quality figures, and the provenance (encoder fingerprint, text template, build settings, format
-version). Token rows always follow :func:`~peft_grounded.sids.tokens.sid_vocabulary` order: level by
+version). Token rows always follow :func:`~peft_grounded.sids.index.sid_vocabulary` order: level by
 level, code by code (``<a_0> ... <a_255> <b_0> ...``), the disambiguation level last when there is one.
 
 Centroid variants (one row per SID token, in the encoder's space, dimension ``dim``):
@@ -22,13 +22,19 @@ the ``"items"`` variant.
 The index is a plain artefact: data, lookups, the codes of new vectors (:meth:`SIDIndex.quantize`) and its
 files (``<dir>/sid_index.json`` + ``<dir>/sid_index.<hash>.safetensors``, see :mod:`.index_files`). What is
 computed from it lives with its users: growth in :mod:`peft_grounded.growth` (``add_items``), code statistics
-in :mod:`peft_grounded.diagnostics.codes`, texts per token in :mod:`.descriptions`.
+in :mod:`peft_grounded.diagnostics.diagnose`, texts per token in :mod:`.index`.
+
+The names of SID tokens (one per level and code: ``<a_12>``; :func:`sid_vocabulary`, :func:`add_sid_tokens`)
+and :func:`token_descriptions` (one text per SID token, for the adapter's ``init="description"`` start) are
+below.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
+import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,15 +54,104 @@ from .index_files import (  # the file format; JSON_NAME, IndexFileError and ten
     save_index,
     tensors_path,
 )
-from .tokens import DEFAULT_TEMPLATE, parse_sid, sid_string, sid_vocabulary
+
+# Names of Semantic-ID tokens: one token per (level, code), e.g. ``<a_12>`` for code 12 at level 0.
+
+DEFAULT_TEMPLATE = "<{level}_{code}>"
+
+
+def level_name(level: int) -> str:
+    """Letter of a level: 0 -> 'a', 1 -> 'b', ..., 25 -> 'z', 26 -> 'aa'."""
+    if level < 0:
+        raise ValueError(f"level must be >= 0, got {level}")
+    letters = string.ascii_lowercase
+    name = ""
+    level += 1
+    while level:
+        level, rem = divmod(level - 1, 26)
+        name = letters[rem] + name
+    return name
+
+
+def level_index(name: str) -> int:
+    """Inverse of :func:`level_name`: 'a' -> 0, 'z' -> 25, 'aa' -> 26."""
+    if not name or not all("a" <= c <= "z" for c in name):
+        raise ValueError(f"a level name is lowercase letters, got {name!r}")
+    level = 0
+    for letter in name:
+        level = level * 26 + (ord(letter) - ord("a") + 1)
+    return level - 1
+
+
+def sid_token(level: int, code: int, template: str = DEFAULT_TEMPLATE) -> str:
+    """The token string of ``code`` at ``level`` (``template`` may use ``{level}``, ``{level_index}``, ``{code}``)."""
+    return template.format(level=level_name(level), level_index=level, code=code)
+
+
+def sid_vocabulary(codes_per_level: Sequence[int], template: str = DEFAULT_TEMPLATE) -> list[str]:
+    """All SID token strings, level by level, code by code (the order the adapter's rows follow)."""
+    tokens = [
+        sid_token(level, code, template) for level, n in enumerate(codes_per_level) for code in range(n)
+    ]
+    if len(set(tokens)) != len(tokens):
+        raise ValueError(f"template {template!r} gives the same string to different (level, code) pairs")
+    return tokens
+
+
+def sid_string(codes: Sequence[int], template: str = DEFAULT_TEMPLATE) -> str:
+    """The text of one item's SID, e.g. ``<a_12><b_3><c_200>``."""
+    return "".join(sid_token(level, code, template) for level, code in enumerate(codes))
+
+
+def parse_sid(text: str, template: str = DEFAULT_TEMPLATE) -> list[int]:
+    """Inverse of :func:`sid_string` for the default-style templates; raises ``ValueError`` on malformed text."""
+    pattern = (
+        re.escape(template)
+        .replace(r"\{level\}", r"(?P<level>[a-z]+)")
+        .replace(r"\{code\}", r"(?P<code>\d+)")
+        .replace(r"\{level_index\}", r"(?P<level_index>\d+)")
+    )
+    codes: list[int] = []
+    pos = 0
+    regex = re.compile(pattern)
+    while pos < len(text):
+        match = regex.match(text, pos)
+        if match is None:
+            raise ValueError(f"{text!r} is not a SID in the template {template!r} (at position {pos})")
+        expected = level_name(len(codes))
+        if "level" in match.groupdict() and match.group("level") != expected:
+            raise ValueError(f"{text!r}: level {match.group('level')!r} where {expected!r} was expected")
+        codes.append(int(match.group("code")))
+        pos = match.end()
+    return codes
+
+
+def add_sid_tokens(
+    tokenizer, model, codes_per_level: Sequence[int], template: str = DEFAULT_TEMPLATE, **kwargs
+) -> Any:
+    """Add one token per (level, code), named by ``template`` (default ``<a_12>``), level by level, with
+    :func:`peft_grounded.adapter.add_tokens` (its ``AddedTokens``)."""
+    from ..adapter.initialize import add_tokens
+
+    return add_tokens(tokenizer, model, sid_vocabulary(codes_per_level, template), **kwargs)
+
 
 __all__ = [
     "CENTROID_VARIANTS",
+    "DEFAULT_TEMPLATE",
     "JSON_NAME",
     "EncoderMismatchError",
     "IndexFileError",
     "SIDIndex",
+    "add_sid_tokens",
+    "level_index",
+    "level_name",
+    "parse_sid",
+    "sid_string",
+    "sid_token",
+    "sid_vocabulary",
     "tensors_path",
+    "token_descriptions",
 ]
 
 
@@ -297,7 +392,7 @@ class SIDIndex:
 
     def quantize(self, vectors: Any, encoder: Any = None) -> np.ndarray:
         """k-means codes ``[m, n_kmeans_levels]`` of new vectors (nearest codeword per level, no dedup)."""
-        from .rqkmeans import quantize
+        from .quantizers import quantize
 
         if encoder is not None:
             self.check_encoder(encoder)
@@ -327,7 +422,7 @@ class SIDIndex:
         }
 
     def summary(self) -> str:
-        from .quality import format_quality
+        from .collisions import format_quality
 
         head = (
             f"SID index: {self.n_items} items, levels {list(self.codes_per_level)} "
@@ -355,3 +450,26 @@ class SIDIndex:
             ) from None
         except (TypeError, ValueError) as err:
             raise IndexFileError(f"{fields_source(path)} cannot be used ({err}); {REBUILD}") from None
+
+
+# One text per SID token, for the adapter's ``init="description"`` start.
+
+
+def token_descriptions(index: SIDIndex, titles: Any, per_token: int = 3, separator: str = "; ") -> list[str]:
+    """One text per SID token (row order): the titles of its ``per_token`` most popular items, for the
+    adapter's ``init="description"`` (``init_texts``). ``titles``: a ``Catalogue`` or ``{item_id:
+    title}``. Popularity is the build catalogue's interaction count (ties: index order); a token no
+    item carries gets ``""``."""
+    if hasattr(titles, "items") and not isinstance(titles, Mapping):
+        titles = {i: item.title for i, item in titles.items.items()}
+    popularity = index.item_interactions if index.item_interactions is not None else np.zeros(index.n_items)
+    out: list[str] = []
+    for level, k in enumerate(index.codes_per_level):
+        order = np.lexsort((np.arange(index.n_items), -popularity, index.codes[:, level]))
+        column = index.codes[order, level]
+        starts = np.searchsorted(column, np.arange(k), "left")
+        ends = np.searchsorted(column, np.arange(k), "right")
+        for lo, hi in zip(starts, ends, strict=True):
+            names = [titles.get(index.item_ids[i], "") for i in order[lo : min(hi, lo + per_token)]]
+            out.append(separator.join(n for n in names if n))
+    return out

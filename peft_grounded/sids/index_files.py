@@ -180,7 +180,7 @@ def remove_unnamed_tensor_files(directory: str | Path) -> list[Path]:
 def save_index(index: Any, directory: str | Path) -> Path:
     """Write ``index`` into ``directory``: the tensor file, then ``sid_index.json``, both atomically; the folder
     is locked while it is written (a concurrent save there stops with an error)."""
-    from .._locks import output_lock
+    from .._io import output_lock
 
     with output_lock(directory, "SID index save"):
         return _save(index, Path(directory))

@@ -5,7 +5,7 @@
 splitting the largest, and an optional size-constrained (balanced) refinement in which no cluster holds more
 than ``ceil(n / K)`` points. Distances are computed ``chunk_size`` rows at a time (``chunk_size x K``
 floats); everything is seeded by one ``torch.Generator``. The residual stack built on it is
-:mod:`.rqkmeans`.
+:mod:`.quantizers`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from peft_grounded._threads import one_thread
+from peft_grounded.precision import one_thread
 
 
 class QuantizationError(ValueError):

@@ -218,7 +218,7 @@ def load_sid_record(model, directory: str | Path, adapter_name: str | None = Non
 
 def sid_softmax_of(model) -> bool:
     """Whether ``model``'s active adapter was trained with the SID-only softmax (its record says so, written
-    by :class:`~peft_grounded.recommend.RecommendationTrainer`); False for an adapter made in memory without
+    by :class:`~peft_grounded.training.sft.RecommendationTrainer`); False for an adapter made in memory without
     one. An adapter loaded from a folder without its record raises: a guess would score other lists."""
     folder = vars(model).get("sid_records_missing", {}).get(getattr(model, "active_adapter", None))
     if folder is not None:

@@ -1,21 +1,25 @@
-"""The trainer core every stage shares: the stage settings (:mod:`.config`), an ``SFTTrainer`` that knows its
-run (:mod:`.trainer`), the training clock of time budgets (:mod:`.clock`) and the run manifests and folder
-layout (:mod:`.runs`).
+"""Training: the core every stage shares, and the two stages.
 
-``from peft_grounded.training import runs`` stays light; the trainer (TRL, torch) loads on first use of its
-names.
+* :mod:`.config`: each stage's settings (``RunConfig``, ``GroundingConfig``, ``RecommendationConfig``);
+* :mod:`.trainer`: ``RunTrainer``, an ``SFTTrainer`` that knows its run, and the body of a stage's entry point;
+* :mod:`.steps`: what a step runs on (float32 attention and master weights, padding-free batches);
+* :mod:`.callbacks`: the training clock of time budgets, validation likelihood and Recall, learning curves;
+* :mod:`.runs`: a run on disk (manifest, checkpoints, adapter files);
+* :mod:`.grounding`: the grounding stage (GTI); :mod:`peft_grounded.training.sft`: recommendation SFT.
+
+Names load on first use of the package's exports, so that ``import peft_grounded.training`` stays light.
 """
 
 from __future__ import annotations
 
-from .._lazy import lazy_exports
+from .._imports import lazy_exports
 
 _LAZY = {  # module: the names it exports
     "config": "RunConfig check_max_examples check_run_config",
-    "trainer": "RunTrainer upcast_trainable",
-    "adapter_files": "save_adapter_atomic load_adapter_weights",
-    "clock": "TrainingClock time_schedule",
-    "runs": "RunMismatchError sample_rows",
+    "trainer": "RunTrainer",
+    "steps": "upcast_trainable",
+    "runs": "save_adapter_atomic load_adapter_weights RunMismatchError sample_rows",
+    "callbacks": "TrainingClock time_schedule",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY)

@@ -4,7 +4,7 @@
 refuses to resume from or write next to another run's checkpoints (or a finished run's adapter), keeps the
 loss log as JSON and writes the final adapter atomically to ``<output_dir>/adapter``. Nothing is lost:
 
-* the output folder is locked (:mod:`peft_grounded._locks`): a second trainer aimed at it stops at once;
+* the output folder is locked (:mod:`peft_grounded._io`): a second trainer aimed at it stops at once;
 * every checkpoint is written into ``.checkpoint-N.partial`` and renamed into place when complete, so a
   kill or a full disk at any instant leaves the last complete checkpoint; a resume skips (and moves
   aside) an incomplete checkpoint (written otherwise, or damaged since), saying so;
@@ -16,7 +16,7 @@ It also
 
 * trains every adapter weight in float32 (master weights), whatever the base's dtype;
 * refuses rows that ``max_length`` would cut (TRL truncates silently, and a cut SID trains on garbage);
-* keeps a :class:`~peft_grounded.training.clock.TrainingClock`: each loss log gets ``seconds`` (training
+* keeps a :class:`~peft_grounded.training.callbacks.TrainingClock`: each loss log gets ``seconds`` (training
   time) and ``items_seen`` (item targets so far, a target = one labelled SID), and ``max_minutes`` stops
   the run at a training time with a learning rate that decays linearly to 0 at that time.
 """
@@ -37,22 +37,25 @@ from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_utils import TrainOutput
 from trl import SFTTrainer
 
-from .._io import DiskFullError, is_disk_full, read_json
-from .._locks import output_lock
+from .._io import DiskFullError, is_disk_full, output_lock, read_json
 from . import runs
-from .adapter_files import load_adapter_weights, save_adapter_atomic
-from .attention import float32_attention
-from .checkpoints import (
+from .callbacks import TimeProgressCallback, TrainingClock, time_schedule
+from .config import check_max_examples, wants_padding_free
+from .runs import (
+    ADAPTER_DIR,
+    LOG_FILE,
     SafeCheckpoints,
     check_own_file,
     checkpoint_state,
+    dataset_fingerprint,
+    load_adapter_weights,
     remove_leftovers,
+    sample_rows,
+    save_adapter_atomic,
     stopped,
     train_loss,
 )
-from .clock import TimeProgressCallback, TrainingClock, time_schedule
-from .config import check_max_examples, wants_padding_free
-from .runs import ADAPTER_DIR, LOG_FILE, dataset_fingerprint, sample_rows
+from .steps import count_targets, float32_attention, upcast_trainable
 
 logger = logging.getLogger(__name__)
 
@@ -64,39 +67,6 @@ UNLIMITED_STEPS = 10**9  # max_steps when only a time budget ends the run
 
 def _time_factor(clock: TrainingClock, warmup_ratio: float, _step: int) -> float:
     return time_schedule(clock.fraction(), warmup_ratio)
-
-
-def count_targets(labels: torch.Tensor) -> torch.Tensor:
-    """``[labelled tokens, item targets]`` of a batch (a target = a run of labelled tokens: one SID)."""
-    labelled = labels != -100
-    starts = labelled.clone()
-    starts[:, 1:] &= ~labelled[:, :-1]
-    return torch.stack([labelled.sum(), starts.sum()])
-
-
-def upcast_trainable(model) -> list[str]:
-    """Cast every trainable half-precision parameter to float32 in place (master weights: bf16/fp16 updates
-    of small adapter weights round away); returns their names. PEFT's layers cast their inputs to the
-    adapter's dtype and the result back, so a half-precision base keeps running in its dtype.
-
-    An adapter created with ``autocast_adapter_dtype=False`` (PEFT's switch for adapters in the base's dtype,
-    e.g. under DeepSpeed ZeRO-3) is left as it is: rows and LoRA stay in one dtype, as asked."""
-    tuner = getattr(model, "base_model", None)
-    if hasattr(tuner, "adapter_autocast") and not tuner.adapter_autocast(model.active_adapter):
-        logger.info(
-            "autocast_adapter_dtype=False: the adapter weights train in the dtype they were created in"
-        )
-        return []
-    cast = []
-    for name, param in model.named_parameters():
-        if param.requires_grad and param.dtype in (torch.float16, torch.bfloat16):
-            param.data = param.data.float()
-            cast.append(name)
-    if cast:
-        logger.info(
-            "trainable weights cast to float32 (master weights): %d tensors, e.g. %s", len(cast), cast[0]
-        )
-    return cast
 
 
 def _head_wrapped_by_peft(model) -> bool:
@@ -177,7 +147,7 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
 
     def _sid_softmax_problem(self) -> str | None:
         """What the SID-only softmax needs that this trainer lacks (None: it applies)."""
-        from .compact_head import causal_lm, supports_compact_head
+        from .steps import causal_lm, supports_compact_head
 
         problem = None
         if not hasattr(getattr(self.model, "base_model", None), "grounded_token_ids"):
@@ -278,7 +248,7 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         """The configured schedule, or with ``max_minutes`` a schedule over the time budget
-        (:func:`~peft_grounded.training.clock.time_schedule`)."""
+        (:func:`~peft_grounded.training.callbacks.time_schedule`)."""
         if getattr(self.args, "max_minutes", None) is None or self.lr_scheduler is not None:
             return super().create_scheduler(num_training_steps, optimizer)
         warmup = float(self.args.warmup_ratio or 0.0)
@@ -307,7 +277,7 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
 
         PEFT's own trainable tokens on a tied head wrap ``lm_head`` in a ``TrainableTokensWrapper``, which
         TRL 1.16's fused head cannot read (it has no ``bias``: ``AttributeError``): such a model (the
-        baseline of :mod:`peft_grounded.peers.peft_default`) takes the model's own loss, the same masked
+        baseline of :mod:`peft_grounded.peers.base`) takes the model's own loss, the same masked
         next-token NLL through the full head."""
         labels = inputs.get("labels")
         if labels is not None and model.training:
@@ -329,7 +299,7 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
             return super().compute_loss(
                 model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
             )
-        from .compact_head import compact_head
+        from .steps import compact_head
 
         sid = {}
         if self._sid_softmax:
@@ -343,7 +313,7 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
 
     def _sid_ids(self, model) -> torch.Tensor:
         """The SID rows of ``model``'s active grounded adapters (the SID-only softmax's columns)."""
-        from .compact_head import causal_lm
+        from .steps import causal_lm
 
         wrapped = getattr(model, "module", model)
         tuner = getattr(wrapped, "base_model", None)

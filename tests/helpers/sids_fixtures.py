@@ -10,7 +10,7 @@ import numpy as np
 
 from peft_grounded.sids.build import index_from_vectors
 from peft_grounded.sids.index import SIDIndex
-from peft_grounded.sids.rqkmeans import RQKMeansConfig
+from peft_grounded.sids.quantizers import RQKMeansConfig
 
 # Five items; "i5" has no text at all; the interactions name "ghost", which is not in the catalogue.
 ITEMS = {

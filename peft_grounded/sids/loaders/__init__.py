@@ -23,14 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..._messages import listed
+from ...checks import listed
 from ..catalogue import Catalogue, CatalogueError
-from .amazon import load_amazon
-from .common import assemble, clean_text
-from .lcrec import LCREC_INTERACTIONS, LCREC_ITEMS, load_lcrec
-from .movielens import load_movielens
-from .recbole import load_recbole
-from .table import load_table
+from .datasets import LCREC_INTERACTIONS, LCREC_ITEMS, load_amazon, load_lcrec, load_movielens, load_recbole
+from .readers import assemble, clean_text, load_table
 
 __all__ = [
     "BUILTIN",

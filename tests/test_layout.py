@@ -1,0 +1,67 @@
+"""docs/layout.md is a caption of the package's tree (issue 41): every folder it names exists and holds exactly
+the modules it lists, every package folder is named, and the package keeps to its size limits."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "peft_grounded"
+LAYOUT = ROOT / "docs" / "layout.md"
+ROW = re.compile(r"^\|\s*`(peft_grounded/[\w/]*)`\s*\|([^|]*)\|", re.M)
+MAX_LINES = 500  # no module over 500 lines
+MAX_MODULES = 100  # Python files in the whole package
+
+
+def _caption() -> dict[Path, set[str]]:
+    rows = {}
+    for folder, modules in ROW.findall(LAYOUT.read_text(encoding="utf-8")):
+        path = ROOT / folder.rstrip("/")
+        assert path not in rows, f"{folder} is captioned twice"
+        rows[path] = set(re.findall(r"`(\w+)`", modules))
+    return rows
+
+
+def _modules(folder: Path) -> set[str]:
+    return {p.stem for p in folder.glob("*.py") if not p.name.startswith("__")}
+
+
+def _python_files() -> list[Path]:
+    return [p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts]
+
+
+def test_every_folder_named_exists_and_holds_the_modules_listed():
+    rows = _caption()
+    assert rows, "docs/layout.md captions no folder"
+    for folder, listed in rows.items():
+        assert folder.is_dir(), f"docs/layout.md names {folder.relative_to(ROOT)}/, which does not exist"
+        actual = _modules(folder)
+        assert listed == actual, (
+            f"{folder.relative_to(ROOT)}/: docs/layout.md lists {sorted(listed - actual)} that it does not "
+            f"hold and leaves out {sorted(actual - listed)}"
+        )
+
+
+def test_every_package_folder_is_named():
+    rows = _caption()
+    folders = [PACKAGE, *(p.parent for p in PACKAGE.rglob("__init__.py") if "__pycache__" not in p.parts)]
+    folders += [p for p in PACKAGE.rglob("*") if p.is_dir() and "__pycache__" not in p.parts]
+    missing = sorted({str(f.relative_to(ROOT)) for f in folders if f not in rows})
+    assert not missing, f"docs/layout.md does not caption {missing}"
+
+
+def test_no_module_over_the_line_limit():
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in _python_files()
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_the_package_stays_within_its_module_budget():
+    files = _python_files()
+    assert len(files) <= MAX_MODULES, (
+        f"{len(files)} Python files under peft_grounded/ (at most {MAX_MODULES})"
+    )
