@@ -324,3 +324,22 @@ def test_the_default_applies_it_wherever_it_can(toy, model_dir, tmp_path):
     )
     assert sid_softmax_of(trained)
     assert read_sid_record(tmp_path / "run" / "adapter")["sid_softmax"] is True
+
+
+def test_a_folder_without_its_record_decodes_the_whole_vocabulary_and_says_so(toy, model_dir, tmp_path):
+    """PEFT's own save writes no SID record: such an adapter decodes over the whole vocabulary (what any other
+    trainer taught it), with a warning naming the folder; the package's save keeps the record."""
+    from peft_grounded.sids.model import save_sid_record, sid_model
+    from peft_grounded.training.sft.trainer import record_sid_softmax
+
+    _, index = toy
+    _, model = sid_model(model_dir, index, init="centroid", fmt=SEQ)
+    record_sid_softmax(model, True)
+    model.save_pretrained(tmp_path / "peft")
+    model.save_pretrained(tmp_path / "kept")
+    save_sid_record(model, tmp_path / "kept")
+    _, plain = sid_model(model_dir, index, adapter=str(tmp_path / "peft"))
+    with pytest.warns(UserWarning, match=f"{tmp_path / 'peft'} has no sid_record.json"):
+        assert sid_softmax_of(plain) is False
+    _, kept = sid_model(model_dir, index, adapter=str(tmp_path / "kept"))
+    assert sid_softmax_of(kept) is True and read_sid_record(tmp_path / "kept")["sid_softmax"] is True

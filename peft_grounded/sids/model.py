@@ -206,7 +206,7 @@ def read_sid_record(directory: str | Path) -> dict[str, Any]:
 
 def load_sid_record(model, directory: str | Path, adapter_name: str | None = None) -> None:
     """Attach the record saved in ``directory`` to ``model``'s adapter (replacing what it had). A folder without
-    one is remembered, so that decoding asks how to normalise instead of guessing (:func:`sid_softmax_of`)."""
+    one is remembered, so that decoding says which normalisation it assumed (:func:`sid_softmax_of`)."""
     name = adapter_name or model.active_adapter
     _records(model)[name] = read_sid_record(directory)
     missing = vars(model).setdefault("sid_records_missing", {})
@@ -218,15 +218,20 @@ def load_sid_record(model, directory: str | Path, adapter_name: str | None = Non
 
 def sid_softmax_of(model) -> bool:
     """Whether ``model``'s active adapter was trained with the SID-only softmax (its record says so, written
-    by :class:`~peft_grounded.training.sft.RecommendationTrainer`); False for an adapter made in memory without
-    one. An adapter loaded from a folder without its record raises: a guess would score other lists."""
+    by :class:`~peft_grounded.training.sft.RecommendationTrainer`). Without a record: False, the whole
+    vocabulary, which is what an adapter trained by any other trainer learnt; one loaded from a folder without
+    its record says so in a warning, since an adapter of this package's SFT that lost its record was trained
+    otherwise."""
     folder = vars(model).get("sid_records_missing", {}).get(getattr(model, "active_adapter", None))
     if folder is not None:
-        raise ValueError(
-            f"the adapter loaded from {folder} has no {SID_RECORD} beside it, so how it was trained to normalise "
-            "each SID step is unknown: pass sid_softmax=True (the SID-only softmax, sft's default) or False (the "
-            f"whole vocabulary), or restore {SID_RECORD} (save with the package's savers, or "
-            "peft_grounded.sids.model.save_sid_record(model, folder) after model.save_pretrained(folder))"
+        import warnings
+
+        warnings.warn(
+            f"the adapter loaded from {folder} has no {SID_RECORD} beside it: decoding over the whole vocabulary, "
+            "as a PEFT-trained adapter learnt. An adapter of peft-grounded sft trained with the SID-only softmax "
+            f"needs its {SID_RECORD} back (or pass sid_softmax=True)",
+            UserWarning,
+            stacklevel=2,
         )
     return bool(sid_record(model).get(SID_SOFTMAX_KEY))
 
