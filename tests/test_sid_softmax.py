@@ -83,7 +83,8 @@ def test_every_row_allowed_is_the_full_loss(tokenizer, tiny_model_factory, arch,
     got = trainable_grads(model)
     assert set(got) == set(expected) and any("lora_A" in n for n in got)
     for name, grad in got.items():
-        torch.testing.assert_close(grad, expected[name], rtol=1e-5, atol=1e-7, msg=name)
+        # float32 summation order differs with the CPU kernels (AVX2: up to 1.5e-7 on a row gradient)
+        torch.testing.assert_close(grad, expected[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize(("arch", "tied"), CASES)
