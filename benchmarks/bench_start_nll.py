@@ -57,8 +57,8 @@ def main(argv=None) -> None:
     import torch
 
     from peft_grounded.decoding import SIDTrie
+    from peft_grounded.decoding.trie import item_token_ids
     from peft_grounded.evaluation.metrics import EvalSettings
-    from peft_grounded.evaluation.reports import item_token_ids
     from peft_grounded.pipeline.budget import Experiment
     from peft_grounded.pipeline.demo import PRESETS
     from peft_grounded.pipeline.runner import _evaluate

@@ -100,7 +100,7 @@ def test_a_recommender_reads_its_adapter_config_once(world):
 
 def _trie(tokenizer, world):
     from peft_grounded.decoding import SIDTrie
-    from peft_grounded.evaluation.reports import item_token_ids
+    from peft_grounded.decoding.trie import item_token_ids
 
     return SIDTrie(item_token_ids(tokenizer, world["parent"]))
 

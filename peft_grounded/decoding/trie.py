@@ -301,3 +301,8 @@ def sid_token_ids(
             )
         result[item] = list(ids)
     return result
+
+
+def item_token_ids(tokenizer: Any, index: Any) -> dict[str, list[int]]:
+    """Item id -> the token ids of its SID, for the constrained decoding."""
+    return sid_token_ids(tokenizer, {item: index.sid_text(item) for item in index.item_ids})

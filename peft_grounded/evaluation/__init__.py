@@ -19,10 +19,11 @@ _LAZY = {  # module: the names it exports
         "LIKELIHOOD_METRICS target_log_likelihood Evaluation evaluate evaluate_adapter evaluate_adapter_into"
     ),
     "reports": (
-        "POPULARITY_LABEL evaluate_popularity item_token_ids popularity_users comparison_table "
-        "evaluate_predictions evaluate_split markdown_table write_json write_markdown write_text_atomic "
-        "bootstrap_interval compare_users intervals_table paired_intervals user_values"
+        "POPULARITY_LABEL evaluate_popularity popularity_users comparison_table evaluate_predictions "
+        "evaluate_split markdown_table write_json write_markdown write_text_atomic bootstrap_interval "
+        "compare_users intervals_table paired_intervals user_values"
     ),
+    ".decoding.trie": "item_token_ids",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY)

@@ -25,9 +25,9 @@ import torch
 from ..decoding.beam import target_nlls
 from ..decoding.heads import StepHead
 from ..decoding.search import left_pad
-from ..decoding.trie import check_targets
+from ..decoding.trie import check_targets, item_token_ids
 from .metrics import rank_metrics, target_rank
-from .reports import EvalSettings, Results, _autocast, _part_prompts, item_token_ids, user_records
+from .reports import EvalSettings, Results, _autocast, _part_prompts, user_records
 
 
 @dataclass

@@ -271,13 +271,6 @@ def user_records(chosen: list, cold_chosen: list) -> list[dict[str, Any]]:
     ]
 
 
-def item_token_ids(tokenizer: Any, index: Any) -> dict[str, list[int]]:
-    """Item id -> the token ids of its SID, for the constrained decoding."""
-    from ..decoding import sid_token_ids
-
-    return sid_token_ids(tokenizer, {item: index.sid_text(item) for item in index.item_ids})
-
-
 # Paired bootstrap confidence intervals for the difference of a strategy against a reference.
 #
 # Every strategy of a comparison is evaluated on the same seeded users (the sample depends on the seed and

@@ -28,8 +28,8 @@ from transformers import TrainerCallback
 
 from .._io import locks_output, read_json
 from ..adapter.saved import ADAPTER_WEIGHTS
+from ..decoding.trie import item_token_ids
 from ..evaluation.evaluator import evaluate
-from ..evaluation.reports import item_token_ids
 from ..sids.model import sid_model
 from ..training import runs
 from ..training.runs import (

@@ -95,7 +95,7 @@ class GroundedRecommender:
         adapter. A model without one (merged) must say: ``True`` (the SID rows of ``index``, ``sft``'s
         default), ``False`` (the whole vocabulary) or the rows' token ids."""
         from ..decoding import SIDTrie
-        from ..evaluation.reports import item_token_ids
+        from ..decoding.trie import item_token_ids
         from ..prompts import PromptFormat
 
         for name, value in (("num_beams", num_beams), ("batch_size", batch_size)):

@@ -38,7 +38,7 @@ def history_prompts(
 def sid_trie(tokenizer: Any, index: Any) -> SIDTrie:
     """The trie of every item of ``index`` (its SIDs' token ids in ``tokenizer``)."""
     from ..decoding import SIDTrie
-    from ..evaluation.reports import item_token_ids
+    from ..decoding.trie import item_token_ids
 
     return SIDTrie(item_token_ids(tokenizer, index))
 
