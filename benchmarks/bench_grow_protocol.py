@@ -56,9 +56,10 @@ from peft_grounded import assets
 from peft_grounded.decoding import Recommendations
 from peft_grounded.evaluation import EvalSettings
 from peft_grounded.evaluation.metrics import metric_value, ranking_metrics, target_rank
-from peft_grounded.evaluation.reports import bootstrap_interval
+from peft_grounded.evaluation.peers import TextKNN
 from peft_grounded.growth import add_items, grow_adapter
 from peft_grounded.growth.grounding import ground_new_items
+from peft_grounded.intervals import bootstrap_interval
 from peft_grounded.new_items import (
     P_TEXT,
     TEXT_ONLY,
@@ -74,7 +75,6 @@ from peft_grounded.new_items import (
     new_item_examples,
     random_slots,
 )
-from peft_grounded.peers import TextKNN
 from peft_grounded.pipeline import Budget, Experiment, run_strategy, strategy
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.serving.top_k import model_beams, top_k_lists

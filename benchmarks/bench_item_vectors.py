@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from peft_grounded.evaluation.reports import bootstrap_interval
+from peft_grounded.intervals import bootstrap_interval
 from peft_grounded.sids.behaviour import ItemVectorsConfig
 
 try:

@@ -1,4 +1,4 @@
-"""Cross-check the project's SASRec (peft_grounded.peers.sasrec) against RecBole's on the same data.
+"""Cross-check the project's SASRec (peft_grounded.sids.sasrec) against RecBole's on the same data.
 
 Ours (always): ``fit_sasrec`` on ``load_catalogue(name).leave_one_out()``, scored on every test user with
 ``peer_records`` (full ranking over the catalogue, the user's history excluded), Recall@10 / NDCG@10.
@@ -50,9 +50,9 @@ def _catalogue(name: str):
 
 def run_ours(name: str, overrides: dict, catalogue=None) -> dict:
     """Train our SASRec on ``name`` (or on ``catalogue``) and score it on every validation and test user."""
+    from peft_grounded.evaluation.peers import peer_records, peer_results
     from peft_grounded.evaluation.reports import EvalSettings
-    from peft_grounded.peers.base import peer_records, peer_results
-    from peft_grounded.peers.sasrec import SASRecConfig, fit_sasrec
+    from peft_grounded.sids.sasrec import SASRecConfig, fit_sasrec
 
     catalogue = catalogue or _catalogue(name)
     split = catalogue.leave_one_out()
@@ -94,7 +94,7 @@ def _write_atomic(catalogue, folder: Path, dataset: str) -> None:
 def _resolved(overrides: dict) -> dict:
     from dataclasses import asdict
 
-    from peft_grounded.peers.sasrec import SASRecConfig
+    from peft_grounded.sids.sasrec import SASRecConfig
 
     return asdict(SASRecConfig(**overrides))
 

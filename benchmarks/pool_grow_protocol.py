@@ -5,7 +5,7 @@
 
 Every run must score the same users with the same targets (same dataset, ``--share`` and ``--positions``;
 the training seed is what differs). Per model: Recall/NDCG@K averaged over seeds, with the package's
-stratified bootstrap (users resampled within each seed; ``evaluation.reports.bootstrap_interval``);
+stratified bootstrap (users resampled within each seed; ``intervals.bootstrap_interval``);
 paired differences pair each user within each seed. ``--models`` restricts the table to models every run
 scored the same way (e.g. to leave out a row whose method changed between the runs).
 """
@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from peft_grounded._io import atomic_write_text
-from peft_grounded.evaluation.reports import bootstrap_interval, user_value
+from peft_grounded.evaluation.reports import user_value
+from peft_grounded.intervals import bootstrap_interval
 
 try:
     from benchmarks._args import parse

@@ -19,7 +19,8 @@ from typing import Literal
 
 import numpy as np
 
-from peft_grounded.evaluation.reports import bootstrap_interval, paired_intervals, user_values
+from peft_grounded.evaluation.reports import paired_intervals, user_values
+from peft_grounded.intervals import bootstrap_interval
 
 try:
     from benchmarks._args import parse

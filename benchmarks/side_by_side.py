@@ -168,7 +168,7 @@ def main(argv=None) -> int:
     settings = {seed: budget.with_seed(seed).eval_settings() for seed in args.seeds}
     sasrec = None
     if "sasrec" in args.peers:
-        from peft_grounded.peers.sasrec import SASRecConfig
+        from peft_grounded.sids.sasrec import SASRecConfig
 
         sasrec = SASRecConfig(max_minutes=0.2 if args.smoke else args.sasrec_minutes)
     peers: dict[str, list] = {}

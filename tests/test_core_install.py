@@ -18,7 +18,7 @@ from peft_grounded._imports import EXTRA_OF, MissingExtraError, require
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "peft_grounded"
 SCRIPT = Path(__file__).resolve().parent / "helpers" / "core_only.py"
-HARNESS = ("pipeline", "diagnostics", "peers")  # the research harness inside the package (docs/layout.md)
+HARNESS = ("pipeline", "diagnostics")  # the research harness inside the package (docs/layout.md)
 
 
 def _module_level_imports(path: Path) -> list[str]:

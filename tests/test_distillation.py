@@ -16,9 +16,9 @@ from helpers.toy_catalogue import toy_catalogue, toy_index
 from safetensors.torch import load_file
 
 from peft_grounded.checks import SettingsError
-from peft_grounded.peers.sasrec import SASRecConfig, fit_sasrec
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.sids.index import SIDIndex
+from peft_grounded.sids.sasrec import SASRecConfig, fit_sasrec
 from peft_grounded.training.sft import (
     RecommendationConfig,
     RecommendationTrainer,

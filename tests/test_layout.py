@@ -65,3 +65,50 @@ def test_the_package_stays_within_its_module_budget():
     assert len(files) <= MAX_MODULES, (
         f"{len(files)} Python files under peft_grounded/ (at most {MAX_MODULES})"
     )
+
+
+def _folder_imports() -> dict[str, set[str]]:
+    """Top-level folder of the package -> the top-level folders its modules import (lazy imports included);
+    the package root's own modules count as folder ``""``."""
+    import ast
+
+    def folder_of(dotted: str) -> str:
+        parts = dotted.split(".")[1:]  # below peft_grounded
+        return parts[0] if parts and (PACKAGE / parts[0]).is_dir() else ""
+
+    edges: dict[str, set[str]] = {}
+    for path in _python_files():
+        rel = path.relative_to(ROOT).with_suffix("").parts
+        package = rel if path.name == "__init__.py" else rel[:-1]
+        package = package[:-1] if path.name == "__init__.py" else package
+        if path == PACKAGE / "__init__.py":
+            continue  # the root's lazy table names the adapter's exports (strings, not imports)
+        source = folder_of(".".join(rel))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = list(package)[: len(package) - node.level + 1]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("peft_grounded"):
+                target = node.module
+            else:
+                continue
+            edges.setdefault(source, set()).add(folder_of(target))
+    return edges
+
+
+def test_no_folder_imports_one_captioned_above_it():
+    """The caption's order is the layers' order: each folder imports only folders listed before it (or itself),
+    so the folders hold no import cycle."""
+    order: list[str] = []
+    for path in _caption():
+        parts = path.relative_to(PACKAGE).parts
+        top = parts[0] if parts else ""
+        if top not in order:
+            order.append(top)
+    upward = sorted(
+        f"peft_grounded/{source}/ imports peft_grounded/{target}/"
+        for source, targets in _folder_imports().items()
+        for target in targets
+        if target in order and order.index(target) > order.index(source)
+    )
+    assert not upward, f"folders that import a folder docs/layout.md lists after them: {upward}"

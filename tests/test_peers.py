@@ -9,7 +9,7 @@ import torch
 from helpers.toy_catalogue import toy_catalogue, toy_index
 
 from peft_grounded.evaluation import EvalSettings, compare_users, popularity_users
-from peft_grounded.peers import TextKNN, peer_records, peer_results
+from peft_grounded.evaluation.peers import TextKNN, peer_records, peer_results
 from peft_grounded.pipeline import Budget, Experiment, run_strategy
 from peft_grounded.sids import Catalogue, Item
 
@@ -119,7 +119,7 @@ def test_peft_default_path_trains_through_the_runner(model_dir, tmp_path):
 
 
 def test_peft_default_rows_start_at_the_vocabulary_mean(model_dir):
-    from peft_grounded.peers.base import is_peft_default, peft_default_model
+    from peft_grounded.sids.model import is_peft_default, peft_default_model
 
     catalogue = toy_catalogue()
     index = toy_index(catalogue)

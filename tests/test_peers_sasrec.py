@@ -9,9 +9,10 @@ import pytest
 import torch
 from helpers.planted_catalogue import N_ITEMS, SMALL_SASREC, planted_catalogue
 
+from peft_grounded.evaluation.peers import peer_records, peer_results
 from peft_grounded.evaluation.reports import EvalSettings, popularity_users
-from peft_grounded.peers.base import peer_records, peer_results
-from peft_grounded.peers.sasrec import (
+from peft_grounded.sids.catalogue import Catalogue, Item
+from peft_grounded.sids.sasrec import (
     SASRecConfig,
     SASRecModel,
     SASRecRecommender,
@@ -19,7 +20,6 @@ from peft_grounded.peers.sasrec import (
     fit_sasrec,
     training_windows,
 )
-from peft_grounded.sids.catalogue import Catalogue, Item
 
 
 @pytest.fixture(scope="module")

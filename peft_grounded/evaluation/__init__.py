@@ -20,9 +20,10 @@ _LAZY = {  # module: the names it exports
     ),
     "reports": (
         "POPULARITY_LABEL evaluate_popularity popularity_users comparison_table evaluate_predictions "
-        "evaluate_split markdown_table write_json write_markdown write_text_atomic bootstrap_interval "
-        "compare_users intervals_table paired_intervals user_values"
+        "evaluate_split markdown_table write_json write_markdown write_text_atomic compare_users "
+        "intervals_table paired_intervals user_values"
     ),
+    ".intervals": "bootstrap_interval",
     ".decoding.trie": "item_token_ids",
 }
 

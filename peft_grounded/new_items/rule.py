@@ -181,7 +181,7 @@ class NewItemRule:
         items (:meth:`SemanticMixture.text_beams`). Text wins only where its Recall@``k`` of the logged next
         items is higher with a paired 95% bootstrap interval above 0; the model stays otherwise. Sets
         :attr:`beams` and returns (and records in :attr:`fitted_on`) both recalls and the interval."""
-        from ..evaluation.reports import bootstrap_interval
+        from ..intervals import bootstrap_interval
 
         histories = [list(h) for h in histories]
         if not histories or len(histories) != len(targets) or len(model_beams.items) != len(histories):

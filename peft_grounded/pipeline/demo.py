@@ -381,7 +381,7 @@ def _side_by_side(spec: Preset, records: dict[str, list[dict]], experiment, sett
     seed = spec.seeds[0]
     sasrec = None
     if "sasrec" in spec.peers:
-        from ..peers.sasrec import SASRecConfig
+        from ..sids.sasrec import SASRecConfig
 
         sasrec = SASRecConfig(**{"seed": seed, **spec.sasrec})
     found = run_peers(

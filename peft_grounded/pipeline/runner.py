@@ -100,7 +100,7 @@ def run_strategy(
     started = time.perf_counter()
     torch.manual_seed(budget.seed)
     if spec.adapter == "peft":
-        from ..peers.base import peft_default_model
+        from ..sids.model import peft_default_model
 
         tokenizer, model = peft_default_model(
             experiment.model_path, experiment.index, budget.lora, dtype=budget.dtype

@@ -3,7 +3,7 @@
 Every row is scored on the users :func:`~peft_grounded.evaluation.reports` samples with the same
 :class:`~peft_grounded.evaluation.EvalSettings` (test part: all users, and the users whose target is a cold
 item), so differences are paired per user. Rows carry their training minutes and threads. The peers are
-what a shop could run without this package (:mod:`peft_grounded.peers`): the most-popular ranking, text KNN
+what a shop could run without this package (:mod:`peft_grounded.evaluation.peers`): the most-popular ranking, text KNN
 over the SID index's own item vectors (last item; recency-weighted profile) and SASRec; the LLM rows are the
 experiment runner's strategies (``peft_default`` is PEFT's own path, no package code in its rows).
 
@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from ..evaluation import POPULARITY_LABEL, compare_users, intervals_table
-from ..evaluation.reports import EvalSettings, bootstrap_interval, popularity_users, user_value
+from ..evaluation.reports import EvalSettings, popularity_users, user_value
+from ..intervals import bootstrap_interval
 from ..training import runs
 
 PEERS = ("popularity", "knn_last", "knn_recency", "sasrec")
@@ -56,8 +57,8 @@ def run_peers(
 ) -> dict[str, dict[str, Any]]:
     """``{peer: {"records", "minutes", "threads", ...}}`` on the test users of ``settings``; each peer's
     result is written to ``<output_dir>/<peer>.json`` and read back on a later call with the same settings.
-    ``sasrec``: a :class:`~peft_grounded.peers.sasrec.SASRecConfig` (default settings when None)."""
-    from ..peers import TextKNN, peer_records
+    ``sasrec``: a :class:`~peft_grounded.sids.sasrec.SASRecConfig` (default settings when None)."""
+    from ..evaluation.peers import TextKNN, peer_records
 
     unknown = set(peers) - set(PEERS)
     if unknown:
@@ -85,7 +86,7 @@ def run_peers(
             fit_seconds = 0.0  # no training; encoding is the index's (cached)
             records = peer_records(knn, split, ("test",), settings)
         else:
-            from ..peers.sasrec import SASRecConfig, fit_sasrec
+            from ..sids.sasrec import SASRecConfig, fit_sasrec
 
             model = fit_sasrec(split, list(index.item_ids), sasrec or SASRecConfig())
             fit_seconds = float(getattr(model, "train_seconds", time.perf_counter() - start))

@@ -173,7 +173,7 @@ def item_vectors(
     text = np.asarray(text, np.float32)
     if not config.uses_behaviour:
         return text, None, {}
-    from ..peers.sasrec import SASRecConfig, fit_sasrec
+    from .sasrec import SASRecConfig, fit_sasrec
 
     sasrec = fit_sasrec(split, item_ids, SASRecConfig(max_minutes=config.behaviour_minutes, seed=seed))
     embedding = sasrec.model.item_embedding.weight[1:].detach().float().numpy()

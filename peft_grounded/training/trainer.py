@@ -277,7 +277,7 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
 
         PEFT's own trainable tokens on a tied head wrap ``lm_head`` in a ``TrainableTokensWrapper``, which
         TRL 1.16's fused head cannot read (it has no ``bias``: ``AttributeError``): such a model (the
-        baseline of :mod:`peft_grounded.peers.base`) takes the model's own loss, the same masked
+        baseline of :mod:`peft_grounded.evaluation.peers`) takes the model's own loss, the same masked
         next-token NLL through the full head."""
         labels = inputs.get("labels")
         if labels is not None and model.training:

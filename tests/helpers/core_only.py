@@ -11,7 +11,7 @@ import sys
 import tempfile
 
 EXTRAS = ("matplotlib", "gguf", "sentence_transformers", "scipy")
-HARNESS = ("peft_grounded.pipeline", "peft_grounded.diagnostics", "peft_grounded.peers")
+HARNESS = ("peft_grounded.pipeline", "peft_grounded.diagnostics", "peft_grounded.evaluation.peers")
 
 
 def main(argv: list[str]) -> None:

@@ -168,7 +168,7 @@ class TeacherTargets:
 
 
 def teacher_targets(teacher, rows: Sequence[Row], index, tokenizer, top_k: int) -> TeacherTargets:
-    """``teacher``'s (a :class:`~peft_grounded.peers.sasrec.SASRecRecommender`) soft targets for ``rows``:
+    """``teacher``'s (a :class:`~peft_grounded.sids.sasrec.SASRecRecommender`) soft targets for ``rows``:
     each target read after at most ``max_length`` items, the distributions summed onto ``index``'s trie."""
     teacher_index = {item: i + 1 for i, item in enumerate(teacher.item_ids)}
     missing = sorted({i for row in rows for i in row.items if i not in teacher_index})
@@ -263,7 +263,7 @@ def add_teacher_columns(dataset, targets: TeacherTargets, rows: Sequence[Row], i
 
 def fit_teacher(split, index, minutes: float, seed: int):
     """SASRec on ``split``'s training histories over ``index``'s items (validation picks its epoch)."""
-    from ...peers.sasrec import SASRecConfig, fit_sasrec
+    from ...sids.sasrec import SASRecConfig, fit_sasrec
 
     unknown = sorted({i for u in split.users for i in (*u.history, u.valid) if i not in index})
     if unknown:
@@ -332,7 +332,7 @@ def _load_targets(folder: Path, record: dict | None, key: str) -> TeacherTargets
 
 
 def _load_teacher(folder: Path, record: dict | None, key: str):
-    from ...peers.sasrec import SASRecRecommender
+    from ...sids.sasrec import SASRecRecommender
 
     if record is None or record.get("teacher_key") != key:
         return None

@@ -36,7 +36,7 @@ class RecommendationTrainer(RunTrainer):
     stage = "recommendation"
 
     def __init__(self, model, args: RecommendationConfig | None = None, **kwargs) -> None:
-        from ...peers.base import is_peft_default
+        from ...sids.model import is_peft_default
 
         grounded = isinstance(model, PeftModel) and isinstance(
             model.peft_config.get(model.active_adapter), GroundedTokenConfig
@@ -45,7 +45,7 @@ class RecommendationTrainer(RunTrainer):
             raise ValueError(
                 "RecommendationTrainer trains a grounded-token adapter: wrap the model with GroundedTokenConfig "
                 "(and stack a LoRA with peft_grounded.add_lora) first. (A PEFT LoraConfig with "
-                "trainable_token_indices, the baseline of peft_grounded.peers, is accepted too.)"
+                "trainable_token_indices, the baseline of peft_grounded.evaluation.peers, is accepted too.)"
             )
         args = args or RecommendationConfig(output_dir="recommendation")
         if not grounded:

@@ -7,9 +7,10 @@ first) the ``k`` item ids it would show, best first. :func:`peer_records` scores
 ``target``, ``all``, ``cold``, 0-based ``rank`` or ``None``), so that peers and LLM strategies go into one
 table with paired bootstrap intervals (:func:`~peft_grounded.evaluation.compare_users`).
 
-Two peers follow: :class:`TextKNN` (cosine neighbours in the SID index's own item-vector space, no training)
-and PEFT's own default path (``resize_token_embeddings`` + ``trainable_token_indices``), run by the
-experiment runner as strategy ``peft_default``.
+:class:`TextKNN` (cosine neighbours in the SID index's own item-vector space, no training) follows; SASRec is
+:mod:`peft_grounded.sids.sasrec`, and PEFT's own default path
+(:func:`~peft_grounded.sids.model.peft_default_model`) is run by the experiment runner as strategy
+``peft_default``.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
-import torch
 
-from ..evaluation.metrics import rank_metrics, target_rank
-from ..evaluation.reports import EvalSettings, Results, sampled_users, user_records
+from ..sids.sasrec import exclude_seen
+from .metrics import rank_metrics, target_rank
+from .reports import EvalSettings, Results, sampled_users, user_records
 
 
 @runtime_checkable
@@ -79,14 +80,6 @@ def peer_results(records: dict[str, list[dict[str, Any]]], settings: EvalSetting
         part: {s: rank_metrics([r["rank"] for r in rows if r[s]], settings.ks) for s in subsets}
         for part, rows in records.items()
     }
-
-
-def exclude_seen(scores: Any, histories: Sequence[Sequence[int]]) -> Any:
-    """Set the scores of each row's history items (row indices into the item axis) to ``-inf`` in place."""
-    for row, seen in enumerate(histories):
-        if len(seen):
-            scores[row, list(seen)] = float("-inf")
-    return scores
 
 
 # Text KNN: rank every item by the cosine between its text vector and the user's, no training.
@@ -204,41 +197,3 @@ class TextKNN:
 # transformers' ``mean_resizing`` starts every new row at a draw from N(mean, 1e-9 * cov) of the old rows,
 # which is the vocabulary mean in practice (the GTI paper's baseline); PEFT's trainable tokens then train a
 # delta on those rows (tied heads follow the input rows) next to the LoRA.
-
-PEFT_DEFAULT = "peft_default"  # the strategy name of this path in the experiment runner
-
-
-def peft_default_model(
-    model_path: str,
-    index: Any,
-    lora: dict[str, Any],
-    *,
-    dtype: torch.dtype = torch.float32,
-):
-    """``(tokenizer, PeftModel)``: ``index``'s tokens added the plain way, rows mean-resized, and a PEFT
-    ``LoraConfig`` (``lora``: its arguments) whose ``trainable_token_indices`` are the new tokens."""
-    from peft import LoraConfig, get_peft_model
-
-    from ..sids.model import load_base
-
-    tokenizer, base = load_base(model_path, dtype)
-    tokens = list(index.token_strings)
-    tokenizer.add_tokens(tokens, special_tokens=False)
-    base.resize_token_embeddings(len(tokenizer), mean_resizing=True)
-    ids = tokenizer.convert_tokens_to_ids(tokens)
-    if len(set(ids)) != len(tokens) or tokenizer.unk_token_id in ids:
-        raise ValueError("some SID tokens did not become single new tokens of the tokenizer")
-    config = LoraConfig(
-        task_type="CAUSAL_LM",
-        trainable_token_indices={"embed_tokens": ids},
-        **lora,
-    )
-    return tokenizer, get_peft_model(base, config)
-
-
-def is_peft_default(model: Any) -> bool:
-    """Whether ``model`` is a PEFT LoRA model training new tokens through ``trainable_token_indices``."""
-    from peft import LoraConfig
-
-    config = getattr(model, "peft_config", {}).get(getattr(model, "active_adapter", None))
-    return isinstance(config, LoraConfig) and bool(config.trainable_token_indices)

@@ -12,7 +12,7 @@
   the best epoch's weights are kept; training stops after ``patience`` epochs without a gain, at
   ``max_epochs`` or when ``max_minutes`` have passed.
 
-:func:`fit_sasrec` trains and returns a :class:`SASRecRecommender` (the :class:`~.base.Recommender`
+:func:`fit_sasrec` trains and returns a :class:`SASRecRecommender` (the :class:`~peft_grounded.evaluation.peers.Recommender`
 protocol); :meth:`SASRecRecommender.save` / :meth:`SASRecRecommender.load` use safetensors and a JSON file.
 """
 
@@ -37,7 +37,6 @@ from safetensors.torch import save as save_tensors
 from torch import nn
 
 from .._io import atomic_write, atomic_write_text
-from .base import exclude_seen
 
 FORMAT = "peft_grounded.sasrec"
 CONFIG_FILE, WEIGHTS_FILE = "sasrec.json", "sasrec.safetensors"
@@ -228,7 +227,7 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
 
 
 class SASRecRecommender:
-    """A trained SASRec as a :class:`~.base.Recommender`, with its training record.
+    """A trained SASRec as a :class:`~peft_grounded.evaluation.peers.Recommender`, with its training record.
 
     ``train_seconds`` (training and per-epoch validation), ``threads`` (torch threads used), ``best_epoch``
     (1-based, the one whose weights are kept) and ``history`` (per epoch: ``epoch``, ``seconds`` since the
@@ -462,3 +461,11 @@ def fit_sasrec(split: Any, item_ids: Sequence[str], config: SASRecConfig | None 
         model.eval()
         recommender.train_seconds = time.perf_counter() - start
     return recommender
+
+
+def exclude_seen(scores: Any, histories: Sequence[Sequence[int]]) -> Any:
+    """Set the scores of each row's history items (row indices into the item axis) to ``-inf`` in place."""
+    for row, seen in enumerate(histories):
+        if len(seen):
+            scores[row, list(seen)] = float("-inf")
+    return scores
