@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import build_tiny_model
@@ -79,23 +80,28 @@ def test_recommend_from_a_folder_matches_the_decoder_on_the_peft_model(world, re
             )
 
 
-def test_a_recommender_reads_its_adapter_config_once(world):
-    """Loading reads ``adapter_config.json`` once (it read it nine times before issue 41): the config read
-    for the checks is the one PEFT loads with. Counted in a fresh process by an audit hook on ``open``."""
+def test_a_recommender_reads_each_of_its_files_once(world):
+    """Loading reads each file of the adapter's folder once (``adapter_config.json`` was read nine times before
+    issue 41, ``sid_record.json`` twice): what the checks read is what PEFT and the model get. Counted in a
+    fresh process by an audit hook on ``open``."""
+    folder = str(world["root"] / "grown")
     code = (
-        "import sys\n"
+        "import collections, json, sys\n"
         "opened = []\n"
         "sys.addaudithook(lambda event, args: opened.append(str(args[0])) if event == 'open' else None)\n"
         "from peft_grounded import GroundedRecommender\n"
         "for merge in (True, False):\n"
         "    opened.clear()\n"
-        f"    GroundedRecommender.from_pretrained({str(world['root'] / 'grown')!r}, merge=merge)\n"
-        "    print(sum(path.endswith('adapter_config.json') for path in opened))\n"
+        f"    GroundedRecommender.from_pretrained({folder!r}, merge=merge)\n"
+        f"    print(json.dumps(collections.Counter(p for p in opened if p.startswith({folder!r}))))\n"
     )
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["1", "1"]
+    for line in proc.stdout.splitlines():
+        counts = {Path(path).relative_to(folder).as_posix(): n for path, n in json.loads(line).items()}
+        assert {"adapter_config.json", "sid_record.json"} <= set(counts), counts
+        assert all(n == 1 for n in counts.values()), counts
 
 
 def _trie(tokenizer, world):

@@ -71,10 +71,12 @@ def attach_grounded(
     *,
     adapter_name: str = "default",
     is_trainable: bool = False,
+    record: dict | None = None,
 ) -> PeftModel:
     """:func:`load_grounded` of a local ``folder`` whose config was already read
     (:func:`~.repo.load_grounded_config`): its weights checked, the base and tokenizer made ready, and the
-    adapter loaded with that config (PEFT reads no config file again)."""
+    adapter loaded with that config (PEFT reads no config file again) and its SID record (``record``, when
+    already read; else read here)."""
     from peft import PeftModel
 
     check_weights(Path(folder) / ADAPTER_WEIGHTS)
@@ -84,7 +86,7 @@ def attach_grounded(
     model = PeftModel.from_pretrained(
         base_model, str(folder), adapter_name=adapter_name, is_trainable=is_trainable, config=config
     )
-    load_sid_record(model, folder, adapter_name)
+    load_sid_record(model, folder, adapter_name, record=record)
     return model
 
 

@@ -125,7 +125,7 @@ def load_adapter_parts(
 ) -> tuple[Any, Any, Any, Any, Any]:
     """``(model, tokenizer, index, prompt format, rows)``: the rows each step normalises over are read from
     the adapter before a merge folds it away (``False``: the whole vocabulary). ``adapter_config.json`` is
-    read once, here, and its config passed to every check and to PEFT."""
+    read once, here, and its config passed to every check and to PEFT; so is the SID record."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..decoding.heads import sid_rows
@@ -134,7 +134,8 @@ def load_adapter_parts(
     from ..sids.model import FINGERPRINT_KEY, check_model_dir, prompt_format_of, read_sid_record
 
     config = load_grounded_config(folder, where)
-    recorded = read_sid_record(folder).get(FINGERPRINT_KEY)
+    record = read_sid_record(folder)
+    recorded = record.get(FINGERPRINT_KEY)
     index = index_for(sid_index, folder, where, recorded)
     index.check_adapter(config, where=f"the adapter in the {where}", recorded=recorded)
     base = model_path or base_path_for(config, folder)
@@ -142,7 +143,7 @@ def load_adapter_parts(
         base = check_model_dir(base, "model_name_or_path")
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, use_safetensors=True)
-    model = attach_grounded(model, tokenizer, folder, config, where)
+    model = attach_grounded(model, tokenizer, folder, config, where, record=record)
     fmt = prompt_format_of(model)
     rows = sid_rows(model, sid_softmax)
     if merge:

@@ -93,7 +93,7 @@ def sid_model(
                 f"it was trained on with --model_name_or_path (its config records "
                 f"{saved.config.get('base_model_name_or_path')!r}), or restore the adapter's files if that is it"
             ) from None
-        load_sid_record(model, adapter)
+        load_sid_record(model, adapter, record=record)
         return tokenizer, model
     vectors = None
     if init == "centroid":
@@ -204,11 +204,14 @@ def read_sid_record(directory: str | Path) -> dict[str, Any]:
     return record
 
 
-def load_sid_record(model, directory: str | Path, adapter_name: str | None = None) -> None:
-    """Attach the record saved in ``directory`` to ``model``'s adapter (replacing what it had). A folder without
-    one is remembered, so that decoding says which normalisation it assumed (:func:`sid_softmax_of`)."""
+def load_sid_record(
+    model, directory: str | Path, adapter_name: str | None = None, record: dict[str, Any] | None = None
+) -> None:
+    """Attach the record saved in ``directory`` to ``model``'s adapter (replacing what it had); ``record``: the
+    one :func:`read_sid_record` already read from there (None: read it now). A folder without one is
+    remembered, so that decoding says which normalisation it assumed (:func:`sid_softmax_of`)."""
     name = adapter_name or model.active_adapter
-    _records(model)[name] = read_sid_record(directory)
+    _records(model)[name] = dict(read_sid_record(directory) if record is None else record)
     missing = vars(model).setdefault("sid_records_missing", {})
     if (Path(directory) / SID_RECORD).is_file():
         missing.pop(name, None)
