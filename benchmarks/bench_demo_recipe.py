@@ -82,9 +82,13 @@ class Settings:
     grounding_lr: float | None = field(default=None, metadata={"help": "grounding's learning rate"})
     sft_lr: float | None = field(default=None, metadata={"help": "SFT's learning rate"})
     users: int | None = field(default=None, metadata={"help": "test users evaluated (0: all)"})
-    exclude_history: bool = field(
-        default=False,
-        metadata={"help": "leave the user's history items out of the LLM's lists (as the peers do)"},
+    exclude_history: bool | None = field(
+        default=None,
+        metadata={
+            "help": "the LLM's lists without the user's history items, as the peers' (--no-exclude-history: kept; "
+            "None: the preset's)",
+            "action": OnOff,
+        },
     )
     eval_parts: list[str] | None = field(
         default=None, metadata={"help": "parts decoded", "choices": ("valid", "test")}
@@ -168,8 +172,8 @@ def preset(args: Settings, vectors: ItemVectorsConfig | None = None):
     if args.lora_dropout is not None:
         lora = lora | {"lora_dropout": args.lora_dropout}
     evaluation = old.evaluation if args.users is None else replace(old.evaluation, users=args.users or None)
-    if args.exclude_history:
-        evaluation = replace(evaluation, exclude_history=True)
+    if args.exclude_history is not None:
+        evaluation = replace(evaluation, exclude_history=args.exclude_history)
     budget = replace(
         old,
         grounding=_stage(old.grounding, args.grounding_steps, args.grounding_minutes, args.grounding_lr),

@@ -80,12 +80,12 @@ def test_demo_recipe_flags_change_only_what_they_name():
     assert spec.budget.grounding == default.budget.grounding and spec.layers == default.layers
     none = bench_demo_recipe.preset(*bench_demo_recipe.parse_args(["--out", "x", "--peers"]))
     assert none.peers == ()
-    curves = ["--out", "x", "--exclude-history", "--eval-every", "700", "--curve-users", "200"]
+    curves = ["--out", "x", "--no-exclude-history", "--eval-every", "700", "--curve-users", "200"]
     spec = bench_demo_recipe.preset(*bench_demo_recipe.parse_args(curves))
-    assert spec.budget.evaluation == replace(default.budget.evaluation, exclude_history=True)
+    assert spec.budget.evaluation == replace(default.budget.evaluation, exclude_history=False)
     assert (spec.budget.eval_every, spec.budget.curve_users) == (700, 200)
     assert spec.budget.curve_every == default.budget.curve_every
-    assert not default.budget.evaluation.exclude_history and default.budget.eval_every == 0
+    assert default.budget.evaluation.exclude_history and default.budget.eval_every == 0  # as recommend serves
     kept = bench_demo_recipe.preset(*bench_demo_recipe.parse_args([*curves, "--keep-best"]))
     assert kept.budget.keep_best and not spec.budget.keep_best and not default.budget.keep_best
     with pytest.raises(ValueError, match="keep_best needs validation points"):  # before any work

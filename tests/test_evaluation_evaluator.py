@@ -44,7 +44,9 @@ def setup(tokenizer, tiny_model_factory):
 def test_one_pass_equals_the_separate_computations(setup):
     model, tokenizer, catalogue, index, split = setup
     fmt = PromptFormat(max_history=4)
-    settings = EvalSettings(ks=KS, users=8, num_beams=6, decode_batch_size=3, cold_max_count=1)
+    settings = EvalSettings(
+        ks=KS, users=8, num_beams=6, decode_batch_size=3, cold_max_count=1, exclude_history=False
+    )
     args = (model, tokenizer, split, index, catalogue, fmt, ("valid", "test"), settings)
     ev = evaluate_plain(*args)
     assert ev.metrics == evaluate_plain(*args, likelihood=False).metrics

@@ -128,10 +128,11 @@ class EvalSettings:
     cold: bool = field(default=True, metadata={"help": "Also score the users whose target is a cold item."})
     bf16: bool = field(default=False, metadata={"help": "bf16 base and decoding (bf16 autocast)."})
     exclude_history: bool = field(
-        default=False,
+        default=True,
         metadata={
-            "help": "Leave the user's own history items out of the ranked list, as the peers do and recommend "
-            "does (inside the beam search). A new-item rule stored with the adapter always leaves them out."
+            "help": "Leave the user's own history items out of the ranked list (inside the beam search), as "
+            "recommend serves it and the peers rank; --no_exclude_history keeps them (a new-item rule stored "
+            "with the adapter always leaves them out)."
         },
     )
 

@@ -418,7 +418,7 @@ def _history_protocol(excluded: bool) -> str:
     return (
         " The peers leave the user's own history items out of their lists; the LLM rows keep them "
         "(`exclude_history` off), which costs them every hit a history item displaces where users never "
-        "take an item twice (ML-100K); `peft-grounded evaluate --exclude-history` scores an adapter as the peers are."
+        "take an item twice (ML-100K)."
     )
 
 
