@@ -25,7 +25,7 @@ from peft_grounded import assets
 from peft_grounded.adapter import add_lora
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.sids import load_catalogue
-from peft_grounded.sids.model import sid_model
+from peft_grounded.sids.model import RowStart, sid_model
 from peft_grounded.training.sft import training_dataset
 from peft_grounded.training.sft.trainer import shallow_base
 from peft_grounded.training.steps import compact_head
@@ -56,7 +56,7 @@ def main(argv=None) -> None:
     index = index_for(catalogue, args.output / "sids")
     base = str(shallow_base(assets.smollm2(), 8, args.output / "base-8"))
     dtype = torch.bfloat16 if bf16 else torch.float32
-    tokenizer, model = sid_model(base, index, init="centroid", init_scale=0.1, dtype=dtype)
+    tokenizer, model = sid_model(base, index, start=RowStart(init="centroid", init_scale=0.1), dtype=dtype)
     add_lora(model, r=8, lora_alpha=16, target_modules="all-linear")
     for param in model.parameters():
         if param.requires_grad:

@@ -37,7 +37,7 @@ from peft_grounded.evaluation import item_token_ids
 from peft_grounded.prompts import PromptFormat, inference_prompts
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
-from peft_grounded.sids.model import sid_model
+from peft_grounded.sids.model import RowStart, sid_model
 
 try:
     from benchmarks._args import Precision, parse
@@ -87,7 +87,7 @@ def main(argv=None) -> None:
             text_template=["title", "brand", "categories", "release_year", "description"],
         )
     dtype = torch.float32 if args.fp32 else torch.bfloat16
-    tokenizer, model = sid_model(str(assets.smollm2()), index, init="centroid", dtype=dtype)
+    tokenizer, model = sid_model(str(assets.smollm2()), index, start=RowStart(init="centroid"), dtype=dtype)
     add_lora(model, r=8, lora_alpha=16)
     model.eval()
     split = catalogue.leave_one_out()
@@ -134,7 +134,9 @@ def main(argv=None) -> None:
             values[engine] = recs.scores
     reference = None
     if args.fp32_reference and not args.fp32:  # how far each bf16 engine's lists are from exact arithmetic
-        _, exact = sid_model(str(assets.smollm2()), index, init="centroid", dtype=torch.float32)
+        _, exact = sid_model(
+            str(assets.smollm2()), index, start=RowStart(init="centroid"), dtype=torch.float32
+        )
         add_lora(exact, r=8, lora_alpha=16)  # B = 0: the same function as the bf16 model, in fp32
         exact.eval()
         reference = recommend(exact, tokenizer, prompts, trie, k=20, num_beams=args.beams).items

@@ -47,7 +47,7 @@ from peft_grounded.prompts import inference_prompts
 from peft_grounded.serving import GroundedRecommender
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
-from peft_grounded.sids.model import sid_model
+from peft_grounded.sids.model import RowStart, sid_model
 from peft_grounded.training.sft.trainer import record_sid_softmax, shallow_base
 
 try:
@@ -98,7 +98,7 @@ def adapter_for(base: Path, index: SIDIndex, folder: Path, sid_softmax: bool) ->
     """The recipe's adapter: centroid rows, a LoRA (r 8), trained under the SID-only softmax (``sft``'s
     default) unless ``--full-vocabulary``; the speed does not depend on the weights' values."""
     if not (folder / "adapter_config.json").is_file():
-        _, model = sid_model(str(base), index, init="centroid")
+        _, model = sid_model(str(base), index, start=RowStart(init="centroid"))
         add_lora(model, r=8, lora_alpha=16)
         record_sid_softmax(model, sid_softmax)
         model.save_pretrained(folder)

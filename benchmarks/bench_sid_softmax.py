@@ -34,7 +34,7 @@ from peft_grounded.adapter import add_lora
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
-from peft_grounded.sids.model import sid_model
+from peft_grounded.sids.model import RowStart, sid_model
 from peft_grounded.training.sft import training_dataset
 from peft_grounded.training.sft.trainer import shallow_base
 from peft_grounded.training.steps import compact_head, count_targets
@@ -90,7 +90,7 @@ def one_batch(rows, pad_id: int) -> dict[str, torch.Tensor]:
 def measure(base: str, catalogue, index, args, bf16: bool) -> dict:
     from trl.trainer.utils import add_fused_lm_head
 
-    tokenizer, model = sid_model(base, index, init="centroid", dtype=torch.float32)
+    tokenizer, model = sid_model(base, index, start=RowStart(init="centroid"), dtype=torch.float32)
     add_lora(model, r=8, lora_alpha=16, target_modules="all-linear")
     add_fused_lm_head(model.get_base_model(), outputs=("log_probs", "entropy", "is_top1"))
     model.train()

@@ -63,7 +63,7 @@ def main(argv=None) -> None:
     from peft_grounded.pipeline.demo import PRESETS
     from peft_grounded.pipeline.runner import _evaluate
     from peft_grounded.sids import SIDIndex, load_catalogue
-    from peft_grounded.sids.model import sid_model
+    from peft_grounded.sids.model import RowStart, sid_model
 
     args = parse_args(argv)
     base, index = base_of(args), SIDIndex.load(args.demo_dir / "sids")
@@ -76,7 +76,9 @@ def main(argv=None) -> None:
     print("|---|---:|---:|---:|---:|")
     for start, scale in runs:
         torch.manual_seed(args.seed)
-        tokenizer, model = sid_model(base, index, init=start, init_scale=scale, fmt=fmt, seed=args.seed)
+        tokenizer, model = sid_model(
+            base, index, start=RowStart(init=start, init_scale=scale), fmt=fmt, seed=args.seed
+        )
         rows = model.get_input_embeddings().grounded_embedding["default"]
         norm = float(rows.detach().norm(dim=1).mean())
         trie = SIDTrie(item_token_ids(tokenizer, index))

@@ -39,7 +39,7 @@ from peft_grounded.precision import choose_precision
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
-from peft_grounded.sids.model import sid_model
+from peft_grounded.sids.model import RowStart, sid_model
 from peft_grounded.training.sft import training_dataset
 from peft_grounded.training.sft.trainer import shallow_base
 from peft_grounded.training.steps import compact_head, float32_attention
@@ -142,7 +142,7 @@ def measure(base: str, catalogue, index, bf16: bool, args) -> dict:
     from trl.trainer.utils import add_fused_lm_head
 
     dtype = torch.bfloat16 if bf16 else torch.float32
-    tokenizer, model = sid_model(base, index, init="centroid", init_scale=0.1, dtype=dtype)
+    tokenizer, model = sid_model(base, index, start=RowStart(init="centroid", init_scale=0.1), dtype=dtype)
     add_lora(model, r=8, lora_alpha=16, target_modules="all-linear")
     for p in model.parameters():  # master weights of what trains stay float32, as the trainer keeps them
         if p.requires_grad:

@@ -14,7 +14,7 @@ from peft_grounded.evaluation import EvalSettings
 from peft_grounded.pipeline import Budget, Experiment, run_strategy
 from peft_grounded.pipeline.runner import BlockLearningRate, decoder_blocks, unfreeze_blocks
 from peft_grounded.prompts import PromptFormat
-from peft_grounded.sids.model import sid_model
+from peft_grounded.sids.model import RowStart, sid_model
 from peft_grounded.training.runs import RunMismatchError
 from peft_grounded.training.sft import RecommendationConfig
 from peft_grounded.training.sft.trainer import train_recommender
@@ -45,7 +45,7 @@ def test_blocks_train_at_their_own_rate_and_nothing_else_moves(
     tiny_model_factory(arch, tied).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     fmt = PromptFormat(objective="sequence", max_history=4)
-    tokenizer, model = sid_model(model_dir, index, init="centroid", fmt=fmt)
+    tokenizer, model = sid_model(model_dir, index, start=RowStart(init="centroid"), fmt=fmt)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     blocks = unfreeze_blocks(model)
     assert blocks and all(p.requires_grad for p in decoder_blocks(model).parameters())

@@ -13,8 +13,9 @@ import pytest
 from helpers.toy_catalogue import toy_catalogue, toy_index
 
 from peft_grounded.cli import COMMANDS, command, ground, main, sft
-from peft_grounded.cli.common import ModelArguments, SFTArguments
+from peft_grounded.cli.common import DataArguments, SFTArguments
 from peft_grounded.cli.model_config import GroundedModelConfig, LoraModelConfig
+from peft_grounded.sids.model import RowStart
 from peft_grounded.training.config import GroundingConfig
 from peft_grounded.training.sft import RecommendationConfig
 
@@ -34,7 +35,8 @@ SFT_FLAGS = [
 
 def _python_sft():
     return (
-        ModelArguments(sid_index="sids", init="centroid"),
+        DataArguments(sid_index="sids"),
+        RowStart(init="centroid"),
         SFTArguments(objective="sequence"),
         LoraModelConfig(model_name_or_path="base", lora_r=4),
         RecommendationConfig(
@@ -59,11 +61,12 @@ def test_one_settings_object_from_python_cli_and_yaml(tmp_path):
     lines = [f"{k.removeprefix('--')}: {v}" for k, v in keys.items() if k != "--bf16"]
     yaml_file.write_text("\n".join([*lines, "bf16: true", "max_length: 128"]) + "\n")
     from_yaml = sft.parse(["--config", str(yaml_file)])
-    assert [type(s) for s in cli] == [ModelArguments, SFTArguments, LoraModelConfig, RecommendationConfig]
+    types = [DataArguments, RowStart, SFTArguments, LoraModelConfig, RecommendationConfig]
+    assert [type(s) for s in cli] == types
     assert _as_dict(python) == _as_dict(cli) == _as_dict(from_yaml)
     # the command line overrides the file
     overridden = sft.parse(["--config", str(yaml_file), "--learning_rate", "0.5"])
-    assert overridden[3].learning_rate == 0.5 and overridden[3].max_steps == 30
+    assert overridden[4].learning_rate == 0.5 and overridden[4].max_steps == 30
 
 
 def test_every_sft_and_model_config_field_is_a_flag_in_both_spellings():
@@ -87,10 +90,10 @@ def test_every_sft_and_model_config_field_is_a_flag_in_both_spellings():
         "--lora_r", "2", "--lora_target_modules", "q_proj", "v_proj", "--max_history", "4", "--with_titles",
     ]  # fmt: skip
     assert _as_dict(sft.parse(dashed)) == _as_dict(sft.parse(new))
-    _, _, base, config = sft.parse(dashed)
+    _, _, _, base, config = sft.parse(dashed)
     assert config.resume is True and base.dtype == "bfloat16" and base.torch_dtype().is_floating_point
     assert base.lora()["target_modules"] == ["q_proj", "v_proj"]  # commas or spaces (ModelConfig's)
-    assert sft.parse(["--sid-index", "s"])[2].lora()["target_modules"] == "all-linear"
+    assert sft.parse(["--sid-index", "s"])[3].lora()["target_modules"] == "all-linear"
 
 
 @pytest.mark.parametrize(
@@ -107,12 +110,12 @@ def test_no_flag_but_a_fields_own_name_is_taken(flags):
 
 def test_stage_defaults_are_the_configs_own():
     """No second set of defaults in the command line: a bare command gives the dataclasses' defaults."""
-    model, base, config = ground.parse(["--sid-index", "s", "--output_dir", "o"])
+    data, start, base, config = ground.parse(["--sid-index", "s", "--output_dir", "o"])
     assert _as_dict([config]) == _as_dict([GroundingConfig(output_dir="o")])
     assert config.max_steps == 200 and config.learning_rate == 1e-3
     assert RecommendationConfig(output_dir="o").max_steps == 400
     assert GroundingConfig(output_dir="o", max_minutes=2).max_steps == -1  # time alone
-    assert model == ModelArguments(sid_index="s") and base == GroundedModelConfig()
+    assert data == DataArguments(sid_index="s") and start == RowStart() and base == GroundedModelConfig()
 
 
 def test_bad_settings_fail_at_parse_time():
@@ -131,12 +134,41 @@ def test_bad_settings_fail_at_parse_time():
     for stage in (sft, ground):
         with pytest.raises(ValueError, match=r"init_scale must be a finite number > 0.*--init_scale"):
             stage.parse(["--sid-index", "s", "--init", "centroid", "--init-scale", "0"])
-    settings = sft.parse(["--sid-index", "s", "--init", "centroid", "--init_scale", "0.1"])
-    model_args, base = (
-        next(s for s in settings if type(s).__name__ == n) for n in ("ModelArguments", "LoraModelConfig")
-    )
-    start = model_args.start(base, "unused: no --layers, nothing is written")
-    assert start["init_scale"] == 0.1 and start["model_path"] is None  # None: the packaged SmolLM2
+    with pytest.raises(ValueError, match=r"RowStart: init_scale must be a finite number > 0.*--init_scale"):
+        RowStart(init_scale=0)
+
+
+@pytest.mark.parametrize("stage", [sft, ground])
+def test_the_parsed_row_start_reaches_sid_model_as_it_is(stage, tmp_path, monkeypatch):
+    """One settings object from the flags to the model: the RowStart the command parsed is the one sid_model
+    gets (no repacking on the way down), beside the base and its dtype."""
+    import torch
+
+    import peft_grounded.cli.common as common
+    import peft_grounded.sids.model as sid_models
+
+    catalogue = toy_catalogue()
+    monkeypatch.setattr(common, "load_data", lambda *_: (catalogue, toy_index(catalogue)))
+    seen = {}
+
+    class Reached(Exception):
+        pass
+
+    def fake_sid_model(model_path, index, **kwargs):
+        seen.update(kwargs, model_path=model_path)
+        raise Reached
+
+    monkeypatch.setattr(sid_models, "sid_model", fake_sid_model)
+    base, out = str(tmp_path / "base"), str(tmp_path / "o")
+    flags = ["--sid-index", "s", "--init", "centroid", "--init_scale", "0.1", "--centroid_variant"]
+    flags += ["codebook", "--model_name_or_path", base, "--dtype", "bfloat16", "--output_dir", out]
+    settings = stage.parse(flags)
+    parsed = next(s for s in settings if isinstance(s, RowStart))
+    assert parsed == RowStart(init="centroid", centroid_variant="codebook", init_scale=0.1)
+    with pytest.raises(Reached):
+        stage.COMMAND.run(*settings)
+    assert seen["start"] is parsed and type(seen["start"]) is RowStart
+    assert (seen["model_path"], seen["dtype"]) == (base, torch.bfloat16)
 
 
 LIGHT = (
@@ -312,11 +344,11 @@ def test_the_cpu_recipe_sets_defaults_that_the_flags_given_and_config_override(t
     plain = {k: v for s in sft.parse(["--sid-index", "s"]) for k, v in vars(s).items()}
     assert plain["objective"] == "prompt" and plain["layers"] == 0 and plain["init"] == "mean"  # no recipe
     given = sft.parse(["--sid-index", "s", "--recipe=cpu", "--learning_rate", "1e-3", "--layers", "4"])
-    assert (given[3].learning_rate, given[2].layers, given[1].objective) == (1e-3, 4, "sequence")
+    assert (given[4].learning_rate, given[3].layers, given[2].objective) == (1e-3, 4, "sequence")
     path = tmp_path / "sft.yaml"
     path.write_text("sid_index: s\nrecipe: cpu\nlora_r: 4\n")
     from_yaml = sft.parse(["--config", str(path)])
-    assert (from_yaml[2].lora_r, from_yaml[2].layers, from_yaml[0].init) == (4, 8, "centroid")
+    assert (from_yaml[3].lora_r, from_yaml[3].layers, from_yaml[1].init) == (4, 8, "centroid")
     with pytest.raises(ValueError, match=r"--recipe 'gpu' is unknown; choose one of cpu"):
         sft.parse(["--sid-index", "s", "--recipe", "gpu"])
 

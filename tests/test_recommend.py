@@ -223,7 +223,7 @@ def test_a_budget_record_holds_each_part_and_changes_with_any_setting():
 
 
 def test_runner_starts_every_strategy_at_the_budgets_init_scale(toy, model_dir, tmp_path):
-    from peft_grounded.sids.model import sid_model
+    from peft_grounded.sids.model import RowStart, sid_model
 
     catalogue, index = toy
     budget = Budget.from_training(
@@ -242,7 +242,7 @@ def test_runner_starts_every_strategy_at_the_budgets_init_scale(toy, model_dir, 
     config = json.loads((tmp_path / "run" / "init" / "adapter" / "adapter_config.json").read_text())
     assert config["init_scale"] == 0.25 and config["init"] == "centroid"
     # the saved start is the plain centroid start pulled a quarter of the way out from the vocabulary mean
-    _, full = sid_model(model_dir, index, init="centroid")
+    _, full = sid_model(model_dir, index, start=RowStart(init="centroid"))
     from safetensors.torch import load_file
 
     saved = load_file(tmp_path / "run" / "init" / "adapter" / "adapter_model.safetensors")

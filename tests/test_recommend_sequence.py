@@ -239,20 +239,20 @@ def test_cli_objective_minutes_and_dtype():
     from peft_grounded.cli import ground, sft
     from peft_grounded.training.config import GroundingConfig
 
-    _, args, _, config = sft.parse(
+    _, _, args, _, config = sft.parse(
         ["--sid-index", "s", "--output_dir", "o", "--objective", "sequence", "--max_minutes", "15"]
     )
     assert args.prompt_format() == PromptFormat(objective="sequence", max_history=19)
     assert config.max_minutes == 15 and config.max_steps == -1  # the time alone ends the run
     assert isinstance(config, RecommendationConfig)
-    _, plain_args, _, plain = sft.parse(["--sid-index", "s", "--output_dir", "o"])
+    _, _, plain_args, _, plain = sft.parse(["--sid-index", "s", "--output_dir", "o"])
     assert plain_args.prompt_format() == PromptFormat() and plain.max_steps == 400
-    _, both_model, both = ground.parse(
+    _, _, both_model, both = ground.parse(
         ["--sid-index", "s", "--output_dir", "o", "--max_minutes", "2", "--max_steps", "50"]
     )
     assert both.max_steps == 50 and both_model.dtype == "float32"
     assert plain.lr_scheduler_type == "cosine"  # the default
-    _, _, linear = ground.parse(
+    _, _, _, linear = ground.parse(
         ["--sid-index", "s", "--output_dir", "o", "--max_steps", "50", "--lr_scheduler_type", "linear"]
     )
     assert isinstance(linear, GroundingConfig) and linear.lr_scheduler_type == "linear"
@@ -283,11 +283,11 @@ def test_a_timed_run_resumes_with_its_clock_and_counts(toy, model_dir, tmp_path)
 def test_compact_loss_equals_trls_head_on_sequence_rows(toy, model_dir, tmp_path):
     """The compact head (labelled positions only) gives TRL's loss on the sequence objective's masks."""
     from peft_grounded.adapter import add_lora
-    from peft_grounded.sids.model import sid_model
+    from peft_grounded.sids.model import RowStart, sid_model
     from peft_grounded.training.sft import RecommendationTrainer
 
     catalogue, index = toy
-    tokenizer, model = sid_model(model_dir, index, init="centroid", fmt=SEQ)
+    tokenizer, model = sid_model(model_dir, index, start=RowStart(init="centroid"), fmt=SEQ)
     add_lora(model, r=2, target_modules="all-linear")
     data = training_dataset(catalogue.leave_one_out(), index, catalogue, tokenizer, SEQ)
     trainers = [

@@ -26,11 +26,11 @@ def grown_folder(tmp_path_factory):
     from peft_grounded import assets
     from peft_grounded.growth import grow_adapter
     from peft_grounded.serving import NewItemRule
-    from peft_grounded.sids.model import sid_model
+    from peft_grounded.sids.model import RowStart, sid_model
 
     root = tmp_path_factory.mktemp("smollm2-serving")
     parent, child = grown_indices()
-    tokenizer, model = sid_model(str(assets.smollm2()), parent, init="centroid")
+    tokenizer, model = sid_model(str(assets.smollm2()), parent, start=RowStart(init="centroid"))
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():  # "trained": the rows moved off their start
         for p in model.parameters():
@@ -105,12 +105,12 @@ def test_served_recall_is_the_evaluated_recall_on_smollm2(tmp_path):
     from peft_grounded.evaluation import EvalSettings
     from peft_grounded.evaluation.evaluator import evaluate_adapter
     from peft_grounded.evaluation.metrics import target_rank
-    from peft_grounded.sids.model import sid_model
+    from peft_grounded.sids.model import RowStart, sid_model
     from peft_grounded.training.sft.trainer import record_sid_softmax
 
     catalogue = toy_catalogue()
     index = toy_index(catalogue)
-    _, model = sid_model(str(assets.smollm2()), index, init="centroid")
+    _, model = sid_model(str(assets.smollm2()), index, start=RowStart(init="centroid"))
     add_lora(model, r=4, target_modules=["q_proj", "v_proj"])
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():  # "trained": every trainable weight moved off its start

@@ -277,11 +277,11 @@ def test_copying_a_model_keeps_its_record(tokenizer, tiny_model_factory):
 
 def test_trls_loop_without_the_compact_head_takes_the_same_loss(toy, model_dir, tmp_path):
     """compact_loss=False (TRL's own fused head for the full softmax) still gets the SID-only loss."""
-    from peft_grounded.sids.model import sid_model
+    from peft_grounded.sids.model import RowStart, sid_model
     from peft_grounded.training.sft import RecommendationTrainer
 
     catalogue, index = toy
-    tokenizer, model = sid_model(model_dir, index, init="centroid", fmt=SEQ)
+    tokenizer, model = sid_model(model_dir, index, start=RowStart(init="centroid"), fmt=SEQ)
     add_lora(model, r=2, target_modules="all-linear")
     data = training_dataset(catalogue.leave_one_out(), index, catalogue, tokenizer, SEQ)
     trainers = {
@@ -303,12 +303,12 @@ def test_trls_loop_without_the_compact_head_takes_the_same_loss(toy, model_dir, 
 def test_the_default_applies_it_wherever_it_can(toy, model_dir, tmp_path):
     """sid_softmax_loss=None (the default): the SID-only softmax on a grounded adapter, the full head where it
     cannot apply (label smoothing); the trainer's args and the adapter's record say which runs."""
-    from peft_grounded.sids.model import sid_model
+    from peft_grounded.sids.model import RowStart, sid_model
     from peft_grounded.training.sft import RecommendationTrainer
 
     catalogue, index = toy
     assert RecommendationConfig(output_dir=str(tmp_path / "d")).sid_softmax_loss is None
-    tokenizer, model = sid_model(model_dir, index, init="centroid", fmt=SEQ)
+    tokenizer, model = sid_model(model_dir, index, start=RowStart(init="centroid"), fmt=SEQ)
     add_lora(model, r=2, target_modules="all-linear")
     data = training_dataset(catalogue.leave_one_out(), index, catalogue, tokenizer, SEQ)
     for name, extra in (("auto", {}), ("smooth", {"label_smoothing_factor": 0.1})):
@@ -330,11 +330,11 @@ def test_the_default_applies_it_wherever_it_can(toy, model_dir, tmp_path):
 def test_a_folder_without_its_record_decodes_the_whole_vocabulary_and_says_so(toy, model_dir, tmp_path):
     """PEFT's own save writes no SID record: such an adapter decodes over the whole vocabulary (what any other
     trainer taught it), with a warning naming the folder; the package's save keeps the record."""
-    from peft_grounded.sids.model import save_sid_record, sid_model
+    from peft_grounded.sids.model import RowStart, save_sid_record, sid_model
     from peft_grounded.training.sft.trainer import record_sid_softmax
 
     _, index = toy
-    _, model = sid_model(model_dir, index, init="centroid", fmt=SEQ)
+    _, model = sid_model(model_dir, index, start=RowStart(init="centroid"), fmt=SEQ)
     record_sid_softmax(model, True)
     model.save_pretrained(tmp_path / "peft")
     model.save_pretrained(tmp_path / "kept")

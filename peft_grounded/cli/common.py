@@ -7,8 +7,12 @@ its config (``GroundingConfig``, ``RecommendationConfig``: TRL's ``SFTConfig`` f
 stacked LoRA are TRL's ``ModelConfig`` fields (:class:`~.model_config.GroundedModelConfig`); what is neither
 lives here or beside its command:
 
-* :class:`ModelArguments`: the SID index and catalogue a stage trains on, and how the new rows start;
+* :class:`DataArguments`: the SID index and catalogue a stage trains on, and the example cap;
 * :class:`SFTArguments`: the recommendation stage's grounded start and prompt format.
+
+How the new rows start (``--init``, ``--centroid_variant``, ``--init_scale``) is
+:class:`peft_grounded.sids.model.RowStart`, a settings dataclass of ``ground`` and ``sft`` passed down as it is
+to the model it starts.
 
 A command is a :class:`Command`: its name, help, settings dataclasses and the function that runs on them.
 This module imports nothing heavy (TRL's parser is imported when a command parses; it loads without torch or
@@ -53,56 +57,21 @@ def csv_list(values: Sequence[str] | str | None) -> list[str]:
 
 
 @dataclass
-class ModelArguments:
-    """The SID index and catalogue a stage trains on, and how the new rows start."""
+class DataArguments:
+    """The SID index and catalogue a stage trains on, and how many of its examples."""
 
     sid_index: str = field(metadata={"help": "SID index directory (from `peft-grounded build-sids`)."})
     catalogue: str = field(
         default="movielens-100k",
         metadata={"help": "Catalogue path or 'movielens-100k' (the one the SID index was built from)."},
     )
-    init: Literal["mean", "gaussian", "random", "centroid"] = field(
-        default="mean", metadata={"help": "How the new rows start (a fresh adapter)."}
-    )
-    centroid_variant: Literal["items", "codebook"] = field(
-        default="items",
-        metadata={
-            "help": "init=centroid: the centroid of the items under a code, or the code's codebook vector."
-        },
-    )
-    init_scale: float = field(
-        default=1.0,
-        metadata={
-            "help": "Pull the started rows toward the vocabulary mean: mean + init_scale * (row - mean); below 1 a "
-            "centroid start keeps its geometry and starts nearer a uniform distribution over the SIDs."
-        },
-    )
     max_examples: int | None = field(
         default=None, metadata={"help": "A seeded sample of this many training examples; None: all."}
     )
 
-    def __post_init__(self) -> None:
-        from .. import checks
-
-        problem = checks.number_in("init_scale", self.init_scale, 0, low_open=True, flag="--init_scale")
-        checks.raise_problems("ModelArguments", [problem])
-
     def load(self) -> tuple[Any, Any]:
         """The (catalogue, SID index) named here."""
         return load_data(self.catalogue, self.sid_index)
-
-    def start(self, base: Any, output_dir: str) -> dict[str, Any]:
-        """The keywords every stage's training function takes for its base model (``base``: a
-        :class:`~.model_config.GroundedModelConfig`; a cut base is written under ``output_dir``) and the rows'
-        start."""
-        return {
-            "model_path": base.model_path(output_dir),
-            "init": self.init,
-            "centroid_variant": self.centroid_variant,
-            "init_scale": self.init_scale,
-            "max_examples": self.max_examples,
-            "dtype": base.torch_dtype(),
-        }
 
 
 @dataclass

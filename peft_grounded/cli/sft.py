@@ -1,35 +1,38 @@
 """``peft-grounded sft``: recommendation SFT (LoRA + the new rows) from the command line
 (:func:`peft_grounded.training.sft.train_recommender`).
 
-The flags are the fields of :class:`~.common.ModelArguments`, :class:`~.common.SFTArguments`,
-:class:`~.model_config.LoraModelConfig` (TRL's ``ModelConfig``: the base model and the LoRA) and
-:class:`~peft_grounded.training.sft.RecommendationConfig` (TRL's ``SFTConfig``), parsed by TRL's parser;
-``--config sft.yaml`` gives any of them.
+The flags are the fields of :class:`~.common.DataArguments`, :class:`~peft_grounded.sids.model.RowStart` (how
+the new rows start), :class:`~.common.SFTArguments`, :class:`~.model_config.LoraModelConfig` (TRL's
+``ModelConfig``: the base model and the LoRA) and :class:`~peft_grounded.training.sft.RecommendationConfig`
+(TRL's ``SFTConfig``), parsed by TRL's parser; ``--config sft.yaml`` gives any of them. The parsed ``RowStart``
+is passed down as it is, to the model it starts.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .common import Command, ModelArguments, SFTArguments
+from .common import Command, DataArguments, SFTArguments
 
 if TYPE_CHECKING:
+    from ..sids.model import RowStart
     from .model_config import LoraModelConfig
 
 DESCRIPTION = (
     "Start the new rows from a grounded adapter (--grounded) or a fresh initialisation (--init), stack a LoRA, "
     "and train next-item SFT on the catalogue's leave-one-out training histories. Writes OUTPUT_DIR/adapter "
     "(rows + LoRA, one artefact). --recipe cpu: the recipe chosen on validation per CPU minute (the demo's). "
-    "Every flag is a field of ModelArguments, SFTArguments, ModelConfig (TRL's: the base model and the LoRA) "
-    "or RecommendationConfig (TRL's SFTConfig)."
+    "Every flag is a field of DataArguments, RowStart (how the new rows start), SFTArguments, ModelConfig "
+    "(TRL's: the base model and the LoRA) or RecommendationConfig (TRL's SFTConfig)."
 )
 
 
 def settings() -> tuple[type, ...]:
+    from ..sids.model import RowStart
     from ..training.config import RecommendationConfig
     from .model_config import LoraModelConfig
 
-    return (ModelArguments, SFTArguments, LoraModelConfig, RecommendationConfig)
+    return (DataArguments, RowStart, SFTArguments, LoraModelConfig, RecommendationConfig)
 
 
 def recipes() -> Any:
@@ -38,19 +41,22 @@ def recipes() -> Any:
     return RECIPES
 
 
-def run(model: ModelArguments, sft: SFTArguments, base: LoraModelConfig, config: Any) -> int:
+def run(data: DataArguments, start: RowStart, sft: SFTArguments, base: LoraModelConfig, config: Any) -> int:
     """Train the recommender as the settings say; the same call serves the command line, YAML and Python."""
     from ..training.sft.trainer import train_recommender
 
-    catalogue, index = model.load()
+    catalogue, index = data.load()
     train_recommender(
         catalogue,
         index,
         config,
+        model_path=base.model_path(config.output_dir),
         grounded=sft.grounded,
+        start=start,
         lora=base.lora(),
         fmt=sft.prompt_format(),
-        **model.start(base, config.output_dir),
+        max_examples=data.max_examples,
+        dtype=base.torch_dtype(),
     )
     print(f"recommender adapter: {config.output_dir}/adapter")
     return 0
@@ -67,5 +73,5 @@ COMMAND = Command(
 
 
 parser = COMMAND.parser
-# (ModelArguments, SFTArguments, LoraModelConfig, RecommendationConfig) from arguments (and --config)
+# (DataArguments, RowStart, SFTArguments, LoraModelConfig, RecommendationConfig) from arguments (and --config)
 parse = COMMAND.parse

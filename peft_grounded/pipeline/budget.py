@@ -22,6 +22,7 @@ from .. import checks
 from ..adapter.lora_settings import checked_lora
 from ..evaluation.metrics import EvalSettings
 from ..prompts import PromptFormat
+from ..sids.model import RowStart
 from ..training.grounding import GroundingConfig
 from ..training.sft.trainer import RecommendationConfig
 
@@ -49,7 +50,7 @@ class Budget:
     # dtype the frozen base is loaded in ("bfloat16" halves its memory traffic); adapter weights stay float32
     weights_dtype: str = "float32"
     centroid_variant: str = "items"
-    init_scale: float = 1.0  # GroundedTokenConfig.init_scale of every strategy's start
+    init_scale: float = 1.0  # GroundedTokenConfig.init_scale of every strategy's start (row_start)
     eval_parts: tuple[str, ...] | None = None  # the parts decoded at the end (None: valid and test)
     eval_every: int = 0  # validation Recall during SFT every N steps (0: off)
     # end SFT with the adapter of the best validation Recall@10 (early stopping; needs eval_every)
@@ -153,6 +154,11 @@ class Budget:
             sft=replace(self.sft, seed=seed),
             evaluation=replace(self.evaluation, seed=seed),
         )
+
+    def row_start(self, init: str) -> RowStart:
+        """How a strategy whose rows start with ``init`` starts them under this budget (its centroid variant
+        and ``init_scale``)."""
+        return RowStart(init=init, centroid_variant=self.centroid_variant, init_scale=self.init_scale)
 
     @property
     def bf16(self) -> bool:

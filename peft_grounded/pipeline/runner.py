@@ -109,9 +109,7 @@ def run_strategy(
         tokenizer, model = sid_model(
             experiment.model_path,
             experiment.index,
-            init=spec.init,
-            centroid_variant=budget.centroid_variant,
-            init_scale=budget.init_scale,
+            start=budget.row_start(spec.init),
             seed=budget.seed,
             fmt=experiment.fmt,
             dtype=budget.dtype,

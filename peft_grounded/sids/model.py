@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -33,6 +33,37 @@ def check_model_dir(model_path: Any, flag: str = "--model_name_or_path") -> str:
     return str(path)
 
 
+@dataclass(frozen=True)
+class RowStart:
+    """How a fresh adapter's new rows start: the one declaration of these settings, taken by the ``ground`` and
+    ``sft`` commands (``--init``, ``--centroid_variant``, ``--init_scale``) and passed down as it is, through
+    :func:`~peft_grounded.training.grounding.ground` and :func:`~peft_grounded.training.sft.train_recommender`,
+    to :func:`sid_model`."""
+
+    init: Literal["mean", "gaussian", "random", "centroid"] = field(
+        default="mean", metadata={"help": "How the new rows start (a fresh adapter)."}
+    )
+    centroid_variant: Literal["items", "codebook"] = field(
+        default="items",
+        metadata={
+            "help": "init=centroid: the centroid of the items under a code, or the code's codebook vector."
+        },
+    )
+    init_scale: float = field(
+        default=1.0,
+        metadata={
+            "help": "Pull the started rows toward the vocabulary mean: mean + init_scale * (row - mean); below 1 a "
+            "centroid start keeps its geometry and starts nearer a uniform distribution over the SIDs."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        from .. import checks
+
+        problem = checks.number_in("init_scale", self.init_scale, 0, low_open=True, flag="--init_scale")
+        checks.raise_problems("RowStart", [problem])
+
+
 def load_base(model_path: str, dtype: torch.dtype = torch.float32):
     """A fresh tokenizer and base model from a local checkpoint (safetensors only)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -47,9 +78,7 @@ def sid_model(
     model_path: str,
     index: Any,
     *,
-    init: str = "mean",
-    centroid_variant: str = "items",
-    init_scale: float = 1.0,
+    start: RowStart | None = None,
     seed: int = 0,
     fmt: PromptFormat | None = None,
     adapter: str | None = None,
@@ -59,8 +88,10 @@ def sid_model(
     """``(tokenizer, PeftModel)``: the base with ``index``'s tokens and a grounded adapter.
 
     With ``adapter`` (a saved grounded adapter), its rows (and LoRA) are loaded after checking that it was
-    made for this index; otherwise a fresh adapter starts from ``init`` (``centroid``: the index's
-    ``centroid_variant`` centroids; ``init_scale``: :class:`GroundedTokenConfig`'s). Its SID record (:data:`SID_RECORD`) holds the index fingerprint and the prompt format.
+    made for this index; otherwise a fresh adapter starts as ``start`` says (None: :class:`RowStart`'s
+    defaults): ``start.init`` (``centroid``: the index's ``start.centroid_variant`` centroids) and
+    ``start.init_scale`` (:class:`GroundedTokenConfig`'s). Its SID record (:data:`SID_RECORD`) holds the index
+    fingerprint and the prompt format.
     """
     from peft import PeftModel, get_peft_model
 
@@ -95,16 +126,17 @@ def sid_model(
             ) from None
         load_sid_record(model, adapter, record=record)
         return tokenizer, model
+    start = start if start is not None else RowStart()
     vectors = None
-    if init == "centroid":
-        tokens, vectors = index.adapter_init(centroid_variant)
+    if start.init == "centroid":
+        tokens, vectors = index.adapter_init(start.centroid_variant)
         if tokens != added.tokens:
             raise ValueError("The SID index's token order differs from the tokens added to the model.")
     config = GroundedTokenConfig(
         token_indices=added,
-        init=init,
+        init=start.init,
         init_vectors=vectors,
-        init_scale=init_scale,
+        init_scale=start.init_scale,
         init_seed=seed,
         task_type="CAUSAL_LM",
     )
@@ -254,15 +286,20 @@ def model_for(
     *,
     model_path: str | None = None,
     caller: str,
-    **kwargs,
+    start: RowStart | None = None,
+    seed: int = 0,
+    fmt: PromptFormat | None = None,
+    adapter: str | None = None,
+    dtype: torch.dtype = torch.float32,
 ):
     """``(tokenizer, model)`` for a training entry point: the live ``model`` it was given (already wrapped for
     ``index``; it needs its ``tokenizer``), or a fresh :func:`sid_model` of ``model_path`` (default: the
-    packaged SmolLM2-135M) with ``kwargs``."""
+    packaged SmolLM2-135M) with ``start``, ``seed``, ``fmt``, ``adapter`` and ``dtype``."""
     if model is None:
         from .. import assets
 
-        return sid_model(model_path or str(assets.smollm2()), index, **kwargs)
+        path = model_path or str(assets.smollm2())
+        return sid_model(path, index, start=start, seed=seed, fmt=fmt, adapter=adapter, dtype=dtype)
     if tokenizer is None:
         raise ValueError(
             f"{caller}(model=...) needs the model's tokenizer (with the SID tokens): pass tokenizer=."

@@ -25,6 +25,7 @@ from peft import PeftModel, get_peft_model
 from .._io import locks_output
 from ..adapter import GroundedTokenConfig
 from ..prompts import DEFAULT_SYSTEM_PROMPT
+from ..sids.model import RowStart
 from .config import GroundingConfig
 from .trainer import RunTrainer, StageRun, run_stage
 
@@ -119,9 +120,7 @@ def ground(
     args: GroundingConfig,
     *,
     model_path: str | None = None,
-    init: str = "mean",
-    centroid_variant: str = "items",
-    init_scale: float = 1.0,
+    start: RowStart | None = None,
     max_examples: int | None = None,
     resume: bool = False,
     model: PeftModel | None = None,
@@ -131,18 +130,26 @@ def ground(
 ) -> PeftModel:
     """Ground the adapter for ``index``'s tokens on ``catalogue``'s text (the ``ground`` command).
 
-    A fresh base model (``model_path``, default: the packaged SmolLM2-135M, loaded in ``dtype``) gets the tokens and ``init``
-    starts their rows; or ``model`` (with its ``tokenizer``), a model already wrapped for ``index``, is
-    grounded in place (the strategy runner's path). Only the rows train, on the six GTI templates; the
-    adapter lands in ``<args.output_dir>/adapter``. The output folder is locked from the start, before the
-    model is loaded.
+    A fresh base model (``model_path``, default: the packaged SmolLM2-135M, loaded in ``dtype``) gets the tokens
+    and ``start`` (a :class:`~peft_grounded.sids.model.RowStart`; None: its defaults) starts their rows; or
+    ``model`` (with its ``tokenizer``), a model already wrapped for ``index``, is grounded in place (the
+    strategy runner's path). Only the rows train, on the six GTI templates; the adapter lands in
+    ``<args.output_dir>/adapter``. The output folder is locked from the start, before the model is loaded.
     """
 
     run = StageRun(model, tokenizer, max_examples, callbacks, resume)
-    start = {"model_path": model_path, "init": init, "centroid_variant": centroid_variant}
-    start |= {"init_scale": init_scale, "dtype": dtype}
     data = partial(grounding_dataset, catalogue, index)
-    return run_stage(GroundingTrainer, index, args, run, data, caller="ground", **start)
+    return run_stage(
+        GroundingTrainer,
+        index,
+        args,
+        run,
+        data,
+        caller="ground",
+        model_path=model_path,
+        start=start,
+        dtype=dtype,
+    )
 
 
 # Grounding data: paired text <-> SID examples for every item, in TRL's prompt-completion format.

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate.utils import extract_model_from_parallel
@@ -56,6 +56,10 @@ from .runs import (
     train_loss,
 )
 from .steps import count_targets, float32_attention, upcast_trainable
+
+if TYPE_CHECKING:
+    from ..prompts import PromptFormat
+    from ..sids.model import RowStart
 
 logger = logging.getLogger(__name__)
 
@@ -436,16 +440,34 @@ def run_stage(
     run: StageRun,
     dataset: Callable[[Any], Any],
     prepare: Callable[[Any], None] | None = None,
-    **start,
+    *,
+    caller: str,
+    model_path: str | None = None,
+    start: RowStart | None = None,
+    fmt: PromptFormat | None = None,
+    adapter: str | None = None,
+    dtype: torch.dtype = torch.float32,
 ):
     """The body of a stage's entry point (``ground``, ``train_recommender``): check ``run.max_examples``, take
-    ``run.model`` or load one for ``index`` (:func:`~peft_grounded.sids.model.model_for` with ``start``
-    and the run's seed), ``prepare`` it, then train a ``trainer_cls`` built from ``args`` on
-    ``dataset(tokenizer)``, from the run's last checkpoint when ``run.resume``. Returns the model."""
+    ``run.model`` or load one for ``index`` (:func:`~peft_grounded.sids.model.model_for`: ``model_path`` in
+    ``dtype``, its rows started as ``start`` says or loaded from ``adapter``, ``fmt`` recorded, the run's seed),
+    ``prepare`` it, then train a ``trainer_cls`` built from ``args`` on ``dataset(tokenizer)``, from the run's
+    last checkpoint when ``run.resume``. Returns the model."""
     from ..sids.model import model_for
 
     check_max_examples(run.max_examples)
-    tokenizer, model = model_for(index, run.model, run.tokenizer, seed=args.seed, **start)
+    tokenizer, model = model_for(
+        index,
+        run.model,
+        run.tokenizer,
+        model_path=model_path,
+        caller=caller,
+        start=start,
+        seed=args.seed,
+        fmt=fmt,
+        adapter=adapter,
+        dtype=dtype,
+    )
     if prepare is not None:
         prepare(model)
     trainer = trainer_cls(

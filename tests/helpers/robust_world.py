@@ -73,7 +73,7 @@ def world(tmp_path_factory, smollm2_dir):
     from transformers import AutoTokenizer
 
     from peft_grounded.adapter import add_lora
-    from peft_grounded.sids.model import sid_model
+    from peft_grounded.sids.model import RowStart, sid_model
 
     root = tmp_path_factory.mktemp("user")
     base = root / "base"
@@ -83,7 +83,7 @@ def world(tmp_path_factory, smollm2_dir):
     index = toy_index(catalogue)
     index.save(root / "sids")
     write_lcrec(root, toy_items(), {u: list(s) for u, s in catalogue.sequences.items()})
-    _, model = sid_model(str(base), index, init="centroid")
+    _, model = sid_model(str(base), index, start=RowStart(init="centroid"))
     add_lora(model, r=2, lora_alpha=4, target_modules=["q_proj"])
     model.save_pretrained(root / "adapter")
     save_sid_record(model, root / "adapter")

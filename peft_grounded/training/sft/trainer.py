@@ -16,7 +16,7 @@ from peft import PeftModel
 from ..._io import locks_output, make_temp_dir
 from ...adapter import GroundedTokenConfig
 from ...prompts import PromptFormat
-from ...sids.model import SID_SOFTMAX_KEY, record_sid_facts
+from ...sids.model import SID_SOFTMAX_KEY, RowStart, record_sid_facts
 from ..callbacks import ValidationRecall
 from ..config import RecommendationConfig
 from ..trainer import RunTrainer, StageRun, run_stage
@@ -171,9 +171,7 @@ def train_recommender(
     *,
     model_path: str | None = None,
     grounded: str | None = None,
-    init: str = "mean",
-    centroid_variant: str = "items",
-    init_scale: float = 1.0,
+    start: RowStart | None = None,
     lora: dict | bool | None = None,
     fmt: PromptFormat | None = None,
     max_examples: int | None = None,
@@ -186,9 +184,10 @@ def train_recommender(
 ) -> PeftModel:
     """Next-item SFT with a LoRA stacked on the new rows (the ``sft`` command).
 
-    The rows start from the grounded adapter at ``grounded`` (checked against ``index``) or from ``init``
-    on a fresh base (``model_path`` loaded in ``dtype``); or ``model`` (with its ``tokenizer``), a model
-    already wrapped for ``index`` (the strategy runner's path), trains in place. ``lora`` holds
+    The rows start from the grounded adapter at ``grounded`` (checked against ``index``) or as ``start`` says
+    (a :class:`~peft_grounded.sids.model.RowStart`; None: its defaults) on a fresh base (``model_path`` loaded
+    in ``dtype``); or ``model`` (with its ``tokenizer``), a model already wrapped for ``index`` (the strategy
+    runner's path), trains in place. ``lora`` holds
     :func:`~peft_grounded.add_lora`'s arguments (False: no LoRA; the rows, and any weight the caller made
     trainable, train); every adapter weight trains in float32. The rows follow
     ``fmt.objective`` (see :func:`~.data.training_dataset`) on ``split`` (default: the catalogue's
@@ -219,15 +218,25 @@ def train_recommender(
             )
 
     run = StageRun(model, tokenizer, max_examples, callbacks, resume)
-    start = {"model_path": model_path, "init": init, "centroid_variant": centroid_variant}
-    start |= {"init_scale": init_scale, "dtype": dtype}
     data = partial(training_dataset, split, index, catalogue, fmt=fmt, augment=Augmentation.of(args))
     if getattr(args, "distill_weight", 0.0) > 0:  # SASRec's soft targets beside the rows (.distillation)
         from .distillation import with_teacher
 
         data = partial(with_teacher, data, split, index, args, fmt=fmt, augment=Augmentation.of(args))
-    start |= {"caller": "train_recommender", "fmt": fmt, "adapter": grounded}
-    return run_stage(RecommendationTrainer, index, args, run, data, stack_lora, **start)
+    return run_stage(
+        RecommendationTrainer,
+        index,
+        args,
+        run,
+        data,
+        stack_lora,
+        caller="train_recommender",
+        model_path=model_path,
+        start=start,
+        fmt=fmt,
+        adapter=grounded,
+        dtype=dtype,
+    )
 
 
 # A shallower base: the first ``layers`` decoder blocks of a causal LM, saved as a model of its own.
