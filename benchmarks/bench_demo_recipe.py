@@ -187,7 +187,7 @@ def preset(args: Settings, vectors: ItemVectorsConfig | None = None):
         max_train_examples=old.max_train_examples
         if args.max_train_examples is None
         else args.max_train_examples,
-        init_scale=old.init_scale if args.init_scale is None else args.init_scale,
+        start=old.start if args.init_scale is None else replace(old.start, init_scale=args.init_scale),
         lora=lora,
         eval_parts=old.eval_parts if args.eval_parts is None else tuple(args.eval_parts),
     )

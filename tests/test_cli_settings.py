@@ -360,7 +360,7 @@ def test_the_cpu_recipe_is_the_demos_default_preset():
 
     recipe, demo = RECIPES["cpu"], PRESETS["default"]
     b, fmt = demo.budget, demo.prompt_format()
-    assert (demo.layers, fmt.objective, fmt.max_history, b.init_scale) == (
+    assert (demo.layers, fmt.objective, fmt.max_history, b.start.init_scale) == (
         recipe["layers"],
         recipe["objective"],
         recipe["max_history"],

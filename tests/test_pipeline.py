@@ -35,7 +35,9 @@ def test_smoke_demo_runs_every_stage_and_resumes(tmp_path, model_dir):
     assert "95% interval" in report and "## Learning curves" in report
     # the peers a shop could run, on the same test users, come right after the answer
     assert report.index("## Side by side") < report.index("## Learning curves")
-    assert "Every list leaves the user's own history items out." in report  # as recommend serves, and the peers
+    assert (
+        "Every list leaves the user's own history items out." in report
+    )  # as recommend serves, and the peers
     labels = {row["label"] for row in summary["side_by_side"]}
     assert {"popularity", "text KNN (last item)", "SASRec", "LLM: mean", "LLM: centroid_gti"} <= labels
     users = {row["all"]["users"] for row in summary["side_by_side"]}

@@ -13,7 +13,7 @@ from peft_grounded.evaluation import EvalSettings
 from peft_grounded.pipeline import Budget, Experiment, run_strategy
 from peft_grounded.pipeline.side_by_side import strategy_curve
 from peft_grounded.prompts import HistoryError, PromptFormat, inference_prompts
-from peft_grounded.sids.model import read_sid_record
+from peft_grounded.sids.model import RowStart, read_sid_record
 from peft_grounded.training.runs import RunMismatchError
 from peft_grounded.training.sft import recommendation_examples, training_dataset
 
@@ -208,7 +208,9 @@ def test_a_budget_record_holds_each_part_and_changes_with_any_setting():
         record["seed"] == 0 and record["sft"]["max_steps"] == 400 and record["grounding"]["max_steps"] == 200
     )
     assert (
-        record["lora"]["r"] == 16 and record["evaluation"]["num_beams"] == 20 and record["init_scale"] == 1.0
+        record["lora"]["r"] == 16
+        and record["evaluation"]["num_beams"] == 20
+        and record["start"]["init_scale"] == 1.0
     )
     assert json.loads(json.dumps(record)) == json.loads(json.dumps(Budget().record()))
     changed = Budget.from_training(dict(warmup_ratio=0.1), grounding=dict(per_device_train_batch_size=4))
@@ -223,7 +225,7 @@ def test_a_budget_record_holds_each_part_and_changes_with_any_setting():
 
 
 def test_runner_starts_every_strategy_at_the_budgets_init_scale(toy, model_dir, tmp_path):
-    from peft_grounded.sids.model import RowStart, sid_model
+    from peft_grounded.sids.model import sid_model
 
     catalogue, index = toy
     budget = Budget.from_training(
@@ -233,11 +235,11 @@ def test_runner_starts_every_strategy_at_the_budgets_init_scale(toy, model_dir, 
         lora=dict(r=2),
         evaluation=EvalSettings(users=2, num_beams=5, ks=(1, 5)),
         eval_parts=("test",),
-        init_scale=0.25,
+        start=RowStart(init_scale=0.25),
     )
-    assert budget.record()["init_scale"] == 0.25 and Budget().record()["init_scale"] == 1.0
+    assert budget.record()["start"]["init_scale"] == 0.25 and Budget().record()["start"]["init_scale"] == 1.0
     with pytest.raises(ValueError, match="init_scale"):
-        Budget(init_scale=0.0)
+        Budget(start=RowStart(init_scale=0.0))
     run_strategy("centroid", Experiment(model_dir, catalogue, index), budget, tmp_path / "run")
     config = json.loads((tmp_path / "run" / "init" / "adapter" / "adapter_config.json").read_text())
     assert config["init_scale"] == 0.25 and config["init"] == "centroid"

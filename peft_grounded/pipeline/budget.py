@@ -49,8 +49,8 @@ class Budget:
     evaluation: EvalSettings = field(default_factory=EvalSettings)
     # dtype the frozen base is loaded in ("bfloat16" halves its memory traffic); adapter weights stay float32
     weights_dtype: str = "float32"
-    centroid_variant: str = "items"
-    init_scale: float = 1.0  # GroundedTokenConfig.init_scale of every strategy's start (row_start)
+    # how every strategy's rows start beyond its own init: the centroid variant and init_scale (row_start)
+    start: RowStart = field(default_factory=RowStart)
     eval_parts: tuple[str, ...] | None = None  # the parts decoded at the end (None: valid and test)
     eval_every: int = 0  # validation Recall during SFT every N steps (0: off)
     # end SFT with the adapter of the best validation Recall@10 (early stopping; needs eval_every)
@@ -99,8 +99,6 @@ class Budget:
                 least("curve_every", self.curve_every, 0, none_ok=True),
                 least("curve_users", self.curve_users, 1),
                 least("keep_best_users", self.keep_best_users, 1, none_ok=True),
-                checks.one_of("centroid_variant", self.centroid_variant, ("items", "codebook")),
-                checks.number_in("init_scale", self.init_scale, 0, low_open=True),
                 least("max_train_examples", self.max_train_examples, 1, none_ok=True),
                 least("max_grounding_examples", self.max_grounding_examples, 1, none_ok=True),
             ],
@@ -156,9 +154,9 @@ class Budget:
         )
 
     def row_start(self, init: str) -> RowStart:
-        """How a strategy whose rows start with ``init`` starts them under this budget (its centroid variant
-        and ``init_scale``)."""
-        return RowStart(init=init, centroid_variant=self.centroid_variant, init_scale=self.init_scale)
+        """How a strategy whose rows start with ``init`` starts them under this budget (:attr:`start` with
+        that ``init``)."""
+        return replace(self.start, init=init)
 
     @property
     def bf16(self) -> bool:
@@ -197,13 +195,14 @@ class Budget:
         """The budget as a run's manifest stores it (a resume compares it field by field): the seed; per stage
         its :data:`STAGE_FIELDS` and the other settings that differ from its config's defaults (``grounding``
         None: no grounding stage); the LoRA; the evaluation settings; the runner's own fields."""
-        parts = {"grounding", "sft", "lora", "evaluation"}
+        parts = {"grounding", "sft", "lora", "evaluation", "start"}
         return {
             "seed": self.seed,
             "grounding": None if self.grounding is None else _stage_record(self.grounding),
             "sft": _stage_record(self.sft),
             "lora": dict(self.lora),
             "evaluation": asdict(self.evaluation),
+            "start": {"centroid_variant": self.start.centroid_variant, "init_scale": self.start.init_scale},
             **{f.name: getattr(self, f.name) for f in fields(self) if f.name not in parts},
         }
 

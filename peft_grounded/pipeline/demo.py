@@ -18,6 +18,7 @@ from .._io import locks_output
 from ..evaluation.metrics import EvalSettings
 from ..prompts import PromptFormat
 from ..sids.behaviour import ItemVectorsConfig
+from ..sids.model import RowStart
 from ..training import runs
 from .budget import STRATEGIES, Budget, Experiment
 from .runner import run_strategy
@@ -78,7 +79,7 @@ PRESETS: dict[str, Preset] = {
             curve_every=25,
             curve_users=40,
             max_grounding_examples=2000,
-            init_scale=0.1,
+            start=RowStart(init_scale=0.1),
         ),
         fmt=PromptFormat(objective="sequence", max_history=19),
         layers=8,
