@@ -38,6 +38,7 @@ from typing import Literal
 
 import numpy as np
 import torch
+from bench_step_limit import index_for
 from transformers import LogitsProcessorList
 
 from peft_grounded import assets
@@ -45,8 +46,7 @@ from peft_grounded.adapter import add_lora
 from peft_grounded.decoding.search import left_pad
 from peft_grounded.prompts import inference_prompts
 from peft_grounded.serving import GroundedRecommender
-from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
-from peft_grounded.sids.index import JSON_NAME
+from peft_grounded.sids import SIDIndex, load_catalogue
 from peft_grounded.sids.model import RowStart, sid_model
 from peft_grounded.training.sft.trainer import record_sid_softmax, shallow_base
 
@@ -83,15 +83,6 @@ class Settings:
 
 def parse_args(argv=None) -> Settings:
     return parse(Settings, argv, prog="bench_recommend.py", description=__doc__)
-
-
-def index_for(catalogue, folder: Path) -> SIDIndex:
-    if (folder / JSON_NAME).is_file():
-        return SIDIndex.load(folder)
-    vectors = np.random.default_rng(0).normal(size=(len(catalogue.items), 64)).astype(np.float32)
-    return build_sids(
-        catalogue, folder, vectors=vectors, levels=3, codes=64, encoder_fingerprint={"kind": "gaussian"}
-    )
 
 
 def adapter_for(base: Path, index: SIDIndex, folder: Path, sid_softmax: bool) -> Path:
