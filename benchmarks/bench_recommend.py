@@ -38,7 +38,6 @@ from typing import Literal
 
 import numpy as np
 import torch
-from bench_step_limit import index_for
 from transformers import LogitsProcessorList
 
 from peft_grounded import assets
@@ -52,8 +51,10 @@ from peft_grounded.training.sft.trainer import record_sid_softmax, shallow_base
 
 try:
     from benchmarks._args import parse
+    from benchmarks.bench_step_limit import index_for
 except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
     from _args import parse
+    from bench_step_limit import index_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the generate reference
 from helpers.generate_reference import SIDConstraintLogitsProcessor, isolated_generation
