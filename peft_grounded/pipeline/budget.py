@@ -28,7 +28,7 @@ from ..training.sft.trainer import RecommendationConfig
 
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 PARTS = ("valid", "test")
-# dropout on 200 LoRA inputs costs ~30% of a CPU step for no gain at small budgets
+# no LoRA dropout: it costs CPU step time for no gain at small budgets (BENCHMARKS.md, "The recipe")
 DEFAULT_LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear"}
 
 

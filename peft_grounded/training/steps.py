@@ -103,7 +103,7 @@ def upcast_trainable(model) -> list[str]:
 # from a ``FusedCausalLMOutput``. On CUDA it projects only the positions whose label is not ``-100``; on
 # other devices it projects every position through the whole vocabulary and back-propagates a full
 # ``vocab x d`` weight gradient. With a completion-only loss (a SID of 4 tokens after a prompt of 60) that
-# is >90% wasted work: on a 2-core CPU, 40% of a SmolLM2-135M step.
+# is mostly wasted work (BENCHMARKS.md, "SID-only softmax: step time and decoding").
 #
 # :func:`compact_fused_forward` returns the same output object, computed from the labelled positions only,
 # through the model's own head (so the grounded rows get their gradient as usual). The trainers of this
