@@ -13,8 +13,7 @@ from peft import get_peft_model
 import peft_grounded
 from peft_grounded import GroundedTokenConfig, initialize_grounded_rows
 from peft_grounded.adapter.config import describe_tensor
-from peft_grounded.adapter.projection import PROJECTIONS
-from peft_grounded.adapter.starts import INITS
+from peft_grounded.adapter.starts import INITS, PROJECTIONS
 
 
 def fresh(tokenizer):

@@ -9,7 +9,7 @@ from safetensors.torch import save_file
 
 import peft_grounded
 from peft_grounded import GroundedTokenConfig
-from peft_grounded.adapter.projection import project_vectors
+from peft_grounded.adapter.starts import project_vectors
 
 
 def wrap(
@@ -253,7 +253,7 @@ def test_description_of_an_unused_code_falls_back_to_the_mean(tokenizer, tiny_mo
 
 
 def test_vocabulary_statistics_are_exact_in_chunks():
-    from peft_grounded.adapter.projection import vocabulary_stats
+    from peft_grounded.adapter.starts import vocabulary_stats
 
     rows = torch.randn(1000, 12, dtype=torch.float64) * torch.linspace(0.1, 5, 12) + 3.0
     keep = torch.arange(0, 1000, 3)

@@ -12,21 +12,11 @@ import torch
 from peft.config import PeftConfig
 
 from .. import checks
-from .lora_settings import checked_lora
-from .projection import PROJECTIONS, ProjectionName
+from .lora import checked_lora
 from .saved import GROUNDED_TOKENS
-from .starts import DATA_INITS, INITS, InitName
-
-# What a ``GroundedTokenConfig`` holds beside its hyperparameters: runtime data and creation-time facts.
-#
-# ``GroundedRuntimeConfig`` plays the part of PEFT's ``LoraRuntimeConfig``: the data a data-driven start reads
-# once, at creation (tensors, arrays, paths), never saved. ``GroundedProvenance`` gathers the facts recorded
-# when the adapter is made (the base's size and signature, the vocabulary's fingerprint, a description of the
-# start's data), saved with the adapter and checked when it is loaded.
+from .starts import DATA_INITS, INITS, PROJECTIONS, InitName, ProjectionName, check_choice
 
 IN_MEMORY_PREFIX = "in-memory "
-
-INIT_DATA = ("init_vectors", "init_anchors", "init_texts")
 
 
 def describe_tensor(value: torch.Tensor | np.ndarray) -> str:
@@ -81,7 +71,8 @@ class GroundedRuntimeConfig:
 
     def record(self) -> dict[str, Any] | None:
         """The JSON record of the data given (tensors as dtype, shape and hash); None when there are none."""
-        given = {name: _record(getattr(self, name)) for name in INIT_DATA if getattr(self, name) is not None}
+        names = ("init_vectors", "init_anchors", "init_texts")
+        given = {name: _record(getattr(self, name)) for name in names if getattr(self, name) is not None}
         return given or None
 
 
@@ -113,7 +104,7 @@ class GroundedProvenance:
         if value is None or isinstance(value, cls):
             return value
         if isinstance(value, dict):
-            unknown = set(value) - {"num_embeddings", "embedding_signature", "vocab_fingerprint", "init_data"}
+            unknown = set(value) - {f.name for f in fields(cls)}
             if unknown:
                 raise ValueError(
                     f"provenance has unknown keys {sorted(unknown)}; it records {cls.__name__}'s fields."
@@ -124,71 +115,16 @@ class GroundedProvenance:
         )
 
 
-__all__ = [
-    "INIT_DATA",
-    "IN_MEMORY_PREFIX",
-    "GroundedProvenance",
-    "GroundedRuntimeConfig",
-    "GroundedTokenConfig",
-    "describe_tensor",
-]
-
-
 @dataclass
 class GroundedTokenConfig(PeftConfig):
-    """Configuration of a grounded-token adapter: a trainable delta on the rows of new tokens only.
+    """Configuration of a grounded-token adapter: trainable rows for the new tokens, every other weight frozen.
 
-    The adapter wraps the input embedding (and, for untied models, the output head) so that the rows of
-    ``token_indices`` come from small trainable matrices while every other weight stays frozen and
-    bit-identical. ``init`` chooses how those rows start (see :mod:`peft_grounded.adapter.starts`);
-    ``init="keep"`` keeps the rows the base has, so the wrapped model starts as a no-op. ``init_weights`` means
-    what it means in PEFT (TrainableTokens): True (the default) starts the rows by ``init``; False draws random
-    rows (``torch.randn``), for tests that need the adapter to change the output.
-
-    Like ``LoraConfig``, the fields are JSON-able hyperparameters, plus two objects:
-
-    * ``runtime_config`` (:class:`GroundedRuntimeConfig`, as LoRA's ``runtime_config``): the data a data-driven
-      start reads at creation (tensors, arrays, paths). ``to_dict`` drops it; it is never saved.
-    * ``provenance`` (:class:`GroundedProvenance`): the facts recorded when the adapter is made (the base's
-      embedding rows and signature, the vocabulary fingerprint from ``add_tokens``, a description of the start's
-      data: dtype, shape, hash). Saved, and checked when the adapter is loaded onto a base.
-
-    **Data-driven starts** (``centroid``, ``tensor``, ``adapter``, ``description``) take their data in one of two
-    ways. The one-liner ``GroundedTokenConfig(init="centroid", init_vectors=...)`` puts them in
-    ``runtime_config`` (``init_vectors``, ``init_anchors`` and ``init_texts`` are accepted by the constructor
-    for that alone). Or, PEFT's EVA convention (``init_lora_weights="eva"`` + ``initialize_lora_eva_weights``):
-    the config names the start only, the rows stand at the vocabulary mean (with a warning) until
-    :func:`~peft_grounded.adapter.initialize_grounded_rows` gives the data. A saved adapter's rows always come
-    from ``adapter_model.safetensors``.
-
-    One config can wrap several models: the first one it wraps records its provenance in it (as PEFT configs
-    record what creation fills in); a model on another base gets its own copy, so each saves its own facts.
-    ``PeftModel.from_pretrained(..., config=config)`` keeps ``config`` itself.
-
-    Passing the list returned by :func:`peft_grounded.add_tokens` as ``token_indices`` also fills
-    ``token_strings``, ``original_vocab_size`` and the provenance's ``vocab_fingerprint``.
-
-    Args:
-        task_type (`str`): PEFT task type, `CAUSAL_LM` (default) or `SEQ_2_SEQ_LM`.
-        token_indices (`list[int]`): row indices of the new tokens, as returned by `add_tokens`.
-        token_strings (`list[str]`, *optional*): the tokens at those indices, checked against a tokenizer.
-        tokens_are_new (`bool`): the indices lie beyond the original vocabulary; False re-learns existing rows.
-        original_vocab_size (`int`, *optional*): vocabulary size before the extension (statistics come from below).
-        target_modules (`str`, *optional*): the input-embedding module; default `get_input_embeddings()`.
-        output_module (`str`, *optional*): the untied output head; default `get_output_embeddings()`.
-        train_output_rows (`bool`): untied heads also get trainable output rows.
-        init (`str`): how the rows start: mean, gaussian, random, description, centroid, tensor, adapter, or keep
-            (the base's rows: a no-op start).
-        init_weights (`bool`): True starts the rows by `init`; False draws random rows (`torch.randn`) whatever
-            `init` says, as PEFT's `TrainableTokensConfig(init_weights=False)`.
-        centroid_projection (`str`): centroid: auto, truncate, pca or lstsq.
-        norm_match (`bool`): centroid: scale deviations to the vocabulary's RMS deviation.
-        init_scale (`float`): pull the started rows toward the vocabulary mean, `mean + init_scale * (row - mean)`.
-        init_seed (`int`): seed of the gaussian and random initialisations.
-        lora (`dict`, *optional*): the stacked LoRA as `peft.LoraConfig` keyword arguments (set by `add_lora`);
-            None without LoRA.
-        provenance (`GroundedProvenance`, *optional*): facts recorded at creation (filled by `get_peft_model`).
-        runtime_config (`GroundedRuntimeConfig`): runtime data of the start (not saved).
+    ``runtime_config`` holds the start's data (never saved, as LoRA's) and ``provenance`` the facts recorded at
+    creation (saved, checked on load). A data-driven ``init`` takes its data here (``init_vectors``,
+    ``init_anchors``, ``init_texts``) or later from :func:`~peft_grounded.adapter.initialize_grounded_rows`, as
+    PEFT's EVA does; until then the rows stand at the vocabulary mean. The list :func:`peft_grounded.add_tokens`
+    returns, given as ``token_indices``, also fills ``token_strings``, ``original_vocab_size`` and the
+    provenance's ``vocab_fingerprint``. A config that already records another base gives a new model a copy.
     """
 
     task_type: str | None = field(
@@ -265,8 +201,7 @@ class GroundedTokenConfig(PeftConfig):
         metadata={
             "help": "Every computed start (not init='adapter', which copies trained rows): row = mean + init_scale "
             "* (row - mean), the vocabulary mean. 1 keeps the start as computed; below 1 keeps the rows' "
-            "directions (a centroid start's geometry) while the frozen head's distribution over the new tokens "
-            "starts nearer uniform (SmolLM2, centroid: 36.7 nats per 4-token SID at 1, 8.8 at 0.1, uniform 7.8)."
+            "directions while the frozen head's distribution over the new tokens starts nearer uniform."
         },
     )
     init_seed: int = field(
@@ -321,12 +256,8 @@ class GroundedTokenConfig(PeftConfig):
                 raise ValueError(
                     f"token_strings has {len(self.token_strings)} entries for {len(self.token_indices)} token indices."
                 )
-        if self.init not in INITS:
-            raise ValueError(f"Unknown init {self.init!r}; choose one of {', '.join(INITS)}.")
-        if self.centroid_projection not in PROJECTIONS:
-            raise ValueError(
-                f"Unknown centroid_projection {self.centroid_projection!r}; choose one of {', '.join(PROJECTIONS)}."
-            )
+        check_choice("init", self.init, INITS)
+        check_choice("centroid_projection", self.centroid_projection, PROJECTIONS)
         if self.tokens_are_new and self.original_vocab_size is not None:
             inside = [i for i in self.token_indices if i < self.original_vocab_size]
             if inside:
@@ -367,9 +298,7 @@ class GroundedTokenConfig(PeftConfig):
 
     @property
     def has_init_data(self) -> bool:
-        """Whether a data-driven ``init`` has its data in ``runtime_config`` (token ids for ``description``);
-        without them the rows start at the vocabulary mean until
-        :func:`~peft_grounded.adapter.initialize_grounded_rows`."""
+        """Whether a data-driven ``init`` has its data in ``runtime_config`` (token ids for ``description``)."""
         runtime = self.runtime_config
         if self.init == "description":
             texts = runtime.init_texts
@@ -383,8 +312,9 @@ class GroundedTokenConfig(PeftConfig):
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready hyperparameters and provenance; ``runtime_config`` is dropped (as LoRA's)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "runtime_config"}
-        out = copy.deepcopy(out)
+        out = {
+            f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "runtime_config"
+        }
         if self.provenance is not None:
             out["provenance"] = asdict(self.provenance)
         out["peft_type"] = str(self.peft_type.value if hasattr(self.peft_type, "value") else self.peft_type)

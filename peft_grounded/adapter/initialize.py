@@ -1,9 +1,5 @@
-"""How the grounded rows start: from the config at creation, or afterwards from data (PEFT's EVA convention).
-
-:func:`start_rows` is what ``get_peft_model`` runs for each new adapter. A data-driven ``init`` whose data are
-not in the config starts at the vocabulary mean, with a warning, until :func:`initialize_grounded_rows` gives
-the data, as ``LoraConfig(init_lora_weights="eva")`` waits for ``initialize_lora_eva_weights(model, dataloader)``.
-"""
+"""Adding the tokens, and starting their rows: at creation (:func:`start_rows`) or afterwards from data
+(:func:`initialize_grounded_rows`, as PEFT's EVA waits for ``initialize_lora_eva_weights``)."""
 
 from __future__ import annotations
 
@@ -109,13 +105,9 @@ def initialize_grounded_rows(
 ) -> Any:
     """Start the rows of a data-driven ``init`` from data, after ``get_peft_model`` (in place; returns ``model``).
 
-    The adapter's config names the start (``centroid``, ``tensor``, ``adapter`` or ``description``); the data
-    come here: ``vectors`` (``init_vectors``: one vector per new token, a tensor, array or ``.safetensors``
-    path, or a saved adapter's path for ``adapter``), ``anchors`` (``init_anchors``, centroid with lstsq),
-    ``texts`` with the ``tokenizer`` that tokenises them (``description``; the config's own strings when
-    ``texts`` is None). Data already in the config's ``runtime_config`` are used where none is given here. The
-    model's config then holds the data in ``runtime_config`` and describes them in ``provenance.init_data``, as
-    a created one does (tensors as dtype, shape and hash, texts as token ids).
+    ``vectors``, ``anchors`` and ``texts`` (tokenised by ``tokenizer``) stand for the runtime config's
+    ``init_vectors``, ``init_anchors`` and ``init_texts``, whose values serve where none is given. The config
+    then holds the data and describes them in ``provenance.init_data``, as a created one does.
     """
     name = adapter_name or model.active_adapter
     config = model.peft_config.get(name)
@@ -149,9 +141,6 @@ def initialize_grounded_rows(
     config.runtime_config = replace(runtime, rows_from_checkpoint=config.runtime_config.rows_from_checkpoint)
     config.record_start()
     return model
-
-
-# --- sources ---
 
 
 def load_tensor(value: Any, *, what: str, key: str = "vectors") -> torch.Tensor:
@@ -189,12 +178,6 @@ def load_tensor(value: Any, *, what: str, key: str = "vectors") -> torch.Tensor:
     raise TypeError(f"{what} must be a tensor, an array or a .safetensors path, got {type(value).__name__}.")
 
 
-def _per_matrix(value: Any, matrix: str) -> Any:
-    if isinstance(value, dict) and set(value) <= {"input", "output"}:
-        return value.get(matrix, value.get("input"))
-    return value
-
-
 def tokenize_texts(texts: list, tokenizer: Any = None) -> list[list[int]]:
     """Token ids of each description (strings are tokenised by ``tokenizer``, without special tokens)."""
     if all(isinstance(t, (list, tuple)) for t in texts):
@@ -212,20 +195,22 @@ def resolve_init_data(config: Any, matrix: str) -> InitData:
     data = InitData(projection=config.centroid_projection, norm_match=config.norm_match)
     runtime = config.runtime_config
     if config.init in ("centroid", "tensor"):
-        data.vectors = load_tensor(_per_matrix(runtime.init_vectors, matrix), what="init_vectors")
+        vectors = runtime.init_vectors
+        if isinstance(vectors, dict) and set(vectors) <= {"input", "output"}:  # an untied head's own vectors
+            vectors = vectors.get(matrix, vectors.get("input"))
+        data.vectors = load_tensor(vectors, what="init_vectors")
     if config.init == "description":
         data.token_id_lists = tokenize_texts(list(runtime.init_texts))
     if config.init == "centroid" and runtime.init_anchors is not None:
         anchors = runtime.init_anchors
+        keys = ("token_ids", "vectors")
         if isinstance(anchors, dict):
-            ids, vectors = anchors.get("token_ids"), anchors.get("vectors")
-            if ids is None or vectors is None:
+            if any(anchors.get(k) is None for k in keys):
                 raise ValueError("init_anchors must hold 'token_ids' and 'vectors'.")
-            data.anchor_token_ids = [int(i) for i in load_tensor(ids, what="init_anchors token_ids").tolist()]
-            data.anchor_vectors = load_tensor(vectors, what="init_anchors vectors")
+            ids, vectors = (load_tensor(anchors[k], what=f"init_anchors {k}") for k in keys)
         else:
-            data.anchor_token_ids = load_tensor(anchors, what="init_anchors", key="token_ids").long().tolist()
-            data.anchor_vectors = load_tensor(anchors, what="init_anchors", key="vectors")
+            ids, vectors = (load_tensor(anchors, what="init_anchors", key=k) for k in keys)
+        data.anchor_token_ids, data.anchor_vectors = ids.long().tolist(), vectors
         if len(data.anchor_token_ids) != data.anchor_vectors.shape[0]:
             raise ValueError(
                 f"init_anchors has {len(data.anchor_token_ids)} token ids but {data.anchor_vectors.shape[0]} vectors."
@@ -237,11 +222,7 @@ def resolve_init_data(config: Any, matrix: str) -> InitData:
 
 
 class AddedTokens(list):
-    """Row indices of tokens added by :func:`add_tokens` (a ``list[int]``), with what the adapter needs to know.
-
-    Passing it as ``GroundedTokenConfig(token_indices=...)`` also records ``token_strings``,
-    ``original_vocab_size`` and ``vocab_fingerprint`` in the config.
-    """
+    """Row indices of tokens added by :func:`add_tokens` (a ``list[int]``), with what a config records of them."""
 
     def __init__(
         self, indices: Sequence[int], tokens: Sequence[str], original_vocab_size: int, vocab_fingerprint: str
@@ -261,8 +242,6 @@ def vocab_fingerprint(tokenizer, size: int | None = None) -> str:
 
 
 def _is_wrapped(model: nn.Module) -> bool:
-    from .layer import GroundedTokenLayer
-
     return hasattr(model, "peft_config") or isinstance(model.get_input_embeddings(), GroundedTokenLayer)
 
 
@@ -276,12 +255,10 @@ def fill_with_mean(weight: torch.Tensor, rows: list[int], reference_rows: int) -
 def add_tokens(
     tokenizer, model: nn.Module, tokens: Sequence[str], *, pad_to_multiple_of: int | None = None
 ) -> AddedTokens:
-    """Add ``tokens`` to ``tokenizer`` and ``model``; return the indices of their embedding rows.
+    """Add ``tokens`` (none of them existing) to ``tokenizer`` and ``model``; return their rows' indices.
 
-    Refuses tokens that already exist. Never shrinks the embedding: models whose matrix has more rows
-    than ``len(tokenizer)`` (Qwen3) keep them, and the new tokens land on the rows the tokenizer gives
-    them. The new rows (input and untied output) are set to the mean of the existing rows, so the
-    resized base is deterministic; the adapter's initialisation replaces them.
+    Never shrinks the embedding (Qwen3's has more rows than ``len(tokenizer)``). The new rows, input and untied
+    output, are set to the mean of the existing rows, so the resized base is deterministic.
     """
     tokens = [str(t) for t in tokens]
     if not tokens:

@@ -1,20 +1,10 @@
 """The tuner layer: new-token rows as small trainable matrices over a frozen embedding and head.
 
-``GroundedTokenLayer`` wraps the input embedding. For each adapter it holds ``grounded_embedding``, the
-``n x d`` rows of its new tokens, and for untied models ``grounded_head``, their ``n x d`` output rows.
-The forward pass looks the batch up in the frozen matrix and overwrites the positions of new tokens
-with the adapter's rows, so no full-vocabulary tensor ever gets a gradient or optimiser state.
-
-``GroundedHead`` stands in for the output layer. Its forward runs the frozen head and overwrites the
-logits of the new tokens with ``hidden @ rows.T``; its ``weight`` property returns the frozen matrix
-with the adapter rows written in, differentiable with respect to those rows. That second path is what
-TRL's ``SFTTrainer`` uses: its fused loss reads ``lm_head.weight`` directly, and it refuses PEFT tuner
-layers on the head, which is why ``GroundedHead`` is a plain module driven by the embedding layer
-(tied models share one set of rows between input and output, exactly like the base model).
-
-``GroundedTiedEmbedding`` stands in for every other embedding module on the same weight (T5's and BART's
-``encoder.embed_tokens`` and ``decoder.embed_tokens`` next to ``shared``): it looks its inputs up through
-the embedding layer's rows, so one set of parameters serves every input, as one weight did in the base.
+``GroundedTokenLayer`` wraps the input embedding and holds each adapter's rows (``grounded_embedding``, and
+``grounded_head`` for an untied head). ``GroundedHead`` stands in for the output layer and
+``GroundedTiedEmbedding`` for every other embedding module on the same weight (T5's and BART's); both are plain
+modules driven by the embedding layer, so one set of rows serves every reader. The head's ``weight`` has the
+rows written in, differentiably, for losses that read ``lm_head.weight`` (TRL's), which refuse a tuner layer there.
 """
 
 from __future__ import annotations
@@ -32,23 +22,15 @@ from torch import nn
 
 
 def _master(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Trainable copy of ``rows`` on ``weight``'s device: float32 for half-precision bases (the rows are the
-    optimiser's master weights; the forward casts them to the base dtype), else ``weight``'s dtype. This is
-    PEFT's default ``autocast_adapter_dtype=True``; with False, :meth:`GroundedTokenLayer.cast_rows_to_base`
-    puts them back in the base's dtype, like the LoRA."""
+    """Trainable copy of ``rows`` on ``weight``'s device: float32 for half-precision bases (PEFT's default
+    ``autocast_adapter_dtype=True``; :meth:`GroundedTokenLayer.cast_rows_to_base` serves False), else its dtype."""
     dtype = torch.float32 if weight.dtype in (torch.float16, torch.bfloat16) else weight.dtype
     return rows.detach().to(weight.device, dtype).clone()
 
 
 def on_device_of(rows: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """``rows`` on ``target``'s device and in its dtype, differentiably: the rows of a model split over devices
-    (``device_map``) live with the embedding, while the head or the embedding's output may be elsewhere."""
+    """``rows`` on ``target``'s device and in its dtype, differentiably (a ``device_map`` may split them)."""
     return rows.to(target.device, target.dtype)
-
-
-def _is_sharded(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` is a parameter shard of FSDP2 (a ``DTensor``), i.e. read outside its unit's forward."""
-    return type(tensor).__name__ == "DTensor"
 
 
 def is_offloaded(module: nn.Module) -> bool:
@@ -77,7 +59,6 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
         self.grounded_head_original = BufferDict(persistent=False)
         self._head = [head]  # the model's own output layer: referenced, not owned (kept out of state_dict)
         self.num_embeddings = base_layer.weight.shape[0]
-        # every PEFT tuner layer exposes these (an embedding's: rows and width), as TrainableTokens' does
         self.in_features, self.out_features = _get_in_out_features(base_layer)
         self._active_adapter = adapter_name
         self.merged_adapters: list[str] = []
@@ -153,9 +134,6 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
                 "merge_and_unload() it, add the tokens, and wrap it again."
             )
 
-    def _active_here(self) -> list[str]:
-        return [name for name in self.active_adapters if name in self.grounded_embedding]
-
     def _local_index(self, adapter_name: str, device: torch.device) -> torch.Tensor:
         """Map from token id to the adapter's row (-1 for tokens the adapter does not own), cached per device."""
         key = (adapter_name, device)
@@ -167,15 +145,19 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
             self._lookup[key] = lookup
         return lookup
 
-    def _output_rows(self, adapter_name: str) -> torch.Tensor | None:
-        if self.tied:
-            return self.grounded_embedding[adapter_name]
-        return self.grounded_head.get(adapter_name)
+    def _output_rows(self) -> list[tuple[str, torch.Tensor]]:
+        """``(adapter, output rows)`` of the adapters in effect that have them (a tied head's are the input's)."""
+        found = []  # a plain loop: torch.compile(fullgraph=True) cannot trace a walrus in a comprehension
+        for name in self._adapters_in_effect():
+            rows = self.grounded_embedding[name] if self.tied else self.grounded_head.get(name)
+            if rows is not None:
+                found.append((name, rows))
+        return found
 
     def _adapters_in_effect(self) -> list[str]:
         if self.disable_adapters or self.merged:
             return []
-        names = self._active_here()
+        names = [name for name in self.active_adapters if name in self.grounded_embedding]
         if len(names) > 1:
             self._check_disjoint(names)
         return names
@@ -206,20 +188,14 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
     def head_forward(self, head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of the frozen head with the new tokens' columns computed from the adapter rows."""
         self._check_size()
-        pairs = []  # a plain loop: torch.compile(fullgraph=True) cannot trace a walrus in a comprehension
-        for name in self._adapters_in_effect():
-            rows = self._output_rows(name)
-            if rows is not None:
-                pairs.append((self.grounded_indices[name], rows))
+        pairs = [(self.grounded_indices[name], rows) for name, rows in self._output_rows()]
         if not pairs:
             return head(hidden)
         weight, bias = head.weight, getattr(head, "bias", None)
-        # An offloaded head: accelerate brings its weight in, and the hidden states to it, inside its forward.
+        # An offloaded head gets its weight, and the hidden states, inside its forward (accelerate); any other
+        # computes where its weight lives (a device_map may split the model; `.to` is differentiable).
         offloaded = is_offloaded(head)
         if not offloaded:
-            # The head computes where its weight lives (a device_map may put it on another device than the
-            # embedding, which holds the rows): hidden states, rows and index go there; `.to` is differentiable,
-            # so the gradients flow back to the rows and the hidden states on their own devices.
             hidden = hidden.to(weight.device)
         if (
             isinstance(head, nn.Linear)
@@ -241,18 +217,14 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
         return logits.index_copy(-1, index, new.to(logits.dtype))
 
     def head_weight(self, head: nn.Module) -> torch.Tensor:
-        """The head's weight with the adapter rows written in (differentiable w.r.t. those rows).
-
-        Outside the forward of a model sharded by FSDP2 the weight and the rows are shards (``DTensor``):
-        then it is the head's own sharded weight, as FSDP gives for any parameter there."""
+        """The head's weight with the adapter rows written in (differentiable w.r.t. those rows); outside the
+        forward of a model sharded by FSDP2, the head's own sharded weight (a ``DTensor``), as for any parameter."""
         weight = head.weight
-        if _is_sharded(weight):
+        if type(weight).__name__ == "DTensor":
             return weight
-        for name in self._adapters_in_effect():
-            rows = self._output_rows(name)
-            if rows is not None:
-                index = self.grounded_indices[name].to(weight.device)
-                weight = weight.index_copy(0, index, on_device_of(rows, weight))
+        for name, rows in self._output_rows():
+            index = self.grounded_indices[name].to(weight.device)
+            weight = weight.index_copy(0, index, on_device_of(rows, weight))
         return weight
 
     def head_rows(self, head: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -262,10 +234,7 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
         weight, bias = head.weight, getattr(head, "bias", None)
         ids = ids.to(weight.device)
         rows = weight[ids]
-        for name in self._adapters_in_effect():
-            adapter = self._output_rows(name)
-            if adapter is None:
-                continue
+        for name, adapter in self._output_rows():
             local = self._local_index(name, weight.device)[ids]
             new = F.embedding(local.clamp(min=0), on_device_of(adapter, rows))
             rows = torch.where((local >= 0).unsqueeze(-1), new, rows.to(new.dtype))
@@ -284,14 +253,13 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
             pairs = [(self.base_layer.weight, self.grounded_embedding[name])]
             if not self.tied and name in self.grounded_head:
                 pairs.append((self.head.weight, self.grounded_head[name]))
-            values = [on_device_of(rows.detach(), weight) for weight, rows in pairs]
-            # PEFT's own words, which callers match
-            if safe_merge and not all(torch.isfinite(v).all() for v in values):
-                raise ValueError(
+            written = [(weight, on_device_of(rows.detach(), weight)) for weight, rows in pairs]
+            if safe_merge and not all(torch.isfinite(v).all() for _, v in written):
+                raise ValueError(  # PEFT's own words, which callers match
                     f"NaNs detected in the merged weights. The adapter {name} seems to be broken "
                     "(its rows hold NaN or Inf); nothing was merged."
                 )
-            merges.append((name, [(weight, v) for (weight, _), v in zip(pairs, values, strict=True)]))
+            merges.append((name, written))
         for name, written in merges:  # every check first: a refused merge leaves the base as it was
             for weight, values in written:
                 weight.data.index_copy_(0, self.grounded_indices[name].to(weight.device), values)
@@ -313,12 +281,8 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
 
 
 class _OverlayColumns(torch.autograd.Function):
-    """``hidden @ weight.T + bias`` with the columns ``index`` computed from ``rows`` instead of ``weight``.
-
-    The frozen head's weight gets no gradient; the backward pass corrects the hidden-state gradient for the
-    replaced columns (``g[:, index] @ (rows - weight[index])``) instead of zeroing them in a copy of the
-    full logits gradient, and gives ``rows`` their gradient from those columns only.
-    """
+    """``hidden @ weight.T + bias`` with the columns ``index`` computed from ``rows`` instead of ``weight``; the
+    backward corrects the hidden-state gradient for those columns rather than copying the full logits gradient."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, rows, index):
@@ -354,18 +318,14 @@ def _embed_scale(base: nn.Module) -> torch.Tensor | None:
 
 
 class _OwnedView(nn.Module):
-    """A stand-in for a module on the embedding's weight, driven by the owning :class:`GroundedTokenLayer`.
-
-    A plain module, not a tuner layer: it holds no parameters (the owner's rows are its rows), PEFT
-    neither counts nor saves it, and unloading puts ``base_layer`` back.
-    """
+    """A stand-in for a module on the embedding's weight, driven by the owning :class:`GroundedTokenLayer`: a plain
+    module without parameters of its own, which PEFT neither counts nor saves, and unloading puts back."""
 
     def __init__(self, base_layer: nn.Module, owner: GroundedTokenLayer) -> None:
         super().__init__()
         self.base_layer = base_layer
         self._owner = [owner]  # referenced, not a submodule: its parameters belong to the embedding
-        # The base's keys, as PEFT gives them for its tuner layers (get_base_model_state_dict strips their
-        # `base_layer.`; this plain module does it itself): `lm_head.weight`, not `lm_head.base_layer.weight`.
+        # the base's keys (`lm_head.weight`), as PEFT gives them for its tuner layers
         self.register_state_dict_post_hook(_base_keys)
         self.register_load_state_dict_pre_hook(_wrapped_keys)
 
@@ -448,10 +408,6 @@ class GroundedHead(_OwnedView):
 
 class GroundedTiedEmbedding(_OwnedView):
     """Stand-in for another embedding module on the owner's weight (T5/BART ``encoder.embed_tokens``, ...)."""
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.base_layer.weight
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         return self.owner.embed(self.base_layer, x, *args, **kwargs)

@@ -73,22 +73,16 @@ class GroundedTokenModel(BaseTuner):
                     "Could not find the model's input embedding; set target_modules to its module name."
                 )
             peft_config.target_modules = name
-        self._tied_embedding_names(
-            peft_config
-        )  # refuse an unsupported architecture before touching the model
+        # refuse an unsupported architecture before touching the model
+        self._tied_embedding_names(peft_config)
         self._no_lora = self._embedding_module_names()
         return peft_config
 
     def _tied_embedding_names(self, config: GroundedTokenConfig) -> list[str]:
-        """Embedding modules other than the input embedding and the head that share the input embedding's weight.
-
-        T5 and BART keep ``shared``, ``encoder.embed_tokens`` and ``decoder.embed_tokens`` as separate modules on
-        one weight: each of them gets a :class:`GroundedTiedEmbedding` on the same rows. A module on that weight
-        which is not an ``nn.Embedding``, or an embedding of the same shape on a separate weight, cannot be given
-        the rows, so the model is refused.
-        """
-        getter = getattr(self.model, "get_input_embeddings", None)
-        embedding = getter() if getter is not None else None
+        """Embedding modules other than the input embedding and the head on the input embedding's weight (T5's
+        and BART's), each to get a :class:`GroundedTiedEmbedding`; refuses a model whose other modules on that
+        weight, or embeddings of its shape on another weight, could not be given the rows."""
+        embedding = _input_embedding(self.model)
         weight = getattr(embedding, "weight", None)  # a GroundedTokenLayer's is its base layer's
         if not isinstance(weight, torch.Tensor):
             return []
@@ -132,36 +126,37 @@ class GroundedTokenModel(BaseTuner):
             self._lora_configs[key] = lora
         return self._lora_configs[key]
 
-    def _is_embedding_key(self, config: GroundedTokenConfig, key: str) -> bool:
-        return bool(check_target_module_exists(config, key))
-
     def _check_target_module_exists(self, config: GroundedTokenConfig, key: str):  # type: ignore[override]
-        if self._is_embedding_key(config, key):
+        if check_target_module_exists(config, key):
             return True
         lora = self._lora_config(config)
-        if lora is None or any(key == name or key.startswith(name + ".") for name in self._no_lora):
+        return lora is not None and self._lora_targets(lora, key)
+
+    def _lora_targets(self, lora: LoraConfig, key: str) -> bool:
+        """Whether the stacked LoRA targets module ``key``: never an embedding or the head."""
+        if any(key == name or key.startswith(name + ".") for name in self._no_lora):
             return False
-        return check_target_module_exists(lora, key)
+        return bool(check_target_module_exists(lora, key))
 
     def _embedding_module_names(self) -> set[str]:
-        """Input embedding and output head: their new rows are the adapter's own, so LoRA never targets them."""
-        excluded = set()
-        for module_getter in ("get_input_embeddings", "get_output_embeddings"):
-            module = getattr(self.model, module_getter, lambda: None)()
-            excluded.update(name for name, m in self.model.named_modules() if m is module)
-        getter = getattr(self.model, "get_input_embeddings", None)
-        weight = getattr(getter() if getter is not None else None, "weight", None)
-        excluded.update(
+        """The embeddings and the output head: their new rows are the adapter's own, so LoRA never targets them."""
+        embedding = _input_embedding(self.model)
+        head = getattr(self.model, "get_output_embeddings", lambda: None)()
+        weight = getattr(embedding, "weight", None)
+        return {
             name
             for name, m in self.model.named_modules()
-            if weight is not None
-            and isinstance(m, (nn.Embedding, GroundedTiedEmbedding))
-            and m.weight is weight
-        )
-        return excluded
+            if m is embedding
+            or m is head
+            or (
+                weight is not None
+                and isinstance(m, (nn.Embedding, GroundedTiedEmbedding))
+                and m.weight is weight
+            )
+        }
 
     def _create_and_replace(self, config, adapter_name, target, target_name, parent, current_key, **kwargs):
-        if self._is_embedding_key(config, current_key):
+        if check_target_module_exists(config, current_key):
             self._add_token_rows(config, adapter_name, target, target_name, parent)
         else:
             self._add_lora(config, adapter_name, target, target_name, parent, current_key)
@@ -178,8 +173,7 @@ class GroundedTokenModel(BaseTuner):
                     f"output_module={config.output_module!r} is not a module of this model."
                 ) from err
         else:
-            getter = getattr(self.model, "get_output_embeddings", None)
-            head = getter() if getter is not None else None
+            head = getattr(self.model, "get_output_embeddings", lambda: None)()
         if isinstance(head, GroundedHead):
             head = head.base_layer
         return head
@@ -296,8 +290,7 @@ class GroundedTokenModel(BaseTuner):
             key
             for key, module in self.model.named_modules()
             if not isinstance(module, (LoraLayer, GroundedTokenLayer, GroundedHead, GroundedTiedEmbedding))
-            and not any(key == n or key.startswith(n + ".") for n in self._no_lora)
-            and check_target_module_exists(lora, key)
+            and self._lora_targets(lora, key)
             and not any(key.startswith(f"{m}.") for m in self.targeted_module_names)
         ]
         if not names:
@@ -316,9 +309,7 @@ class GroundedTokenModel(BaseTuner):
         return names
 
     def _cast_adapter_dtype(self, adapter_name: str, autocast_adapter_dtype: bool = True) -> None:
-        """PEFT's rule for every adapter weight, the rows included: ``autocast_adapter_dtype=True`` (the default)
-        upcasts float16/bfloat16 weights to float32; False keeps them in the base's dtype. Recorded, so that a
-        LoRA stacked later (:meth:`inject_lora`) follows the same rule: one adapter, one dtype."""
+        """PEFT's rule, the rows included; recorded, so that a LoRA stacked later (:meth:`inject_lora`) follows it."""
         self._autocast[adapter_name] = autocast_adapter_dtype
         super()._cast_adapter_dtype(adapter_name, autocast_adapter_dtype=autocast_adapter_dtype)
         if not autocast_adapter_dtype:  # the rows start as float32 masters (see layer._master)
@@ -357,14 +348,10 @@ class GroundedTokenModel(BaseTuner):
             isinstance(m, GroundedHead) and m.base_layer is head for m in model.modules()
         ):
             name = next(n for n, m in model.named_modules() if m is head)
-            parent_name, _, child = name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, child, GroundedHead(head, embedding))
+            model.set_submodule(name, GroundedHead(head, embedding))
         for name in self._tied_embedding_names(self.peft_config[adapter_name]):
-            parent_name, _, child = name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, child, GroundedTiedEmbedding(model.get_submodule(name), embedding))
-        _guard_resize(model)
+            model.set_submodule(name, GroundedTiedEmbedding(model.get_submodule(name), embedding))
+        model.resize_token_embeddings = ResizeGuard()  # resizing now would misplace or drop the rows
 
     def _unload_and_optionally_merge(
         self, merge=True, progressbar=False, safe_merge=False, adapter_names=None
@@ -384,12 +371,16 @@ class GroundedTokenModel(BaseTuner):
         return torch.cat([layer.grounded_indices[n] for n in names]).unique(sorted=True)
 
 
+def _input_embedding(model: nn.Module) -> nn.Module | None:
+    getter = getattr(model, "get_input_embeddings", None)
+    return getter() if getter is not None else None
+
+
 def _grounded_layer(model: nn.Module, adapter_name: str) -> GroundedTokenLayer | None:
     """The grounded layer of ``model``: its input embedding, or, for a model without ``get_input_embeddings``
     (a plain ``nn.Module``, as TrainableTokens wraps too), the layer ``target_modules`` made for the adapter."""
-    getter = getattr(model, "get_input_embeddings", None)
-    if getter is not None:
-        embedding = getter()
+    if hasattr(model, "get_input_embeddings"):
+        embedding = model.get_input_embeddings()
         return embedding if isinstance(embedding, GroundedTokenLayer) else None
     return next(
         (
@@ -407,9 +398,7 @@ def _describes(config: GroundedTokenConfig, model: nn.Module) -> bool:
     made = config.provenance
     if made is None or (made.num_embeddings is None and made.embedding_signature is None):
         return True
-    getter = getattr(model, "get_input_embeddings", None)
-    embedding = getter() if getter is not None else None
-    weight = getattr(getattr(embedding, "base_layer", embedding), "weight", None)
+    weight = getattr(_input_embedding(model), "weight", None)  # a GroundedTokenLayer's is its base layer's
     if not isinstance(weight, torch.Tensor) or weight.is_meta or weight.ndim != 2:
         return True
     if made.num_embeddings is not None and made.num_embeddings != weight.shape[0]:
@@ -429,8 +418,8 @@ def _for_another_base(config: GroundedTokenConfig) -> GroundedTokenConfig:
 
 
 class ResizeGuard:
-    """Stands in for ``resize_token_embeddings`` on a wrapped model and refuses (a module-level class, so that
-    the model still pickles, and ``torch.save(model)`` works)."""
+    """Stands in for ``resize_token_embeddings`` on a wrapped model and refuses (a class, so that the model still
+    pickles)."""
 
     def __call__(self, *args, **kwargs):
         raise RuntimeError(
@@ -438,8 +427,3 @@ class ResizeGuard:
             "adapter's rows. Add tokens and resize before get_peft_model; to extend an adapted model, "
             "merge_and_unload() it first, add the tokens, and wrap it again."
         )
-
-
-def _guard_resize(model: nn.Module) -> None:
-    """Make ``resize_token_embeddings`` on the wrapped model fail loudly instead of detaching the adapter."""
-    model.resize_token_embeddings = ResizeGuard()

@@ -1,4 +1,4 @@
-"""Reading a saved grounded adapter without a model: its config and its new-token rows."""
+"""A saved grounded adapter read without a model (its config and rows), and the method's registration in PEFT."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import torch
 from peft.utils.constants import CONFIG_NAME as ADAPTER_CONFIG
 from peft.utils.constants import SAFETENSORS_WEIGHTS_NAME as ADAPTER_WEIGHTS
 from peft.utils.peft_types import PeftType
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 PEFT_TYPE = "GROUNDED_TOKENS"  # the method's name in PEFT's registry and in every adapter_config.json
 
@@ -73,9 +75,8 @@ def adapter_files(path: str | Path) -> tuple[Path, Path]:
 
 
 def adapter_config_json(path: str | Path, fix: str = FIX) -> Any:
-    """The JSON value of ``adapter_config.json`` in the adapter folder ``path``: the one place the package
-    parses that file (:func:`read_adapter_config`; the Hub's and the recommender's loading through
-    :func:`peft_grounded.hub.repo.load_grounded_config`, once per load); errors name the file and ``fix``."""
+    """The JSON value of ``adapter_config.json`` in the adapter folder ``path`` (the package's one parser of
+    that file); errors name the file and ``fix``."""
     from .._io import read_json
 
     return read_json(Path(path) / ADAPTER_CONFIG, fix=fix)
@@ -100,24 +101,16 @@ def recorded_fact(config: dict[str, Any], key: str) -> Any:
     return (config.get("provenance") or {}).get(key)
 
 
-def read_tensors(weights: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a safetensors file; a truncated or corrupted file is a clear error naming it."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(str(weights))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
-        raise ValueError(f"{weights} cannot be read ({err}): truncated or corrupted; {FIX}") from None
-
-
 def read_adapter(path: str | Path) -> SavedAdapter:
     """Config and rows of the grounded adapter saved at ``path`` (safetensors only), checked: every tensor
     finite, the rows' shapes those the config lists."""
     directory = Path(path)
     config = read_adapter_config(directory)
     _, weights = adapter_files(directory)
-    tensors = read_tensors(weights)
+    try:
+        tensors = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        raise ValueError(f"{weights} cannot be read ({err}): truncated or corrupted; {FIX}") from None
     inputs = [k for k in tensors if k.endswith("grounded_embedding")]
     outputs = [k for k in tensors if k.endswith("grounded_head")]
     if len(inputs) != 1 or len(outputs) > 1:
@@ -146,11 +139,8 @@ def read_adapter(path: str | Path) -> SavedAdapter:
 def adapter_rows(
     path: str | Path, token_indices: list[int], token_strings: list[str] | None, width: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Input and output rows for ``token_indices`` taken from a saved grounded adapter (warm start).
-
-    Tokens are matched by string when both adapters know their strings, else by index. ``width``: the
-    model's row width, checked so that another model's adapter fails here, clearly.
-    """
+    """Input and output rows for ``token_indices`` from a saved grounded adapter (warm start), matched by string
+    when both adapters know their strings, else by index; ``width``, the model's, is checked."""
     saved = read_adapter(path)
     order = saved.positions(token_strings, token_indices)
     if width is not None and saved.input_rows.shape[1] != width:
@@ -162,13 +152,8 @@ def adapter_rows(
     return saved.input_rows[order], output
 
 
-# Make ``GROUNDED_TOKENS`` a PEFT method: a ``PeftType`` member, PEFT's registries, and the save path.
-#
-# PEFT keeps its method names in the ``PeftType`` enum; a plugin has to add a member before calling
-# ``peft.utils.register_peft_method``. After registration ``get_peft_model``, ``PeftConfig.from_pretrained``,
-# ``PeftModel.from_pretrained`` and ``load_adapter`` work like for PEFT's own methods.
-
-NAME = PEFT_TYPE.lower()
+# Make ``GROUNDED_TOKENS`` a PEFT method: a ``PeftType`` member (PEFT's enum has no public way to grow, and
+# ``register_peft_method`` needs one), PEFT's registries, and the save path.
 
 
 def _extend_peft_type(member_name: str) -> PeftType:
@@ -196,19 +181,16 @@ def register(config_cls: type, model_cls: type) -> None:
     from peft.utils import register_peft_method
 
     if PEFT_TYPE_TO_TUNER_MAPPING.get(GROUNDED_TOKENS) is not model_cls:
-        register_peft_method(name=NAME, config_cls=config_cls, model_cls=model_cls, prefix=model_cls.prefix)
+        register_peft_method(
+            name=PEFT_TYPE.lower(), config_cls=config_cls, model_cls=model_cls, prefix=model_cls.prefix
+        )
     _patch_embedding_save()
 
 
 def _patch_embedding_save() -> None:
-    """Resolve ``save_embedding_layers="auto"`` to False for grounded adapters.
-
-    PEFT's "auto" writes the whole embedding matrix (and an untied head) next to an adapter whenever the
-    vocabulary was resized, which is always the case here; ``Trainer`` checkpoints and ``push_to_hub`` use
-    "auto". A grounded adapter already holds every row that differs from the base, and its config pins the
-    base (vocabulary size, signature, fingerprint), so the full matrix is pure waste. An explicit
-    ``save_embedding_layers=True`` is still honoured.
-    """
+    """Resolve ``save_embedding_layers="auto"`` to False for grounded adapters: PEFT's "auto" (``Trainer``'s and
+    ``push_to_hub``'s) saves the whole resized embedding, while the adapter holds every row that differs from the
+    base. An explicit ``save_embedding_layers=True`` is honoured."""
     import peft
     import peft.peft_model
     import peft.utils

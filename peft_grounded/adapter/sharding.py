@@ -1,22 +1,9 @@
 """Sharded training (FSDP2, DeepSpeed ZeRO-3) of a grounded-token adapter.
 
-**FSDP2: the rows' readers in one unit.**
-
-The head reads the rows that the input embedding layer holds (``GroundedHead`` and every
-``GroundedTiedEmbedding`` are driven by the embedding's :class:`~.layer.GroundedTokenLayer`), and on a tied
-model the head's weight is the embedding's. accelerate's FSDP2 preparation cannot see that: it recognises
-a tied head by ``input_embeddings.weight is output_embeddings.weight``, which the adapter's head (whose
-``weight`` has the rows written in) never satisfies, so it shards the embedding alone and the head with
-the final norm. With torch 2.13 that fails on a tied model ("Parameter ... is shared with a parameter
-already managed by another FSDP group"), and on an untied one the head would read the rows after the
-embedding's unit resharded them. :func:`shard_grounded_layers` therefore puts the embedding layer and every
-module that reads its rows into one unit, kept unsharded from the embedding's forward to the head's
-(``reshard_after_forward=False``, as accelerate does for a tied head), before accelerate shards the rest.
-
-**Saving: the adapter gathered.** Under FSDP with ``SHARDED_STATE_DICT`` ``Trainer.save_model`` writes no
-weights at all, and under ZeRO-3 it writes an adapter only with ``stage3_gather_16bit_weights_on_model_save``.
-:func:`gathered_trainable_state` gathers the trainable tensors (the rows and the LoRA: small) at full size
-on the main process, whatever the state-dict type, so that ``save_pretrained`` writes the usual adapter.
+The head (and every tied embedding) reads the rows the input embedding layer holds, which accelerate's FSDP2
+preparation cannot see: it would shard the embedding apart from its readers (on a tied model torch refuses the
+shared parameter). :func:`shard_grounded_layers` puts them in one unit first. Under FSDP's sharded state dict
+and ZeRO-3, ``Trainer.save_model`` may write no adapter weights: :func:`gathered_trainable_state` gathers them.
 """
 
 from __future__ import annotations
@@ -35,12 +22,9 @@ def grounded_modules(model: nn.Module) -> list[nn.Module]:
 
 
 def shard_grounded_layers(model: nn.Module, plugin, mesh=None) -> bool:
-    """``fully_shard`` the grounded layers of ``model`` as one unit, with the settings of ``plugin`` (accelerate's
-    ``FullyShardedDataParallelPlugin``, version 2) over ``mesh`` (None: all processes).
-
-    Call it before accelerate prepares ``model`` (its preparation leaves modules that are already sharded
-    alone). Returns whether it sharded anything (False: no grounded layer, or already sharded).
-    """
+    """``fully_shard`` the grounded layers of ``model`` as one unit, kept unsharded from the embedding's forward
+    to the head's, with the settings of ``plugin`` (accelerate's FSDP2 plugin) over ``mesh`` (None: all
+    processes), before accelerate prepares ``model``. Returns whether it sharded anything."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     modules = grounded_modules(model)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .. import checks
-from ..adapter.lora_settings import checked_lora
+from ..adapter.lora import checked_lora
 from ..evaluation.metrics import EvalSettings
 from ..prompts import PromptFormat
 from ..sids.model import RowStart
