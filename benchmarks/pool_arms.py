@@ -4,8 +4,12 @@ reference arm, on the part each decoded (validation for the ablations of issue 4
     python benchmarks/pool_arms.py --part valid text=runs/i40/text-s0 behaviour=runs/i40/behaviour-s0
 
 The first arm is the reference. Each arm's folder holds one strategy run (``strategies/<name>-seed<N>/
-metrics.json``, the runner's per-user records) or is a ``peft-grounded evaluate`` output (``users.json``); arms given as ``NAME=DIR1,DIR2`` pool seeds (users resampled
-within each seed, ``evaluation.reports.paired_intervals``).
+metrics.json``, the runner's per-user records) or is a ``peft-grounded evaluate`` output (``users.json``); an
+arm may also be a peer's file of ``benchmarks/side_by_side.py`` (``<out>/peers/seed<N>/sasrec.json``: test users
+only, no likelihood, so the NLL columns are left out). Arms given as ``NAME=DIR1,DIR2`` pool seeds (users
+resampled within each seed, ``evaluation.reports.paired_intervals``).
+
+    python benchmarks/pool_arms.py --part test sasrec=runs/sbs/peers/seed0/sasrec.json llm=runs/i40/test-behaviour-s0
 """
 
 from __future__ import annotations
@@ -26,8 +30,15 @@ METRICS = ("recall@10", "ndcg@10", "constrained_nll")
 
 
 def arm_records(folder: Path, part: str) -> list[dict]:
-    """The per-user records of the one strategy run in ``folder``, or of a ``peft-grounded evaluate`` output
-    folder (its ``users.json``)."""
+    """The per-user records of the one strategy run in ``folder``, of a ``peft-grounded evaluate`` output
+    folder (its ``users.json``), or of a side-by-side peer file (test users only)."""
+    if folder.is_file():
+        peer = json.loads(folder.read_text())
+        if "records" not in peer:
+            raise SystemExit(f"{folder}: not a peer file of side_by_side.py (it has no 'records')")
+        if part != "test":
+            raise SystemExit(f"{folder}: a peer file holds test users only; use --part test")
+        return peer["records"]
     if (folder / "users.json").is_file():
         runs, users = [folder / "users.json"], json.loads((folder / "users.json").read_text())
     else:
@@ -41,7 +52,11 @@ def arm_records(folder: Path, part: str) -> list[dict]:
 
 
 def training(folder: Path) -> str:
-    """``steps (epochs), seconds`` of the arm's SFT, from its log (an evaluate folder: its ``run`` link)."""
+    """``steps (epochs), seconds`` of the arm's SFT, from its log (an evaluate folder: its ``run`` link); a
+    peer file: its training minutes."""
+    if folder.is_file():
+        peer = json.loads(folder.read_text())
+        return f"best epoch {peer.get('best_epoch', '?')}, {60 * float(peer.get('minutes', 0)):.0f} s"
     run = folder / "run"
     logs = sorted((run.resolve() if run.exists() else folder).glob("strategies/*/sft/log_history.json"))
     if not logs:
@@ -72,28 +87,30 @@ def main(argv=None) -> None:
         name, _, dirs = arm.partition("=")
         arms[name] = [Path(d) for d in dirs.split(",")]
     reference, *_ = arms
-    ref = [arm_records(d, args.part) for d in arms[reference]]
+    records = {name: [arm_records(d, args.part) for d in folders] for name, folders in arms.items()}
+    ref = records[reference]
+    likelihood = all("constrained_nll" in r for runs in records.values() for run in runs for r in run)
+    metrics = METRICS if likelihood else METRICS[:2]  # a peer's records rank items but hold no likelihood
     print(f"{args.part}, paired per user against {reference!r} (95% intervals, users resampled within seed)")
     print(
         "| arm | SFT steps (epochs), seconds | "
-        + " | ".join(METRICS)
+        + " | ".join(metrics)
         + " | "
-        + " | ".join(f"{m} minus {reference}" for m in METRICS)
+        + " | ".join(f"{m} minus {reference}" for m in metrics)
         + " |"
     )
-    print("|---|---|" + "---:|" * (2 * len(METRICS)))
+    print("|---|---|" + "---:|" * (2 * len(metrics)))
     for name, folders in arms.items():
-        records = [arm_records(d, args.part) for d in folders]
         means = []
-        for metric in METRICS:
-            values = [v for r in records for v in user_values(r, metric).values()]
+        for metric in metrics:
+            values = [v for r in records[name] for v in user_values(r, metric).values()]
             means.append(f"{sum(values) / len(values):.4f}")
-        cells = [""] * len(METRICS)
+        cells = [""] * len(metrics)
         if name != reference:
-            intervals = paired_intervals(records, ref, METRICS)
+            intervals = paired_intervals(records[name], ref, metrics)
             cells = [
                 f"{i['difference']:+.4f} [{i['low']:+.4f}, {i['high']:+.4f}]"
-                for i in (intervals[m] for m in METRICS)
+                for i in (intervals[m] for m in metrics)
             ]
         print(f"| {name} | {'; '.join(training(d) for d in folders)} | " + " | ".join(means + cells) + " |")
 

@@ -1,0 +1,56 @@
+"""Arms paired per user against a reference arm: strategy runs, evaluate outputs and a peer's file."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+
+def records(ranks, nll=None):
+    out = []
+    for u, r in enumerate(ranks):
+        record = {"user": str(u), "target": str(100 + u), "all": True, "cold": False, "rank": r}
+        if nll is not None:
+            record["constrained_nll"] = nll[u]
+        out.append(record)
+    return out
+
+
+def hits(ranks):
+    return np.array([r is not None and r < 10 for r in ranks], dtype=float)
+
+
+def test_a_peer_file_pairs_with_an_evaluate_output_on_recall_and_ndcg(tmp_path, capsys):
+    from benchmarks import pool_arms
+
+    rng = np.random.default_rng(0)
+    llm = [int(r) if r < 15 else None for r in rng.integers(0, 40, 60)]
+    peer = [int(r) if r < 15 else None for r in rng.integers(0, 30, 60)]
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "users.json").write_text(
+        json.dumps({"test": records(llm, rng.normal(6, 1, 60).tolist())})
+    )
+    peer_file = tmp_path / "sasrec.json"
+    peer_file.write_text(json.dumps({"records": records(peer), "minutes": 1.5, "best_epoch": 7}))
+    pool_arms.main(["--part", "test", f"sasrec={peer_file}", f"llm={tmp_path / 'eval'}"])
+    out = capsys.readouterr().out
+    assert "constrained_nll" not in out  # the peer holds no likelihood
+    row = next(line for line in out.splitlines() if line.startswith("| llm |"))
+    cells = [c.strip() for c in row.split("|")]
+    assert float(cells[3]) == pytest.approx(hits(llm).mean(), abs=5e-5)
+    assert float(cells[5].split()[0]) == pytest.approx((hits(llm) - hits(peer)).mean(), abs=5e-5)
+    assert "best epoch 7, 90 s" in out
+    with pytest.raises(SystemExit, match="--part test"):
+        pool_arms.main(["--part", "valid", f"sasrec={peer_file}", f"llm={tmp_path / 'eval'}"])
+
+
+def test_arms_scored_on_other_users_are_refused(tmp_path):
+    from benchmarks import pool_arms
+
+    for name, n in (("a", 30), ("b", 31)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "users.json").write_text(json.dumps({"valid": records([1] * n, [5.0] * n)}))
+    with pytest.raises(ValueError, match="different users"):
+        pool_arms.main([f"a={tmp_path / 'a'}", f"b={tmp_path / 'b'}"])
