@@ -23,7 +23,7 @@ from peft_grounded.sids.behaviour import (
 from peft_grounded.sids.catalogue import Catalogue, Item
 from peft_grounded.sids.index import JSON_NAME, EncoderMismatchError, IndexFileError, SIDIndex
 
-FAST = dict(behaviour_minutes=0.2, behaviour_min_interactions=3)
+FAST = dict(behaviour_epochs=40, behaviour_min_interactions=3)
 TEXT_DIM = 12
 
 
@@ -65,7 +65,8 @@ def behaviour(shop):
         ({"behaviour_weight": 1.0}, "behaviour_weight"),
         ({"behaviour_min_interactions": 0}, "behaviour_min_interactions"),
         ({"behaviour_ridge": -1.0}, "behaviour_ridge"),
-        ({"behaviour_minutes": 0}, "behaviour_minutes"),
+        ({"behaviour_epochs": 0}, "behaviour_epochs"),
+        ({"behaviour_epochs": 2.5}, "behaviour_epochs"),
     ],
 )
 def test_a_bad_setting_is_named(bad, named):
@@ -92,6 +93,7 @@ def test_warm_items_keep_sasrecs_vectors_and_unbought_ones_get_the_maps(shop, be
     counts = training_interactions(split, catalogue.item_ids)
     assert counts[40] == counts[41] == 0 and stats["behaviour_warm_items"] == int((counts >= 3).sum())
     assert vectors.shape == (42, 64) and np.isfinite(vectors).all()
+    assert 1 <= stats["behaviour_sasrec_epoch"] <= FAST["behaviour_epochs"]
     # the items without interactions: exactly the map's prediction from their text, same text -> same vector
     np.testing.assert_allclose(vectors[40:], vector_map(text[40:]), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(vectors[40], vectors[41])

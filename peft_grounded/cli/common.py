@@ -319,9 +319,5 @@ RECIPES: MappingProxyType[str, MappingProxyType[str, Any]] = MappingProxyType(
 
 # build-sids: flag destinations -> values
 SID_RECIPES: MappingProxyType[str, MappingProxyType[str, Any]] = MappingProxyType(
-    {
-        "cpu": MappingProxyType(
-            {"levels": 3, "codes": "64", "item_vectors": "behaviour", "behaviour_minutes": 1.0}
-        )
-    }
+    {"cpu": MappingProxyType({"levels": 3, "codes": "64", "item_vectors": "behaviour"})}
 )

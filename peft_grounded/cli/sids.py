@@ -80,7 +80,7 @@ class BuildSIDsArguments:
         default=None,
         metadata={
             "help": "A named recipe's settings as defaults (the flags given and --config win): cpu = the SIDs "
-            "of sft's cpu recipe and the demo (--levels 3 --codes 64 --item_vectors behaviour --behaviour_minutes 1; "
+            "of sft's cpu recipe and the demo (--levels 3 --codes 64 --item_vectors behaviour; "
             "peft_grounded.cli.common.SID_RECIPES)."
         },
     )

@@ -83,7 +83,7 @@ PRESETS: dict[str, Preset] = {
         ),
         fmt=PromptFormat(objective="sequence", max_history=19),
         layers=8,
-        item_vectors=ItemVectorsConfig(item_vectors="behaviour", behaviour_minutes=1.0),
+        item_vectors=ItemVectorsConfig(item_vectors="behaviour"),
         sasrec={"max_minutes": 1.0},
         bf16=True,
         note="CPU-sized (2 cores): SIDs from behaviour "

@@ -57,8 +57,12 @@ class ItemVectorsConfig:
             "held-out fifth of the warm items)."
         },
     )
-    behaviour_minutes: float = field(
-        default=2.0, metadata={"help": "SASRec's training budget in minutes (it also stops on validation)."}
+    behaviour_epochs: int = field(
+        default=40,
+        metadata={
+            "help": "SASRec's most epochs; it stops sooner when validation has not improved for 10 epochs and "
+            "keeps its best epoch. No time budget, so the same data and seed give the same vectors."
+        },
     )
 
     def __post_init__(self) -> None:
@@ -73,7 +77,7 @@ class ItemVectorsConfig:
                 ),
                 checks.int_at_least("behaviour_min_interactions", self.behaviour_min_interactions, 1),
                 checks.number_in("behaviour_ridge", self.behaviour_ridge, 0, low_open=True, none_ok=True),
-                checks.number_in("behaviour_minutes", self.behaviour_minutes, 0, low_open=True),
+                checks.int_at_least("behaviour_epochs", self.behaviour_epochs, 1),
             ],
         )
 
@@ -175,7 +179,7 @@ def item_vectors(
         return text, None, {}
     from .sasrec import SASRecConfig, fit_sasrec
 
-    sasrec = fit_sasrec(split, item_ids, SASRecConfig(max_minutes=config.behaviour_minutes, seed=seed))
+    sasrec = fit_sasrec(split, item_ids, SASRecConfig(max_epochs=config.behaviour_epochs, seed=seed))
     embedding = sasrec.model.item_embedding.weight[1:].detach().float().numpy()
     warm = training_interactions(split, item_ids) >= config.behaviour_min_interactions
     if warm.sum() < 2:
