@@ -3,6 +3,7 @@ profile comes first when that user is likely to pick a new item, and the model's
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -157,3 +158,40 @@ def test_the_rule_serves_text_only_where_it_beats_the_model_on_the_log():
         rule.choose_beams(right, histories[:3], targets, k=1)
     with pytest.raises(NewItemRuleError, match="beams='other'"):
         NewItemRule(mixture, "fingerprint", beams="other")
+
+
+def test_reserved_places_go_to_the_new_items_whatever_pi(tmp_path):
+    """``min_places``: the unlikely user (pi_u ~ 0, no share place) still gets one new item, at the last
+    place, the model's first places untouched; the likely user's share is not cut to it."""
+    from peft_grounded.serving import NewItemRule, NewItemRuleError
+
+    ids, vectors, new = catalogue()
+    mixture = SemanticMixture.fit(ids, vectors, new, calibration())
+    histories = [["o1", "o2"], ["o2", "n1"]]
+    recs = Recommendations(
+        items=[["o3", "o0", "o1", "o2"]] * 2, scores=[[-1.0, -2.0, -3.0, -4.0]] * 2, k=4, num_beams=4
+    )
+    plain = mixture.mix(recs, histories, k=2, mode="share")  # o1, o2 are history: two model items left
+    reserved = mixture.mix(recs, histories, k=2, mode="share", min_places=1)
+    assert plain.extra["new_items_per_list"][0] == 0 and not set(plain.items[0]) & set(new)
+    assert reserved.items[0][:-1] == plain.items[0][:-1] and reserved.items[0][-1] in new
+    assert round(2 * mixture.new_item_prior(histories)[1]) >= 1  # pi_u gives the likely user a place anyway
+    assert reserved.items[1] == plain.items[1]
+    with pytest.raises(ValueError, match="min_places"):
+        mixture.mix(recs, histories, k=4, mode="probability", min_places=1)
+    # the stored rule keeps the setting; a rule saved before it existed loads with none reserved
+    rule = NewItemRule(mixture, "fingerprint", min_places=1)
+    assert rule.apply(recs, histories, 2).items[0][-1] in new and "at least 1 places" in rule.describe()
+    rule.save(tmp_path)
+    assert NewItemRule.load(tmp_path).min_places == 1
+    path = tmp_path / "new_item_rule.json"
+    record = json.loads(path.read_text())
+    record.pop("min_places")
+    path.write_text(json.dumps(record))
+    assert NewItemRule.load(tmp_path).min_places == 0
+    for bad, said in (
+        (dict(min_places=-1), "integer >= 0"),
+        (dict(min_places=1, mode="probability"), "share"),
+    ):
+        with pytest.raises(NewItemRuleError, match=said):
+            NewItemRule(mixture, "fingerprint", **bad)

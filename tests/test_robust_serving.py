@@ -603,6 +603,10 @@ RULE_DAMAGE = {  # how the stored rule is damaged -> what the error line says af
         _rule_record(lambda r: r.update(window="10")),
         "{json}: field 'window' is '10', not a positive integer; {fix}",
     ),
+    "negative_reserved_places": (
+        _rule_record(lambda r: r.update(min_places=-1)),
+        "{json}: field 'min_places' is -1, not an integer >= 0; {fix}",
+    ),
     "weights_of_another_length": (
         _rule_record(lambda r: r.update(weights=[0.5])),
         "{json}: field 'weights' is [0.5], not a list of 3 numbers; {fix}",

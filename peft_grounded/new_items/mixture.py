@@ -179,15 +179,19 @@ class SemanticMixture:
         histories: Sequence[Sequence[str]],
         k: int | None = None,
         mode: str = "probability",
+        min_places: int = 0,
     ) -> Recommendations:
         """Top-``k`` lists (history items left out) by ``mode`` (see the module); ``scores`` hold the log of
         the mixture probability; ``extra["new_items_per_list"]`` counts new items per list and
-        ``extra["new_item_prior"]`` holds ``pi_u``."""
+        ``extra["new_item_prior"]`` holds ``pi_u``. ``min_places`` (``share`` only): the new items get at
+        least this many of the ``k`` places, whatever ``pi_u``."""
         k = recommendations.k if k is None else k
         if len(histories) != len(recommendations.items):
             raise ValueError(f"{len(histories)} histories for {len(recommendations.items)} lists")
         if mode not in ("probability", "share"):
             raise ValueError(f"mode must be 'probability' or 'share', got {mode!r}")
+        if min_places and mode != "share":
+            raise ValueError(f"min_places={min_places} reserves places of the share mode, not of {mode!r}")
         prior = self.new_item_prior(histories)
         text = self.text_probabilities(histories)
         top = min(k, len(self.new_items))
@@ -205,7 +209,7 @@ class SemanticMixture:
                     item = self.new_items[j]
                     prob[item] = prob.get(item, 0.0) + prior[u] * float(text[u, j])
             if mode == "share":
-                quota = min(k, round(k * float(prior[u])))
+                quota = min(k, max(min_places, round(k * float(prior[u]))))
                 model_items = [i for i in items if i in prob and str(i) not in self._new][: k - quota]
                 by_text = sorted(
                     (i for i in prob if str(i) in self._new and i not in model_items), key=lambda i: -prob[i]

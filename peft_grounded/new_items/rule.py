@@ -69,7 +69,9 @@ RULE_FIELDS = {  # field of new_item_rule.json -> (what it must be, its check)
     "new_items": ("a list of item ids", _ids),
     "fitted_on": ("an object", lambda v: isinstance(v, dict)),
     "vectors_sha256": ("a sha256 hex string", lambda v: isinstance(v, str) and len(v) == 64),
+    "min_places": ("an integer >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
 }
+OPTIONAL_FIELDS = {"min_places": 0}  # fields a rule saved before them lacks, and their value then
 
 
 def _checked_record(record: Any, path: Path, fix: str) -> dict[str, Any]:
@@ -78,6 +80,7 @@ def _checked_record(record: Any, path: Path, fix: str) -> dict[str, Any]:
         raise NewItemRuleError(f"{path} holds a JSON {type(record).__name__}, not a new-item rule; {fix}")
     if "format" in record and record["format"] != FORMAT:
         raise NewItemRuleError(f"{path} is not a new-item rule of format {FORMAT}; {fix}")
+    record = OPTIONAL_FIELDS | record
     missing = [name for name in RULE_FIELDS if name not in record]
     extra = [name for name in record if name not in RULE_FIELDS]
     if missing or extra:
@@ -127,10 +130,18 @@ class NewItemRule:
     mode: str = DEFAULT_MODE
     fitted_on: dict[str, Any] = field(default_factory=dict)
     beams: str = "model"
+    min_places: int = 0  # share mode: the rule's items get at least this many places of each list
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise NewItemRuleError(f"mode={self.mode!r}: choose one of {', '.join(MODES)}")
+        if isinstance(self.min_places, bool) or not isinstance(self.min_places, int) or self.min_places < 0:
+            raise NewItemRuleError(f"min_places={self.min_places!r}: give an integer >= 0 (0: pi_u alone)")
+        if self.min_places and self.mode != "share":
+            raise NewItemRuleError(
+                f"min_places={self.min_places} reserves places in the share mode; mode={self.mode!r} ranks every "
+                "candidate by one probability: use mode='share' or min_places=0"
+            )
         if self.beams not in BEAMS:
             raise NewItemRuleError(f"beams={self.beams!r}: choose one of {', '.join(BEAMS)}")
 
@@ -147,10 +158,13 @@ class NewItemRule:
         new_items: Sequence[str] | None = None,
         vectors: np.ndarray | None = None,
         mode: str = DEFAULT_MODE,
+        min_places: int = 0,
     ) -> NewItemRule:
         """Fit on logged ``interactions`` (each user's items in time order, the last one logged since
-        training). ``new_items``: default the index's last growth (``index.added_items()``); ``vectors``:
-        one text vector per item of the index, default :func:`index_vectors`."""
+        training). ``new_items``: default the index's last growth (``index.added_items()``); any items the
+        model cannot rank may be given instead, e.g. the cold ones (trained at most once); ``vectors``:
+        one text vector per item of the index, default :func:`index_vectors`; ``min_places``: see the
+        class."""
         from .mixture import SemanticMixture
 
         new_items = list(index.added_items() if new_items is None else new_items)
@@ -164,7 +178,7 @@ class NewItemRule:
         mixture = SemanticMixture.fit(list(index.item_ids), vectors, new_items, pairs)
         new = set(new_items)
         fitted = {"pairs": len(pairs), "pairs_with_new_item": sum(t in new for _, t in pairs)}
-        return cls(mixture, index.fingerprint(), mode, fitted)
+        return cls(mixture, index.fingerprint(), mode, fitted, min_places=min_places)
 
     def choose_beams(
         self,
@@ -213,7 +227,9 @@ class NewItemRule:
         fitted = self.fitted_on
         line = (
             f"new-item rule ({self.mode} mode) fitted on {fitted.get('pairs', '?')} logged pairs "
-            f"({fitted.get('pairs_with_new_item', '?')} to a new item), {len(self.new_items)} new items; "
+            f"({fitted.get('pairs_with_new_item', '?')} to a new item), {len(self.new_items)} new items"
+            + (f" given at least {self.min_places} places" if self.min_places else "")
+            + "; "
             f"mixing the {'model' if self.beams == 'model' else 'text KNN'} beams"
         )
         if "choice_k" in fitted:
@@ -254,7 +270,7 @@ class NewItemRule:
         ``round(k * pi_u)`` places however few new items are left), scored as the mixture scores a model
         item, ``log(1 - pi_u) + log p_model``."""
         histories = [list(h) for h in histories]
-        mixed = self.mixture.mix(recommendations, histories, k, mode=self.mode)
+        mixed = self.mixture.mix(recommendations, histories, k, mode=self.mode, min_places=self.min_places)
         priors = mixed.extra["new_item_prior"]
         for u, (items, scores) in enumerate(zip(mixed.items, mixed.scores, strict=True)):
             taken = set(items) | set(histories[u])
@@ -290,6 +306,7 @@ class NewItemRule:
             "new_items": list(m.new_items),
             "fitted_on": self.fitted_on,
             "vectors_sha256": hashlib.sha256(tensors).hexdigest(),
+            "min_places": self.min_places,
         }
         folder = Path(folder)
         return [
@@ -338,7 +355,12 @@ class NewItemRule:
                 window=record["window"],
             )
             return cls(
-                mixture, record["sid_index_fingerprint"], record["mode"], record["fitted_on"], record["beams"]
+                mixture,
+                record["sid_index_fingerprint"],
+                record["mode"],
+                record["fitted_on"],
+                record["beams"],
+                record["min_places"],
             )
         except (ValueError, TypeError) as err:
             raise NewItemRuleError(f"{folder / RULE_JSON}: {err}; {fix}") from None
