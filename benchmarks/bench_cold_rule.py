@@ -24,7 +24,9 @@ users, its warm-target users (the sample of all users whose target is not cold) 
 - text KNN, last item and recency profile (the peers of "Cold items (Office)").
 
 Intervals: paired percentile bootstrap over users, pooled over the runs (users resampled within each run).
-Writes ``<out>/cold_rule.json`` and prints the tables.
+Writes ``<out>/cold_rule.json`` and prints the tables. ``--save-rule ADAPTER`` stores the first run's rule
+(``--min-places`` reserved) in an adapter folder: ``peft-grounded evaluate`` and ``recommend`` then serve
+it, which checks the offline mixing against the served route.
 """
 
 from __future__ import annotations
@@ -76,6 +78,14 @@ class Arguments:
     )
     k: int = field(default=10, metadata={"help": "list length scored"})
     rounds: int = field(default=10000, metadata={"help": "bootstrap resamples"})
+    save_rule: str | None = field(
+        default=None,
+        metadata={
+            "help": "an adapter folder of the first run (a copy): the first run's cold rule is saved there "
+            "(new_item_rule.json), so that evaluate and recommend serve it"
+        },
+    )
+    min_places: int = field(default=1, metadata={"help": "--save-rule: places reserved for the cold items"})
     out: str | None = field(
         default=None, metadata={"help": "folder for cold_rule.json (default: the first run)"}
     )
@@ -140,6 +150,13 @@ def score_run(run: Path, catalogue, vectors: np.ndarray, args: Arguments) -> dic
         }
         for row, ls in lists.items()
     }
+    if args.save_rule and run == Path(args.runs[0]):
+        saved = NewItemRule(mixture, index.fingerprint(), "share", min_places=args.min_places)
+        saved.fitted_on = {
+            "pairs": len(logged),
+            "pairs_with_new_item": sum(t in set(cold) for _, t in logged),
+        }
+        saved.save(args.save_rule)
     return {
         "run": str(run),
         "strategy": name,

@@ -56,8 +56,11 @@ def test_the_cold_rule_mixes_the_stored_lists(tmp_path):
     (run / "strategies" / "centroid-seed0" / "metrics.json").write_text(
         json.dumps({"users": {"test": records}})
     )
-    args = bench.Arguments(runs=[str(run)], k=5)
+    (tmp_path / "adapter").mkdir()
+    args = bench.Arguments(runs=[str(run)], k=5, save_rule=str(tmp_path / "adapter"), min_places=1)
     scored = bench.score_run(run, catalogue, text, args)
+    stored = bench.NewItemRule.load(tmp_path / "adapter")  # what evaluate and recommend would serve
+    assert stored.min_places == 1 and set(stored.new_items) == cold and stored.mode == "share"
     assert scored["cold_items"] == len(cold)
     member, per_user = scored["member"], scored["per_user"]
     assert member["cold"].sum() == sum(r["cold"] for r in records) > 0
