@@ -41,11 +41,9 @@ from peft_grounded.decoding import Recommendations
 from peft_grounded.evaluation.metrics import metric_value, target_rank
 from peft_grounded.evaluation.peers import TextKNN
 from peft_grounded.intervals import bootstrap_interval
-from peft_grounded.new_items import NewItemRule, SemanticMixture
+from peft_grounded.new_items import NewItemRule, SemanticMixture, rule_vectors
 from peft_grounded.new_items.protocol import P_TEXT, TEXT_ONLY, control_lists
 from peft_grounded.sids import SIDIndex, load_catalogue
-from peft_grounded.sids.catalogue import TextTemplate
-from peft_grounded.sids.encoders import encode_texts, load_encoder
 
 try:
     from benchmarks._args import parse
@@ -180,9 +178,7 @@ def main(argv=None) -> dict:
     runs = [Path(r) for r in args.runs]
     catalogue = load_catalogue(args.dataset)
     first = SIDIndex.load(runs[0] / "sids")
-    template = TextTemplate.from_spec(first.text_template) if first.text_template else TextTemplate()
-    texts = template.render_all([catalogue.items[i] for i in first.item_ids])
-    vectors = encode_texts(texts, load_encoder("minilm"), show_progress=False)
+    vectors = rule_vectors(first, catalogue)  # the items' text, as the served rule encodes it
     scored = [score_run(run, catalogue, vectors, args) for run in runs]
     result: dict = {"runs": [{k: v for k, v in s.items() if k not in ("member", "per_user")} for s in scored]}
     lines = []

@@ -198,3 +198,35 @@ def test_the_cli_refuses_a_bad_weight_before_building(tmp_path, capsys):
     )
     assert code != 0 and "behaviour_weight" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
+
+
+def test_the_rule_over_a_behaviour_index_ranks_by_the_items_text(shop, tmp_path):
+    """A behaviour index's rule encodes the items' text (the index's encoder and template) rather than using
+    the behaviour vectors, which the items it serves only have through the weak text map."""
+    import warnings
+
+    from peft_grounded.new_items import NewItemRule, index_vectors, rule_vectors
+    from peft_grounded.sids.catalogue import TextTemplate
+    from peft_grounded.sids.encoders import encode_texts, load_encoder
+
+    catalogue, text = shop
+    config = ItemVectorsConfig(item_vectors="behaviour", **FAST)
+    index = build_sids(catalogue, tmp_path / "b", levels=2, codes=4, item_vectors=config, show_progress=False)
+    texts = TextTemplate.from_spec(index.text_template).render_all(
+        [catalogue.items[i] for i in index.item_ids]
+    )
+    encoded = encode_texts(texts, load_encoder(None), show_progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(rule_vectors(index, catalogue), encoded, rtol=1e-5, atol=1e-6)
+    with pytest.warns(UserWarning, match="pass the catalogue"):
+        fallback = rule_vectors(index)
+    assert fallback.shape == (42, 64)
+    np.testing.assert_array_equal(fallback, index_vectors(index))
+    logged = [list(items) for items in catalogue.sequences.values()]
+    rule = NewItemRule.fit(index, logged, new_items=["i40", "i41"], catalogue=catalogue)
+    assert rule.mixture.vectors.shape == encoded.shape
+    text_index = build_sids(catalogue, vectors=text, levels=2, codes=4, show_progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(rule_vectors(text_index, catalogue), index_vectors(text_index))

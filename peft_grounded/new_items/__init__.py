@@ -16,7 +16,7 @@ from __future__ import annotations
 from .._imports import lazy_exports
 
 _LAZY = {  # module: the names it exports
-    "rule": "RULE_FILES NewItemRule NewItemRuleError calibration_pairs index_vectors",
+    "rule": "RULE_FILES NewItemRule NewItemRuleError calibration_pairs index_vectors rule_vectors",
     "mixture": "SemanticMixture",
     "protocol": (
         "default_match_levels mix_new_items random_slots first_seen full_histories logged_pairs "

@@ -99,6 +99,44 @@ def index_vectors(index: Any) -> np.ndarray:
     return np.stack([quantised_vector(index, item) for item in index.item_ids]).astype(np.float32)
 
 
+def rule_vectors(index: Any, catalogue: Any = None) -> np.ndarray:
+    """``[items, dim]``: the vectors of the rule's text expert, one per item of ``index``. A text index: its own
+    (:func:`index_vectors`). An index built from behaviour (or a mix): the items' text encoded with the
+    index's encoder and text template, read from ``catalogue``, because the behaviour vectors of the items
+    the rule serves (new or cold) come from a weak text-to-behaviour map; without a catalogue it warns and
+    falls back to the index's own vectors."""
+    if getattr(index, "vector_map", None) is None:
+        return index_vectors(index)
+    if catalogue is None:
+        import warnings
+
+        warnings.warn(
+            "this SID index was built from behaviour vectors, and the new-item rule then ranks the items it "
+            "serves by their text-mapped behaviour vectors, which rank them worse than their text; pass the "
+            "catalogue so that the rule encodes the items' text (recommend --interactions FILE --catalogue "
+            "CATALOGUE, or catalogue= of NewItemRule.fit and GroundedRecommender)",
+            UserWarning,
+            stacklevel=3,
+        )
+        return index_vectors(index)
+    from ..sids import load_catalogue
+    from ..sids.catalogue import TextTemplate
+    from ..sids.encoders import encode_texts, load_encoder
+
+    catalogue = catalogue if hasattr(catalogue, "items") else load_catalogue(str(catalogue))
+    missing = [i for i in index.item_ids if i not in catalogue.items]
+    if missing:
+        raise NewItemRuleError(
+            f"{len(missing)} items of the SID index are not in the catalogue (e.g. {missing[:3]}): pass the "
+            "catalogue the index was built (or grown) from"
+        )
+    encoder = load_encoder(None)
+    index.check_encoder(encoder)
+    template = TextTemplate.from_spec(index.text_template) if index.text_template else TextTemplate()
+    texts = template.render_all([catalogue.items[i] for i in index.item_ids])
+    return encode_texts(texts, encoder, show_progress=False).astype(np.float32)
+
+
 def calibration_pairs(histories: Iterable[Sequence[str]], index: Any) -> list[tuple[tuple[str, ...], str]]:
     """``(history, next item)`` from each logged history of two or more items: its last item is the one
     logged since training. Items the index does not hold are refused by name."""
@@ -159,12 +197,13 @@ class NewItemRule:
         vectors: np.ndarray | None = None,
         mode: str = DEFAULT_MODE,
         min_places: int = 0,
+        catalogue: Any = None,
     ) -> NewItemRule:
         """Fit on logged ``interactions`` (each user's items in time order, the last one logged since
         training). ``new_items``: default the index's last growth (``index.added_items()``); any items the
         model cannot rank may be given instead, e.g. the cold ones (trained at most once); ``vectors``:
-        one text vector per item of the index, default :func:`index_vectors`; ``min_places``: see the
-        class."""
+        one text vector per item of the index, default :func:`rule_vectors` (``catalogue``: the items' text,
+        which an index built from behaviour needs); ``min_places``: see the class."""
         from .mixture import SemanticMixture
 
         new_items = list(index.added_items() if new_items is None else new_items)
@@ -173,7 +212,7 @@ class NewItemRule:
                 "the SID index added no items since its parent: there is nothing for a new-item rule to serve "
                 "(grow the index with `peft-grounded add-items` first)"
             )
-        vectors = index_vectors(index) if vectors is None else np.asarray(vectors, dtype=np.float32)
+        vectors = rule_vectors(index, catalogue) if vectors is None else np.asarray(vectors, dtype=np.float32)
         pairs = calibration_pairs(interactions, index)
         mixture = SemanticMixture.fit(list(index.item_ids), vectors, new_items, pairs)
         new = set(new_items)

@@ -232,6 +232,8 @@ class GroundedRecommender:
         let :meth:`NewItemRule.choose_beams` keep the model's beams or, where text KNN serves the logged next
         items better with a paired interval above 0, switch the rule to text."""
         interactions = [list(h) for h in interactions]
+        if kwargs.get("vectors") is None:  # the text of this recommender's catalogue, for a behaviour index
+            kwargs.setdefault("catalogue", self.catalogue)
         rule = NewItemRule.fit(self.index, interactions, **kwargs)
         if choose_beams:
             self.choose_new_item_beams(rule, interactions, choice_users=choice_users, k=k, seed=seed)
