@@ -18,7 +18,8 @@ users, its warm-target users (the sample of all users whose target is not cold) 
 - the LLM alone;
 - **the LLM + cold rule** (the served rule: the LLM's list keeps its first ``k - round(k * pi_u)`` places,
   the rest go to the cold items of highest ``p_text``); the same with one place always the cold items'
-  (``min_places=1``); the ``probability`` mode;
+  (``min_places=1``), and with the index's own vectors in place of the text (for a behaviour index, the
+  text-mapped behaviour vectors: the control of ``rule_vectors``); the ``probability`` mode;
 - the same rule over text KNN beams (the text-only mixture, a control);
 - the cold items by ``p_text`` alone (a control);
 - text KNN, last item and recency profile (the peers of "Cold items (Office)").
@@ -41,7 +42,7 @@ from peft_grounded.decoding import Recommendations
 from peft_grounded.evaluation.metrics import metric_value, target_rank
 from peft_grounded.evaluation.peers import TextKNN
 from peft_grounded.intervals import bootstrap_interval
-from peft_grounded.new_items import NewItemRule, SemanticMixture, rule_vectors
+from peft_grounded.new_items import NewItemRule, SemanticMixture, index_vectors, rule_vectors
 from peft_grounded.new_items.protocol import P_TEXT, TEXT_ONLY, control_lists
 from peft_grounded.sids import SIDIndex, load_catalogue
 
@@ -52,8 +53,9 @@ except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the
 
 LLM, SERVED = "LLM alone", "LLM + cold rule (share)"
 RESERVED, BY_PROBABILITY = "LLM + cold rule (share, 1 place reserved)", "LLM + cold rule (probability)"
+RESERVED_OWN = "... 1 place reserved, the index's own vectors"  # a behaviour index: its text-mapped vectors
 KNN_LAST, KNN_RECENCY = "text KNN (last item)", "text KNN (recency)"
-ROWS = (LLM, SERVED, RESERVED, BY_PROBABILITY, TEXT_ONLY, P_TEXT, KNN_LAST, KNN_RECENCY)
+ROWS = (LLM, SERVED, RESERVED, RESERVED_OWN, BY_PROBABILITY, TEXT_ONLY, P_TEXT, KNN_LAST, KNN_RECENCY)
 GROUPS = ("cold", "warm", "all")
 PAIRS = (
     (SERVED, KNN_LAST),
@@ -124,6 +126,8 @@ def score_run(run: Path, catalogue, vectors: np.ndarray, args: Arguments) -> dic
     lists = {LLM: [list(r["items"]) for r in records], SERVED: rule.apply(beams, histories, args.k).items}
     lists[RESERVED] = NewItemRule(mixture, "", "share", min_places=1).apply(beams, histories, args.k).items
     lists[BY_PROBABILITY] = NewItemRule(mixture, "", "probability").apply(beams, histories, args.k).items
+    own = SemanticMixture.fit(item_ids, index_vectors(index), cold, logged)
+    lists[RESERVED_OWN] = NewItemRule(own, "", "share", min_places=1).apply(beams, histories, args.k).items
     lists |= control_lists(mixture, histories, args.k, width, "share")
     for profile in ("last", "recency"):
         knn = TextKNN(item_ids, vectors, profile=profile)
