@@ -140,20 +140,7 @@ class TextKNN:
     ) -> TextKNN:
         """The index's items with the vectors the SIDs came from: its text template, its encoder (checked
         against the index's fingerprint; default: the packaged MiniLM), the embedding cache."""
-        from ..sids.catalogue import TextTemplate
-        from ..sids.encoders import encode_texts, load_encoder
-
-        missing = [i for i in index.item_ids if i not in catalogue.items]
-        if missing:
-            raise ValueError(
-                f"{len(missing)} items of the SID index are not in the catalogue (e.g. {missing[:3]}): pass the "
-                "catalogue the index was built (or grown) from"
-            )
-        enc = load_encoder(encoder)
-        index.check_encoder(enc)
-        template = TextTemplate.from_spec(index.text_template) if index.text_template else TextTemplate()
-        texts = template.render_all([catalogue.items[i] for i in index.item_ids])
-        vectors = encode_texts(texts, enc, cache_dir=cache_dir, show_progress=show_progress)
+        vectors = index.text_vectors(catalogue, encoder, cache_dir=cache_dir, show_progress=show_progress)
         return cls(list(index.item_ids), vectors, **kwargs)
 
     def user_vectors(self, histories: Sequence[Sequence[str]]) -> np.ndarray:

@@ -120,21 +120,9 @@ def rule_vectors(index: Any, catalogue: Any = None) -> np.ndarray:
         )
         return index_vectors(index)
     from ..sids import load_catalogue
-    from ..sids.catalogue import TextTemplate
-    from ..sids.encoders import encode_texts, load_encoder
 
     catalogue = catalogue if hasattr(catalogue, "items") else load_catalogue(str(catalogue))
-    missing = [i for i in index.item_ids if i not in catalogue.items]
-    if missing:
-        raise NewItemRuleError(
-            f"{len(missing)} items of the SID index are not in the catalogue (e.g. {missing[:3]}): pass the "
-            "catalogue the index was built (or grown) from"
-        )
-    encoder = load_encoder(None)
-    index.check_encoder(encoder)
-    template = TextTemplate.from_spec(index.text_template) if index.text_template else TextTemplate()
-    texts = template.render_all([catalogue.items[i] for i in index.item_ids])
-    return encode_texts(texts, encoder, show_progress=False).astype(np.float32)
+    return index.text_vectors(catalogue)
 
 
 def calibration_pairs(histories: Iterable[Sequence[str]], index: Any) -> list[tuple[tuple[str, ...], str]]:

@@ -360,6 +360,28 @@ class SIDIndex:
 
     # ------------------------------------------------------------------------------------------ new items
 
+    def text_vectors(
+        self, catalogue: Any, encoder: Any = None, *, cache_dir: Any = None, show_progress: bool = False
+    ) -> np.ndarray:
+        """``[items, dim]``: the items' text as this index encodes it (its text template; ``encoder``, default
+        the packaged MiniLM, checked against the index's fingerprint; the embedding cache), read from
+        ``catalogue``, which must hold every item."""
+        from .catalogue import TextTemplate
+        from .encoders import encode_texts, load_encoder
+
+        missing = [i for i in self.item_ids if i not in catalogue.items]
+        if missing:
+            raise ValueError(
+                f"{len(missing)} items of the SID index are not in the catalogue (e.g. {missing[:3]}): pass the "
+                "catalogue the index was built (or grown) from"
+            )
+        encoder = load_encoder(encoder)
+        self.check_encoder(encoder)
+        template = TextTemplate.from_spec(self.text_template) if self.text_template else TextTemplate()
+        texts = template.render_all([catalogue.items[i] for i in self.item_ids])
+        vectors = encode_texts(texts, encoder, cache_dir=cache_dir, show_progress=show_progress)
+        return np.asarray(vectors, dtype=np.float32)
+
     def check_encoder(self, encoder: Any) -> None:
         """Raise :class:`EncoderMismatchError` unless ``encoder`` (a TextEncoder or fingerprint) is this index's."""
         from .encoders import same_encoder
