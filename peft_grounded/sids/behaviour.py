@@ -58,10 +58,11 @@ class ItemVectorsConfig:
         },
     )
     behaviour_epochs: int = field(
-        default=40,
+        default=200,
         metadata={
-            "help": "SASRec's most epochs; it stops sooner when validation has not improved for 10 epochs and "
-            "keeps its best epoch. No time budget, so the same data and seed give the same vectors."
+            "help": "SASRec's most epochs; it stops when validation has not improved for 10 epochs and keeps "
+            "its best epoch, as the SASRec peer does. No time budget, so the same data and seed give the "
+            "same vectors."
         },
     )
 
