@@ -61,6 +61,7 @@ PAIRS = (
     (SERVED, KNN_LAST),
     (SERVED, LLM),
     (RESERVED, KNN_LAST),
+    (RESERVED, KNN_RECENCY),
     (RESERVED, LLM),
     (SERVED, TEXT_ONLY),
     (P_TEXT, KNN_LAST),
@@ -194,9 +195,12 @@ def main(argv=None) -> dict:
         for row in ROWS:
             cells = []
             for g in GROUPS:
-                values = np.concatenate([s["per_user"][row][metric][s["member"][g]] for s in scored])
-                cells.append(f"{values.mean():.3f}")
-                result.setdefault("means", {}).setdefault(row, {})[f"{g}_{metric}"] = float(values.mean())
+                groups = [s["per_user"][row][metric][s["member"][g]] for s in scored]
+                found = bootstrap_interval(groups, resamples=args.rounds, seed=0)
+                cells.append(f"{found['difference']:.3f} [{found['low']:.3f}, {found['high']:.3f}]")
+                result.setdefault("means", {}).setdefault(row, {})[f"{g}_{metric}"] = [
+                    float(found[key]) for key in ("difference", "low", "high")
+                ]
             lines.append(f"| {row} | {' | '.join(cells)} |")
         lines.append("")
         lines += [
