@@ -42,7 +42,7 @@ from peft_grounded.decoding import Recommendations
 from peft_grounded.evaluation.metrics import metric_value, target_rank
 from peft_grounded.evaluation.peers import TextKNN
 from peft_grounded.intervals import bootstrap_interval
-from peft_grounded.new_items import NewItemRule, SemanticMixture, index_vectors, rule_vectors
+from peft_grounded.new_items import NewItemRule, index_vectors, rule_vectors
 from peft_grounded.new_items.protocol import P_TEXT, TEXT_ONLY, control_lists
 from peft_grounded.sids import SIDIndex, load_catalogue
 
@@ -111,9 +111,11 @@ def score_run(run: Path, catalogue, vectors: np.ndarray, args: Arguments) -> dic
     counts = split.training_target_counts()
     cold = [i for i in item_ids if counts.get(i, 0) <= args.max_count]
     users = {u.user_id: u for u in split.users}
-    logged = [(tuple(u.history), u.valid) for u in split.users]  # the pairs logged since training
-    mixture = SemanticMixture.fit(item_ids, vectors, cold, logged)
-    rule = NewItemRule(mixture, index.fingerprint(), "share")  # the new-item rule as shipped
+    logged = [
+        [*u.history, u.valid] for u in split.users
+    ]  # each user's validation pair: logged since training
+    rule = NewItemRule.fit(index, logged, new_items=cold, vectors=vectors)  # the new-item rule as shipped
+    mixture = rule.mixture
     name, records = run_lists(run)
     histories = [[*users[r["user"]].history, users[r["user"]].valid] for r in records]
     targets = [r["target"] for r in records]
@@ -127,8 +129,8 @@ def score_run(run: Path, catalogue, vectors: np.ndarray, args: Arguments) -> dic
     lists = {LLM: [list(r["items"]) for r in records], SERVED: rule.apply(beams, histories, args.k).items}
     lists[RESERVED] = NewItemRule(mixture, "", "share", min_places=1).apply(beams, histories, args.k).items
     lists[BY_PROBABILITY] = NewItemRule(mixture, "", "probability").apply(beams, histories, args.k).items
-    own = SemanticMixture.fit(item_ids, index_vectors(index), cold, logged)
-    lists[RESERVED_OWN] = NewItemRule(own, "", "share", min_places=1).apply(beams, histories, args.k).items
+    own = NewItemRule.fit(index, logged, new_items=cold, vectors=index_vectors(index), min_places=1)
+    lists[RESERVED_OWN] = own.apply(beams, histories, args.k).items
     lists |= control_lists(mixture, histories, args.k, width, "share")
     for profile in ("last", "recency"):
         knn = TextKNN(item_ids, vectors, profile=profile)
@@ -154,17 +156,13 @@ def score_run(run: Path, catalogue, vectors: np.ndarray, args: Arguments) -> dic
         for row, ls in lists.items()
     }
     if args.save_rule and run == Path(args.runs[0]):
-        saved = NewItemRule(mixture, index.fingerprint(), "share", min_places=args.min_places)
-        saved.fitted_on = {
-            "pairs": len(logged),
-            "pairs_with_new_item": sum(t in set(cold) for _, t in logged),
-        }
+        saved = NewItemRule(mixture, index.fingerprint(), "share", rule.fitted_on, min_places=args.min_places)
         saved.save(args.save_rule)
     return {
         "run": str(run),
         "strategy": name,
         "cold_items": len(cold),
-        "fitted_on": {"pairs": len(logged), "pairs_to_cold": sum(t in cold_set for _, t in logged)},
+        "fitted_on": rule.fitted_on,
         "temperature": float(mixture.temperature),
         "weights": [float(w) for w in mixture.weights],
         "users": {g: int(m.sum()) for g, m in member.items()},

@@ -25,6 +25,7 @@ def _shop(seed: int = 0):
 
 def test_the_cold_rule_mixes_the_stored_lists(tmp_path):
     from benchmarks import bench_cold_rule as bench
+    from peft_grounded.new_items import SemanticMixture
     from peft_grounded.sids import build_sids
 
     catalogue, text = _shop()
@@ -71,7 +72,7 @@ def test_the_cold_rule_mixes_the_stored_lists(tmp_path):
     # one place reserved: every user's last place is a cold item and the LLM's first four stay in order
     assert per_user[bench.RESERVED]["recall"][member["cold"]].mean() > 0
     reserved = bench.NewItemRule(
-        bench.SemanticMixture.fit(
+        SemanticMixture.fit(
             [str(i) for i in catalogue.item_ids],
             text,
             sorted(cold, key=catalogue.item_ids.index),
