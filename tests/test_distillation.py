@@ -302,7 +302,8 @@ def test_the_prompt_objective_distils_its_sid_tokens(toy, teacher, tokenizer, tm
         ({"distill_weight": float("nan")}, "distill_weight"),
         ({"distill_top_k": 0}, "distill_top_k"),
         ({"distill_top_k": 2.5}, "distill_top_k"),
-        ({"distill_minutes": 0}, "distill_minutes"),
+        ({"distill_epochs": 0}, "distill_epochs"),
+        ({"distill_epochs": 1.5}, "distill_epochs"),
         ({"distill_weight": 0.5, "sid_softmax_loss": False}, "distill_weight > 0 needs the SID-only softmax"),
         ({"distill_weight": 0.5, "packing": True}, "distill_weight > 0 needs unpacked rows"),
         ({"distill_weight": 0.5, "loss_type": "dft"}, "distill_weight > 0 mixes into the NLL loss"),
@@ -331,7 +332,7 @@ def test_the_trainer_refuses_distillation_it_cannot_do(toy, teacher, tokenizer, 
 def test_a_distilled_run_logs_its_soft_loss_and_resumes_on_the_same_targets(toy, model_dir, tmp_path, caplog):
     catalogue, index = toy
     args = dict(max_steps=4, save_steps=2, learning_rate=0.1, warmup_ratio=0.0, lr_scheduler_type="constant")
-    args |= dict(optim="sgd", distill_weight=0.5, distill_minutes=0.2)
+    args |= dict(optim="sgd", distill_weight=0.5, distill_epochs=2)
     out = tmp_path / "run"
 
     def run(resume: bool = False) -> dict[str, torch.Tensor]:
@@ -367,3 +368,14 @@ def test_a_distilled_run_logs_its_soft_loss_and_resumes_on_the_same_targets(toy,
         torch.testing.assert_close(resumed[name], tensor, rtol=1e-5, atol=1e-7)
     again = [e["loss"] for e in json.loads((out / "log_history.json").read_text()) if "loss" in e]
     assert again == pytest.approx([e["loss"] for e in log if "loss" in e], rel=1e-5)
+
+
+def test_the_teacher_is_bounded_in_epochs_and_reproducible(toy):
+    catalogue, index = toy
+    split = catalogue.leave_one_out()
+    first, again = (dist.fit_teacher(split, index, epochs=3, seed=0) for _ in range(2))
+    assert len(first.history) <= 3
+    for (name, a), (_, b) in zip(
+        first.model.state_dict().items(), again.model.state_dict().items(), strict=True
+    ):
+        assert torch.equal(a, b), name  # no time budget: the same split and seed give the same teacher

@@ -282,11 +282,12 @@ class RecommendationConfig(RunConfig):
             "help": "Teacher probabilities kept per SID level and target (the most likely codes, renormalised)."
         },
     )
-    distill_minutes: float = field(
-        default=2.0,
+    distill_epochs: int = field(
+        default=200,
         metadata={
-            "help": "Training time of the SASRec teacher in minutes (validation picks its epoch); the teacher and "
-            "its targets are kept in OUTPUT_DIR/teacher, so a resumed run reuses them."
+            "help": "The SASRec teacher's most epochs; it stops when validation has not improved for 10 epochs "
+            "and keeps its best epoch, so the same data and seed give the same teacher. The teacher and its "
+            "targets are kept in OUTPUT_DIR/teacher, so a resumed run reuses them."
         },
     )
 
@@ -333,9 +334,7 @@ def distillation_problems(config: RecommendationConfig) -> list[str | None]:
     problems = [
         checks.number_in("distill_weight", config.distill_weight, 0, 1, flag="--distill_weight"),
         checks.int_at_least("distill_top_k", config.distill_top_k, 1, flag="--distill_top_k"),
-        checks.number_in(
-            "distill_minutes", config.distill_minutes, 0, low_open=True, flag="--distill_minutes"
-        ),
+        checks.int_at_least("distill_epochs", config.distill_epochs, 1, flag="--distill_epochs"),
     ]
     if problems[0] is None and config.distill_weight > 0:
         if config.sid_softmax_loss is False:

@@ -261,7 +261,7 @@ def add_teacher_columns(dataset, targets: TeacherTargets, rows: Sequence[Row], i
 # ------------------------------------------------------------------------------------------------ the teacher
 
 
-def fit_teacher(split, index, minutes: float, seed: int):
+def fit_teacher(split, index, epochs: int, seed: int):
     """SASRec on ``split``'s training histories over ``index``'s items (validation picks its epoch)."""
     from ...sids.sasrec import SASRecConfig, fit_sasrec
 
@@ -271,7 +271,7 @@ def fit_teacher(split, index, minutes: float, seed: int):
             f"{len(unknown)} items of the training histories or validation targets have no SID (e.g. "
             f"{unknown[0]!r}): the teacher scores the index's items"
         )
-    teacher = fit_sasrec(split, index.item_ids, SASRecConfig(max_minutes=minutes, seed=seed))
+    teacher = fit_sasrec(split, index.item_ids, SASRecConfig(max_epochs=epochs, seed=seed))
     best = teacher.history[teacher.best_epoch - 1] if teacher.best_epoch else {}
     logger.info(
         "distillation teacher: SASRec in %.0f s, best epoch %d of %d (validation NDCG@10 %.4f)",
@@ -283,14 +283,14 @@ def fit_teacher(split, index, minutes: float, seed: int):
     return teacher
 
 
-def _keys(split, index, tokenizer, fmt: PromptFormat, augment, top_k: int, minutes: float, seed: int):
+def _keys(split, index, tokenizer, fmt: PromptFormat, augment, top_k: int, epochs: int, seed: int):
     from .. import runs
 
     teacher = runs.fingerprint(
         {
             "items": index.item_ids,
             "split": [[u.user_id, list(u.history), u.valid] for u in split.users],  # no test item
-            "minutes": minutes,
+            "epochs": epochs,
             "seed": seed,
         }
     )
@@ -379,14 +379,14 @@ def with_teacher(
     """``build(tokenizer)`` (the training rows) with the teacher's targets (``args``: a
     ``RecommendationConfig`` with ``distill_weight > 0``). The teacher and its targets come from
     ``<args.output_dir>/teacher/`` when it holds them for these inputs and settings; else SASRec is fitted
-    (``distill_minutes``, seeded by ``args.seed``) and both are written there, unless that folder vouches for
+    (``distill_epochs``, seeded by ``args.seed``) and both are written there, unless that folder vouches for
     other targets of a run already under way there (then they are kept, and the run's manifest decides)."""
     from accelerate import PartialState
 
     dataset = build(tokenizer)
     rows = training_rows(split, fmt, augment)
-    minutes, seed, top_k = args.distill_minutes, args.seed, args.distill_top_k
-    keys = _keys(split, index, tokenizer, fmt, augment, top_k, minutes, seed)
+    epochs, seed, top_k = args.distill_epochs, args.seed, args.distill_top_k
+    keys = _keys(split, index, tokenizer, fmt, augment, top_k, epochs, seed)
     output_dir = Path(args.output_dir) if args.output_dir else None
     folder = None if output_dir is None else output_dir / TEACHER_DIR
     with PartialState().main_process_first():  # the main process fits and writes; the others read
@@ -397,7 +397,7 @@ def with_teacher(
         else:
             teacher = None if folder is None else _load_teacher(folder, record, keys[0])
             fitted = teacher is None
-            teacher = teacher or fit_teacher(split, index, minutes, seed)
+            teacher = teacher or fit_teacher(split, index, epochs, seed)
             targets = teacher_targets(teacher, rows, index, tokenizer, top_k)
             # never replace what vouches for another run's targets in its own folder
             writable = folder is not None and (record is None or not _holds_a_run(output_dir))

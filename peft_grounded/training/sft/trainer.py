@@ -98,7 +98,7 @@ class RecommendationTrainer(RunTrainer):
             manifest["distillation"] = {
                 "weight": a.distill_weight,
                 "top_k": a.distill_top_k,
-                "minutes": a.distill_minutes,
+                "epochs": a.distill_epochs,
             }
         temperature = getattr(self.args, "sid_softmax_temperature", 1.0)
         if temperature != 1.0:  # likewise absent at 1
