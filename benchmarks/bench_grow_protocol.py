@@ -12,10 +12,13 @@ how long) is printed first.
 
 1. Hold out the catalogue's newest ``--share`` of items (by first interaction: RecBole timestamps when
    the catalogue has them, else the earliest relative position in a user's sequence).
-2. Build SIDs on the rest (MiniLM, 3 x 64 + disambiguation) and train the ``--strategy``
-   (init -> [grounding] -> LoRA SFT) on the interactions with those items only.
-3. Add the held-out items (``growth.add_items``), grow the trained adapter (``grow_adapter``, centroid
-   rows for the new tokens).
+2. Build SIDs on the rest (MiniLM, 3 x 64 + disambiguation; ``--item-vectors behaviour`` or ``mix``: from
+   the SASRec item embeddings of the old items' training interactions, as ``build-sids --recipe cpu``) and
+   train the ``--strategy`` (init -> [grounding] -> LoRA SFT) on the interactions with those items only.
+3. Add the held-out items (``growth.add_items``; on a behaviour index their text goes through the index's
+   text-to-behaviour map, since no interaction of theirs is known), grow the trained adapter
+   (``grow_adapter``, centroid rows for the new tokens). The served rule's text expert and text KNN read the
+   items' text vectors whatever the SIDs were built from.
 4. Score ALL test users whose (leave-one-out, full catalogue) target is a new item (``--positions
    last-two``: or whose validation target is, one example per user; ``--users N`` caps them to a seeded
    sample, for smoke runs only), with the same ``PromptFormat`` as training:
@@ -78,7 +81,8 @@ from peft_grounded.new_items import (
 from peft_grounded.pipeline import Budget, Experiment, run_strategy, strategy
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.serving.top_k import model_beams, top_k_lists
-from peft_grounded.sids import build_sids, load_catalogue
+from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
+from peft_grounded.sids.behaviour import ItemVectorsConfig
 from peft_grounded.sids.catalogue import TextTemplate
 from peft_grounded.sids.encoders import encode_texts, load_encoder
 from peft_grounded.sids.model import sid_model
@@ -221,6 +225,13 @@ class Settings(Precision):
     )
     max_length: int | None = field(
         default=None, metadata={"help": "token cap per row (None: 128 sequence, 256 prompt)"}
+    )
+    item_vectors: Literal["text", "behaviour", "mix"] = field(
+        default="text",
+        metadata={
+            "help": "what the SIDs (and the centroid start) are built from: the items' text, their behaviour "
+            "(SASRec on the old items' training interactions; new items through the text map) or a mix"
+        },
     )
     levels: int = field(default=3, metadata={"help": "RQ-KMeans levels of the SIDs"})
     codes: int = field(default=64, metadata={"help": "codes per SID level"})
@@ -377,6 +388,41 @@ def plan(args, grounds: bool) -> str:
     return "\n".join(lines)
 
 
+def protocol_indices(
+    catalogue,
+    old_catalogue,
+    new_ids: list[str],
+    vectors: np.ndarray,
+    args: Settings,
+    encoder_fingerprint: str,
+) -> tuple[SIDIndex, SIDIndex, SIDIndex | None, float]:
+    """The SIDs of the old items (``parent``, built on ``old_catalogue``: the old items and their
+    interactions only), that index grown by the new items (``child``), the full catalogue's own index for the
+    retrained reference (None with ``--no-retrained``) and the seconds ``add_items`` took. ``vectors``: the
+    catalogue's text vectors, one row per item in catalogue order. The SIDs are built at seed 0 whatever the
+    training seed, so the seeds of one protocol share their codes."""
+    row = {i: r for r, i in enumerate(catalogue.items)}
+    settings = dict(
+        levels=args.levels,
+        codes=args.codes,
+        text_template=TextTemplate(),
+        show_progress=False,
+        encoder_fingerprint=encoder_fingerprint,
+        item_vectors=ItemVectorsConfig(item_vectors=args.item_vectors),
+    )
+    parent = build_sids(old_catalogue, vectors=vectors[[row[i] for i in old_catalogue.items]], **settings)
+    start = time.perf_counter()
+    child = add_items(
+        parent,
+        [catalogue.items[i] for i in new_ids],
+        vectors=vectors[[row[i] for i in new_ids]],
+        encoder=encoder_fingerprint,
+    )
+    add_seconds = time.perf_counter() - start
+    full_index = None if args.no_retrained else build_sids(catalogue, vectors=vectors, **settings)
+    return parent, child, full_index, add_seconds
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     budget = protocol_budget(args)  # checked before the SIDs are built (parse_args built it once already)
@@ -414,23 +460,13 @@ def main(argv=None) -> None:
         flush=True,
     )
 
-    encoder, template = load_encoder("minilm"), TextTemplate()
-    vectors = encode_texts(template.render_all(list(catalogue.items.values())), encoder, show_progress=False)
-    row = {i: r for r, i in enumerate(catalogue.items)}
-    settings = dict(levels=args.levels, codes=args.codes, text_template=template, show_progress=False)
-    fp = encoder.fingerprint()
-    parent = build_sids(
-        old_catalogue,
-        vectors=vectors[[row[i] for i in old_catalogue.items]],
-        encoder_fingerprint=fp,
-        **settings,
+    encoder = load_encoder("minilm")
+    vectors = encode_texts(
+        TextTemplate().render_all(list(catalogue.items.values())), encoder, show_progress=False
     )
-    start = time.perf_counter()
-    child = add_items(
-        parent, [catalogue.items[i] for i in new_ids], vectors=vectors[[row[i] for i in new_ids]], encoder=fp
+    parent, child, full_index, add_seconds = protocol_indices(
+        catalogue, old_catalogue, new_ids, vectors, args, encoder.fingerprint()
     )
-    add_seconds = time.perf_counter() - start
-    full_index = build_sids(catalogue, vectors=vectors, encoder_fingerprint=fp, **settings)
     print(f"SIDs ready ({time.perf_counter() - started:.0f} s)", flush=True)
 
     timings: dict[str, float] = {}
@@ -660,6 +696,7 @@ def main(argv=None) -> None:
         "smoke": args.smoke,
         "add_items_seconds": round(add_seconds, 3),
         "new_tokens": child.n_tokens - parent.n_tokens,
+        "sids": {"item_vectors": args.item_vectors, "old_items": parent.quality},
         "format": {"objective": fmt.objective, "max_history": fmt.max_history},
         "budget": vars(args),
         "timings": timings,
@@ -681,7 +718,7 @@ def main(argv=None) -> None:
     scored = f"all {len(pool)}" if len(examples) == len(pool) else f"{len(examples)} of {len(pool)}"
     lines = [
         f"## New items on {catalogue.name}: {n_new} newest items held out, {scored} users with a new-item "
-        f"{where} scored ({fmt.objective} objective, {args.minutes:g} min SFT"
+        f"{where} scored ({fmt.objective} objective, SIDs from {args.item_vectors}, {args.minutes:g} min SFT"
         + (f" + {args.grounding_minutes:g} min grounding" if grounds else "")
         + f" per trained model{', SMOKE' if args.smoke else ''})",
         "",

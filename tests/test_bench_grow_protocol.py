@@ -135,3 +135,41 @@ def test_pool_refuses_other_users_repeated_seeds_and_unknown_models(pooling, tmp
     b = _run(tmp_path, 2, {"grown": [0, 0], "slots": [1, 0]}, users=("u1", "u2"))
     with pytest.raises(SystemExit, match="not scored by every run"):
         pooling.pool(pooling.load_runs([a, b]), ["slots"], k=10, resamples=10)
+
+
+@pytest.mark.parametrize("item_vectors", ["text", "behaviour"])
+def test_the_protocol_sids_are_built_on_the_old_items_and_grown_by_the_new(protocol, item_vectors):
+    """``--item-vectors``: the old items' index from their text or from the behaviour of their interactions only
+    (SASRec on the old catalogue), the new items added from their text (through the map on a behaviour index),
+    and the same codes when rebuilt (so a protocol run resumes on them)."""
+    from helpers.shop import shop_catalogue
+
+    from peft_grounded.growth import add_items
+    from peft_grounded.sids import build_sids
+
+    catalogue, text = shop_catalogue()
+    new_ids = ["i18", "i19", "i38", "i39"]
+    old = catalogue.subset([i for i in catalogue.items if i not in new_ids])
+    argv = ["--out", "x", "--item-vectors", item_vectors, "--levels", "2", "--codes", "4", "--no-retrained"]
+    args = protocol.parse_args(argv)
+    fingerprint = {"kind": "toy", "model": "shop"}
+    parent, child, full, _ = protocol.protocol_indices(catalogue, old, new_ids, text, args, fingerprint)
+    assert full is None  # --no-retrained: no reference index is built
+    assert parent.item_ids == list(old.items) and sorted(child.item_ids) == sorted(catalogue.items)
+    assert all(len(child.sid_of(i)) > 0 for i in new_ids)
+    again = protocol.protocol_indices(catalogue, old, new_ids, text, args, fingerprint)
+    assert (again[0].fingerprint(), again[1].fingerprint()) == (parent.fingerprint(), child.fingerprint())
+    keep = [i for i, item in enumerate(catalogue.items) if item not in new_ids]
+    if item_vectors == "text":  # the protocol's SIDs as before the setting: text vectors of the old items
+        plain = build_sids(
+            old, vectors=text[keep], levels=2, codes=4, encoder_fingerprint=fingerprint, show_progress=False
+        )
+        assert plain.fingerprint() == parent.fingerprint()
+        assert "behaviour_map_r2" not in parent.quality
+    else:
+        assert "behaviour_map_r2" in parent.quality and parent.vector_map is not None
+        # the new items were coded through the old index's text-to-behaviour map, as add_items does
+        direct = add_items(
+            parent, [catalogue.items[i] for i in new_ids], vectors=text[[18, 19, 38, 39]], encoder=fingerprint
+        )
+        assert direct.fingerprint() == child.fingerprint()
