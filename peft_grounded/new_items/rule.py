@@ -119,10 +119,9 @@ def rule_vectors(index: Any, catalogue: Any = None) -> np.ndarray:
             stacklevel=3,
         )
         return index_vectors(index)
-    from ..sids import load_catalogue
+    from ..sids import as_catalogue
 
-    catalogue = catalogue if hasattr(catalogue, "items") else load_catalogue(str(catalogue))
-    return index.text_vectors(catalogue)
+    return index.text_vectors(as_catalogue(catalogue))
 
 
 def calibration_pairs(histories: Iterable[Sequence[str]], index: Any) -> list[tuple[tuple[str, ...], str]]:

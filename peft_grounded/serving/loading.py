@@ -74,14 +74,6 @@ def serving_dtype(dtype: str, device: str) -> Any:
     return getattr(torch, dtype)
 
 
-def as_catalogue(catalogue: Any) -> Any:
-    if catalogue is None or hasattr(catalogue, "items"):
-        return catalogue
-    from ..sids import load_catalogue
-
-    return load_catalogue(str(catalogue))
-
-
 def index_for(sid_index: Any, folder: Path, where: str, recorded: str | None = None) -> Any:
     """The given index, or the one in ``folder``'s ``sid_index/`` checked to be the version (fingerprint
     ``recorded``, from the adapter's SID record, already read) the adapter was trained or grown on."""

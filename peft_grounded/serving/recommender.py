@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from ..new_items.rule import RULE_FILES, NewItemRule
+from ..sids import as_catalogue
 from .loading import (
     SERVING_FORMAT,
     SERVING_RECORD,
     HistoryInputError,
-    as_catalogue,
     check_histories,
     check_user_names,
     decoding_rows,

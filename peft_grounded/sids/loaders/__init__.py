@@ -127,3 +127,11 @@ def load_catalogue(source: str | Path = "movielens-100k", format: str = "auto", 
             kwargs["reviews"] = _amazon_reviews(path, metas[0], stem)
         path = metas[0]
     return loaders[fmt](path, **kwargs)
+
+
+def as_catalogue(catalogue: Catalogue | str | Path | None) -> Catalogue | None:
+    """``catalogue`` as a :class:`Catalogue`: one already loaded as it is, a name or path through
+    :func:`load_catalogue`, None as None."""
+    if catalogue is None or isinstance(catalogue, Catalogue):
+        return catalogue
+    return load_catalogue(str(catalogue))
