@@ -126,3 +126,73 @@ def test_refusals_exit_2_with_the_reason(world, capsys):
         grow(world, "other", "--model_name_or_path", world["base"], "--ground", str(root / "only_old")) == 2
     )
     assert "holds none of the 3 new items" in capsys.readouterr().err
+
+
+def test_the_rule_on_a_behaviour_index_reads_the_items_text_from_catalogue(
+    tmp_path, tokenizer, tiny_model_factory
+):
+    """``grow-adapter --interactions F --catalogue C`` on an index built from behaviour: the stored rule's text
+    expert holds the items' encoded text; without ``--catalogue`` it warns and keeps the text-mapped vectors."""
+    import warnings
+
+    import numpy as np
+    from helpers.growth_fixtures import trained
+    from helpers.serving_fixtures import write_histories
+    from helpers.shop import shop_catalogue
+
+    from peft_grounded.cli import main
+    from peft_grounded.growth import add_items
+    from peft_grounded.new_items import NewItemRule, index_vectors
+    from peft_grounded.sids import build_sids
+    from peft_grounded.sids.behaviour import ItemVectorsConfig
+    from peft_grounded.sids.model import save_sid_record
+
+    catalogue, _ = shop_catalogue(n_users=40)
+    new_ids = ["i40", "i41"]  # never bought: added later, from their text
+    vectors = ItemVectorsConfig(item_vectors="behaviour", behaviour_epochs=20, behaviour_min_interactions=3)
+    old = catalogue.subset([i for i in catalogue.items if i not in new_ids])
+    parent = build_sids(old, tmp_path / "sids", levels=2, codes=4, item_vectors=vectors, show_progress=False)
+    child = add_items(parent, [catalogue.items[i] for i in new_ids], show_progress=False)
+    child.save(tmp_path / "sids-v2")
+    base = tmp_path / "base"
+    tiny_model_factory("llama", False).save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    model = trained(tokenizer, tiny_model_factory, parent, "llama", False, False)
+    model.peft_config["default"].base_model_name_or_path = str(base)
+    model.save_pretrained(tmp_path / "adapter")
+    save_sid_record(model, tmp_path / "adapter")
+    (tmp_path / "shop.item.json").write_text(
+        json.dumps({i: {"title": it.title} for i, it in catalogue.items.items()})
+    )
+    (tmp_path / "shop.inter.json").write_text(
+        json.dumps({u: list(s) for u, s in catalogue.sequences.items()})
+    )
+    logged = write_histories(
+        tmp_path / "logged.jsonl", {"a": ["i0", "i40"], "b": ["i21", "i41"], "c": ["i1", "i2"]}
+    )
+
+    def grow_with(out: str, *extra: str) -> NewItemRule:
+        args = [
+            "grow-adapter",
+            "--adapter",
+            str(tmp_path / "adapter"),
+            "--parent-index",
+            str(tmp_path / "sids"),
+        ]
+        args += ["--sid-index", str(tmp_path / "sids-v2"), "--output_dir", str(tmp_path / out)]
+        assert main([*args, "--interactions", str(logged), *extra]) == 0
+        return NewItemRule.load(tmp_path / out)
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*pass the catalogue.*")
+        read = grow_with("with-text", "--catalogue", str(tmp_path / "shop"))
+    np.testing.assert_allclose(read.mixture.vectors, child.text_vectors(catalogue), rtol=1e-5, atol=1e-6)
+    with pytest.warns(UserWarning, match="pass the catalogue"):
+        mapped = grow_with("without")
+
+    def unit(x):
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    # the mixture keeps unit rows: the index's own (text-mapped behaviour) vectors' directions
+    np.testing.assert_allclose(unit(mapped.mixture.vectors), unit(index_vectors(child)), rtol=1e-5, atol=1e-6)
+    assert mapped.mixture.vectors.shape != read.mixture.vectors.shape  # 64-d behaviour, 384-d MiniLM text

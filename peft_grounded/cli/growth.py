@@ -51,6 +51,14 @@ class GrowAdapterArguments:
             "`recommend` serves the new items."
         },
     )
+    catalogue: str | None = field(
+        default=None,
+        metadata={
+            "help": "With --interactions: every item's text (any format build-sids reads). On an index built from "
+            "behaviour the new-item rule ranks its items by their text, read from here; without it, it warns "
+            "and uses the index's text-mapped behaviour vectors."
+        },
+    )
     overwrite: bool = field(
         default=False,
         metadata={
@@ -134,6 +142,7 @@ def run_grow_adapter(args: GrowAdapterArguments, grounding: IncrementalGrounding
         ground=grounding.ground,
         grounding=grounding.config,
         interactions=args.interactions,
+        catalogue=args.catalogue,
     )
     print(json.dumps(summary))
     print(f"saved to {args.output_dir}")

@@ -301,6 +301,7 @@ def grow_adapter_into(
     ground: str | None = None,
     grounding: IncrementalGroundingConfig | None = None,
     interactions: str | Path | None = None,
+    catalogue: Any = None,
 ) -> dict[str, Any]:
     """Grow the adapter saved in ``adapter`` (trained on ``parent_index``) onto ``sid_index``, ground the new
     items on the catalogue ``ground`` when given (settings: ``grounding``, default an
@@ -310,7 +311,10 @@ def grow_adapter_into(
     ``output`` is locked and checked before anything is loaded; with ``overwrite`` an adapter there is
     replaced, its other files kept. ``interactions``: a JSONL file of histories logged since the adapter was
     trained (``{"user": ..., "history": [...]}``, newest item last): the new-item rule
-    (:class:`~peft_grounded.new_items.NewItemRule`) is fitted on it and saved with the grown adapter."""
+    (:class:`~peft_grounded.new_items.NewItemRule`) is fitted on it and saved with the grown adapter.
+    ``catalogue`` (a :class:`~peft_grounded.sids.Catalogue` or what ``load_catalogue`` reads, holding every item
+    of ``sid_index``): the rule's text expert reads the items' text from it, which an index built from behaviour
+    needs (:func:`~peft_grounded.new_items.rule_vectors`)."""
     import torch
 
     from ..sids import SIDIndex, load_catalogue
@@ -329,12 +333,12 @@ def grow_adapter_into(
         from ..serving import read_histories
 
         logged = read_histories(interactions)[1]
-        rule = NewItemRule.fit(child, logged, new_items=new_item_ids(parent, child))
-    catalogue = None
+        rule = NewItemRule.fit(child, logged, new_items=new_item_ids(parent, child), catalogue=catalogue)
+    ground_catalogue = None
     if ground is not None:
-        catalogue = load_catalogue(ground)
+        ground_catalogue = load_catalogue(ground)
         new_ids = new_item_ids(parent, child)
-        missing = [i for i in new_ids if i not in catalogue.items]
+        missing = [i for i in new_ids if i not in ground_catalogue.items]
         if new_ids and len(missing) == len(new_ids):
             raise ValueError(
                 f"--ground {ground} holds none of the {len(new_ids)} new items (e.g. {missing[0]!r}); "
@@ -361,8 +365,8 @@ def grow_adapter_into(
         "init": init,
         "fingerprint": child.fingerprint(),
     }
-    if catalogue is not None:
-        result = ground_new_items(grown, tokenizer, parent, child, catalogue, grounding)
+    if ground_catalogue is not None:
+        result = ground_new_items(grown, tokenizer, parent, child, ground_catalogue, grounding)
         summary["grounding"] = {
             "seconds": round(result.seconds, 3),
             "steps": len(result.losses),
