@@ -173,3 +173,52 @@ def test_the_protocol_sids_are_built_on_the_old_items_and_grown_by_the_new(proto
             parent, [catalogue.items[i] for i in new_ids], vectors=text[[18, 19, 38, 39]], encoder=fingerprint
         )
         assert direct.fingerprint() == child.fingerprint()
+
+
+def _protocol(tmp_path, name, new_ranks, old_ranks, old_users=("o1", "o2"), population=(4, 8)):
+    folder = tmp_path / name
+    folder.mkdir()
+    summary = {
+        "dataset": "toy",
+        "budget": {"seed": 0, "out": str(folder)},
+        "new_item_test_users": population[0],
+        "old_item_users": {"scored": len(old_users), "of": population[1]},
+        "per_user": {
+            "users": ["u1", "u2", "u3", "u4"],
+            "targets": ["n1", "n2", "n3", "n4"],
+            "rank_of_target": new_ranks,
+            "old_item_users": list(old_users),
+            "old_item_rank_of_target": old_ranks,
+        },
+    }
+    (folder / "protocol.json").write_text(json.dumps(summary))
+    return str(folder)
+
+
+def test_two_protocol_runs_are_paired_per_user_and_group(tmp_path):
+    """``compare_grow_protocol``: first - second per user on the new-item and the old-item users, and over all
+    users with the groups at their population shares (here 4 of 12 users have a new-item target)."""
+    from benchmarks import compare_grow_protocol as compare
+
+    a = _protocol(
+        tmp_path,
+        "behaviour",
+        {"served": [1, 0, 3, 0], "knn": [0, 0, 0, 0]},
+        {"served": [2, 0], "knn": [0, 1]},
+    )
+    b = _protocol(
+        tmp_path, "text", {"served": [0, 0, 3, 12], "knn": [0, 0, 0, 0]}, {"served": [2, 2], "knn": [0, 1]}
+    )
+    result = compare.compare(*compare.load_pair(a, b), None, k=10, resamples=500)
+    served = result["models"]["served"]
+    assert served["new_first"] == [0.5] and served["new_second"] == [0.25]
+    assert served["new_difference"][0] == pytest.approx(0.25)
+    assert served["old_difference"][0] == pytest.approx(-0.5)
+    assert served["all_difference"][0] == pytest.approx(0.25 / 3 - 0.5 * 2 / 3)
+    assert result["models"]["knn"]["new_difference"][:1] == [0.0]
+    assert "behaviour - text" in compare.markdown(result, 10)
+    with pytest.raises(SystemExit, match="not scored by both runs"):
+        compare.compare(*compare.load_pair(a, b), ["slots"], k=10, resamples=10)
+    other = _protocol(tmp_path, "other", {"served": [1, 0, 3, 0]}, {"served": [2, 0]}, old_users=("o1", "o3"))
+    with pytest.raises(SystemExit, match="other users or targets"):
+        compare.load_pair(a, other)
