@@ -85,7 +85,8 @@ from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.behaviour import ItemVectorsConfig
 from peft_grounded.sids.catalogue import TextTemplate
 from peft_grounded.sids.encoders import encode_texts, load_encoder
-from peft_grounded.sids.model import sid_model
+from peft_grounded.sids.model import RowStart, sid_model
+from peft_grounded.training.sft.trainer import shallow_base
 
 try:
     from benchmarks._args import Precision, ZeroOrMore, parse
@@ -233,6 +234,20 @@ class Settings(Precision):
             "(SASRec on the old items' training interactions; new items through the text map) or a mix"
         },
     )
+    layers: int = field(
+        default=0,
+        metadata={"help": "keep the base's first N decoder blocks (0: all 30; the cpu recipe: 8)"},
+    )
+    sid_softmax: bool = field(
+        default=False,
+        metadata={"help": "train with the SID-only softmax (the cpu recipe's); decoding follows the adapter"},
+    )
+    init_scale: float = field(
+        default=1.0,
+        metadata={
+            "help": "the new rows' start pulled to this share of its spread around the mean (recipe: 0.1)"
+        },
+    )
     levels: int = field(default=3, metadata={"help": "RQ-KMeans levels of the SIDs"})
     codes: int = field(default=64, metadata={"help": "codes per SID level"})
     minutes: float = field(default=12.0, metadata={"help": "SFT minutes per trained model"})
@@ -353,7 +368,9 @@ def protocol_budget(args: Settings) -> Budget:
         grounding=dict(max_steps=args.grounding_steps, max_minutes=args.grounding_minutes)
         if grounds
         else False,
-        sft=dict(max_steps=args.sft_steps, max_minutes=args.minutes or None),
+        sft=dict(
+            max_steps=args.sft_steps, max_minutes=args.minutes or None, sid_softmax_loss=args.sid_softmax
+        ),
         lora=dict(r=args.lora_r, lora_alpha=args.lora_alpha, target_modules="all-linear"),
         evaluation=EvalSettings(
             users=args.run_eval_users, num_beams=args.k, ks=(args.k,), seed=args.seed, bf16=bf16
@@ -361,6 +378,7 @@ def protocol_budget(args: Settings) -> Budget:
         weights_dtype="bfloat16" if bf16 else "float32",
         max_train_examples=args.max_examples or None,
         max_grounding_examples=args.max_examples or None,
+        start=RowStart(init_scale=args.init_scale),
     )
     return budget
 
@@ -371,6 +389,9 @@ def plan(args, grounds: bool) -> str:
         f"Plan ({'SMOKE: a path check, not a measurement' if args.smoke else 'full protocol'}):",
         f"  objective {args.objective} (max_history {args.max_history}, max_length {args.max_length}), "
         f"strategy {args.strategy}, LoRA r {args.lora_r}/alpha {args.lora_alpha} all-linear, lr {args.lr}, "
+        f"{f'the first {args.layers} blocks' if args.layers else 'all blocks'}, "
+        f"{'SID-only softmax' if args.sid_softmax else 'full softmax'}, init_scale {args.init_scale:g}, "
+        f"SIDs from {args.item_vectors}, "
         f"batch {args.batch_size}, {'float32' if args.fp32 else 'bf16 base + bf16 autocast'}, "
         f"examples {'all' if not args.max_examples else args.max_examples}",
         "  1. encode the catalogue (MiniLM), build SIDs on the old items and on the full catalogue, add the "
@@ -432,6 +453,8 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model_path = str(assets.smollm2())
+    if args.layers:
+        model_path = str(shallow_base(model_path, args.layers, out / f"base-{args.layers}-blocks"))
     bf16 = not args.fp32
 
     catalogue = load_catalogue(args.dataset)
