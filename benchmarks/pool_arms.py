@@ -7,7 +7,8 @@ The first arm is the reference. Each arm's folder holds one strategy run (``stra
 metrics.json``, the runner's per-user records) or is a ``peft-grounded evaluate`` output (``users.json``); an
 arm may also be a peer's file of ``benchmarks/side_by_side.py`` (``<out>/peers/seed<N>/sasrec.json``: test users
 only, no likelihood, so the NLL columns are left out). Arms given as ``NAME=DIR1,DIR2`` pool seeds (users
-resampled within each seed, ``evaluation.reports.paired_intervals``).
+resampled within each seed, ``evaluation.reports.paired_intervals``); ``--subset warm`` / ``cold`` keeps the
+users whose target is a warm / cold item.
 
     python benchmarks/pool_arms.py --part test sasrec=runs/sbs/peers/seed0/sasrec.json llm=runs/i40/test-behaviour-s0
 """
@@ -23,8 +24,10 @@ from peft_grounded.evaluation.reports import paired_intervals, user_values
 
 try:
     from benchmarks._args import parse
+    from benchmarks.pool_demo_runs import in_subset
 except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
     from _args import parse
+    from pool_demo_runs import in_subset
 
 METRICS = ("recall@10", "ndcg@10", "constrained_nll")
 
@@ -74,6 +77,13 @@ class Settings:
         metadata={"help": "NAME=DIR[,DIR...] (also positional); the first is the reference"},
     )
     part: Literal["valid", "test"] = field(default="valid", metadata={"help": "the users compared"})
+    subset: Literal["all", "warm", "cold"] = field(
+        default="all",
+        metadata={
+            "help": "all: the seeded sample; warm: its users whose target is not a cold item; cold: every "
+            "cold-target user (pool_demo_runs.in_subset)"
+        },
+    )
 
     def __post_init__(self) -> None:
         if not self.arms:
@@ -87,11 +97,18 @@ def main(argv=None) -> None:
         name, _, dirs = arm.partition("=")
         arms[name] = [Path(d) for d in dirs.split(",")]
     reference, *_ = arms
-    records = {name: [arm_records(d, args.part) for d in folders] for name, folders in arms.items()}
+    records = {
+        name: [in_subset(arm_records(d, args.part), args.subset) for d in folders]
+        for name, folders in arms.items()
+    }
     ref = records[reference]
     likelihood = all("constrained_nll" in r for runs in records.values() for run in runs for r in run)
     metrics = METRICS if likelihood else METRICS[:2]  # a peer's records rank items but hold no likelihood
-    print(f"{args.part}, paired per user against {reference!r} (95% intervals, users resampled within seed)")
+    users = sum(len(run) for run in records[reference])
+    print(
+        f"{args.part}, {args.subset} users ({users} user-seeds), paired per user against {reference!r} (95% "
+        "intervals, users resampled within seed)"
+    )
     print(
         "| arm | SFT steps (epochs), seconds | "
         + " | ".join(metrics)

@@ -54,3 +54,23 @@ def test_arms_scored_on_other_users_are_refused(tmp_path):
         (tmp_path / name / "users.json").write_text(json.dumps({"valid": records([1] * n, [5.0] * n)}))
     with pytest.raises(ValueError, match="different users"):
         pool_arms.main([f"a={tmp_path / 'a'}", f"b={tmp_path / 'b'}"])
+
+
+def test_a_subset_keeps_the_warm_or_the_cold_target_users(tmp_path, capsys):
+    from benchmarks import pool_arms
+
+    ranks_a, ranks_b = [0, None, 3, None, 1, 2], [None, None, 3, 0, None, 2]
+    for name, ranks in (("a", ranks_a), ("b", ranks_b)):
+        rows = records(ranks, [5.0] * 6)
+        for r in rows[:2]:
+            r["cold"] = True  # users 0 and 1 have a cold target
+        rows[1]["all"] = False  # a cold-target user outside the seeded sample
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "users.json").write_text(json.dumps({"valid": rows}))
+    for subset, users in (("all", [0, 2, 3, 4, 5]), ("warm", [2, 3, 4, 5]), ("cold", [0, 1])):
+        pool_arms.main(["--subset", subset, f"a={tmp_path / 'a'}", f"b={tmp_path / 'b'}"])
+        out = capsys.readouterr().out
+        assert f"{subset} users ({len(users)} user-seeds)" in out
+        row = next(line for line in out.splitlines() if line.startswith("| b |"))
+        diff = hits([ranks_b[u] for u in users]) - hits([ranks_a[u] for u in users])
+        assert float(row.split("|")[6].split()[0]) == pytest.approx(diff.mean(), abs=5e-5)
