@@ -291,7 +291,9 @@ def _summary(settings: Any) -> str:
 # demo's default preset: the first 8 of the base's decoder blocks, the sequence objective over 19 items of
 # history with the SID-only softmax (the default wherever it applies), the centroid start pulled to a tenth of its
 # spread around the vocabulary mean, a rank-8 LoRA, learning rate 3e-3, batches of 8 windows of at most 128
-# tokens. The budget (``--max_minutes`` or ``--max_steps``) stays the user's.
+# tokens, and distillation from a SASRec teacher at weight 0.5 (BENCHMARKS.md, "Distillation from SASRec on
+# Amazon Office"; the demo's 150 steps leave it out, as the teacher's fit would cost minutes there). The budget
+# (``--max_minutes`` or ``--max_steps``) stays the user's.
 #
 # ``build-sids --recipe cpu``: the SIDs this recipe was chosen with, 3 levels of 64 codes, built from behaviour
 # (SASRec's item embeddings of the training split; the text map for items with few interactions), which beat
@@ -312,6 +314,7 @@ RECIPES: MappingProxyType[str, MappingProxyType[str, Any]] = MappingProxyType(
                 "learning_rate": 3e-3,
                 "per_device_train_batch_size": 8,
                 "max_length": 128,
+                "distill_weight": 0.5,
             }
         ),
     }
