@@ -415,7 +415,7 @@ def protocol_indices(
     new_ids: list[str],
     vectors: np.ndarray,
     args: Settings,
-    encoder_fingerprint: str,
+    encoder_fingerprint: dict,
 ) -> tuple[SIDIndex, SIDIndex, SIDIndex | None, float]:
     """The SIDs of the old items (``parent``, built on ``old_catalogue``: the old items and their
     interactions only), that index grown by the new items (``child``), the full catalogue's own index for the
