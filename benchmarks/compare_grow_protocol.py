@@ -16,8 +16,6 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from peft_grounded.intervals import bootstrap_interval
 from peft_grounded.new_items import blended
 
@@ -136,5 +134,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    np.set_printoptions(precision=4)
     main()

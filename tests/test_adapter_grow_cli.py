@@ -136,7 +136,7 @@ def test_the_rule_on_a_behaviour_index_reads_the_items_text_from_catalogue(
     import warnings
 
     import numpy as np
-    from helpers.growth_fixtures import trained
+    from helpers.growth_fixtures import saved_adapter
     from helpers.serving_fixtures import write_histories
     from helpers.shop import shop_catalogue
 
@@ -145,7 +145,6 @@ def test_the_rule_on_a_behaviour_index_reads_the_items_text_from_catalogue(
     from peft_grounded.new_items import NewItemRule, index_vectors
     from peft_grounded.sids import build_sids
     from peft_grounded.sids.behaviour import ItemVectorsConfig
-    from peft_grounded.sids.model import save_sid_record
 
     catalogue, _ = shop_catalogue(n_users=40)
     new_ids = ["i40", "i41"]  # never bought: added later, from their text
@@ -154,13 +153,7 @@ def test_the_rule_on_a_behaviour_index_reads_the_items_text_from_catalogue(
     parent = build_sids(old, tmp_path / "sids", levels=2, codes=4, item_vectors=vectors, show_progress=False)
     child = add_items(parent, [catalogue.items[i] for i in new_ids], show_progress=False)
     child.save(tmp_path / "sids-v2")
-    base = tmp_path / "base"
-    tiny_model_factory("llama", False).save_pretrained(base)
-    tokenizer.save_pretrained(base)
-    model = trained(tokenizer, tiny_model_factory, parent, "llama", False, False)
-    model.peft_config["default"].base_model_name_or_path = str(base)
-    model.save_pretrained(tmp_path / "adapter")
-    save_sid_record(model, tmp_path / "adapter")
+    saved_adapter(tmp_path, tokenizer, tiny_model_factory, parent, lora=False)
     (tmp_path / "shop.item.json").write_text(
         json.dumps({i: {"title": it.title} for i, it in catalogue.items.items()})
     )

@@ -48,19 +48,26 @@ def trained(tokenizer, factory, parent, arch, tied, lora, dtype=torch.float32):
     return model.eval()
 
 
+def saved_adapter(root, tokenizer, tiny_model_factory, parent, lora: bool):
+    """A tiny Llama base (untied head) saved in ``root/base`` and an adapter "trained" on ``parent`` saved with
+    its SID record in ``root/adapter``, recording that base; returns the model and the base's folder."""
+    base = root / "base"
+    tiny_model_factory("llama", False).save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    model = trained(tokenizer, tiny_model_factory, parent, "llama", False, lora)
+    model.peft_config["default"].base_model_name_or_path = str(base)
+    model.save_pretrained(root / "adapter")
+    save_sid_record(model, root / "adapter")
+    return model, base
+
+
 def grow_world(tmp_path, tokenizer, tiny_model_factory):
     """A saved tiny base, parent and child indices, an adapter "trained" on the parent (untied head, LoRA)
     that records the base's directory, and the in-process grown adapter (saved) to compare with."""
     parent, child = grown_indices()
     parent.save(tmp_path / "sids")
     child.save(tmp_path / "sids-v2")
-    base = tmp_path / "base"
-    tiny_model_factory("llama", False).save_pretrained(base)
-    tokenizer.save_pretrained(base)
-    model = trained(tokenizer, tiny_model_factory, parent, "llama", False, True)
-    model.peft_config["default"].base_model_name_or_path = str(base)
-    model.save_pretrained(tmp_path / "adapter")
-    save_sid_record(model, tmp_path / "adapter")
+    model, base = saved_adapter(tmp_path, tokenizer, tiny_model_factory, parent, lora=True)
     reference = grow_adapter(model, tokenizer, parent, child)
     reference.save_pretrained(tmp_path / "reference")
     save_sid_record(reference, tmp_path / "reference")
