@@ -42,7 +42,7 @@ from peft_grounded.sids.index import JSON_NAME
 from peft_grounded.sids.model import RowStart, sid_model
 from peft_grounded.training.sft import training_dataset
 from peft_grounded.training.sft.trainer import shallow_base
-from peft_grounded.training.steps import compact_head, float32_attention
+from peft_grounded.training.steps import compact_head, training_attention
 
 try:
     from benchmarks._args import parse
@@ -158,36 +158,42 @@ def measure(base: str, catalogue, index, bf16: bool, args) -> dict:
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.0)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
 
-    def step(batch: dict[str, torch.Tensor]) -> tuple[float, float]:
+    def step(batch: dict[str, torch.Tensor], per_sequence: bool = True) -> tuple[float, float]:
         start = time.perf_counter()
         optimizer.zero_grad()
-        with autocast, compact_head(model, sid_ids=model.base_model.grounded_token_ids()):
-            out = model(**batch, fused_lm_head=True, use_cache=False)
-        out.loss.backward()
+        with training_attention(model, float32=bf16, per_sequence=per_sequence):  # as the trainer, on a CPU
+            with autocast, compact_head(model, sid_ids=model.base_model.grounded_token_ids()):
+                out = model(**batch, fused_lm_head=True, use_cache=False)
+            out.loss.backward()
         optimizer.step()
         return time.perf_counter() - start, float(out.loss)
 
-    times: dict[bool, list[float]] = {False: [], True: []}
-    losses: dict[bool, list[float]] = {False: [], True: []}
-    with float32_attention(model, bf16):  # as the trainer runs bf16 on a CPU
-        step(batches[False][0]), step(batches[True][0])  # warm-up
-        for i in range(1, args.steps + 1):  # the two alternate, so a busy machine slows both alike
-            for free in (False, True) if i % 2 else (True, False):
-                seconds, loss = step(batches[free][i])
-                times[free].append(seconds)
-                losses[free].append(loss)
+    # padded; padding-free, attention per sequence (the trainer's); padding-free under a row-wide mask
+    variants = {"padded": (False, True), "free": (True, True), "free_mask": (True, False)}
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    losses: dict[str, list[float]] = {v: [] for v in variants}
+    for free, per_sequence in variants.values():  # warm-up
+        step(batches[free][0], per_sequence)
+    for i in range(1, args.steps + 1):  # the variants take turns, so a busy machine slows them alike
+        order = list(variants) if i % 2 else list(reversed(variants))
+        for variant in order:
+            free, per_sequence = variants[variant]
+            seconds, loss = step(batches[free][i], per_sequence)
+            times[variant].append(seconds)
+            losses[variant].append(loss)
     real = statistics.median(real_tokens(b) for b in batches[False][1:])
     padded = statistics.median(b["input_ids"].numel() for b in batches[False][1:])
     shapes = linear_shapes(model)
     limit_real = products_seconds(shapes, int(real), dtype, args.repeats)
     limit_padded = products_seconds(shapes, int(padded), dtype, args.repeats)
-    loss_gap = max(abs(a - b) for a, b in zip(losses[False], losses[True], strict=True))
-    median = {free: statistics.median(t) for free, t in times.items()}
+    loss_gap = max(abs(a - b) for a, b in zip(losses["padded"], losses["free"], strict=True))
+    median = {variant: statistics.median(t) for variant, t in times.items()}
     return {
-        "precision": "bf16 (base bf16, autocast)" if bf16 else "float32",
-        "step": median[False],
-        "step_free": median[True],
-        "speedup": statistics.median(p / f for p, f in zip(times[False], times[True], strict=True)),
+        "precision": "bf16 (base bf16, autocast), float32 attention" if bf16 else "float32",
+        "step": median["padded"],
+        "step_free": median["free"],
+        "step_free_mask": median["free_mask"],
+        "speedup": statistics.median(p / f for p, f in zip(times["padded"], times["free"], strict=True)),
         "loss_gap": loss_gap,
         "real": real,
         "padded": padded,
@@ -223,15 +229,16 @@ def main(argv=None) -> None:
     )
     print(
         "| catalogue | precision | real / padded tokens | products, real s | products, padded s | padded step s | "
-        "x products (real) | padding-free step s | x products (real) | padding-free speed-up | loss gap |"
+        "x products (real) | padding-free step s | x products (real) | padding-free speed-up | "
+        "padding-free, row-wide mask s | x products (real) | loss gap |"
     )
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
             f"| {r['dataset']} | {r['precision']} | {r['real']:.0f} / {r['padded']:.0f} | {r['limit_real']:.3f} | "
             f"{r['limit_padded']:.3f} | {r['step']:.3f} | {r['step'] / r['limit_real']:.1f}x | "
             f"{r['step_free']:.3f} | {r['step_free'] / r['limit_real']:.1f}x | {r['speedup']:.2f}x | "
-            f"{r['loss_gap']:.1e} |"
+            f"{r['step_free_mask']:.3f} | {r['step_free_mask'] / r['limit_real']:.1f}x | {r['loss_gap']:.1e} |"
         )
     speeds = ", ".join(f"{r['gflops']:.0f}" for r in rows)
     print(f"\nproducts at real tokens: {speeds} GFLOP/s")

@@ -212,7 +212,8 @@ def test_weight_zero_is_the_plain_loss_bit_for_bit(toy, teacher, tokenizer, mode
 
 def _reference(model, batch, w: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(loss, mean softCE)`` from the model's full logits, the SID-only softmax computed here."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
+    logits = model(**inputs).logits  # padded rows, or one padding-free row (the trainer's choice on a CPU)
     labels = batch["labels"][:, 1:]
     mask = labels != -100
     sid_ids = model.base_model.grounded_token_ids()

@@ -140,19 +140,26 @@ def test_rows_over_max_length_are_refused_when_nothing_is_cut(toy, model_dir, tm
 
 def test_padding_free_by_default_where_padding_would_dominate(toy, tokenizer):
     """``padding_free=None`` decides from the rows' lengths: on where padded batches would hold at least
-    PADDING_FREE_RATIO times their tokens, off for rows of similar length and for rows not yet tokenised."""
+    padding_free_ratio(device) times their tokens (lower on a CPU, where the trainer attends per sequence), off
+    for rows of similar length and for rows not yet tokenised."""
     from datasets import Dataset
 
-    from peft_grounded.training.config import PADDING_FREE_RATIO, wants_padding_free
+    from peft_grounded.training.config import padding_free_ratio, wants_padding_free
 
     even = Dataset.from_dict({"input_ids": [[1] * 40 for _ in range(64)]})
     uneven = Dataset.from_dict({"input_ids": [[1] * (100 if i % 8 == 0 else 10) for i in range(64)]})
-    assert not wants_padding_free(even, 8)
-    assert wants_padding_free(uneven, 8)
+    # ML-100K's shape: rows of 90-101 tokens, padded batches ~1.08x their real tokens
+    similar = Dataset.from_dict({"input_ids": [[1] * (90 + i % 12) for i in range(64)]})
+    for device in ("cpu", "cuda"):
+        assert not wants_padding_free(even, 8, device_type=device)
+        assert wants_padding_free(uneven, 8, device_type=device)
+        assert not wants_padding_free(uneven, 1, device_type=device)  # one row a batch: nothing to pad
+    assert wants_padding_free(similar, 8, device_type="cpu") and not wants_padding_free(
+        similar, 8, device_type="cuda"
+    )
     assert not wants_padding_free(Dataset.from_dict({"prompt": ["a"] * 8, "completion": ["b"] * 8}), 8)
-    assert not wants_padding_free(uneven, 1)  # one row a batch: nothing to pad
-    assert PADDING_FREE_RATIO > 1
+    assert 1 < padding_free_ratio("cpu") < padding_free_ratio("cuda")
     catalogue, index = toy
     tokenizer.add_tokens(index.token_strings)
     data = training_dataset(catalogue.leave_one_out(), index, catalogue, tokenizer, SEQ)
-    assert not wants_padding_free(data, 4)  # the toy rows are of about one length
+    assert not wants_padding_free(data, 4, device_type="cuda")  # the toy rows are of about one length

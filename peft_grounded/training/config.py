@@ -101,8 +101,8 @@ class RunConfig(SFTConfig):
         default=None,
         metadata={
             "help": "Concatenate a batch's rows into one, positions restarting at each row, instead of padding "
-            "them (TRL's padding_free; same loss). None: on where the training rows' lengths vary enough that "
-            "padding would be at least PADDING_FREE_RATIO of a batch's tokens (pre-tokenised rows only).",
+            "them (TRL's padding_free; same loss). None: on where padded batches would hold at least "
+            "padding_free_ratio() times their real tokens (pre-tokenised rows only).",
             "nargs": "?",
             "const": True,
         },
@@ -188,15 +188,25 @@ def check_max_examples(n: int | None) -> None:
     )
 
 
-PADDING_FREE_RATIO = 1.5
+PADDING_FREE_RATIO = {"cpu": 1.05, "other": 1.5}
 """``padding_free=None`` turns padding-free batches on where padded batches would hold at least this many times
-their real tokens (BENCHMARKS.md, "The step against its matrix products": on a CPU a padding-free batch attends
-over all its rows at once, which costs more than the padding it saves where rows are of similar length)."""
+their real tokens (BENCHMARKS.md, "The step against its matrix products"). On a CPU the trainer attends within
+each packed sequence (``training.steps.training_attention``), so a padding-free batch saves what padding there
+is; elsewhere SDPA attends over the whole concatenated row under a block-diagonal mask, which costs more than
+the padding saved where rows are of similar length."""
 
 
-def wants_padding_free(dataset, batch_size: int, seed: int = 0, batches: int = 200) -> bool:
+def padding_free_ratio(device_type: str) -> float:
+    """:data:`PADDING_FREE_RATIO` for a device type (``"cpu"``, ``"cuda"``, ...)."""
+    return PADDING_FREE_RATIO["cpu" if device_type == "cpu" else "other"]
+
+
+def wants_padding_free(
+    dataset, batch_size: int, seed: int = 0, batches: int = 200, device_type: str = "cpu"
+) -> bool:
     """Whether ``batch_size`` random rows of ``dataset`` padded to their longest would hold at least
-    :data:`PADDING_FREE_RATIO` times their tokens (seeded; ``False`` for rows not yet tokenised)."""
+    :func:`padding_free_ratio` times their tokens on ``device_type`` (seeded; ``False`` for rows not yet
+    tokenised)."""
     import random
 
     if dataset is None or not hasattr(dataset, "column_names") or "input_ids" not in dataset.column_names:
@@ -210,7 +220,7 @@ def wants_padding_free(dataset, batch_size: int, seed: int = 0, batches: int = 2
         rows = rng.sample(lengths, min(batch_size, len(lengths)))
         padded += max(rows) * len(rows)
         real += sum(rows)
-    return padded >= PADDING_FREE_RATIO * real
+    return padded >= padding_free_ratio(device_type) * real
 
 
 # The grounding stage's settings (a TRL ``SFTConfig``), apart from its trainer so that parsing them stays light.

@@ -1,62 +1,98 @@
-"""What a training step runs on: float32 attention under a CPU's bf16 autocast, float32 master weights
+"""What a training step runs on: attention per sequence on padding-free rows and in float32 under a CPU's bf16
+autocast (:func:`training_attention`), float32 master weights
 (:func:`upcast_trainable`), padding-free batches where padding would dominate (:func:`wants_padding_free`), the
 item targets of a batch (:func:`count_targets`), and the seeded sample and fingerprint of the training rows.
 
 On a CPU, PyTorch's fused attention is several times slower backward in bf16 than in float32 (BENCHMARKS.md,
 "The step against its matrix products"), while its products are a small share of a step beside the linear
-layers'. :func:`float32_attention` runs a model's SDPA attention on float32 copies of the queries, keys and
-values for the duration of a block, and casts the output back: the linear layers keep bf16, attention gets
-both the faster kernel and float32's precision.
+layers'; and SDPA over a padding-free row computes the whole row's square under a block-diagonal mask. During
+training :func:`training_attention` runs each packed sequence through SDPA on its own and, under bf16, on
+float32 copies of the queries, keys and values, casting the output back: the linear layers keep bf16.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 import torch
 
-FLOAT32_SDPA = "sdpa_float32"
+
+def packed_lengths(position_ids: torch.Tensor | None, length: int) -> list[int] | None:
+    """The lengths of the sequences packed into a padding-free row (one row whose positions restart at 0, as
+    TRL's ``padding_free`` collates it), or None for anything else (a padded batch, one sequence)."""
+    if position_ids is None or position_ids.dim() != 2 or tuple(position_ids.shape) != (1, length):
+        return None
+    starts = torch.nonzero(position_ids[0] == 0).flatten().tolist()
+    if len(starts) < 2 or starts[0] != 0:
+        return None
+    return [end - start for start, end in zip(starts, [*starts[1:], length], strict=True)]
 
 
-def _float32_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args, **kwargs):
+def _training_sdpa(
+    module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask, *args,
+    float32: bool, per_sequence: bool, **kwargs,
+):  # fmt: skip
+    """SDPA, with ``per_sequence`` attending within each sequence of a padding-free row (causal, no mask)
+    instead of over the whole row under a block-diagonal mask: the products of the sequences' own squares, not
+    of the row's; with ``float32`` on float32 copies of q, k, v. Padded batches and a KV cache go to SDPA."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    with torch.autocast(query.device.type, enabled=False):
-        output, weights = sdpa_attention_forward(
-            module, query.float(), key.float(), value.float(), *args, **kwargs
-        )
-    return output.to(query.dtype), weights
+    dtype = query.dtype
+    if float32:
+        query, key, value = query.float(), key.float(), value.float()
+    lengths = None
+    if per_sequence and query.shape[2] == key.shape[2]:
+        lengths = packed_lengths(kwargs.get("position_ids"), query.shape[2])
+    with torch.autocast(query.device.type, enabled=False) if float32 else nullcontext():
+        if lengths is None:
+            output, weights = sdpa_attention_forward(
+                module, query, key, value, attention_mask, *args, **kwargs
+            )
+        else:
+            parts = zip(query.split(lengths, 2), key.split(lengths, 2), value.split(lengths, 2), strict=True)
+            output = torch.cat(
+                [sdpa_attention_forward(module, q, k, v, None, *args, **kwargs)[0] for q, k, v in parts],
+                dim=1,
+            )
+            weights = None
+    return output.to(dtype), weights
 
 
-def _register() -> None:
-    """Register the function, and SDPA's mask builder under its name: transformers picks the mask by the
-    implementation's name, and without it a padding-free batch's rows would attend to each other."""
+@cache
+def attention_name(float32: bool, per_sequence: bool) -> str:
+    """The registered name of the training attention (SDPA's mask builder under it too: transformers picks the
+    mask by the implementation's name, and a padded batch or a row-wide packed one needs it)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(FLOAT32_SDPA, _float32_sdpa)  # idempotent
-    AttentionMaskInterface.register(FLOAT32_SDPA, sdpa_mask)
+    name = "sdpa" + ("_per_sequence" if per_sequence else "") + ("_float32" if float32 else "")
+    function = partial(_training_sdpa, float32=float32, per_sequence=per_sequence)
+    AttentionInterface.register(name, function)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
 
 
 @contextmanager
-def float32_attention(model: Any, enabled: bool = True) -> Iterator[bool]:
-    """Within the block, ``model``'s SDPA attention runs in float32 (a PEFT model: its base model's); yields
-    whether it does. A model on another attention implementation, or ``enabled=False``, is left as it is."""
+def training_attention(model: Any, float32: bool = False, per_sequence: bool = True) -> Iterator[str | None]:
+    """Within the block, ``model``'s SDPA attention (a PEFT model: its base model's) attends per sequence on
+    padding-free rows (``per_sequence``) and, with ``float32``, runs on float32 copies of q, k, v (under a
+    CPU's bf16 autocast); yields the implementation's name. A model on another attention implementation is
+    left as it is (None), as is one with neither switch on."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = getattr(base, "config", None)
     current = getattr(config, "_attn_implementation", None)
-    if not enabled or current != "sdpa" or not hasattr(base, "set_attn_implementation"):
-        yield False
+    if current != "sdpa" or not hasattr(base, "set_attn_implementation") or not (float32 or per_sequence):
+        yield None
         return
-    _register()
-    base.set_attn_implementation(FLOAT32_SDPA)
+    name = attention_name(float32, per_sequence)
+    base.set_attn_implementation(name)
     try:
-        yield True
+        yield name
     finally:
         base.set_attn_implementation(current)
 

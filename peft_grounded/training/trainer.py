@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -55,7 +56,7 @@ from .runs import (
     stopped,
     train_loss,
 )
-from .steps import count_targets, float32_attention, upcast_trainable
+from .steps import count_targets, training_attention, upcast_trainable
 
 if TYPE_CHECKING:
     from ..prompts import PromptFormat
@@ -100,7 +101,9 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
         # at each row) leave max_length to this trainer: TRL refuses it there, since it cuts no row then; the
         # rows are checked against it below, and nothing is cut.
         if args is not None and args.padding_free is None:
-            args.padding_free = wants_padding_free(train_dataset, args.per_device_train_batch_size, args.seed)
+            args.padding_free = wants_padding_free(
+                train_dataset, args.per_device_train_batch_size, args.seed, device_type=args.device.type
+            )
         row_limit = None
         if args is not None and args.padding_free and not args.packing and args.max_length is not None:
             row_limit, args.max_length = args.max_length, None
@@ -334,9 +337,10 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
         output_dir = Path(self.args.output_dir)
         if resume_from_checkpoint is None:
             resume_from_checkpoint = getattr(self.args, "resume", None)
-        # bf16 on a CPU: attention in float32 (faster there, and exact; see training.attention)
-        cpu_bf16 = bool(self.args.bf16) and self.args.device.type == "cpu"
-        with output_lock(output_dir, f"{self.stage} training"), float32_attention(self.model, cpu_bf16):
+        # on a CPU: attention per packed sequence, and in float32 under bf16 (faster there; training_attention)
+        on_cpu = self.args.device.type == "cpu"
+        attention = training_attention(self.model, float32=bool(self.args.bf16)) if on_cpu else nullcontext()
+        with output_lock(output_dir, f"{self.stage} training"), attention:
             return self._train_locked(output_dir, resume_from_checkpoint, **kwargs)
 
     def _train_locked(self, output_dir: Path, resume_from_checkpoint: str | bool | None, **kwargs):
