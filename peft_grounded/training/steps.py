@@ -1,7 +1,6 @@
-"""What a training step runs on: attention per sequence on padding-free rows and in float32 under a CPU's bf16
-autocast (:func:`training_attention`), float32 master weights
-(:func:`upcast_trainable`), padding-free batches where padding would dominate (:func:`wants_padding_free`), the
-item targets of a batch (:func:`count_targets`), and the seeded sample and fingerprint of the training rows.
+"""What a training step runs on: attention per sequence on padding-free rows, in float32 under a CPU's bf16
+autocast (:func:`training_attention`), float32 master weights (:func:`upcast_trainable`), the item targets of a
+batch (:func:`count_targets`), and the seeded sample and fingerprint of the training rows.
 
 On a CPU, PyTorch's fused attention is several times slower backward in bf16 than in float32 (BENCHMARKS.md,
 "The step against its matrix products"), while its products are a small share of a step beside the linear
