@@ -101,9 +101,8 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
         # at each row) leave max_length to this trainer: TRL refuses it there, since it cuts no row then; the
         # rows are checked against it below, and nothing is cut.
         if args is not None and args.padding_free is None:
-            args.padding_free = wants_padding_free(
-                train_dataset, args.per_device_train_batch_size, args.seed, device_type=args.device.type
-            )
+            batch, device = args.per_device_train_batch_size, args.device.type
+            args.padding_free = wants_padding_free(train_dataset, batch, args.seed, device_type=device)
         row_limit = None
         if args is not None and args.padding_free and not args.packing and args.max_length is not None:
             row_limit, args.max_length = args.max_length, None
@@ -337,9 +336,8 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
         output_dir = Path(self.args.output_dir)
         if resume_from_checkpoint is None:
             resume_from_checkpoint = getattr(self.args, "resume", None)
-        # on a CPU: attention per packed sequence, and in float32 under bf16 (faster there; training_attention)
-        on_cpu = self.args.device.type == "cpu"
-        attention = training_attention(self.model, float32=bool(self.args.bf16)) if on_cpu else nullcontext()
+        cpu = self.args.device.type == "cpu"  # attention per packed sequence, float32 under bf16 (faster)
+        attention = training_attention(self.model, float32=bool(self.args.bf16)) if cpu else nullcontext()
         with output_lock(output_dir, f"{self.stage} training"), attention:
             return self._train_locked(output_dir, resume_from_checkpoint, **kwargs)
 
