@@ -7,20 +7,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helpers.growth_fixtures import grown_indices, trained
+from helpers.growth_fixtures import grown_indices, saved_adapter
 from peft_grounded.growth import grow_adapter
 from peft_grounded.sids.model import save_sid_record
 
 
 def serving_world(root: Path, tokenizer, tiny_model_factory) -> dict:
     parent, child = grown_indices()
-    base = root / "base"
-    tiny_model_factory("llama", False).save_pretrained(base)
-    tokenizer.save_pretrained(base)
-    model = trained(tokenizer, tiny_model_factory, parent, "llama", False, True)
-    model.peft_config["default"].base_model_name_or_path = str(base)
-    model.save_pretrained(root / "adapter")
-    save_sid_record(model, root / "adapter")
+    model, base = saved_adapter(root, tokenizer, tiny_model_factory, parent, lora=True)
     parent.save(root / "adapter" / "sid_index")
     parent.save(root / "sids")
     grown = grow_adapter(model, tokenizer, parent, child)
