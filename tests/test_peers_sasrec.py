@@ -4,6 +4,7 @@ history, round-trips through safetensors, refuses bad settings."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -197,3 +198,27 @@ def test_validation_user_sample_is_seeded_and_sized():
     assert without_time[0] == without_time[1]
     # 7 users: every validation value is a multiple of 1/7
     assert round(runs[0].history[0]["valid_recall@10"] * 7, 6) % 1 == 0
+
+
+def test_a_cached_fit_is_shared_by_equal_data_and_settings_only(planted, tmp_path, monkeypatch):
+    catalogue, split, _ = planted
+    monkeypatch.setenv("PEFT_GROUNDED_CACHE", str(tmp_path))
+    config = SASRecConfig(**SMALL_SASREC, max_epochs=2)
+    first = fit_sasrec(split, catalogue.item_ids, config, cache=True)
+    (saved,) = (tmp_path / "sasrec").iterdir()
+    again = fit_sasrec(split, catalogue.item_ids, replace(config, threads=1), cache=True)  # threads: same fit
+    assert again.history == first.history and again.train_seconds == first.train_seconds
+    for name, weight in first.model.state_dict().items():
+        assert torch.equal(weight, again.model.state_dict()[name]), name
+    assert [p.name for p in (tmp_path / "sasrec").iterdir()] == [saved.name]
+    # another seed, other histories, or a time budget: a fit of its own (a budget's is never cached)
+    fit_sasrec(split, catalogue.item_ids, replace(config, seed=1), cache=True)
+    shorter = replace(split, users=split.users[:-1])
+    fit_sasrec(shorter, catalogue.item_ids, config, cache=True)
+    fit_sasrec(split, catalogue.item_ids, replace(config, max_minutes=5.0), cache=True)
+    assert len(list((tmp_path / "sasrec").iterdir())) == 3
+    # a saved fit cut short is refitted, not read
+    (saved / "sasrec.safetensors").write_bytes(b"cut")
+    refit = fit_sasrec(split, catalogue.item_ids, config, cache=True)
+    assert refit.history[0]["loss"] == pytest.approx(first.history[0]["loss"])
+    assert SASRecRecommender.load(saved).history == refit.history

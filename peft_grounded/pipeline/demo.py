@@ -51,7 +51,8 @@ class Preset:
     fmt: PromptFormat | None = None
     # the recommenders a shop could run without this package, scored on the same users (pipeline.side_by_side)
     peers: tuple[str, ...] = ("popularity", "knn_last", "sasrec")
-    sasrec: dict[str, Any] = field(default_factory=lambda: {"max_minutes": 1.5})  # SASRecConfig's fields
+    # SASRecConfig's fields; the defaults train to the best validation epoch, the fit the behaviour SIDs use
+    sasrec: dict[str, Any] = field(default_factory=dict)
     # bf16 autocast where the machine runs it natively (machine_precision decides per run); the budget's stages
     # are built without it, so that no preset asks an emulating CPU for bf16 (and warns) before that choice
     bf16: bool = False
@@ -84,7 +85,6 @@ PRESETS: dict[str, Preset] = {
         fmt=PromptFormat(objective="sequence", max_history=19),
         layers=8,
         item_vectors=ItemVectorsConfig(item_vectors="behaviour"),
-        sasrec={"max_minutes": 1.0},
         bf16=True,
         note="CPU-sized (2 cores): SIDs from behaviour "
         "(SASRec's item embeddings of the training split, build-sids --recipe cpu), the first 8 of "

@@ -88,7 +88,7 @@ def run_peers(
         else:
             from ..sids.sasrec import SASRecConfig, fit_sasrec
 
-            model = fit_sasrec(split, list(index.item_ids), sasrec or SASRecConfig())
+            model = fit_sasrec(split, list(index.item_ids), sasrec or SASRecConfig(), cache=True)
             fit_seconds = float(getattr(model, "train_seconds", time.perf_counter() - start))
             records = peer_records(model, split, ("test",), settings)
             extra = {

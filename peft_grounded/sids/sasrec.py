@@ -21,12 +21,13 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import logging
 import math
 import random
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from .._io import atomic_write, atomic_write_text
 FORMAT = "peft_grounded.sasrec"
 CONFIG_FILE, WEIGHTS_FILE = "sasrec.json", "sasrec.safetensors"
 VALID_METRICS = ("ndcg@10", "recall@10")
+logger = logging.getLogger(__name__)
 _SCORE_BATCH = 256  # histories scored at once (validation and recommend)
 
 
@@ -300,9 +302,10 @@ class SASRecRecommender:
 
     # ------------------------------------------------------------------------------------------ save / load
 
-    def save(self, directory: str | Path) -> Path:
+    def save(self, directory: str | Path, *, fit_key: str | None = None) -> Path:
         """Write ``sasrec.safetensors`` (weights) and ``sasrec.json`` (config, item ids, training record,
-        the weights' SHA-256) into ``directory``; each file atomically, the JSON last."""
+        the weights' SHA-256, ``fit_key`` when given) into ``directory``; each file atomically, the JSON
+        last."""
         directory = Path(directory)
         tensors = {f"model.{k}": v.contiguous() for k, v in self.model.state_dict().items()}
         tensors["popularity"] = self.popularity.contiguous()
@@ -318,6 +321,7 @@ class SASRecRecommender:
             "history": self.history,
             "train_seconds": self.train_seconds,
             "threads": self.threads,
+            **({"fit_key": fit_key} if fit_key else {}),
         }
         atomic_write_text(directory / CONFIG_FILE, json.dumps(meta, indent=1) + "\n")
         return directory
@@ -396,12 +400,51 @@ def _validate(
     return {"valid_recall@10": hits / n, "valid_ndcg@10": gains / n}
 
 
-def fit_sasrec(split: Any, item_ids: Sequence[str], config: SASRecConfig | None = None) -> SASRecRecommender:
+def fit_key(
+    histories: Sequence[Sequence[int]],
+    valid_targets: Sequence[int],
+    item_ids: Sequence[str],
+    config: SASRecConfig,
+) -> str:
+    """SHA-256 of what a fit depends on: the indexed training histories and validation targets, the item ids
+    and every setting but ``threads``."""
+    settings = {k: v for k, v in asdict(config).items() if k != "threads"}
+    payload = json.dumps([list(map(list, histories)), list(valid_targets), list(item_ids), settings])
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def fit_sasrec(
+    split: Any, item_ids: Sequence[str], config: SASRecConfig | None = None, *, cache: bool = False
+) -> SASRecRecommender:
     """Train SASRec on a :class:`~peft_grounded.sids.LeaveOneOut` split over ``item_ids`` (the catalogue's)
-    and return the recommender holding the best validation epoch's weights."""
+    and return the recommender holding the best validation epoch's weights.
+
+    ``cache``: reuse a fit saved under ``<peft_grounded cache>/sasrec/`` for the same histories, validation
+    targets, items and settings (:func:`fit_key`), and save this one there; the behaviour SIDs, the
+    distillation teacher and the SASRec peer then share one fit. A fit under ``max_minutes`` depends on the
+    machine's speed, so it is never cached."""
     config = config or SASRecConfig()
     item_ids = list(item_ids)
     _, histories, valid_targets = _indexed(split, item_ids)
+    if not cache or config.max_minutes is not None:
+        return _fit(histories, valid_targets, item_ids, config)
+    from .. import assets
+
+    key = fit_key(histories, valid_targets, item_ids, config)
+    folder = assets.cache_dir() / "sasrec" / key[:24]
+    with suppress(FileNotFoundError, ValueError, KeyError):
+        saved = SASRecRecommender.load(folder)
+        if json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8")).get("fit_key") == key:
+            logger.info("SASRec: the fit saved in %s (same data and settings)", folder)
+            return saved
+    recommender = _fit(histories, valid_targets, item_ids, config)
+    recommender.save(folder, fit_key=key)
+    return recommender
+
+
+def _fit(
+    histories: list[list[int]], valid_targets: list[int], item_ids: list[str], config: SASRecConfig
+) -> SASRecRecommender:
     windows = training_windows(histories, config.max_length)
     if not windows:
         raise ValueError(

@@ -271,7 +271,7 @@ def fit_teacher(split, index, epochs: int, seed: int):
             f"{len(unknown)} items of the training histories or validation targets have no SID (e.g. "
             f"{unknown[0]!r}): the teacher scores the index's items"
         )
-    teacher = fit_sasrec(split, index.item_ids, SASRecConfig(max_epochs=epochs, seed=seed))
+    teacher = fit_sasrec(split, index.item_ids, SASRecConfig(max_epochs=epochs, seed=seed), cache=True)
     best = teacher.history[teacher.best_epoch - 1] if teacher.best_epoch else {}
     logger.info(
         "distillation teacher: SASRec in %.0f s, best epoch %d of %d (validation NDCG@10 %.4f)",
