@@ -180,7 +180,9 @@ def item_vectors(
         return text, None, {}
     from .sasrec import SASRecConfig, fit_sasrec
 
-    sasrec = fit_sasrec(split, item_ids, SASRecConfig(max_epochs=config.behaviour_epochs, seed=seed), cache=True)
+    sasrec = fit_sasrec(
+        split, item_ids, SASRecConfig(max_epochs=config.behaviour_epochs, seed=seed), cache=True
+    )
     embedding = sasrec.model.item_embedding.weight[1:].detach().float().numpy()
     warm = training_interactions(split, item_ids) >= config.behaviour_min_interactions
     if warm.sum() < 2:
