@@ -1,11 +1,13 @@
 """``torch.compile`` of the recipe's decoder blocks against eager, on the same padding-free batches.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_compile_blocks.py --precision bf16
+    OMP_NUM_THREADS=1 python benchmarks/bench_compile_blocks.py --precision bf16 --parts mlp
 
 The ``cpu`` recipe's model of ``bench_step_limit.py`` (8 SmolLM2 blocks, rank-8 LoRA, SID-only softmax) on 12
-seeded padding-free ML-100K batches; each block is compiled with ``nn.Module.compile(dynamic=True)`` and the
-compiled and eager blocks alternate step by step, so a busy machine slows both alike. Prints the compile time,
-the median steps, their median ratio and the largest loss gap.
+seeded padding-free batches of ``--dataset``, attention per sequence as the trainer runs it on a CPU (float32
+under bf16). ``--parts mlp`` compiles what the trainer's ``compile_blocks`` compiles (each block's MLP and norms,
+``training.steps.compiled_blocks``); ``--parts blocks`` whole blocks (``nn.Module.compile(dynamic=True)``). The
+compiled and eager steps alternate, so a busy machine slows both alike. Prints the compile time, the median
+steps, their median ratio and the largest loss gap.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from peft_grounded.sids import load_catalogue
 from peft_grounded.sids.model import RowStart, sid_model
 from peft_grounded.training.sft import training_dataset
 from peft_grounded.training.sft.trainer import shallow_base
-from peft_grounded.training.steps import compact_head
+from peft_grounded.training.steps import compact_head, compiled_blocks, compiled_parts, training_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also under runpy
 from bench_step_limit import BATCH, HISTORY, collate, index_for
@@ -42,6 +44,11 @@ except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the
 @dataclass
 class Settings:
     precision: Literal["fp32", "bf16"] = field(default="fp32", metadata={"help": "the blocks' precision"})
+    parts: Literal["mlp", "blocks"] = field(
+        default="mlp",
+        metadata={"help": "mlp: each block's MLP and norms (the trainer's); blocks: whole blocks"},
+    )
+    dataset: str = field(default="movielens-100k", metadata={"help": "a catalogue name or folder"})
     output: Path = field(
         default=Path("runs/compile-blocks"), metadata={"help": "the cut base and the SID index go here"}
     )
@@ -52,8 +59,8 @@ def main(argv=None) -> None:
 
     args = parse(Settings, argv, prog="bench_compile_blocks.py", description=__doc__)
     bf16 = args.precision == "bf16"
-    catalogue = load_catalogue("movielens-100k")
-    index = index_for(catalogue, args.output / "sids")
+    catalogue = load_catalogue(args.dataset)
+    index = index_for(catalogue, args.output / f"sids-{Path(args.dataset).name}")
     base = str(shallow_base(assets.smollm2(), 8, args.output / "base-8"))
     dtype = torch.bfloat16 if bf16 else torch.float32
     tokenizer, model = sid_model(base, index, start=RowStart(init="centroid", init_scale=0.1), dtype=dtype)
@@ -74,20 +81,31 @@ def main(argv=None) -> None:
         start = time.perf_counter()
         optimizer.zero_grad()
         autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
-        with autocast, compact_head(model, sid_ids=model.base_model.grounded_token_ids()):
-            out = model(**batch, fused_lm_head=True, use_cache=False)
-        out.loss.backward()
+        with training_attention(model, float32=bf16, per_sequence=True):
+            with autocast, compact_head(model, sid_ids=model.base_model.grounded_token_ids()):
+                out = model(**batch, fused_lm_head=True, use_cache=False)
+            out.loss.backward()
         optimizer.step()
         return time.perf_counter() - start, out.loss.item()
 
-    blocks = model.get_base_model().model.layers
-    for block in blocks:
-        block.compile(dynamic=True)
-    compiled = [block._compiled_call_impl for block in blocks]
+    if args.parts == "mlp":
+        parts = compiled_parts(model)
+        with compiled_blocks(model, True):
+            compiled = [part.forward for part in parts]
+        eager = [part.forward for part in parts]
 
-    def use(on: bool) -> None:
-        for block, fn in zip(blocks, compiled, strict=True):
-            block._compiled_call_impl = fn if on else None
+        def use(on: bool) -> None:
+            for part, fn in zip(parts, compiled if on else eager, strict=True):
+                part.forward = fn
+    else:
+        blocks = model.get_base_model().model.layers
+        for block in blocks:
+            block.compile(dynamic=True)
+        compiled_calls = [block._compiled_call_impl for block in blocks]
+
+        def use(on: bool) -> None:
+            for block, fn in zip(blocks, compiled_calls, strict=True):
+                block._compiled_call_impl = fn if on else None
 
     start = time.perf_counter()
     use(True)
@@ -105,7 +123,7 @@ def main(argv=None) -> None:
     ratio = statistics.median(e / c for e, c in zip(times[False], times[True], strict=True))
     gap = max(abs(a - b) for a, b in zip(losses[True], losses[False], strict=True))
     print(
-        f"| {args.precision} | compile + first step {compile_s:.1f} s | eager {statistics.median(times[False]):.3f} s "
+        f"| {Path(args.dataset).name} | {args.precision} | {args.parts} | compile + first step {compile_s:.1f} s | eager {statistics.median(times[False]):.3f} s "
         f"| compiled {statistics.median(times[True]):.3f} s | {ratio:.2f}x | loss gap {gap:.1e} |"
     )
 

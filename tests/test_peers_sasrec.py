@@ -21,6 +21,7 @@ from peft_grounded.sids.sasrec import (
     fit_sasrec,
     training_windows,
 )
+from peft_grounded.sids.sasrec_cache import shared_fit
 
 
 @pytest.fixture(scope="module")
@@ -204,21 +205,21 @@ def test_a_cached_fit_is_shared_by_equal_data_and_settings_only(planted, tmp_pat
     catalogue, split, _ = planted
     monkeypatch.setenv("PEFT_GROUNDED_CACHE", str(tmp_path))
     config = SASRecConfig(**SMALL_SASREC, max_epochs=2)
-    first = fit_sasrec(split, catalogue.item_ids, config, cache=True)
+    first = shared_fit(split, catalogue.item_ids, config)
     (saved,) = (tmp_path / "sasrec").iterdir()
-    again = fit_sasrec(split, catalogue.item_ids, replace(config, threads=1), cache=True)  # threads: same fit
+    again = shared_fit(split, catalogue.item_ids, replace(config, threads=1))  # threads: same fit
     assert again.history == first.history and again.train_seconds == first.train_seconds
     for name, weight in first.model.state_dict().items():
         assert torch.equal(weight, again.model.state_dict()[name]), name
     assert [p.name for p in (tmp_path / "sasrec").iterdir()] == [saved.name]
     # another seed, other histories, or a time budget: a fit of its own (a budget's is never cached)
-    fit_sasrec(split, catalogue.item_ids, replace(config, seed=1), cache=True)
+    shared_fit(split, catalogue.item_ids, replace(config, seed=1))
     shorter = replace(split, users=split.users[:-1])
-    fit_sasrec(shorter, catalogue.item_ids, config, cache=True)
-    fit_sasrec(split, catalogue.item_ids, replace(config, max_minutes=5.0), cache=True)
+    shared_fit(shorter, catalogue.item_ids, config)
+    shared_fit(split, catalogue.item_ids, replace(config, max_minutes=5.0))
     assert len(list((tmp_path / "sasrec").iterdir())) == 3
     # a saved fit cut short is refitted, not read
     (saved / "sasrec.safetensors").write_bytes(b"cut")
-    refit = fit_sasrec(split, catalogue.item_ids, config, cache=True)
+    refit = shared_fit(split, catalogue.item_ids, config)
     assert refit.history[0]["loss"] == pytest.approx(first.history[0]["loss"])
     assert SASRecRecommender.load(saved).history == refit.history

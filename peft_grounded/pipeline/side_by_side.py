@@ -86,9 +86,10 @@ def run_peers(
             fit_seconds = 0.0  # no training; encoding is the index's (cached)
             records = peer_records(knn, split, ("test",), settings)
         else:
-            from ..sids.sasrec import SASRecConfig, fit_sasrec
+            from ..sids.sasrec import SASRecConfig
+            from ..sids.sasrec_cache import shared_fit
 
-            model = fit_sasrec(split, list(index.item_ids), sasrec or SASRecConfig(), cache=True)
+            model = shared_fit(split, list(index.item_ids), sasrec or SASRecConfig())
             fit_seconds = float(getattr(model, "train_seconds", time.perf_counter() - start))
             records = peer_records(model, split, ("test",), settings)
             extra = {

@@ -178,11 +178,10 @@ def item_vectors(
     text = np.asarray(text, np.float32)
     if not config.uses_behaviour:
         return text, None, {}
-    from .sasrec import SASRecConfig, fit_sasrec
+    from .sasrec import SASRecConfig
+    from .sasrec_cache import shared_fit
 
-    sasrec = fit_sasrec(
-        split, item_ids, SASRecConfig(max_epochs=config.behaviour_epochs, seed=seed), cache=True
-    )
+    sasrec = shared_fit(split, item_ids, SASRecConfig(max_epochs=config.behaviour_epochs, seed=seed))
     embedding = sasrec.model.item_embedding.weight[1:].detach().float().numpy()
     warm = training_interactions(split, item_ids) >= config.behaviour_min_interactions
     if warm.sum() < 2:

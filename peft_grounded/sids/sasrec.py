@@ -21,13 +21,12 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import logging
 import math
 import random
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,6 @@ from .._io import atomic_write, atomic_write_text
 FORMAT = "peft_grounded.sasrec"
 CONFIG_FILE, WEIGHTS_FILE = "sasrec.json", "sasrec.safetensors"
 VALID_METRICS = ("ndcg@10", "recall@10")
-logger = logging.getLogger(__name__)
 _SCORE_BATCH = 256  # histories scored at once (validation and recommend)
 
 
@@ -400,46 +398,14 @@ def _validate(
     return {"valid_recall@10": hits / n, "valid_ndcg@10": gains / n}
 
 
-def fit_key(
-    histories: Sequence[Sequence[int]],
-    valid_targets: Sequence[int],
-    item_ids: Sequence[str],
-    config: SASRecConfig,
-) -> str:
-    """SHA-256 of what a fit depends on: the indexed training histories and validation targets, the item ids
-    and every setting but ``threads``."""
-    settings = {k: v for k, v in asdict(config).items() if k != "threads"}
-    payload = json.dumps([list(map(list, histories)), list(valid_targets), list(item_ids), settings])
-    return hashlib.sha256(payload.encode()).hexdigest()
-
-
-def fit_sasrec(
-    split: Any, item_ids: Sequence[str], config: SASRecConfig | None = None, *, cache: bool = False
-) -> SASRecRecommender:
+def fit_sasrec(split: Any, item_ids: Sequence[str], config: SASRecConfig | None = None) -> SASRecRecommender:
     """Train SASRec on a :class:`~peft_grounded.sids.LeaveOneOut` split over ``item_ids`` (the catalogue's)
-    and return the recommender holding the best validation epoch's weights.
-
-    ``cache``: reuse a fit saved under ``<peft_grounded cache>/sasrec/`` for the same histories, validation
-    targets, items and settings (:func:`fit_key`), and save this one there; the behaviour SIDs, the
-    distillation teacher and the SASRec peer then share one fit. A fit under ``max_minutes`` depends on the
-    machine's speed, so it is never cached."""
+    and return the recommender holding the best validation epoch's weights (:func:`~peft_grounded.sids.
+    sasrec_cache.shared_fit` reuses an equal fit)."""
     config = config or SASRecConfig()
     item_ids = list(item_ids)
     _, histories, valid_targets = _indexed(split, item_ids)
-    if not cache or config.max_minutes is not None:
-        return _fit(histories, valid_targets, item_ids, config)
-    from .. import assets
-
-    key = fit_key(histories, valid_targets, item_ids, config)
-    folder = assets.cache_dir() / "sasrec" / key[:24]
-    with suppress(FileNotFoundError, ValueError, KeyError):
-        saved = SASRecRecommender.load(folder)
-        if json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8")).get("fit_key") == key:
-            logger.info("SASRec: the fit saved in %s (same data and settings)", folder)
-            return saved
-    recommender = _fit(histories, valid_targets, item_ids, config)
-    recommender.save(folder, fit_key=key)
-    return recommender
+    return _fit(histories, valid_targets, item_ids, config)
 
 
 def _fit(

@@ -108,6 +108,16 @@ class RunConfig(SFTConfig):
         },
     )
 
+    compile_blocks: bool | None = field(
+        default=None,
+        metadata={
+            "help": "torch.compile each decoder block's MLP and norms (attention stays eager) while training. "
+            "None: wants_compile_blocks() decides (bf16 on a CPU, a long run, a C++ compiler found).",
+            "nargs": "?",
+            "const": True,
+        },
+    )
+
     def __post_init__(self) -> None:
         if self.max_steps is None:
             self.max_steps = -1 if self.max_minutes is not None else self.default_steps
@@ -224,6 +234,20 @@ def wants_padding_free(
 
 
 # The grounding stage's settings (a TRL ``SFTConfig``), apart from its trainer so that parsing them stays light.
+
+
+COMPILE_MIN_STEPS = 100  # compiling takes seconds: it pays back over this many steps (or a time budget)
+
+
+def wants_compile_blocks(args: Any, device_type: str) -> bool:
+    """``args.compile_blocks``, or where None: on for bf16 on a CPU with a C++ compiler, over at least
+    ``COMPILE_MIN_STEPS`` steps or a time budget."""
+    if args.compile_blocks is not None:
+        return bool(args.compile_blocks)
+    from .steps import compiler_found
+
+    long_run = args.max_steps < 0 or args.max_steps >= COMPILE_MIN_STEPS
+    return device_type == "cpu" and bool(args.bf16) and long_run and compiler_found()
 
 
 @dataclass

@@ -6,12 +6,16 @@ On a CPU, PyTorch's fused attention is several times slower backward in bf16 tha
 "The step against its matrix products"), while its products are a small share of a step beside the linear
 layers'; and SDPA over a padding-free row computes the whole row's square under a block-diagonal mask. During
 training :func:`training_attention` runs each packed sequence through SDPA on its own and, under bf16, on
-float32 copies of the queries, keys and values, casting the output back: the linear layers keep bf16.
+float32 copies of the queries, keys and values, casting the output back: the linear layers keep bf16. Where
+the products are fast (bf16 on a CPU), the MLP's and norms' elementwise passes weigh: :func:`compiled_blocks`
+fuses them with ``torch.compile``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -94,6 +98,58 @@ def training_attention(model: Any, float32: bool = False, per_sequence: bool = T
         yield name
     finally:
         base.set_attn_implementation(current)
+
+
+def compiler_found() -> bool:
+    """Whether inductor's C++ compiler (``$CXX``, else ``g++``) is on the path."""
+    return shutil.which(os.environ.get("CXX") or "g++") is not None
+
+
+def compiled_parts(model: Any) -> list[torch.nn.Module]:
+    """The modules :func:`compiled_blocks` compiles: each decoder block's MLP and norms (no data-dependent
+    shapes, unlike attention on padding-free rows)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    blocks = getattr(getattr(base, "model", base), "layers", None)
+    if blocks is None:
+        return []
+    names = ("mlp", "input_layernorm", "post_attention_layernorm")
+    return [getattr(block, n) for block in blocks for n in names if hasattr(block, n)]
+
+
+@contextmanager
+def compiled_blocks(model: Any, on: bool) -> Iterator[int]:
+    """Within the block (``on``), :func:`compiled_parts` run their forward through ``torch.compile``
+    (dynamic shapes); yields how many; the eager forward is back afterwards."""
+    parts = compiled_parts(model) if on else []
+    if on and not compiler_found():
+        raise RuntimeError(
+            "compile_blocks needs a C++ compiler for torch.compile on a CPU (g++ or $CXX); install one "
+            "(e.g. apt install g++) or train with compile_blocks=False (--compile_blocks False)"
+        )
+    eager = [part.__dict__.get("forward") for part in parts]  # an instance's own forward (a hook's) stays
+    for part in parts:
+        part.forward = torch.compile(part.forward, dynamic=True)
+    try:
+        yield len(parts)
+    finally:
+        for part, forward in zip(parts, eager, strict=True):
+            if forward is None:
+                del part.forward
+            else:
+                part.forward = forward
+
+
+@contextmanager
+def training_kernels(model: Any, args: Any) -> Iterator[None]:
+    """What the trainer's steps run on (``args``: its config): on a CPU, :func:`training_attention` (float32
+    under bf16); :func:`compiled_blocks` where :func:`~peft_grounded.training.config.wants_compile_blocks`
+    says so."""
+    from .config import wants_compile_blocks
+
+    device = args.device.type
+    attention = training_attention(model, float32=bool(args.bf16)) if device == "cpu" else nullcontext()
+    with attention, compiled_blocks(model, wants_compile_blocks(args, device)):
+        yield
 
 
 logger = logging.getLogger(__name__)

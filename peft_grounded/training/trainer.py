@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -56,7 +55,7 @@ from .runs import (
     stopped,
     train_loss,
 )
-from .steps import count_targets, training_attention, upcast_trainable
+from .steps import count_targets, training_kernels, upcast_trainable
 
 if TYPE_CHECKING:
     from ..prompts import PromptFormat
@@ -336,9 +335,7 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
         output_dir = Path(self.args.output_dir)
         if resume_from_checkpoint is None:
             resume_from_checkpoint = getattr(self.args, "resume", None)
-        cpu = self.args.device.type == "cpu"  # attention per packed sequence, float32 under bf16 (faster)
-        attention = training_attention(self.model, float32=bool(self.args.bf16)) if cpu else nullcontext()
-        with output_lock(output_dir, f"{self.stage} training"), attention:
+        with output_lock(output_dir, f"{self.stage} training"), training_kernels(self.model, self.args):
             return self._train_locked(output_dir, resume_from_checkpoint, **kwargs)
 
     def _train_locked(self, output_dir: Path, resume_from_checkpoint: str | bool | None, **kwargs):

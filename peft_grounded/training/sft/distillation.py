@@ -263,7 +263,8 @@ def add_teacher_columns(dataset, targets: TeacherTargets, rows: Sequence[Row], i
 
 def fit_teacher(split, index, epochs: int, seed: int):
     """SASRec on ``split``'s training histories over ``index``'s items (validation picks its epoch)."""
-    from ...sids.sasrec import SASRecConfig, fit_sasrec
+    from ...sids.sasrec import SASRecConfig
+    from ...sids.sasrec_cache import shared_fit
 
     unknown = sorted({i for u in split.users for i in (*u.history, u.valid) if i not in index})
     if unknown:
@@ -271,7 +272,7 @@ def fit_teacher(split, index, epochs: int, seed: int):
             f"{len(unknown)} items of the training histories or validation targets have no SID (e.g. "
             f"{unknown[0]!r}): the teacher scores the index's items"
         )
-    teacher = fit_sasrec(split, index.item_ids, SASRecConfig(max_epochs=epochs, seed=seed), cache=True)
+    teacher = shared_fit(split, index.item_ids, SASRecConfig(max_epochs=epochs, seed=seed))
     best = teacher.history[teacher.best_epoch - 1] if teacher.best_epoch else {}
     logger.info(
         "distillation teacher: SASRec in %.0f s, best epoch %d of %d (validation NDCG@10 %.4f)",

@@ -1,0 +1,145 @@
+"""The compiled MLP and norms (training.steps.compiled_blocks): the same loss and gradients as eager, the eager
+forward back afterwards (a hook's own forward included), the trainer compiling where wants_compile_blocks says,
+and a clear refusal where no C++ compiler is found."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import build_tiny_model
+from transformers import TrainerCallback
+
+from peft_grounded.training.config import COMPILE_MIN_STEPS, RecommendationConfig, wants_compile_blocks
+from peft_grounded.training.steps import compiled_blocks, compiled_parts, compiler_found
+
+needs_compiler = pytest.mark.skipif(
+    not compiler_found(), reason="torch.compile on a CPU needs a C++ compiler"
+)
+
+
+def _lora_model(arch: str, tied: bool):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(build_tiny_model(arch, tied), LoraConfig(r=2, target_modules="all-linear"))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # "trained": LoRA B off zero, so every factor has a gradient
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.1 * torch.randn(p.shape, generator=generator))
+    return model.train()
+
+
+def _loss_and_grads(model, ids):
+    model.zero_grad()
+    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@needs_compiler
+@pytest.mark.parametrize("arch, tied", [("llama", True), ("qwen3", False)])
+def test_compiled_parts_keep_the_loss_and_every_gradient(arch, tied):
+    model = _lora_model(arch, tied)
+    parts = compiled_parts(model)
+    assert len(parts) == 3 * len(model.get_base_model().model.layers)
+    hooked = parts[0]
+    hook = hooked.forward  # an instance's own forward (as accelerate's hooks set) must survive
+    hooked.forward = hook
+    ids = torch.randint(3, 500, (2, 24), generator=torch.Generator().manual_seed(0))
+    eager, eager_grads = _loss_and_grads(model, ids)
+    with compiled_blocks(model, True) as count:
+        assert count == len(parts)
+        assert all(part.forward is not part.__class__.forward for part in parts)
+        fused, fused_grads = _loss_and_grads(model, ids)
+        longer, _ = _loss_and_grads(model, torch.cat([ids, ids], dim=1))  # another length: dynamic shapes
+    assert fused == pytest.approx(eager, rel=1e-5)
+    assert longer > 0
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert set(fused_grads) == set(eager_grads) == trainable
+    for name, grad in eager_grads.items():  # fused kernels sum in another order: float32 rounding only
+        torch.testing.assert_close(fused_grads[name], grad, rtol=1e-3, atol=1e-3 * grad.abs().max().item())
+    assert hooked.__dict__["forward"] is hook
+    assert all("forward" not in part.__dict__ for part in parts[1:])  # the class's eager forward again
+
+
+def test_off_changes_nothing_and_no_compiler_is_a_clear_error(monkeypatch):
+    model = _lora_model("llama", True)
+    with compiled_blocks(model, False) as count:
+        assert count == 0 and all("forward" not in p.__dict__ for p in compiled_parts(model))
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    with (
+        pytest.raises(RuntimeError, match=r"C\+\+ compiler.*compile_blocks=False"),
+        compiled_blocks(model, True),
+    ):
+        pass
+    assert all("forward" not in p.__dict__ for p in compiled_parts(model))
+
+
+def _args(**overrides):
+    settings = {"compile_blocks": None, "bf16": True, "max_steps": COMPILE_MIN_STEPS} | overrides
+    return SimpleNamespace(**settings)
+
+
+def test_auto_compiles_long_bf16_runs_on_a_cpu_with_a_compiler(monkeypatch):
+    assert wants_compile_blocks(_args(), "cpu") is compiler_found()
+    assert wants_compile_blocks(_args(max_steps=-1), "cpu") is compiler_found()  # a time budget
+    assert not wants_compile_blocks(_args(max_steps=COMPILE_MIN_STEPS - 1), "cpu")
+    assert not wants_compile_blocks(_args(bf16=False), "cpu")
+    assert not wants_compile_blocks(_args(), "cuda")
+    assert wants_compile_blocks(_args(compile_blocks=True, bf16=False, max_steps=2), "cuda")
+    assert not wants_compile_blocks(_args(compile_blocks=False), "cpu")
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    assert not wants_compile_blocks(_args(), "cpu")
+
+
+class _Compiled(TrainerCallback):
+    def __init__(self) -> None:
+        self.seen: list[bool] = []
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.seen.append(all("forward" in p.__dict__ for p in compiled_parts(model)))
+
+
+@needs_compiler
+def test_the_trainer_compiles_when_asked_and_restores_the_eager_forward(tokenizer, tmp_path):
+    tokenizer_fixture = tokenizer
+    from helpers.toy_catalogue import toy_catalogue, toy_index
+    from peft import get_peft_model
+
+    import peft_grounded
+    from peft_grounded import GroundedTokenConfig
+    from peft_grounded.prompts import PromptFormat
+    from peft_grounded.training.sft import RecommendationTrainer, training_dataset
+
+    catalogue = toy_catalogue()
+    index = toy_index(catalogue)
+    losses = {}
+    for compile_blocks in (False, True):
+        tokenizer = copy.deepcopy(tokenizer_fixture)
+        base = build_tiny_model("llama", True)
+        ids = peft_grounded.add_tokens(tokenizer, base, index.token_strings)
+        model = get_peft_model(base, GroundedTokenConfig(token_indices=ids, task_type="CAUSAL_LM"))
+        data = training_dataset(
+            catalogue.leave_one_out(),
+            index,
+            catalogue,
+            tokenizer,
+            PromptFormat(objective="sequence", max_history=3),
+        )
+        seen = _Compiled()
+        args = RecommendationConfig(
+            output_dir=str(tmp_path / str(compile_blocks)), per_device_train_batch_size=4, max_steps=3,
+            use_cpu=True, report_to="none", disable_tqdm=True, save_steps=1000, bf16=False, max_length=64,
+            compile_blocks=compile_blocks, logging_steps=1, seed=0,
+        )  # fmt: skip
+        trainer = RecommendationTrainer(
+            model, args, train_dataset=data, processing_class=tokenizer, callbacks=[seen]
+        )
+        trainer.train()
+        assert seen.seen == [compile_blocks] * 3
+        assert all("forward" not in p.__dict__ for p in compiled_parts(model))
+        losses[compile_blocks] = [r["loss"] for r in trainer.state.log_history if "loss" in r]
+    assert losses[True] == pytest.approx(losses[False], rel=1e-4)
