@@ -1,6 +1,7 @@
-"""The compiled MLP and norms (training.steps.compiled_blocks): the same loss and gradients as eager, the eager
-forward back afterwards (a hook's own forward included), the trainer compiling where wants_compile_blocks says,
-and a clear refusal where no C++ compiler is found."""
+"""The compiled MLP and norms (training.steps.compiled_blocks): the same loss and gradients as eager, still
+compiled after ``eval()``/``train()`` of a loaded model (transformers' kernel hub rewrites ``forward`` there), as
+before afterwards, the trainer compiling where wants_compile_blocks says, and a clear refusal where no C++
+compiler is found."""
 
 from __future__ import annotations
 
@@ -39,20 +40,36 @@ def _loss_and_grads(model, ids):
     return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def _compiled(part) -> bool:
+    return part._compiled_call_impl is not None
+
+
 @needs_compiler
 @pytest.mark.parametrize("arch, tied", [("llama", True), ("qwen3", False)])
-def test_compiled_parts_keep_the_loss_and_every_gradient(arch, tied):
-    model = _lora_model(arch, tied)
-    parts = compiled_parts(model)
+def test_compiled_parts_keep_the_loss_and_every_gradient(arch, tied, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    build_tiny_model(arch, tied).save_pretrained(tmp_path)  # loaded, as a run loads its base
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tmp_path), LoraConfig(r=2, target_modules="all-linear")
+    )
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # "trained": LoRA B off zero, so every factor has a gradient
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.1 * torch.randn(p.shape, generator=generator))
+    parts = compiled_parts(model.train())
     assert len(parts) == 3 * len(model.get_base_model().model.layers)
-    hooked = parts[0]
-    hook = hooked.forward  # an instance's own forward (as accelerate's hooks set) must survive
-    hooked.forward = hook
+    parts[0].compile()  # compiled by the user: stays so afterwards
+    user_call = parts[0]._compiled_call_impl
     ids = torch.randint(3, 500, (2, 24), generator=torch.Generator().manual_seed(0))
     eager, eager_grads = _loss_and_grads(model, ids)
     with compiled_blocks(model, True) as count:
         assert count == len(parts)
-        assert all(part.forward is not part.__class__.forward for part in parts)
+        model.eval()
+        model.train()  # the trainer flips modes (evaluation callbacks): the parts stay compiled
+        assert all(_compiled(part) for part in parts)
         fused, fused_grads = _loss_and_grads(model, ids)
         longer, _ = _loss_and_grads(model, torch.cat([ids, ids], dim=1))  # another length: dynamic shapes
     assert fused == pytest.approx(eager, rel=1e-5)
@@ -61,21 +78,21 @@ def test_compiled_parts_keep_the_loss_and_every_gradient(arch, tied):
     assert set(fused_grads) == set(eager_grads) == trainable
     for name, grad in eager_grads.items():  # fused kernels sum in another order: float32 rounding only
         torch.testing.assert_close(fused_grads[name], grad, rtol=1e-3, atol=1e-3 * grad.abs().max().item())
-    assert hooked.__dict__["forward"] is hook
-    assert all("forward" not in part.__dict__ for part in parts[1:])  # the class's eager forward again
+    assert parts[0]._compiled_call_impl is user_call
+    assert not any(_compiled(part) for part in parts[1:])
 
 
 def test_off_changes_nothing_and_no_compiler_is_a_clear_error(monkeypatch):
     model = _lora_model("llama", True)
     with compiled_blocks(model, False) as count:
-        assert count == 0 and all("forward" not in p.__dict__ for p in compiled_parts(model))
+        assert count == 0 and not any(_compiled(p) for p in compiled_parts(model))
     monkeypatch.setenv("CXX", "no-such-compiler-here")
     with (
         pytest.raises(RuntimeError, match=r"C\+\+ compiler.*compile_blocks=False"),
         compiled_blocks(model, True),
     ):
         pass
-    assert all("forward" not in p.__dict__ for p in compiled_parts(model))
+    assert not any(_compiled(p) for p in compiled_parts(model))
 
 
 def _args(**overrides):
@@ -100,7 +117,7 @@ class _Compiled(TrainerCallback):
         self.seen: list[bool] = []
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        self.seen.append(all("forward" in p.__dict__ for p in compiled_parts(model)))
+        self.seen.append(all(_compiled(p) for p in compiled_parts(model)))
 
 
 @needs_compiler
@@ -140,6 +157,6 @@ def test_the_trainer_compiles_when_asked_and_restores_the_eager_forward(tokenize
         )
         trainer.train()
         assert seen.seen == [compile_blocks] * 3
-        assert all("forward" not in p.__dict__ for p in compiled_parts(model))
+        assert not any(_compiled(p) for p in compiled_parts(model))
         losses[compile_blocks] = [r["loss"] for r in trainer.state.log_history if "loss" in r]
     assert losses[True] == pytest.approx(losses[False], rel=1e-4)

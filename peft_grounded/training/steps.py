@@ -118,25 +118,23 @@ def compiled_parts(model: Any) -> list[torch.nn.Module]:
 
 @contextmanager
 def compiled_blocks(model: Any, on: bool) -> Iterator[int]:
-    """Within the block (``on``), :func:`compiled_parts` run their forward through ``torch.compile``
-    (dynamic shapes); yields how many; the eager forward is back afterwards."""
+    """Within the block (``on``), :func:`compiled_parts` run through ``torch.compile`` (``nn.Module.compile``,
+    dynamic shapes: their ``forward`` is left alone, which transformers' kernel hub rewrites on ``eval()``);
+    yields how many; afterwards they run as before."""
     parts = compiled_parts(model) if on else []
     if on and not compiler_found():
         raise RuntimeError(
             "compile_blocks needs a C++ compiler for torch.compile on a CPU (g++ or $CXX); install one "
             "(e.g. apt install g++) or train with compile_blocks=False (--compile_blocks False)"
         )
-    eager = [part.__dict__.get("forward") for part in parts]  # an instance's own forward (a hook's) stays
+    before = [part._compiled_call_impl for part in parts]  # a part the user compiled stays compiled
     for part in parts:
-        part.forward = torch.compile(part.forward, dynamic=True)
+        part.compile(dynamic=True)
     try:
         yield len(parts)
     finally:
-        for part, forward in zip(parts, eager, strict=True):
-            if forward is None:
-                del part.forward
-            else:
-                part.forward = forward
+        for part, call in zip(parts, before, strict=True):
+            part._compiled_call_impl = call
 
 
 @contextmanager
