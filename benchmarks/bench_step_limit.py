@@ -13,8 +13,9 @@ product and the input-gradient product (the frozen weights need no weight gradie
 (non-padding) tokens, and over its padded tokens. The table gives the median step, the real and padded tokens
 per step, the products' time for each, and the ratio of the step to them, for the trainer's padded batches
 and for the same rows padding-free (concatenated into one row, position ids restarting at each row, as TRL's
-``padding_free`` collates them; the two alternate step by step, and the largest gap between their losses on
-the same rows is printed): 1.0x is the machine's limit for this model (attention's own products, the LoRA and the SID head are small beside them and left out, so the
+``padding_free`` collates them), under the row-wide mask, and with each block's MLP and norms compiled as
+``compile_blocks`` trains them (where a C++ compiler is found); the variants alternate step by step, and the
+largest gap between the padded and padding-free losses on the same rows is printed): 1.0x is the machine's limit for this model (attention's own products, the LoRA and the SID head are small beside them and left out, so the
 limit is a floor). SIDs come from seeded Gaussian item vectors (RQ-KMeans 3 x 64 + a disambiguation level):
 the speed does not depend on what the vectors mean.
 """
@@ -42,7 +43,7 @@ from peft_grounded.sids.index import JSON_NAME
 from peft_grounded.sids.model import RowStart, sid_model
 from peft_grounded.training.sft import training_dataset
 from peft_grounded.training.sft.trainer import shallow_base
-from peft_grounded.training.steps import compact_head, training_attention
+from peft_grounded.training.steps import compact_head, compiled_blocks, compiler_found, training_attention
 
 try:
     from benchmarks._args import parse
@@ -158,27 +159,39 @@ def measure(base: str, catalogue, index, bf16: bool, args) -> dict:
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.0)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
 
-    def step(batch: dict[str, torch.Tensor], per_sequence: bool = True) -> tuple[float, float]:
+    def step(
+        batch: dict[str, torch.Tensor], per_sequence: bool = True, compiled: bool = False
+    ) -> tuple[float, float]:
         start = time.perf_counter()
         optimizer.zero_grad()
-        with training_attention(model, float32=bf16, per_sequence=per_sequence):  # as the trainer, on a CPU
+        with (
+            training_attention(model, float32=bf16, per_sequence=per_sequence),  # as the trainer, on a CPU
+            compiled_blocks(model, compiled),
+        ):
             with autocast, compact_head(model, sid_ids=model.base_model.grounded_token_ids()):
                 out = model(**batch, fused_lm_head=True, use_cache=False)
             out.loss.backward()
         optimizer.step()
         return time.perf_counter() - start, float(out.loss)
 
-    # padded; padding-free, attention per sequence (the trainer's); padding-free under a row-wide mask
-    variants = {"padded": (False, True), "free": (True, True), "free_mask": (True, False)}
+    # padded; padding-free, attention per sequence (the trainer's); padding-free under a row-wide mask; the
+    # trainer's with its MLP and norms compiled (compile_blocks), where a C++ compiler is found
+    variants = {
+        "padded": (False, True, False),
+        "free": (True, True, False),
+        "free_mask": (True, False, False),
+    }
+    if compiler_found():
+        variants["free_compiled"] = (True, True, True)
     times: dict[str, list[float]] = {v: [] for v in variants}
     losses: dict[str, list[float]] = {v: [] for v in variants}
-    for free, per_sequence in variants.values():  # warm-up
-        step(batches[free][0], per_sequence)
+    for free, per_sequence, compiled in variants.values():  # warm-up (and compiling)
+        step(batches[free][0], per_sequence, compiled)
     for i in range(1, args.steps + 1):  # the variants take turns, so a busy machine slows them alike
         order = list(variants) if i % 2 else list(reversed(variants))
         for variant in order:
-            free, per_sequence = variants[variant]
-            seconds, loss = step(batches[free][i], per_sequence)
+            free, per_sequence, compiled = variants[variant]
+            seconds, loss = step(batches[free][i], per_sequence, compiled)
             times[variant].append(seconds)
             losses[variant].append(loss)
     real = statistics.median(real_tokens(b) for b in batches[False][1:])
@@ -193,6 +206,7 @@ def measure(base: str, catalogue, index, bf16: bool, args) -> dict:
         "step": median["padded"],
         "step_free": median["free"],
         "step_free_mask": median["free_mask"],
+        "step_compiled": median.get("free_compiled", float("nan")),
         "speedup": statistics.median(p / f for p, f in zip(times["padded"], times["free"], strict=True)),
         "loss_gap": loss_gap,
         "real": real,
@@ -230,15 +244,17 @@ def main(argv=None) -> None:
     print(
         "| catalogue | precision | real / padded tokens | products, real s | products, padded s | padded step s | "
         "x products (real) | padding-free step s | x products (real) | padding-free speed-up | "
-        "padding-free, row-wide mask s | x products (real) | loss gap |"
+        "padding-free, row-wide mask s | x products (real) | padding-free, compiled MLP and norms s | "
+        "x products (real) | loss gap |"
     )
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
             f"| {r['dataset']} | {r['precision']} | {r['real']:.0f} / {r['padded']:.0f} | {r['limit_real']:.3f} | "
             f"{r['limit_padded']:.3f} | {r['step']:.3f} | {r['step'] / r['limit_real']:.1f}x | "
             f"{r['step_free']:.3f} | {r['step_free'] / r['limit_real']:.1f}x | {r['speedup']:.2f}x | "
-            f"{r['step_free_mask']:.3f} | {r['step_free_mask'] / r['limit_real']:.1f}x | {r['loss_gap']:.1e} |"
+            f"{r['step_free_mask']:.3f} | {r['step_free_mask'] / r['limit_real']:.1f}x | {r['step_compiled']:.3f} | "
+            f"{r['step_compiled'] / r['limit_real']:.1f}x | {r['loss_gap']:.1e} |"
         )
     speeds = ", ".join(f"{r['gflops']:.0f}" for r in rows)
     print(f"\nproducts at real tokens: {speeds} GFLOP/s")
