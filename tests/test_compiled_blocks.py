@@ -14,11 +14,9 @@ from conftest import build_tiny_model
 from transformers import TrainerCallback
 
 from peft_grounded.training.config import COMPILE_MIN_STEPS, RecommendationConfig, wants_compile_blocks
-from peft_grounded.training.steps import compiled_blocks, compiled_parts, compiler_found
+from peft_grounded.training.steps import compile_problem, compiled_blocks, compiled_parts, compiler_found
 
-needs_compiler = pytest.mark.skipif(
-    not compiler_found(), reason="torch.compile on a CPU needs a C++ compiler"
-)
+needs_compiler = pytest.mark.skipif(compile_problem() is not None, reason=str(compile_problem()))
 
 
 def _lora_model(arch: str, tied: bool):
@@ -93,6 +91,15 @@ def test_off_changes_nothing_and_no_compiler_is_a_clear_error(monkeypatch):
     ):
         pass
     assert not any(_compiled(p) for p in compiled_parts(model))
+    if compiler_found():
+        monkeypatch.delenv("CXX")
+        monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+        monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+        with (
+            pytest.raises(RuntimeError, match=r"ATEN_CPU_CAPABILITY.*TORCHINDUCTOR_CACHE_DIR"),
+            compiled_blocks(model, True),
+        ):
+            pass
 
 
 def _args(**overrides):
@@ -101,14 +108,21 @@ def _args(**overrides):
 
 
 def test_auto_compiles_long_bf16_runs_on_a_cpu_with_a_compiler(monkeypatch):
-    assert wants_compile_blocks(_args(), "cpu") is compiler_found()
-    assert wants_compile_blocks(_args(max_steps=-1), "cpu") is compiler_found()  # a time budget
+    runs = compile_problem() is None
+    assert wants_compile_blocks(_args(), "cpu") is runs
+    assert wants_compile_blocks(_args(max_steps=-1), "cpu") is runs  # a time budget
     assert not wants_compile_blocks(_args(max_steps=COMPILE_MIN_STEPS - 1), "cpu")
     assert not wants_compile_blocks(_args(bf16=False), "cpu")
     assert not wants_compile_blocks(_args(), "cuda")
     assert wants_compile_blocks(_args(compile_blocks=True, bf16=False, max_steps=2), "cuda")
     assert not wants_compile_blocks(_args(compile_blocks=False), "cpu")
     monkeypatch.setenv("CXX", "no-such-compiler-here")
+    assert not wants_compile_blocks(_args(), "cpu")
+    monkeypatch.delenv("CXX")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv(
+        "ATEN_CPU_CAPABILITY", "avx2"
+    )  # kernels held to another ISA: inductor's cache mixes them
     assert not wants_compile_blocks(_args(), "cpu")
 
 

@@ -240,14 +240,15 @@ COMPILE_MIN_STEPS = 100  # compiling takes seconds: it pays back over this many 
 
 
 def wants_compile_blocks(args: Any, device_type: str) -> bool:
-    """``args.compile_blocks``, or where None: on for bf16 on a CPU with a C++ compiler, over at least
-    ``COMPILE_MIN_STEPS`` steps or a time budget."""
+    """``args.compile_blocks``, or where None: on for bf16 on a CPU where ``torch.compile`` can run
+    (:func:`~peft_grounded.training.steps.compile_problem`), over at least ``COMPILE_MIN_STEPS`` steps or a time
+    budget."""
     if args.compile_blocks is not None:
         return bool(args.compile_blocks)
-    from .steps import compiler_found
+    from .steps import compile_problem
 
     long_run = args.max_steps < 0 or args.max_steps >= COMPILE_MIN_STEPS
-    return device_type == "cpu" and bool(args.bf16) and long_run and compiler_found()
+    return device_type == "cpu" and bool(args.bf16) and long_run and compile_problem() is None
 
 
 @dataclass

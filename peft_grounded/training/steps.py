@@ -116,17 +116,36 @@ def compiled_parts(model: Any) -> list[torch.nn.Module]:
     return [getattr(block, n) for block in blocks for n in names if hasattr(block, n)]
 
 
+def compile_problem() -> str | None:
+    """Why ``torch.compile`` cannot run here (None: it can): no C++ compiler for inductor, or kernels held to
+    another ISA by ``ATEN_CPU_CAPABILITY`` with inductor's shared on-disk cache, which does not key on the ISA (a
+    graph compiled under AVX-512 and read back under ``avx2`` returned NaN)."""
+    if not compiler_found():
+        return (
+            "compile_blocks needs a C++ compiler for torch.compile on a CPU (g++ or $CXX); install one "
+            "(e.g. apt install g++) or train with compile_blocks=False (--compile_blocks False)"
+        )
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    shared = os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default_cache_dir())  # torch sets it itself
+    if os.environ.get("ATEN_CPU_CAPABILITY") and shared:
+        return (
+            "compile_blocks under ATEN_CPU_CAPABILITY would read torch.compile's shared cache, whose graphs "
+            "for another ISA gave NaN: set TORCHINDUCTOR_CACHE_DIR to a folder of this ISA's own, or train "
+            "with compile_blocks=False (--compile_blocks False)"
+        )
+    return None
+
+
 @contextmanager
 def compiled_blocks(model: Any, on: bool) -> Iterator[int]:
     """Within the block (``on``), :func:`compiled_parts` run through ``torch.compile`` (``nn.Module.compile``,
     dynamic shapes: their ``forward`` is left alone, which transformers' kernel hub rewrites on ``eval()``);
     yields how many; afterwards they run as before."""
     parts = compiled_parts(model) if on else []
-    if on and not compiler_found():
-        raise RuntimeError(
-            "compile_blocks needs a C++ compiler for torch.compile on a CPU (g++ or $CXX); install one "
-            "(e.g. apt install g++) or train with compile_blocks=False (--compile_blocks False)"
-        )
+    problem = compile_problem() if on else None
+    if problem:
+        raise RuntimeError(problem)
     before = [part._compiled_call_impl for part in parts]  # a part the user compiled stays compiled
     for part in parts:
         part.compile(dynamic=True)
