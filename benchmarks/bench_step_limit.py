@@ -13,11 +13,13 @@ product and the input-gradient product (the frozen weights need no weight gradie
 (non-padding) tokens, and over its padded tokens. The table gives the median step, the real and padded tokens
 per step, the products' time for each, and the ratio of the step to them, for the trainer's padded batches
 and for the same rows padding-free (concatenated into one row, position ids restarting at each row, as TRL's
-``padding_free`` collates them), under the row-wide mask, and with each block's MLP and norms compiled as
-``compile_blocks`` trains them (where a C++ compiler is found); the variants alternate step by step, and the
-largest gap between the padded and padding-free losses on the same rows is printed): 1.0x is the machine's limit for this model (attention's own products, the LoRA and the SID head are small beside them and left out, so the
-limit is a floor). SIDs come from seeded Gaussian item vectors (RQ-KMeans 3 x 64 + a disambiguation level):
-the speed does not depend on what the vectors mean.
+``padding_free`` collates them), under the row-wide mask, with each LoRA layer as one stacked product as
+``fused_lora`` trains it, and with each block's MLP and norms compiled as ``compile_blocks`` trains them (where a
+C++ compiler is found). The variants alternate step by step; the largest gap between each variant's loss and the
+padded one on the same rows is printed. 1.0x is the machine's limit for this model (attention's own products,
+the LoRA and the SID head are small beside them and left out, so the limit is a floor). SIDs come from seeded
+Gaussian item vectors (RQ-KMeans 3 x 64 + a disambiguation level): the speed does not depend on what the
+vectors mean.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from peft_grounded.prompts import PromptFormat
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
 from peft_grounded.sids.model import RowStart, sid_model
+from peft_grounded.training.fused_lora import fused_lora
 from peft_grounded.training.sft import training_dataset
 from peft_grounded.training.sft.trainer import shallow_base
 from peft_grounded.training.steps import compact_head, compiled_blocks, compiler_found, training_attention
@@ -51,6 +54,27 @@ except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the
     from _args import parse
 
 BLOCKS, BATCH, MAX_LENGTH, HISTORY = 8, 8, 128, 19
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way to run the same step."""
+
+    label: str
+    padding_free: bool = True
+    per_sequence: bool = True  # attention per packed sequence (the trainer's), else under the row-wide mask
+    fused: bool = False  # fused_lora
+    compiled: bool = False  # compile_blocks
+
+
+VARIANTS = (
+    Variant("padded", padding_free=False),
+    Variant("padding-free, attention per sequence"),
+    Variant("padding-free, row-wide mask", per_sequence=False),
+    Variant("padding-free, LoRA fused", fused=True),
+    Variant("padding-free, MLP and norms compiled", compiled=True),
+    Variant("padding-free, LoRA fused, MLP and norms compiled", fused=True, compiled=True),
+)
 
 
 @dataclass
@@ -159,60 +183,46 @@ def measure(base: str, catalogue, index, bf16: bool, args) -> dict:
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.0)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
 
-    def step(
-        batch: dict[str, torch.Tensor], per_sequence: bool = True, compiled: bool = False
-    ) -> tuple[float, float]:
-        start = time.perf_counter()
-        optimizer.zero_grad()
-        with (
-            training_attention(model, float32=bf16, per_sequence=per_sequence),  # as the trainer, on a CPU
-            compiled_blocks(model, compiled),
-        ):
+    def step(batch: dict[str, torch.Tensor], variant: Variant) -> tuple[float, float]:
+        """One step, timed inside the variant's set-up (which the trainer enters once per run)."""
+        attention = training_attention(
+            model, float32=bf16, per_sequence=variant.per_sequence
+        )  # the trainer's
+        with attention, fused_lora(model, variant.fused), compiled_blocks(model, variant.compiled):
+            start = time.perf_counter()
+            optimizer.zero_grad()
             with autocast, compact_head(model, sid_ids=model.base_model.grounded_token_ids()):
                 out = model(**batch, fused_lm_head=True, use_cache=False)
             out.loss.backward()
-        optimizer.step()
-        return time.perf_counter() - start, float(out.loss)
+            optimizer.step()
+            seconds = time.perf_counter() - start
+        return seconds, float(out.loss)
 
-    # padded; padding-free, attention per sequence (the trainer's); padding-free under a row-wide mask; the
-    # trainer's with its MLP and norms compiled (compile_blocks), where a C++ compiler is found
-    variants = {
-        "padded": (False, True, False),
-        "free": (True, True, False),
-        "free_mask": (True, False, False),
-    }
-    if compiler_found():
-        variants["free_compiled"] = (True, True, True)
-    times: dict[str, list[float]] = {v: [] for v in variants}
-    losses: dict[str, list[float]] = {v: [] for v in variants}
-    for free, per_sequence, compiled in variants.values():  # warm-up (and compiling)
-        step(batches[free][0], per_sequence, compiled)
+    variants = [v for v in VARIANTS if compiler_found() or not v.compiled]
+    times: dict[Variant, list[float]] = {v: [] for v in variants}
+    losses: dict[Variant, list[float]] = {v: [] for v in variants}
+    for variant in variants:  # warm-up (and compiling)
+        step(batches[variant.padding_free][0], variant)
     for i in range(1, args.steps + 1):  # the variants take turns, so a busy machine slows them alike
-        order = list(variants) if i % 2 else list(reversed(variants))
-        for variant in order:
-            free, per_sequence, compiled = variants[variant]
-            seconds, loss = step(batches[free][i], per_sequence, compiled)
+        for variant in variants if i % 2 else reversed(variants):
+            seconds, loss = step(batches[variant.padding_free][i], variant)
             times[variant].append(seconds)
             losses[variant].append(loss)
     real = statistics.median(real_tokens(b) for b in batches[False][1:])
     padded = statistics.median(b["input_ids"].numel() for b in batches[False][1:])
     shapes = linear_shapes(model)
     limit_real = products_seconds(shapes, int(real), dtype, args.repeats)
-    limit_padded = products_seconds(shapes, int(padded), dtype, args.repeats)
-    loss_gap = max(abs(a - b) for a, b in zip(losses["padded"], losses["free"], strict=True))
-    median = {variant: statistics.median(t) for variant, t in times.items()}
     return {
         "precision": "bf16 (base bf16, autocast), float32 attention" if bf16 else "float32",
-        "step": median["padded"],
-        "step_free": median["free"],
-        "step_free_mask": median["free_mask"],
-        "step_compiled": median.get("free_compiled", float("nan")),
-        "speedup": statistics.median(p / f for p, f in zip(times["padded"], times["free"], strict=True)),
-        "loss_gap": loss_gap,
+        "steps": {v.label: statistics.median(times[v]) for v in variants},
+        "loss_gaps": {
+            v.label: max(abs(a - b) for a, b in zip(losses[v], losses[VARIANTS[0]], strict=True))
+            for v in variants
+        },
         "real": real,
         "padded": padded,
         "limit_real": limit_real,
-        "limit_padded": limit_padded,
+        "limit_padded": products_seconds(shapes, int(padded), dtype, args.repeats),
         "gflops": products_flop(shapes, int(real)) / limit_real / 1e9,
         "layers": len(shapes),
     }
@@ -241,21 +251,24 @@ def main(argv=None) -> None:
         f"thread(s), load average {load:.2f} at start, {os.getloadavg()[0]:.2f} at end; {args.steps} timed steps "
         f"(median), products best of {args.repeats}; {rows[0]['layers']} linear layers in {BLOCKS} blocks\n"
     )
-    print(
-        "| catalogue | precision | real / padded tokens | products, real s | products, padded s | padded step s | "
-        "x products (real) | padding-free step s | x products (real) | padding-free speed-up | "
-        "padding-free, row-wide mask s | x products (real) | padding-free, compiled MLP and norms s | "
-        "x products (real) | loss gap |"
-    )
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| catalogue | precision | real / padded tokens | products, real s | products, padded s |")
+    print("|---|---|---|---:|---:|")
     for r in rows:
         print(
             f"| {r['dataset']} | {r['precision']} | {r['real']:.0f} / {r['padded']:.0f} | {r['limit_real']:.3f} | "
-            f"{r['limit_padded']:.3f} | {r['step']:.3f} | {r['step'] / r['limit_real']:.1f}x | "
-            f"{r['step_free']:.3f} | {r['step_free'] / r['limit_real']:.1f}x | {r['speedup']:.2f}x | "
-            f"{r['step_free_mask']:.3f} | {r['step_free_mask'] / r['limit_real']:.1f}x | {r['step_compiled']:.3f} | "
-            f"{r['step_compiled'] / r['limit_real']:.1f}x | {r['loss_gap']:.1e} |"
+            f"{r['limit_padded']:.3f} |"
         )
+    print(
+        "\n| catalogue | precision | step | s | x products (real) | x faster than padded | loss gap to padded |"
+    )
+    print("|---|---|---|---:|---:|---:|---:|")
+    for r in rows:
+        padded_step = r["steps"][VARIANTS[0].label]
+        for label, seconds in r["steps"].items():
+            print(
+                f"| {r['dataset']} | {r['precision']} | {label} | {seconds:.3f} | {seconds / r['limit_real']:.1f}x | "
+                f"{padded_step / seconds:.2f}x | {r['loss_gaps'][label]:.1e} |"
+            )
     speeds = ", ".join(f"{r['gflops']:.0f}" for r in rows)
     print(f"\nproducts at real tokens: {speeds} GFLOP/s")
 

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import build_tiny_model
+from helpers.lora_models import lora_model
 from transformers import TrainerCallback
 
 from peft_grounded.training.config import COMPILE_MIN_STEPS, RecommendationConfig, wants_compile_blocks
@@ -20,15 +21,7 @@ needs_compiler = pytest.mark.skipif(compile_problem() is not None, reason=str(co
 
 
 def _lora_model(arch: str, tied: bool):
-    from peft import LoraConfig, get_peft_model
-
-    model = get_peft_model(build_tiny_model(arch, tied), LoraConfig(r=2, target_modules="all-linear"))
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # "trained": LoRA B off zero, so every factor has a gradient
-        for p in model.parameters():
-            if p.requires_grad:
-                p.add_(0.1 * torch.randn(p.shape, generator=generator))
-    return model.train()
+    return lora_model(build_tiny_model(arch, tied))
 
 
 def _loss_and_grads(model, ids):
@@ -45,18 +38,10 @@ def _compiled(part) -> bool:
 @needs_compiler
 @pytest.mark.parametrize("arch, tied", [("llama", True), ("qwen3", False)])
 def test_compiled_parts_keep_the_loss_and_every_gradient(arch, tied, tmp_path):
-    from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     build_tiny_model(arch, tied).save_pretrained(tmp_path)  # loaded, as a run loads its base
-    model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(tmp_path), LoraConfig(r=2, target_modules="all-linear")
-    )
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # "trained": LoRA B off zero, so every factor has a gradient
-        for p in model.parameters():
-            if p.requires_grad:
-                p.add_(0.1 * torch.randn(p.shape, generator=generator))
+    model = lora_model(AutoModelForCausalLM.from_pretrained(tmp_path))
     parts = compiled_parts(model.train())
     assert len(parts) == 3 * len(model.get_base_model().model.layers)
     parts[0].compile()  # compiled by the user: stays so afterwards

@@ -9,23 +9,16 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import build_tiny_model
+from helpers.lora_models import lora_model
 from transformers import TrainerCallback
 
 from peft_grounded.training.steps import attention_name, packed_lengths, training_attention
 
 
 def _wrapped(arch: str, tied: bool):
-    from peft import LoraConfig, get_peft_model
-
     model = build_tiny_model(arch, tied)
     model.set_attn_implementation("sdpa")
-    wrapped = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # "trained": LoRA B off zero, so every factor has a gradient
-        for p in wrapped.parameters():
-            if p.requires_grad:
-                p.add_(0.1 * torch.randn(p.shape, generator=generator))
-    return wrapped.train()
+    return lora_model(model, ["q_proj", "v_proj"])
 
 
 def _loss_and_grads(model, batch):

@@ -117,6 +117,15 @@ class RunConfig(SFTConfig):
             "const": True,
         },
     )
+    fused_lora: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Run each plain LoRA layer as one product of its stacked frozen weight and LoRA A while "
+            "training (training.fused_lora; same loss). None: on a CPU, unless the weights are sharded.",
+            "nargs": "?",
+            "const": True,
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.max_steps is None:
@@ -237,6 +246,13 @@ def wants_padding_free(
 
 
 COMPILE_MIN_STEPS = 100  # compiling takes seconds: it pays back over this many steps (or a time budget)
+
+
+def wants_fused_lora(args: Any, device_type: str) -> bool:
+    """``args.fused_lora``, or where None: on a CPU, unless FSDP or DeepSpeed shard the weights."""
+    if args.fused_lora is not None:
+        return bool(args.fused_lora)
+    return device_type == "cpu" and not (getattr(args, "fsdp", None) or getattr(args, "deepspeed", None))
 
 
 def wants_compile_blocks(args: Any, device_type: str) -> bool:

@@ -159,13 +159,15 @@ def compiled_blocks(model: Any, on: bool) -> Iterator[int]:
 @contextmanager
 def training_kernels(model: Any, args: Any) -> Iterator[None]:
     """What the trainer's steps run on (``args``: its config): on a CPU, :func:`training_attention` (float32
-    under bf16); :func:`compiled_blocks` where :func:`~peft_grounded.training.config.wants_compile_blocks`
-    says so."""
-    from .config import wants_compile_blocks
+    under bf16); :func:`~peft_grounded.training.fused_lora.fused_lora` and :func:`compiled_blocks` where
+    :func:`~peft_grounded.training.config.wants_fused_lora` and ``wants_compile_blocks`` say so."""
+    from .config import wants_compile_blocks, wants_fused_lora
+    from .fused_lora import fused_lora
 
     device = args.device.type
     attention = training_attention(model, float32=bool(args.bf16)) if device == "cpu" else nullcontext()
-    with attention, compiled_blocks(model, wants_compile_blocks(args, device)):
+    lora = fused_lora(model, wants_fused_lora(args, device))
+    with attention, lora, compiled_blocks(model, wants_compile_blocks(args, device)):
         yield
 
 
