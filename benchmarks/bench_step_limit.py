@@ -15,7 +15,7 @@ per step, the products' time for each, and the ratio of the step to them, for th
 and for the same rows padding-free (concatenated into one row, position ids restarting at each row, as TRL's
 ``padding_free`` collates them), under the row-wide mask, with each LoRA layer as one stacked product as
 ``fused_lora`` trains it, and with each block's MLP and norms compiled as ``compile_blocks`` trains them (where a
-C++ compiler is found). The variants alternate step by step; the largest gap between each variant's loss and the
+compile_problem() finds none). The variants alternate step by step; the largest gap between each variant's loss and the
 padded one on the same rows is printed. 1.0x is the machine's limit for this model (attention's own products,
 the LoRA and the SID head are small beside them and left out, so the limit is a floor). SIDs come from seeded
 Gaussian item vectors (RQ-KMeans 3 x 64 + a disambiguation level): the speed does not depend on what the
@@ -46,7 +46,7 @@ from peft_grounded.sids.model import RowStart, sid_model
 from peft_grounded.training.fused_lora import fused_lora
 from peft_grounded.training.sft import training_dataset
 from peft_grounded.training.sft.trainer import shallow_base
-from peft_grounded.training.steps import compact_head, compiled_blocks, compiler_found, training_attention
+from peft_grounded.training.steps import compact_head, compile_problem, compiled_blocks, training_attention
 
 try:
     from benchmarks._args import parse
@@ -198,7 +198,7 @@ def measure(base: str, catalogue, index, bf16: bool, args) -> dict:
             seconds = time.perf_counter() - start
         return seconds, float(out.loss)
 
-    variants = [v for v in VARIANTS if compiler_found() or not v.compiled]
+    variants = [v for v in VARIANTS if not v.compiled or compile_problem() is None]
     times: dict[Variant, list[float]] = {v: [] for v in variants}
     losses: dict[Variant, list[float]] = {v: [] for v in variants}
     for variant in variants:  # warm-up (and compiling)
