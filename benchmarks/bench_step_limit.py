@@ -14,9 +14,9 @@ product and the input-gradient product (the frozen weights need no weight gradie
 per step, the products' time for each, and the ratio of the step to them, for the trainer's padded batches
 and for the same rows padding-free (concatenated into one row, position ids restarting at each row, as TRL's
 ``padding_free`` collates them), under the row-wide mask, with each LoRA layer as one stacked product as
-``fused_lora`` trains it, and with each block's MLP and norms compiled as ``compile_blocks`` trains them (where a
-compile_problem() finds none). The variants alternate step by step; the largest gap between each variant's loss and the
-padded one on the same rows is printed. 1.0x is the machine's limit for this model (attention's own products,
+``fused_lora`` trains it, and with each block's MLP and norms compiled as ``compile_blocks`` trains them (where
+``compile_problem()`` finds no obstacle). The variants alternate step by step; the largest gap between each
+variant's loss and the padded one on the same rows is printed. 1.0x is the machine's limit for this model (attention's own products,
 the LoRA and the SID head are small beside them and left out, so the limit is a floor). SIDs come from seeded
 Gaussian item vectors (RQ-KMeans 3 x 64 + a disambiguation level): the speed does not depend on what the
 vectors mean.
