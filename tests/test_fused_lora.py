@@ -139,16 +139,27 @@ def test_decoding_inside_the_block_sees_every_update_of_a():
 
 
 def _args(**overrides):
-    return SimpleNamespace(**({"fused_lora": None, "fsdp": None, "deepspeed": None} | overrides))
+    return SimpleNamespace(
+        **({"fused_lora": None, "fsdp": None, "deepspeed": None, "world_size": 1} | overrides)
+    )
 
 
-def test_auto_fuses_on_a_cpu_unless_the_weights_are_sharded():
+def test_auto_fuses_on_a_cpu_in_one_process_and_sharded_weights_refuse_it(monkeypatch):
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
     assert wants_fused_lora(_args(), "cpu")
     assert not wants_fused_lora(_args(), "cuda")
     assert wants_fused_lora(_args(fused_lora=True), "cuda")
     assert not wants_fused_lora(_args(fused_lora=False), "cpu")
+    assert not wants_fused_lora(_args(world_size=2), "cpu")  # DDP, FSDP or DeepSpeed: auto leaves it off
+    assert wants_fused_lora(_args(fused_lora=True, world_size=2), "cpu")  # DDP keeps whole weights
     assert not wants_fused_lora(_args(fsdp="full_shard"), "cpu")
-    assert not wants_fused_lora(_args(deepspeed={"zero_optimization": {"stage": 3}}), "cpu")
+    with pytest.raises(ValueError, match=r"shard.*fused_lora=False"):
+        wants_fused_lora(_args(fused_lora=True, deepspeed={"zero_optimization": {"stage": 3}}), "cpu")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # as accelerate launch sets it
+    assert not wants_fused_lora(_args(), "cpu")
+    with pytest.raises(ValueError, match="FSDP and DeepSpeed"):
+        wants_fused_lora(_args(fused_lora=True), "cpu")
     assert RecommendationConfig(output_dir="x", use_cpu=True).fused_lora is None
 
 

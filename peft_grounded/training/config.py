@@ -5,6 +5,7 @@ the recommendation SFT's ``RecommendationConfig`` on top of it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -121,7 +122,7 @@ class RunConfig(SFTConfig):
         default=None,
         metadata={
             "help": "Run each plain LoRA layer as one product of its stacked frozen weight and LoRA A while "
-            "training (training.fused_lora; same loss). None: on a CPU, unless the weights are sharded.",
+            "training (training.fused_lora; same loss). None: on a CPU, in a single process.",
             "nargs": "?",
             "const": True,
         },
@@ -248,11 +249,26 @@ def wants_padding_free(
 COMPILE_MIN_STEPS = 100  # compiling takes seconds: it pays back over this many steps (or a time budget)
 
 
+def shards_weights(args: Any) -> bool:
+    """Whether FSDP or DeepSpeed shard the model's weights: in ``args``, or as ``accelerate launch`` configured."""
+    launched = any(
+        os.environ.get(f"ACCELERATE_USE_{name}", "").lower() in ("1", "true")
+        for name in ("FSDP", "DEEPSPEED")
+    )
+    return bool(getattr(args, "fsdp", None) or getattr(args, "deepspeed", None) or launched)
+
+
 def wants_fused_lora(args: Any, device_type: str) -> bool:
-    """``args.fused_lora``, or where None: on a CPU, unless FSDP or DeepSpeed shard the weights."""
+    """``args.fused_lora``, or where None: on a CPU, in a single process. Forced on where FSDP or DeepSpeed
+    shard the weights, a clear error (the stack holds a layer's whole weight)."""
     if args.fused_lora is not None:
+        if args.fused_lora and shards_weights(args):
+            raise ValueError(
+                "fused_lora stacks each layer's whole frozen weight with its LoRA A, which FSDP and DeepSpeed "
+                "shard across processes: train with fused_lora=False (--fused_lora False) or leave it to auto"
+            )
         return bool(args.fused_lora)
-    return device_type == "cpu" and not (getattr(args, "fsdp", None) or getattr(args, "deepspeed", None))
+    return device_type == "cpu" and getattr(args, "world_size", 1) == 1 and not shards_weights(args)
 
 
 def wants_compile_blocks(args: Any, device_type: str) -> bool:
