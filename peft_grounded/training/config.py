@@ -118,6 +118,15 @@ class RunConfig(SFTConfig):
             "const": True,
         },
     )
+    float32_stream: bool = field(
+        default=False,
+        metadata={
+            "help": "Under bf16, carry the residual stream (from the input embeddings on) and the SID logits in "
+            "float32; the linear layers still run in bf16.",
+            "nargs": "?",
+            "const": True,
+        },
+    )
     fused_lora: bool | None = field(
         default=None,
         metadata={

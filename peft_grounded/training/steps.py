@@ -156,18 +156,41 @@ def compiled_blocks(model: Any, on: bool) -> Iterator[int]:
             part._compiled_call_impl = call
 
 
+def _to_float32(module: torch.nn.Module, args: Any, output: Any) -> Any:
+    return output.float() if isinstance(output, torch.Tensor) and output.is_floating_point() else output
+
+
+@contextmanager
+def float32_stream(model: Any, on: bool) -> Iterator[bool]:
+    """Within the block (``on``), ``model``'s input embeddings come out in float32, so that a bf16 model's
+    residual stream (the sums around each block, the norms' inputs, the final hidden states) stays float32 while
+    its linear layers run in bf16 under autocast; the SID-only head then scores in float32 too
+    (:func:`compact_fused_forward` scores in the hidden states' dtype). Yields whether a hook is in place."""
+    embeddings = model.get_input_embeddings() if on else None
+    if embeddings is None:
+        yield False
+        return
+    handle = embeddings.register_forward_hook(_to_float32)
+    try:
+        yield True
+    finally:
+        handle.remove()
+
+
 @contextmanager
 def training_kernels(model: Any, args: Any) -> Iterator[None]:
     """What the trainer's steps run on (``args``: its config): on a CPU, :func:`training_attention` (float32
     under bf16); :func:`~peft_grounded.training.fused_lora.fused_lora` and :func:`compiled_blocks` where
-    :func:`~peft_grounded.training.config.wants_fused_lora` and ``wants_compile_blocks`` say so."""
+    :func:`~peft_grounded.training.config.wants_fused_lora` and ``wants_compile_blocks`` say so; under bf16 with
+    ``float32_stream``, :func:`float32_stream`."""
     from .config import wants_compile_blocks, wants_fused_lora
     from .fused_lora import fused_lora
 
     device = args.device.type
     attention = training_attention(model, float32=bool(args.bf16)) if device == "cpu" else nullcontext()
     lora = fused_lora(model, wants_fused_lora(args, device))
-    with attention, lora, compiled_blocks(model, wants_compile_blocks(args, device)):
+    stream = float32_stream(model, bool(getattr(args, "float32_stream", False)) and bool(args.bf16))
+    with attention, lora, compiled_blocks(model, wants_compile_blocks(args, device)), stream:
         yield
 
 
@@ -323,9 +346,10 @@ def compact_fused_forward(
         sid_ids = sid_ids.to(hidden.device)
         column, inside = sid_columns(sid_ids, targets)
         weight, bias = head_rows(model, sid_ids)
-        sid_logits = torch.nn.functional.linear(
-            hidden[inside], weight.to(hidden.dtype), None if bias is None else bias.to(hidden.dtype)
-        ).float()
+        with torch.autocast(hidden.device.type, enabled=False):  # in the hidden states' dtype
+            sid_logits = torch.nn.functional.linear(
+                hidden[inside], weight.to(hidden.dtype), None if bias is None else bias.to(hidden.dtype)
+            ).float()
         if sid_temperature != 1.0:
             sid_logits = sid_logits / sid_temperature
         sid_stats = _token_stats(sid_logits, column[inside])
