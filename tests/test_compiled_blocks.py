@@ -5,7 +5,6 @@ compiler is found."""
 
 from __future__ import annotations
 
-import copy
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +13,7 @@ from conftest import build_tiny_model
 from helpers.lora_models import lora_model
 from transformers import TrainerCallback
 
-from peft_grounded.training.config import COMPILE_MIN_STEPS, RecommendationConfig, wants_compile_blocks
+from peft_grounded.training.config import COMPILE_MIN_STEPS, wants_compile_blocks
 from peft_grounded.training.steps import compile_problem, compiled_blocks, compiled_parts, compiler_found
 
 needs_compiler = pytest.mark.skipif(compile_problem() is not None, reason=str(compile_problem()))
@@ -121,41 +120,20 @@ class _Compiled(TrainerCallback):
 
 @needs_compiler
 def test_the_trainer_compiles_when_asked_and_restores_the_eager_forward(tokenizer, tmp_path):
-    tokenizer_fixture = tokenizer
-    from helpers.toy_catalogue import toy_catalogue, toy_index
-    from peft import get_peft_model
+    from helpers.sid_training import sid_training, trainer_args
 
-    import peft_grounded
-    from peft_grounded import GroundedTokenConfig
-    from peft_grounded.prompts import PromptFormat
-    from peft_grounded.training.sft import RecommendationTrainer, training_dataset
+    from peft_grounded.training.sft import RecommendationTrainer
 
-    catalogue = toy_catalogue()
-    index = toy_index(catalogue)
     losses = {}
     for compile_blocks in (False, True):
-        tokenizer = copy.deepcopy(tokenizer_fixture)
-        base = build_tiny_model("llama", True)
-        ids = peft_grounded.add_tokens(tokenizer, base, index.token_strings)
-        model = get_peft_model(base, GroundedTokenConfig(token_indices=ids, task_type="CAUSAL_LM"))
-        data = training_dataset(
-            catalogue.leave_one_out(),
-            index,
-            catalogue,
-            tokenizer,
-            PromptFormat(objective="sequence", max_history=3),
-        )
+        run = sid_training(tokenizer)
         seen = _Compiled()
-        args = RecommendationConfig(
-            output_dir=str(tmp_path / str(compile_blocks)), per_device_train_batch_size=4, max_steps=3,
-            use_cpu=True, report_to="none", disable_tqdm=True, save_steps=1000, bf16=False, max_length=64,
-            compile_blocks=compile_blocks, logging_steps=1, seed=0,
-        )  # fmt: skip
+        args = trainer_args(tmp_path / str(compile_blocks), compile_blocks=compile_blocks)
         trainer = RecommendationTrainer(
-            model, args, train_dataset=data, processing_class=tokenizer, callbacks=[seen]
+            run.model, args, train_dataset=run.data, processing_class=run.tokenizer, callbacks=[seen]
         )
         trainer.train()
         assert seen.seen == [compile_blocks] * 3
-        assert not any(_compiled(p) for p in compiled_parts(model))
+        assert not any(_compiled(p) for p in compiled_parts(run.model))
         losses[compile_blocks] = [r["loss"] for r in trainer.state.log_history if "loss" in r]
     assert losses[True] == pytest.approx(losses[False], rel=1e-4)

@@ -63,48 +63,27 @@ def test_the_sid_head_scores_in_the_hidden_states_dtype():
 
 
 def test_the_trainer_streams_in_float32_when_asked_and_trains_only_the_adapters(tokenizer, tmp_path):
-    from helpers.toy_catalogue import toy_catalogue, toy_index
-    from peft import get_peft_model
+    from helpers.sid_training import sid_training, trainer_args
 
-    import peft_grounded
-    from peft_grounded import GroundedTokenConfig
-    from peft_grounded.adapter import add_lora
-    from peft_grounded.prompts import PromptFormat
-    from peft_grounded.training.config import RecommendationConfig
-    from peft_grounded.training.sft import RecommendationTrainer, training_dataset
+    from peft_grounded.training.sft import RecommendationTrainer
 
     class StreamDtype(TrainerCallback):
         def __init__(self, block: torch.nn.Module) -> None:
             self.seen: list[torch.dtype] = []
             block.register_forward_pre_hook(lambda module, args: self.seen.append(args[0].dtype))
 
-    catalogue = toy_catalogue()
-    index = toy_index(catalogue)
     seen = {}
     for on in (False, True):
-        tok = copy.deepcopy(tokenizer)
-        base = build_tiny_model("llama", True)
-        token_ids = peft_grounded.add_tokens(tok, base, index.token_strings)
-        base = base.to(torch.bfloat16)
-        model = get_peft_model(base, GroundedTokenConfig(token_indices=token_ids, task_type="CAUSAL_LM"))
-        add_lora(model, r=4, lora_alpha=8, target_modules="all-linear")
+        run = sid_training(tokenizer, lora_rank=4, dtype=torch.bfloat16)
+        model = run.model
         frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
         trainable = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-        data = training_dataset(
-            catalogue.leave_one_out(),
-            index,
-            catalogue,
-            tok,
-            PromptFormat(objective="sequence", max_history=3),
-        )
         watch = StreamDtype(model.get_base_model().model.layers[0])
-        args = RecommendationConfig(
-            output_dir=str(tmp_path / str(on)), per_device_train_batch_size=4, max_steps=2, use_cpu=True,
-            report_to="none", disable_tqdm=True, save_steps=1000, bf16=True, max_length=64, float32_stream=on,
-            compile_blocks=False, logging_steps=1, seed=0,
-        )  # fmt: skip
+        args = trainer_args(
+            tmp_path / str(on), max_steps=2, bf16=True, float32_stream=on, compile_blocks=False
+        )
         trainer = RecommendationTrainer(
-            model, args, train_dataset=data, processing_class=tok, callbacks=[watch]
+            model, args, train_dataset=run.data, processing_class=run.tokenizer, callbacks=[watch]
         )
         trainer.train()
         seen[on] = set(watch.seen)

@@ -169,15 +169,10 @@ def test_auto_fuses_on_a_cpu_in_one_process_and_sharded_weights_refuse_it(monkey
 
 
 def test_the_trainer_fuses_when_asked_with_the_same_losses(tokenizer, tmp_path):
-    from helpers.toy_catalogue import toy_catalogue, toy_index
-    from peft import get_peft_model
+    from helpers.sid_training import sid_training, trainer_args
     from transformers import TrainerCallback
 
-    import peft_grounded
-    from peft_grounded import GroundedTokenConfig
-    from peft_grounded.adapter import add_lora
-    from peft_grounded.prompts import PromptFormat
-    from peft_grounded.training.sft import RecommendationTrainer, training_dataset
+    from peft_grounded.training.sft import RecommendationTrainer
 
     class Fused(TrainerCallback):
         def __init__(self) -> None:
@@ -186,30 +181,14 @@ def test_the_trainer_fuses_when_asked_with_the_same_losses(tokenizer, tmp_path):
         def on_step_end(self, args, state, control, model=None, **kwargs):
             self.seen.append(sum("forward" in vars(layer) for layer in lora_layers(model)))
 
-    catalogue = toy_catalogue()
-    index = toy_index(catalogue)
     losses, adapters = {}, {}
     for fused in (False, True):
-        tok = copy.deepcopy(tokenizer)
-        base = build_tiny_model("llama", True)
-        ids = peft_grounded.add_tokens(tok, base, index.token_strings)
-        model = get_peft_model(base, GroundedTokenConfig(token_indices=ids, task_type="CAUSAL_LM"))
-        add_lora(model, r=4, lora_alpha=8, target_modules="all-linear")
-        data = training_dataset(
-            catalogue.leave_one_out(),
-            index,
-            catalogue,
-            tok,
-            PromptFormat(objective="sequence", max_history=3),
-        )
+        run = sid_training(tokenizer, lora_rank=4)
+        model = run.model
         seen = Fused()
-        args = RecommendationConfig(
-            output_dir=str(tmp_path / str(fused)), per_device_train_batch_size=4, max_steps=3, use_cpu=True,
-            report_to="none", disable_tqdm=True, save_steps=1000, bf16=False, max_length=64, fused_lora=fused,
-            compile_blocks=False, logging_steps=1, seed=0,
-        )  # fmt: skip
+        args = trainer_args(tmp_path / str(fused), fused_lora=fused, compile_blocks=False)
         trainer = RecommendationTrainer(
-            model, args, train_dataset=data, processing_class=tok, callbacks=[seen]
+            model, args, train_dataset=run.data, processing_class=run.tokenizer, callbacks=[seen]
         )
         trainer.train()
         layers = lora_layers(model)
