@@ -15,7 +15,8 @@ per step, the products' time for each, and the ratio of the step to them, for th
 and for the same rows padding-free (concatenated into one row, position ids restarting at each row, as TRL's
 ``padding_free`` collates them), under the row-wide mask, with each LoRA layer as one stacked product as
 ``fused_lora`` trains it, and with each block's MLP and norms compiled as ``compile_blocks`` trains them (where
-``compile_problem()`` finds no obstacle). The variants alternate step by step; the largest gap between each
+``compile_problem()`` finds no obstacle), and in bf16 with the residual stream and the SID head in float32 as
+``float32_stream`` trains them. The variants alternate step by step; the largest gap between each
 variant's loss and the padded one on the same rows is printed. 1.0x is the machine's limit for this model (attention's own products,
 the LoRA and the SID head are small beside them and left out, so the limit is a floor). SIDs come from seeded
 Gaussian item vectors (RQ-KMeans 3 x 64 + a disambiguation level): the speed does not depend on what the
@@ -46,7 +47,13 @@ from peft_grounded.sids.model import RowStart, sid_model
 from peft_grounded.training.fused_lora import fused_lora
 from peft_grounded.training.sft import training_dataset
 from peft_grounded.training.sft.trainer import shallow_base
-from peft_grounded.training.steps import compact_head, compile_problem, compiled_blocks, training_attention
+from peft_grounded.training.steps import (
+    compact_head,
+    compile_problem,
+    compiled_blocks,
+    float32_stream,
+    training_attention,
+)
 
 try:
     from benchmarks._args import parse
@@ -65,6 +72,7 @@ class Variant:
     per_sequence: bool = True  # attention per packed sequence (the trainer's), else under the row-wide mask
     fused: bool = False  # fused_lora
     compiled: bool = False  # compile_blocks
+    stream: bool = False  # float32_stream (bf16 only: a float32 step's stream is float32 already)
 
 
 VARIANTS = (
@@ -74,6 +82,12 @@ VARIANTS = (
     Variant("padding-free, LoRA fused", fused=True),
     Variant("padding-free, MLP and norms compiled", compiled=True),
     Variant("padding-free, LoRA fused, MLP and norms compiled", fused=True, compiled=True),
+    Variant(
+        "padding-free, LoRA fused, MLP and norms compiled, float32 stream",
+        fused=True,
+        compiled=True,
+        stream=True,
+    ),
 )
 
 
@@ -188,7 +202,8 @@ def measure(base: str, catalogue, index, bf16: bool, args) -> dict:
         attention = training_attention(
             model, float32=bf16, per_sequence=variant.per_sequence
         )  # the trainer's
-        with attention, fused_lora(model, variant.fused), compiled_blocks(model, variant.compiled):
+        lora, compiled = fused_lora(model, variant.fused), compiled_blocks(model, variant.compiled)
+        with attention, lora, compiled, float32_stream(model, variant.stream):
             start = time.perf_counter()
             optimizer.zero_grad()
             with autocast, compact_head(model, sid_ids=model.base_model.grounded_token_ids()):
@@ -198,7 +213,9 @@ def measure(base: str, catalogue, index, bf16: bool, args) -> dict:
             seconds = time.perf_counter() - start
         return seconds, float(out.loss)
 
-    variants = [v for v in VARIANTS if not v.compiled or compile_problem() is None]
+    variants = [
+        v for v in VARIANTS if (not v.compiled or compile_problem() is None) and (bf16 or not v.stream)
+    ]
     times: dict[Variant, list[float]] = {v: [] for v in variants}
     losses: dict[Variant, list[float]] = {v: [] for v in variants}
     for variant in variants:  # warm-up (and compiling)
