@@ -251,6 +251,41 @@ def test_half_precision_base_trains_fp32_adapter_weights(toy, model_dir, tmp_pat
     assert {t.dtype for t in saved.values()} == {torch.float32}
 
 
+def test_the_bf16_path_resumes_to_the_uninterrupted_run(toy, model_dir, tmp_path):
+    """A bf16 base under bf16 autocast, padding-free, the LoRA fused: killed after its checkpoint at step 2 and
+    resumed, the run logs the uninterrupted run's losses and ends on its float32 adapter weights."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    catalogue, index = toy
+    args = dict(max_steps=4, save_steps=2, logging_steps=1, bf16=True, padding_free=True, fused_lora=True)
+    args |= dict(compile_blocks=False, optim="sgd", learning_rate=0.1, lr_scheduler_type="constant")
+
+    def run(out, resume: bool = False) -> list[dict]:
+        torch.manual_seed(0)  # the stacked LoRA's random start follows the process's generator
+        train_recommender(
+            catalogue, index, _config(out, **args), model_path=model_dir, fmt=SEQ, lora=dict(r=2),
+            dtype=torch.bfloat16, resume=resume,
+        )  # fmt: skip
+        return [e for e in json.loads((out / "log_history.json").read_text()) if "loss" in e]
+
+    whole_log = run(tmp_path / "whole")
+    whole = [e["loss"] for e in whole_log]
+    first = load_file(str(tmp_path / "whole" / "adapter" / "adapter_model.safetensors"))
+    cut = tmp_path / "cut"
+    before = run(cut)
+    shutil.rmtree(cut / "checkpoint-4")
+    shutil.rmtree(cut / "adapter")  # as if killed after the checkpoint at step 2
+    after = run(cut, resume=True)
+    assert after[:2] == before[:2] != whole_log[:2]  # steps 1-2 from the checkpoint (their clock too), not rerun
+    assert len(whole) == 4 and [e["loss"] for e in after] == pytest.approx(whole, rel=1e-3)
+    again = load_file(str(cut / "adapter" / "adapter_model.safetensors"))
+    assert set(again) == set(first) and {t.dtype for t in again.values()} == {torch.float32}
+    for name, weight in first.items():
+        torch.testing.assert_close(again[name], weight, rtol=1e-3, atol=1e-5)
+
+
 def test_cli_objective_minutes_and_dtype():
     from peft_grounded.cli import ground, sft
     from peft_grounded.training.config import GroundingConfig
