@@ -278,7 +278,9 @@ def test_the_bf16_path_resumes_to_the_uninterrupted_run(toy, model_dir, tmp_path
     shutil.rmtree(cut / "checkpoint-4")
     shutil.rmtree(cut / "adapter")  # as if killed after the checkpoint at step 2
     after = run(cut, resume=True)
-    assert after[:2] == before[:2] != whole_log[:2]  # steps 1-2 from the checkpoint (their clock too), not rerun
+    assert (
+        after[:2] == before[:2] != whole_log[:2]
+    )  # steps 1-2 from the checkpoint (their clock too), not rerun
     assert len(whole) == 4 and [e["loss"] for e in after] == pytest.approx(whole, rel=1e-3)
     again = load_file(str(cut / "adapter" / "adapter_model.safetensors"))
     assert set(again) == set(first) and {t.dtype for t in again.values()} == {torch.float32}
