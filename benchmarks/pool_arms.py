@@ -70,6 +70,19 @@ def training(folder: Path) -> str:
     return f"{last.get('step', '?')} ({float(last.get('epoch', 0)):.2f}), {seconds} s"
 
 
+def seed_differences(arm: list[list[dict]], reference: list[list[dict]], metric: str) -> list[float]:
+    """Each seed's mean paired difference (``arm`` minus ``reference`` over the users both hold): where the
+    seeds disagree, a pooled interval that resamples users alone hides it."""
+    differences = []
+    for runs, refs in zip(arm, reference, strict=True):
+        ours, theirs = user_values(runs, metric), user_values(refs, metric)
+        common = ours.keys() & theirs.keys()
+        if not common:
+            raise SystemExit(f"no user is in both arms' records for one seed ({metric})")
+        differences.append(sum(ours[u] - theirs[u] for u in common) / len(common))
+    return differences
+
+
 @dataclass
 class Settings:
     arms: list[str] = field(
@@ -114,21 +127,22 @@ def main(argv=None) -> None:
         + " | ".join(metrics)
         + " | "
         + " | ".join(f"{m} minus {reference}" for m in metrics)
-        + " |"
+        + f" | {metrics[0]} minus {reference}, each seed |"
     )
-    print("|---|---|" + "---:|" * (2 * len(metrics)))
+    print("|---|---|" + "---:|" * (2 * len(metrics)) + "---|")
     for name, folders in arms.items():
         means = []
         for metric in metrics:
             values = [v for r in records[name] for v in user_values(r, metric).values()]
             means.append(f"{sum(values) / len(values):.4f}")
-        cells = [""] * len(metrics)
+        cells = [""] * (len(metrics) + 1)
         if name != reference:
             intervals = paired_intervals(records[name], ref, metrics)
             cells = [
                 f"{i['difference']:+.4f} [{i['low']:+.4f}, {i['high']:+.4f}]"
                 for i in (intervals[m] for m in metrics)
             ]
+            cells.append(" / ".join(f"{d:+.4f}" for d in seed_differences(records[name], ref, metrics[0])))
         print(f"| {name} | {'; '.join(training(d) for d in folders)} | " + " | ".join(means + cells) + " |")
 
 

@@ -74,3 +74,24 @@ def test_a_subset_keeps_the_warm_or_the_cold_target_users(tmp_path, capsys):
         row = next(line for line in out.splitlines() if line.startswith("| b |"))
         diff = hits([ranks_b[u] for u in users]) - hits([ranks_a[u] for u in users])
         assert float(row.split("|")[6].split()[0]) == pytest.approx(diff.mean(), abs=5e-5)
+
+
+def test_pooled_seeds_show_each_seed_s_difference(tmp_path, capsys):
+    from benchmarks import pool_arms
+
+    ranks = {  # b gains 2 users of 6 at seed 0 and loses 2 at seed 1: level pooled
+        ("a", 0): [0, 1, None, None, 5, None],
+        ("b", 0): [0, 1, 2, 3, 5, None],
+        ("a", 1): [0, 1, 2, 3, None, None],
+        ("b", 1): [0, 1, None, None, None, None],
+    }
+    for (name, seed), r in ranks.items():
+        (tmp_path / f"{name}{seed}").mkdir()
+        (tmp_path / f"{name}{seed}" / "users.json").write_text(json.dumps({"valid": records(r, [5.0] * 6)}))
+    pool_arms.main([f"a={tmp_path / 'a0'},{tmp_path / 'a1'}", f"b={tmp_path / 'b0'},{tmp_path / 'b1'}"])
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| b |"))
+    cells = [c.strip() for c in row.split("|")]
+    assert float(cells[6].split()[0]) == pytest.approx(0.0, abs=5e-5)
+    assert cells[-2] == "+0.3333 / -0.3333"
+    with pytest.raises(SystemExit, match="no user is in both"):
+        pool_arms.seed_differences([records([1])], [[{**records([1])[0], "user": "other"}]], "recall@10")
