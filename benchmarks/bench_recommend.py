@@ -46,7 +46,7 @@ from peft_grounded.decoding.search import left_pad
 from peft_grounded.prompts import inference_prompts
 from peft_grounded.serving import GroundedRecommender
 from peft_grounded.sids import SIDIndex, load_catalogue
-from peft_grounded.sids.model import RowStart, sid_model
+from peft_grounded.sids.model import SID_RECORD, RowStart, save_sid_record, sid_model
 from peft_grounded.training.sft.trainer import record_sid_softmax, shallow_base
 
 try:
@@ -89,11 +89,12 @@ def parse_args(argv=None) -> Settings:
 def adapter_for(base: Path, index: SIDIndex, folder: Path, sid_softmax: bool) -> Path:
     """The recipe's adapter: centroid rows, a LoRA (r 8), trained under the SID-only softmax (``sft``'s
     default) unless ``--full-vocabulary``; the speed does not depend on the weights' values."""
-    if not (folder / "adapter_config.json").is_file():
+    if not (folder / SID_RECORD).is_file():  # the record says how it decodes: PEFT's save_pretrained drops it
         _, model = sid_model(str(base), index, start=RowStart(init="centroid"))
         add_lora(model, r=8, lora_alpha=16)
         record_sid_softmax(model, sid_softmax)
         model.save_pretrained(folder)
+        save_sid_record(model, folder)
     return folder
 
 

@@ -504,3 +504,20 @@ def test_the_benchmark_compares_like_with_like(world):
     theirs = bench_recommend.generate_top(sid, prompts, beams=8, k=5)
     assert bench_recommend.compare(ours, theirs, 5) == (1.0, 1.0)
     assert bench_recommend.compare([["a", "b"]], [["b", "c"]], 2) == (0.0, 0.5)
+
+
+def test_the_benchmarks_adapter_decodes_as_recorded(world, tmp_path):
+    """bench_recommend's (and bench_decode_limit's) adapter keeps its SID record, which PEFT's save_pretrained
+    drops: loaded back it decodes over the SID rows (or the whole vocabulary) as recorded, with no warning."""
+    import warnings
+
+    from benchmarks import bench_recommend
+
+    for sid_softmax in (True, False):
+        folder = bench_recommend.adapter_for(
+            world["base"], world["parent"], tmp_path / str(sid_softmax), sid_softmax
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)  # a lost record warns
+            loaded = GroundedRecommender.from_pretrained(folder, sid_index=world["parent"], num_beams=4)
+        assert (loaded.sid_rows is not False) == sid_softmax
