@@ -57,6 +57,9 @@ class Settings:
     beams: int = field(default=20, metadata={"help": "beams of the search"})
     k: int = field(default=10, metadata={"help": "items per list"})
     repeats: int = field(default=5, metadata={"help": "timings of the products alone (best kept)"})
+    full_vocabulary: bool = field(
+        default=False, metadata={"help": "an adapter decoded over the whole vocabulary (not the recipe's)"}
+    )
     output: Path = field(
         default=Path("runs/bench_recommend"),
         metadata={"help": "the SID index, cut base and adapter go here (shared with bench_recommend.py)"},
@@ -132,7 +135,8 @@ def main(argv=None) -> None:
     catalogue = load_catalogue("movielens-100k")
     index = index_for(catalogue, args.output / "sids")
     base = shallow_base(assets.smollm2(), BLOCKS, args.output / f"base-{BLOCKS}")
-    adapter = adapter_for(base, index, args.output / f"adapter-{BLOCKS}-sid", True)
+    name = "full" if args.full_vocabulary else "sid"
+    adapter = adapter_for(base, index, args.output / f"adapter-{BLOCKS}-{name}", not args.full_vocabulary)
     pool = list(catalogue.leave_one_out().test_examples(10))
     histories = [list(h) for _, h, _ in random.Random(0).sample(pool, args.batch_users)]
     dtypes = ["float32"] + (["bfloat16"] if choose_precision("cpu").bf16 else [])
@@ -148,7 +152,8 @@ def main(argv=None) -> None:
     print(
         f"\n{cpu}, get_cpu_capability() {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} "
         f"thread(s), load average {load:.2f} at start, {os.getloadavg()[0]:.2f} at end; {BLOCKS} blocks, "
-        f"{args.beams} beams, top {args.k}, {args.batch_users} users a call, best of {args.rounds} calls, "
+        f"{args.beams} beams, top {args.k}, {'the whole vocabulary' if args.full_vocabulary else 'the SID rows'}, "
+        f"{args.batch_users} users a call, best of {args.rounds} calls, "
         f"products best of {args.repeats}\n"
     )
     print(

@@ -136,3 +136,27 @@ def test_shared_prompt_and_repeated_cache_steps_agree(
     for row, items in enumerate(old.items):
         order = scores[row].argsort(descending=True).tolist()
         assert [trie.item_of(tokens[row, b].tolist()) for b in order] == items
+
+
+@pytest.mark.parametrize("arch, tied", [("llama", True), ("qwen3", False)])
+def test_the_whole_head_scores_the_last_positions_from_a_contiguous_copy(tiny_model_factory, arch, tied):
+    """StepHead's whole-vocabulary path passes the kept positions as indices (a contiguous gather, never a
+    strided slice into the head: BENCHMARKS, "Serving against the machine's limit"), with the logits of
+    ``logits_to_keep`` as an int."""
+    from peft_grounded.decoding.heads import StepHead, kept_positions
+
+    model = tiny_model_factory(arch, tied).eval()
+    ids = torch.randint(3, 200, (3, 7), generator=torch.Generator().manual_seed(0))
+    seen = []
+    model.get_output_embeddings().register_forward_hook(
+        lambda m, args, out: seen.append(args[0].is_contiguous())
+    )
+    for keep in (1, 3, 0, 7):
+        with torch.no_grad():
+            logits, _ = StepHead(model)(model, keep, input_ids=ids)
+            expected = model(input_ids=ids, logits_to_keep=keep).logits.float()
+        torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+    assert seen[0::2] == [True] * 4  # StepHead's calls (the int slices of the reference are not)
+    assert kept_positions({"input_ids": ids}, 2).tolist() == [5, 6]
+    assert kept_positions({"input_ids": ids}, 0) == 0 and kept_positions({"input_ids": ids}, 9) == 9
+    assert kept_positions({}, 1) == 1  # no input_ids (embeddings given): the int, as before

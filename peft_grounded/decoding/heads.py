@@ -55,6 +55,18 @@ def sid_rows(model: Any, sid_softmax: SIDSoftmax) -> torch.Tensor | None:
     return rows
 
 
+def kept_positions(kwargs: dict[str, Any], keep: int) -> int | torch.Tensor:
+    """``logits_to_keep`` for the last ``keep`` positions of ``kwargs["input_ids"]``: their indices where some
+    positions are left out. An int slices the hidden states without copying them, and the head's product of
+    that strided slice takes a batched path whose bf16 kernel copies the whole head once per prompt on a CPU
+    (BENCHMARKS.md, "Serving against the machine's limit"); indices gather a contiguous copy instead."""
+    ids = kwargs.get("input_ids")
+    if not keep or ids is None or ids.shape[-1] <= keep:
+        return keep
+    length = ids.shape[-1]
+    return torch.arange(length - keep, length, device=ids.device)
+
+
 class StepHead:
     """Logits of a decoding forward: the full head (``sid_ids=None``), or the columns of ``sid_ids`` only
     (sorted token ids; :meth:`columns` maps token ids to their column)."""
@@ -108,7 +120,7 @@ class StepHead:
         """``(float logits of the last keep positions (0: all), model output)`` of ``model(**kwargs)`` with the
         KV cache on."""
         if self.sid_ids is None:
-            output = model(**kwargs, use_cache=True, logits_to_keep=keep)
+            output = model(**kwargs, use_cache=True, logits_to_keep=kept_positions(kwargs, keep))
             return output.logits.float(), output
         output = self.backbone(**kwargs, use_cache=True)
         hidden = output.last_hidden_state
