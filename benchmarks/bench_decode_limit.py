@@ -20,10 +20,8 @@ left out, so the limit is a floor; 1.0x is the machine's limit for this model.
 from __future__ import annotations
 
 import os
-import platform
 import random
 import time
-from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,11 +37,11 @@ from peft_grounded.training.sft.trainer import shallow_base
 try:
     from benchmarks._args import parse
     from benchmarks.bench_recommend import adapter_for
-    from benchmarks.bench_step_limit import index_for, linear_shapes, products_flop
+    from benchmarks.bench_step_limit import cpu_name, index_for, linear_shapes, products_flop
 except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
     from _args import parse
     from bench_recommend import adapter_for
-    from bench_step_limit import index_for, linear_shapes, products_flop
+    from bench_step_limit import cpu_name, index_for, linear_shapes, products_flop
 
 BLOCKS = 8
 
@@ -142,13 +140,7 @@ def main(argv=None) -> None:
     dtypes = ["float32"] + (["bfloat16"] if choose_precision("cpu").bf16 else [])
     load = os.getloadavg()[0]
     rows = [measure(base, adapter, index, histories, dtype, args) for dtype in dtypes]
-    cpu = platform.processor() or platform.machine()
-    with suppress(OSError, StopIteration):
-        cpu = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
+    cpu = cpu_name()
     print(
         f"\n{cpu}, get_cpu_capability() {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} "
         f"thread(s), load average {load:.2f} at start, {os.getloadavg()[0]:.2f} at end; {BLOCKS} blocks, "

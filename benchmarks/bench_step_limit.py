@@ -245,6 +245,17 @@ def measure(base: str, catalogue, index, bf16: bool, args) -> dict:
     }
 
 
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    with suppress(OSError, StopIteration):
+        return next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    return platform.processor() or platform.machine()
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     precisions = [False] + ([True] if choose_precision("cpu").bf16 else [])
@@ -256,13 +267,7 @@ def main(argv=None) -> None:
         index = index_for(catalogue, args.output / f"sids-{Path(dataset).name}")
         for bf16 in precisions:
             rows.append({"dataset": Path(dataset).name} | measure(base, catalogue, index, bf16, args))
-    cpu = platform.processor() or platform.machine()
-    with suppress(OSError, StopIteration):
-        cpu = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
+    cpu = cpu_name()
     print(
         f"\n{cpu}, get_cpu_capability() {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} "
         f"thread(s), load average {load:.2f} at start, {os.getloadavg()[0]:.2f} at end; {args.steps} timed steps "
