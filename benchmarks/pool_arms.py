@@ -11,6 +11,14 @@ resampled within each seed, ``evaluation.reports.paired_intervals``); ``--subset
 users whose target is a warm / cold item.
 
     python benchmarks/pool_arms.py --part test sasrec=runs/sbs/peers/seed0/sasrec.json llm=runs/i40/test-behaviour-s0
+
+A one-run-per-arm interval resamples users, not trainings. ``--repeats A:B ...`` names pairs of runs of one
+recipe at one seed (scored on the same users); their differences give one training run's spread
+(``intervals.run_spread``), and every interval then carries it too.
+
+    python benchmarks/pool_arms.py --part test recipe=runs/i53/test-ctl-s0,runs/i53/test-ctl-s1 \
+        hour=runs/i52/test-h60-s0,runs/i52/test-h60-s1 \
+        --repeats runs/i53/test-ctl-s0:runs/i52/test-rec-s0 runs/i53/test-ctl-s1:runs/i52/test-rec-s1
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from peft_grounded.evaluation.reports import paired_intervals, user_values
+from peft_grounded.intervals import run_spread
 
 try:
     from benchmarks._args import parse
@@ -70,6 +79,22 @@ def training(folder: Path) -> str:
     return f"{last.get('step', '?')} ({float(last.get('epoch', 0)):.2f}), {seconds} s"
 
 
+def training_spread(pairs: list[str], part: str, subset: str, metrics: tuple[str, ...]) -> dict[str, float]:
+    """metric -> one training run's spread (``intervals.run_spread``) from ``DIR_A:DIR_B`` repeat pairs."""
+    folders = []
+    for pair in pairs:
+        a, sep, b = pair.partition(":")
+        if not sep or not a or not b:
+            raise SystemExit(
+                f"--repeats takes DIR_A:DIR_B (two runs of one recipe at one seed), got {pair!r}"
+            )
+        folders.append((Path(a), Path(b)))
+    runs = [[in_subset(arm_records(f, part), subset) for f in pair] for pair in folders]
+    return {
+        metric: run_spread([seed_differences([a], [b], metric)[0] for a, b in runs]) for metric in metrics
+    }
+
+
 def seed_differences(arm: list[list[dict]], reference: list[list[dict]], metric: str) -> list[float]:
     """Each seed's mean paired difference (``arm`` minus ``reference`` over the users both hold): where the
     seeds disagree, a pooled interval that resamples users alone hides it."""
@@ -98,6 +123,14 @@ class Settings:
         },
     )
 
+    repeats: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "DIR_A:DIR_B pairs, two runs of one recipe at one seed: their paired differences give one "
+            "training run's spread, which every interval then carries (none: users resampled only)"
+        },
+    )
+
     def __post_init__(self) -> None:
         if not self.arms:
             raise SystemExit("give the arms as NAME=DIR[,DIR...] NAME=DIR[,DIR...] ...")
@@ -118,9 +151,16 @@ def main(argv=None) -> None:
     likelihood = all("constrained_nll" in r for runs in records.values() for run in runs for r in run)
     metrics = METRICS if likelihood else METRICS[:2]  # a peer's records rank items but hold no likelihood
     users = sum(len(run) for run in records[reference])
+    spread = training_spread(args.repeats, args.part, args.subset, metrics) if args.repeats else None
+    resampled = "users resampled within seed"
+    if spread:
+        sds = ", ".join(f"{m} {sd:.4f}" for m, sd in spread.items())
+        resampled += (
+            f", plus one training run's spread per arm and seed ({sds}; {len(args.repeats)} repeat pairs)"
+        )
     print(
         f"{args.part}, {args.subset} users ({users} user-seeds), paired per user against {reference!r} (95% "
-        "intervals, users resampled within seed)"
+        f"intervals, {resampled})"
     )
     print(
         "| arm | SFT steps (epochs), seconds | "
@@ -137,7 +177,7 @@ def main(argv=None) -> None:
             means.append(f"{sum(values) / len(values):.4f}")
         cells = [""] * (len(metrics) + 1)
         if name != reference:
-            intervals = paired_intervals(records[name], ref, metrics)
+            intervals = paired_intervals(records[name], ref, metrics, run_sd=spread)
             cells = [
                 f"{i['difference']:+.4f} [{i['low']:+.4f}, {i['high']:+.4f}]"
                 for i in (intervals[m] for m in metrics)

@@ -95,3 +95,40 @@ def test_pooled_seeds_show_each_seed_s_difference(tmp_path, capsys):
     assert cells[-2] == "+0.3333 / -0.3333"
     with pytest.raises(SystemExit, match="no user is in both"):
         pool_arms.seed_differences([records([1])], [[{**records([1])[0], "user": "other"}]], "recall@10")
+
+
+def test_repeat_pairs_add_the_training_spread_to_every_interval(tmp_path, capsys):
+    from benchmarks import pool_arms
+
+    rng = np.random.default_rng(1)
+    n = 200
+
+    def write(name, ranks):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "users.json").write_text(json.dumps({"valid": records(ranks, [5.0] * n)}))
+
+    base = [int(r) if r < 12 else None for r in rng.integers(0, 40, n)]
+    write("a", base)
+    write("b", [0 if i < 10 else r for i, r in enumerate(base)])  # b gains 10 of 200 users: +0.05
+    rerun = list(base)
+    for i in range(20, 26):  # a rerun of a's recipe: 6 users hit instead of missed, 0.03 apart
+        rerun[i] = 0 if rerun[i] is None or rerun[i] >= 10 else None
+    write("a_rerun", rerun)
+    gap = (hits(rerun) - hits(base)).mean()
+    arms = [f"a={tmp_path / 'a'}", f"b={tmp_path / 'b'}"]
+
+    def row_b(*extra):
+        pool_arms.main([*arms, *extra])  # --repeats takes every value after it
+        out = capsys.readouterr().out
+        row = next(line for line in out.splitlines() if line.startswith("| b |"))
+        low, high = (float(x) for x in row.split("|")[6].split("[")[1].rstrip(" ]").split(", "))
+        return out, high - low
+
+    plain, narrow = row_b()
+    carried, wide = row_b("--repeats", f"{tmp_path / 'a'}:{tmp_path / 'a_rerun'}")
+    assert "plus one training run's spread" not in plain
+    sd = abs(gap) / np.sqrt(2)
+    assert f"recall@10 {sd:.4f}" in carried and "1 repeat pairs" in carried
+    assert wide > narrow
+    with pytest.raises(SystemExit, match="DIR_A:DIR_B"):
+        pool_arms.main([*arms, "--repeats", str(tmp_path / "a")])

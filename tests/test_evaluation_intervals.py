@@ -104,3 +104,31 @@ def test_compare_users_rows_and_table():
     table = intervals_table(rows)
     assert table.startswith("| strategy | vs |") and "centroid | mean | recall@5" in table
     assert "interval holds 0" in table or "better" in table
+
+
+def test_run_spread_from_repeats_and_the_interval_that_carries_it():
+    from peft_grounded.intervals import run_spread
+
+    # two reruns of one recipe land 0.017 apart at each of two seeds: sd = 0.017 / sqrt(2)
+    assert run_spread([0.017, -0.017]) == pytest.approx(0.017 / np.sqrt(2))
+    assert run_spread([0.0, 0.0]) == 0.0
+    with pytest.raises(ValueError, match="at least one pair"):
+        run_spread([])
+    # constant per-user differences: users alone give a zero-width interval; a training spread of sd
+    # widens it to the normal interval of two seeds' mean of N(0, 2 sd^2) draws: +-1.96 * sd
+    diffs = [np.full(400, 0.01), np.full(400, 0.01)]
+    users_only = bootstrap_interval(diffs)
+    assert users_only["high"] - users_only["low"] == pytest.approx(0.0, abs=1e-12)
+    sd = 0.012
+    both = bootstrap_interval(diffs, run_sd=sd)
+    assert both["difference"] == pytest.approx(0.01)
+    assert both["run_sd"] == sd
+    assert (both["high"] - both["low"]) / 2 == pytest.approx(1.96 * sd, rel=0.05)
+    assert both["low"] < 0 < both["high"] and both["holds_zero"]
+    rng = np.random.default_rng(3)
+    noisy = [rng.normal(0.01, 0.3, 400), rng.normal(0.01, 0.3, 400)]
+    narrow, wide = bootstrap_interval(noisy), bootstrap_interval(noisy, run_sd=sd)
+    assert wide["high"] - wide["low"] > narrow["high"] - narrow["low"]
+    for bad in (-0.01, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="run_sd is a standard deviation"):
+            bootstrap_interval(diffs, run_sd=bad)

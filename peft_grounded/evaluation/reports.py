@@ -317,9 +317,11 @@ def paired_intervals(
     *,
     resamples: int = RESAMPLES,
     seed: int = 0,
+    run_sd: Mapping[str, float] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """``metric -> interval`` of ``runs - references``: one per-user record list per seed on each side,
-    paired by user within seed (both sides must hold the same users)."""
+    paired by user within seed (both sides must hold the same users). ``run_sd``: metric -> one training
+    run's spread (:func:`~peft_grounded.intervals.run_spread`), added to the users' (none: users only)."""
     if len(runs) != len(references):
         raise ValueError(f"{len(runs)} seeds of the strategy against {len(references)} of the reference")
     out: dict[str, dict[str, Any]] = {}
@@ -334,7 +336,8 @@ def paired_intervals(
                     f"(e.g. {missing}); evaluate both with the same settings and seed"
                 )
             diffs.append(np.array([a[u] - b[u] for u in a]))
-        out[metric] = bootstrap_interval(diffs, resamples=resamples, seed=seed)
+        spread = (run_sd or {}).get(metric, 0.0)
+        out[metric] = bootstrap_interval(diffs, resamples=resamples, seed=seed, run_sd=spread)
     return out
 
 
