@@ -1,30 +1,36 @@
 """The grounded LLM's lists fused with SASRec's, against the simplest control: SASRec fused with a second SASRec.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_fusion.py --out runs/i54/fusion \
-        --llm runs/i52/test-h60-s0 runs/i52/test-h60-s1 --sids runs/i52/h60-s0/sids runs/i52/h60-s1/sids --seeds 0 1
+    OMP_NUM_THREADS=1 python benchmarks/bench_fusion.py --out runs/i54/fusion-h60 \
+        --valid runs/i52/h60-s0 runs/i52/h60-s1 --test runs/i52/test-h60-s0 runs/i52/test-h60-s1 \
+        --sids runs/i52/h60-s0/sids runs/i52/h60-s1/sids --seeds 0 1 --partners 1 0
 
 DLLM2Rec (arXiv 2405.00338) found that an LLM recommender's top lists and an ID-based sequential recommender's
-overlap little: each hits users the other misses. This measures what that is worth on the test users of a
-``peft-grounded evaluate`` output (``--llm``, one per seed, its 20-item lists with the history left out):
+overlap little: each hits users the other misses. This measures what fusing them is worth. The LLM's lists
+(20 items with their log-probabilities, the history left out) come from its runner folder (``--valid``: the
+validation users) and a ``peft-grounded evaluate`` output (``--test``), one of each per seed. Arms:
 
 - ``sasrec``: SASRec at its best validation epoch on the same training split, the seed's fit (the one the
-  behaviour SIDs and the distillation teacher read: ``sids.sasrec_cache.shared_fit``, trained once and cached);
-- ``sasrec2``: another SASRec, seed + ``--partner-offset``, the control: an ensemble of two SASRecs;
-- ``llm+sasrec`` and ``sasrec+sasrec2``: reciprocal rank fusion (Cormack et al., SIGIR 2009) of the two
-  top-``--depth`` lists, ``sum 1 / (k + rank)`` with ``k`` = ``--rrf-k`` and 1-based ranks, equal weights:
-  nothing is tuned, on validation or test.
+  behaviour SIDs and the distillation teacher read: ``sids.sasrec_cache.shared_fit``, trained once, cached);
+- ``sasrec2``: another SASRec (seed ``--partners``), the control's second member;
+- ``llm+sasrec``, ``sasrec+sasrec2``: reciprocal rank fusion (Cormack et al., SIGIR 2009) of the two
+  top-``--depth`` lists, ``sum 1 / (k + rank)``, ``k`` = ``--rrf-k``, equal weights: nothing tuned;
+- ``llm*sasrec``, ``sasrec*sasrec2``: a product of experts, ``log p_first(i) + w log p_second(i)``, over the
+  LLM's list and SASRec's top ``--depth`` (an item outside the LLM's list gets its list's lowest
+  log-probability); ``w`` from ``--weights``, chosen per seed on the validation users (Recall@10, then
+  NDCG@10), then read on test.
 
-Each arm's per-user records go to ``<out>/<arm>-s<seed>/users.json`` (``pool_arms.py`` reads them), and the
-table pairs every arm per user against SASRec, seeds pooled (``pool_arms``' intervals: users resampled within
-seed).
+Each arm's per-user records go to ``<out>/<part>/<arm>-s<seed>/users.json`` (``pool_arms.py`` reads them); the
+tables pair every arm per user against SASRec, seeds pooled (users resampled within seed).
 """
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from peft_grounded.training.runs import write_json_atomic
 
@@ -35,7 +41,8 @@ except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the
     import pool_arms
     from _args import parse
 
-ARMS = ("sasrec", "llm", "sasrec2", "llm+sasrec", "sasrec+sasrec2")
+ARMS = ("sasrec", "llm", "sasrec2", "llm+sasrec", "sasrec+sasrec2", "llm*sasrec", "sasrec*sasrec2")
+PARTS = ("valid", "test")
 
 
 def reciprocal_rank_fusion(lists: Sequence[Sequence[str]], k: float, depth: int) -> list[str]:
@@ -51,90 +58,191 @@ def reciprocal_rank_fusion(lists: Sequence[Sequence[str]], k: float, depth: int)
     return sorted(scores, key=lambda item: (-scores[item], order[item]))[:depth]
 
 
-def llm_lists(folder: Path, part: str) -> dict[str, dict]:
-    """user -> record (``items``: its list) of a ``peft-grounded evaluate`` output."""
-    path = folder / "users.json"
-    if not path.is_file():
-        raise SystemExit(f"{folder}: not a peft-grounded evaluate output (no users.json)")
-    records = json.loads(path.read_text()).get(part)
-    if not records:
-        raise SystemExit(f"{path} holds no {part!r} records")
-    if any("items" not in r for r in records):
-        raise SystemExit(f"{path}: its records hold no lists ('items'); rerun peft-grounded evaluate")
+def product_of_experts(
+    first: dict[str, float], second: np.ndarray, items: Sequence[str], weight: float, depth: int
+) -> list[str]:
+    """The ``depth`` best items by ``first(i) + weight * second(i)``: ``first`` a list's log-probabilities
+    (an item outside it gets the list's lowest), ``second`` log-probabilities over ``items`` (-inf: excluded).
+    Candidates: ``first``'s items and ``second``'s top ``depth``; ties keep ``first``'s order."""
+    floor = min(first.values())
+    top = np.argsort(-second, kind="stable")[:depth]
+    column = {item: c for c, item in enumerate(items)}
+    candidates = list(first) + [items[c] for c in top if items[c] not in first]
+    scored = []
+    for order, item in enumerate(candidates):
+        c = column.get(item)
+        log_p = float(second[c]) if c is not None else -math.inf
+        if log_p == -math.inf:
+            continue  # excluded by the second (the user's history) or unknown to it
+        scored.append((-(first.get(item, floor) + weight * log_p), order, item))
+    return [item for *_, item in sorted(scored)[:depth]]
+
+
+def llm_records(folder: Path, part: str) -> dict[str, dict]:
+    """user -> record (``items`` and ``scores``: its list) of a runner folder or an evaluate output."""
+    records = pool_arms.arm_records(folder, part)
+    if not records or any("items" not in r or "scores" not in r for r in records):
+        raise SystemExit(f"{folder}: its {part} records hold no lists with scores ('items', 'scores')")
     return {r["user"]: r for r in records}
 
 
 @dataclass
 class Settings:
-    out: str = field(metadata={"help": "each arm's users.json per seed goes here"})
-    llm: list[str] = field(
-        default_factory=list, metadata={"help": "peft-grounded evaluate outputs, one per seed"}
+    out: str = field(metadata={"help": "each arm's users.json per part and seed goes here"})
+    valid: list[str] = field(
+        default_factory=list, metadata={"help": "the LLM's runner folders (validation lists), one per seed"}
+    )
+    test: list[str] = field(
+        default_factory=list,
+        metadata={"help": "the LLM's peft-grounded evaluate outputs (test), one per seed"},
     )
     sids: list[str] = field(default_factory=list, metadata={"help": "each seed's SID index (its item ids)"})
-    seeds: list[int] = field(default_factory=lambda: [0, 1], metadata={"help": "the seeds, in --llm's order"})
+    seeds: list[int] = field(default_factory=lambda: [0, 1], metadata={"help": "the seeds, in that order"})
+    partners: list[int] = field(
+        default_factory=list,
+        metadata={"help": "the control SASRec's seed, one per seed (none: each seed + 100)"},
+    )
     dataset: str = field(
         default="movielens-100k", metadata={"help": "the catalogue the LLM was evaluated on"}
     )
-    part: str = field(default="test", metadata={"help": "the users compared (the --llm outputs' part)"})
     rrf_k: float = field(default=60.0, metadata={"help": "reciprocal rank fusion's k"})
+    weights: list[float] = field(
+        default_factory=lambda: [0.25, 0.5, 1.0, 2.0, 4.0],
+        metadata={"help": "the product of experts' weights w, one chosen per seed on validation"},
+    )
     depth: int = field(default=20, metadata={"help": "the length of each fused list"})
-    partner_offset: int = field(default=100, metadata={"help": "the control SASRec's seed: seed + this"})
 
     def __post_init__(self) -> None:
-        if not (len(self.llm) == len(self.sids) == len(self.seeds) > 0):
+        if not (len(self.valid) == len(self.test) == len(self.sids) == len(self.seeds) > 0):
             raise SystemExit(
-                f"give one --llm output and one --sids index per seed: {len(self.llm)} outputs, "
-                f"{len(self.sids)} indexes, {len(self.seeds)} seeds"
+                "give one --valid folder, one --test output and one --sids index per seed: "
+                f"{len(self.valid)}, {len(self.test)}, {len(self.sids)} for {len(self.seeds)} seeds"
             )
+        self.partners = self.partners or [seed + 100 for seed in self.seeds]
+        if len(self.partners) != len(self.seeds):
+            raise SystemExit(
+                f"give one --partners seed per seed: {len(self.partners)} for {len(self.seeds)} seeds"
+            )
+        same = [seed for seed, partner in zip(self.seeds, self.partners, strict=True) if seed == partner]
+        if same:
+            raise SystemExit(f"--partners: seed {same[0]} would fuse SASRec with itself; give another seed")
         if self.depth < 10:
             raise SystemExit(f"--depth {self.depth}: the fused lists are scored at 10, so depth >= 10")
-        if self.partner_offset == 0:
-            raise SystemExit("--partner-offset 0 would fuse SASRec with itself; give another seed offset")
+        if not self.weights or any(not (w > 0 and math.isfinite(w)) for w in self.weights):
+            raise SystemExit(f"--weights are positive numbers, got {self.weights}")
+
+
+def _records(llm: dict[str, dict], lists: Sequence[Sequence[str]]) -> list[dict]:
+    from peft_grounded.evaluation.metrics import target_rank
+
+    out = []
+    for record, ranked in zip(llm.values(), lists, strict=True):
+        kept = {k: record[k] for k in ("user", "target", "all", "cold")}
+        out.append({**kept, "rank": target_rank(list(ranked)[:10], kept["target"]), "items": list(ranked)})
+    return out
+
+
+def _score(records: list[dict]) -> tuple[float, float]:
+    from peft_grounded.evaluation.reports import user_value
+
+    return tuple(sum(user_value(r, m) for r in records) / len(records) for m in ("recall@10", "ndcg@10"))
 
 
 def fused_arms(
-    llm: dict[str, dict], split, items: Sequence[str], seed: int, args: Settings, sasrec=None
-) -> dict[str, list[dict]]:
-    """arm -> per-user records of one seed, on ``llm``'s users (user -> its evaluate record) in its order;
-    ``sasrec``: the SASRec settings (None: the defaults, as the behaviour SIDs and the teacher fit it)."""
+    llm: dict[str, dict[str, dict]],
+    split,
+    items: Sequence[str],
+    seed: int,
+    partner: int,
+    args: Settings,
+    sasrec=None,
+) -> tuple[dict[str, dict[str, list[dict]]], dict[str, float]]:
+    """``part -> arm -> per-user records`` of one seed on ``llm``'s users (``part -> user -> record``, each
+    part in its order), and ``arm -> w`` of the products of experts (chosen on validation). ``partner``: the
+    control SASRec's seed; ``sasrec``: the SASRec settings (None: the defaults, the behaviour SIDs' and the
+    teacher's)."""
     from dataclasses import replace
 
+    import torch
+
     from peft_grounded.evaluation import EvalSettings
-    from peft_grounded.evaluation.metrics import target_rank
     from peft_grounded.evaluation.reports import sampled_users
     from peft_grounded.sids.sasrec import SASRecConfig
     from peft_grounded.sids.sasrec_cache import shared_fit
 
-    examples, _, _ = sampled_users(split, args.part, EvalSettings(users=None, cold=False), set(), None)
-    history = {user: list(h) for user, h, _ in examples}
-    users = list(llm)
-    missing = [u for u in users if u not in history]
-    if missing:
-        raise SystemExit(f"users {missing[:3]} of the LLM's records are not {args.part} users of the split")
     config = sasrec or SASRecConfig()
+    column = {item: c for c, item in enumerate(items)}
     fits = {
         name: shared_fit(split, items, replace(config, seed=s))
-        for name, s in (("sasrec", seed), ("sasrec2", seed + args.partner_offset))
+        for name, s in (("sasrec", seed), ("sasrec2", partner))
     }
-    histories = [history[u] for u in users]
-    lists = {name: fit.recommend(histories, args.depth) for name, fit in fits.items()}
-    lists["llm"] = [llm[u]["items"][: args.depth] for u in users]
-    for first, second in (("llm", "sasrec"), ("sasrec", "sasrec2")):
-        lists[f"{first}+{second}"] = [
-            reciprocal_rank_fusion(pair, args.rrf_k, args.depth)
-            for pair in zip(lists[first], lists[second], strict=True)
-        ]
-    out: dict[str, list[dict]] = {}
-    for arm in ARMS:
-        records = []
-        for user, ranked in zip(users, lists[arm], strict=True):
-            record = {k: llm[user][k] for k in ("user", "target", "all", "cold")}
-            records.append({**record, "rank": target_rank(ranked[:10], record["target"]), "items": ranked})
-        out[arm] = records
-    drift = [r["user"] for r in out["llm"] if r["rank"] != _rank10(llm[r["user"]])]
-    if drift:
-        raise SystemExit(f"the LLM's lists disagree with its recorded ranks for users {drift[:3]}")
-    return out
+    out: dict[str, dict[str, list[dict]]] = {}
+    candidates: dict[str, dict[str, dict[float, list[dict]]]] = {}
+    for part, users in llm.items():
+        examples, _, _ = sampled_users(split, part, EvalSettings(users=None, cold=False), set(), None)
+        history = {user: list(h) for user, h, _ in examples}
+        missing = [u for u in users if u not in history]
+        if missing:
+            raise SystemExit(
+                f"users {missing[:3]} of the LLM's {part} records are not {part} users of the split"
+            )
+        histories = [history[u] for u in users]
+        log_probs = {
+            name: np.concatenate(
+                [torch.log_softmax(s.double(), -1).numpy() for s in fit.score_batches(histories)]
+            )
+            for name, fit in fits.items()
+        }
+        lists = {name: [_top(row, items, args.depth) for row in lp] for name, lp in log_probs.items()}
+        lists["llm"] = [r["items"][: args.depth] for r in users.values()]
+        for first, second in (("llm", "sasrec"), ("sasrec", "sasrec2")):
+            lists[f"{first}+{second}"] = [
+                reciprocal_rank_fusion(pair, args.rrf_k, args.depth)
+                for pair in zip(lists[first], lists[second], strict=True)
+            ]
+        firsts = {
+            "llm*sasrec": (
+                [dict(zip(r["items"], r["scores"], strict=True)) for r in users.values()],
+                "sasrec",
+            ),
+            "sasrec*sasrec2": (
+                [
+                    {i: float(row[column[i]]) for i in _top(row, items, args.depth)}
+                    for row in log_probs["sasrec"]
+                ],
+                "sasrec2",
+            ),
+        }
+        candidates[part] = {
+            arm: {
+                w: _records(
+                    users,
+                    [
+                        product_of_experts(f, s, items, w, args.depth)
+                        for f, s in zip(first, log_probs[second], strict=True)
+                    ],
+                )
+                for w in args.weights
+            }
+            for arm, (first, second) in firsts.items()
+        }
+        out[part] = {arm: _records(users, lists[arm]) for arm in ARMS if arm in lists}
+        drift = [r["user"] for r in out[part]["llm"] if r["rank"] != _rank10(users[r["user"]])]
+        if drift:
+            raise SystemExit(f"the LLM's {part} lists disagree with its recorded ranks for users {drift[:3]}")
+    chosen = {
+        arm: max(args.weights, key=lambda w: _score(candidates["valid"][arm][w]))
+        for arm in candidates["valid"]
+    }
+    for part in out:
+        for arm, w in chosen.items():
+            out[part][arm] = candidates[part][arm][w]
+    return out, chosen
+
+
+def _top(log_probs: np.ndarray, items: Sequence[str], depth: int) -> list[str]:
+    """The ``depth`` items of highest log-probability, best first, the excluded (-inf) left out."""
+    return [items[c] for c in np.argsort(-log_probs, kind="stable")[:depth] if log_probs[c] > -math.inf]
 
 
 def _rank10(record: dict) -> int | None:
@@ -143,19 +251,26 @@ def _rank10(record: dict) -> int | None:
 
 
 def main(argv=None) -> None:
-    args = parse(Settings, argv, prog="bench_fusion.py", description=__doc__)
     from peft_grounded.sids import SIDIndex, load_catalogue
 
+    args = parse(Settings, argv, prog="bench_fusion.py", description=__doc__)
     out = Path(args.out)
     split = load_catalogue(args.dataset).leave_one_out()
-    for llm_dir, sids, seed in zip(args.llm, args.sids, args.seeds, strict=True):
+    for valid, test, sids, seed, partner in zip(
+        args.valid, args.test, args.sids, args.seeds, args.partners, strict=True
+    ):
         items = list(SIDIndex.load(sids).item_ids)
-        for arm, records in fused_arms(llm_lists(Path(llm_dir), args.part), split, items, seed, args).items():
-            write_json_atomic(out / f"{arm}-s{seed}" / "users.json", {args.part: records})
-    pool_arms.main(
-        ["--part", args.part]
-        + [f"{arm}=" + ",".join(str(out / f"{arm}-s{s}") for s in args.seeds) for arm in ARMS]
-    )
+        llm = {"valid": llm_records(Path(valid), "valid"), "test": llm_records(Path(test), "test")}
+        arms, chosen = fused_arms(llm, split, items, seed, partner, args)
+        print(f"seed {seed}: the products' weights chosen on validation: {chosen}")
+        for part, by_arm in arms.items():
+            for arm, records in by_arm.items():
+                write_json_atomic(out / part / f"{arm}-s{seed}" / "users.json", {part: records})
+    for part in PARTS:
+        pool_arms.main(
+            ["--part", part]
+            + [f"{arm}=" + ",".join(str(out / part / f"{arm}-s{s}") for s in args.seeds) for arm in ARMS]
+        )
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""Rank fusion of the LLM's lists with SASRec's, and its control (two SASRecs), on a planted catalogue."""
+"""Fusion of the LLM's lists with SASRec's, and its control (two SASRecs), on a planted catalogue."""
 
 from __future__ import annotations
 
 import json
+import math
 
+import numpy as np
 import pytest
 from helpers.planted_catalogue import SMALL_SASREC, planted_catalogue
 
@@ -29,62 +31,120 @@ def test_reciprocal_rank_fusion_by_hand():
         reciprocal_rank_fusion([["a"]], -1, 20)
 
 
-def test_arms_on_a_planted_catalogue(tmp_path, monkeypatch, capsys):
-    from benchmarks import bench_fusion
+def test_product_of_experts_by_hand():
+    from benchmarks.bench_fusion import product_of_experts
 
-    monkeypatch.setenv("PEFT_GROUNDED_CACHE", str(tmp_path / "cache"))
+    items = ["a", "b", "c", "d", "e"]
+    second = np.log(np.array([0.1, 0.2, 0.3, 0.4, 1e-9]))
+    second[4] = -math.inf  # e: in the user's history
+    first = {"a": -1.0, "b": -2.0, "e": -0.5}  # the LLM's list (e: left out by the second)
+    # w = 1: a -1 + log .1 = -3.30, b -2 + log .2 = -3.61, c (floor -2) + log .3 = -3.20, d -2 + log .4 = -2.92
+    assert product_of_experts(first, second, items, 1.0, 10) == ["d", "c", "a", "b"]
+    # a small w keeps the first's order, the outsiders at its floor after it
+    assert product_of_experts(first, second, items, 1e-6, 3) == ["a", "d", "c"]
+    # second's top depth only: with depth 1, c (0.3) is not a candidate
+    assert product_of_experts(first, second, items, 1.0, 1) == ["d"]
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
     catalogue = planted_catalogue()
-    split = catalogue.leave_one_out()
-    items = list(catalogue.item_ids)
-    config = SASRecConfig(**SMALL_SASREC, max_epochs=6, patience=2)
-    # the "LLM": a real recommender's lists (a third SASRec) in an evaluate output's records
-    other = shared_fit(split, items, SASRecConfig(**SMALL_SASREC, max_epochs=3, patience=2, seed=7))
-    examples = list(split.test_examples())
-    lists = other.recommend([list(h) for _, h, _ in examples], 20)
-    llm = {}
-    for (user, _, target), ranked in zip(examples, lists, strict=True):
+    return catalogue.leave_one_out(), list(catalogue.item_ids), tmp_path_factory.mktemp("cache")
+
+
+def _llm(split, items, part, seed=7):
+    """A real recommender's lists and log-probabilities (a third SASRec) as the LLM's records of ``part``."""
+    import torch
+
+    fit = shared_fit(split, items, SASRecConfig(**SMALL_SASREC, max_epochs=3, patience=2, seed=seed))
+    examples = list(getattr(split, f"{part}_examples")())
+    out = {}
+    for (user, _, target), scores in zip(
+        examples, torch.cat(list(fit.score_batches([list(h) for _, h, _ in examples]))), strict=True
+    ):
+        lp = torch.log_softmax(scores.double(), -1)
+        top = [c for c in lp.argsort(descending=True)[:20].tolist() if lp[c] > -math.inf]
+        ranked = [items[c] for c in top]
         rank = ranked.index(target) if target in ranked else None
-        llm[user] = {
+        out[user] = {
             "user": user,
             "target": target,
             "all": True,
             "cold": False,
             "rank": rank,
             "items": ranked,
+            "scores": [float(lp[c]) for c in top],
         }
-    args = bench_fusion.Settings(out=str(tmp_path / "out"), llm=["x"], sids=["x"], seeds=[3])
-    arms = bench_fusion.fused_arms(llm, split, items, 3, args, config)
-    assert list(arms) == list(bench_fusion.ARMS)
-    # the SASRec arm is the package's peer route with the same fit
-    peer = peer_records(
-        shared_fit(split, items, SASRecConfig(**{**SMALL_SASREC, "max_epochs": 6, "patience": 2, "seed": 3})),
-        split,
-        ("test",),
-        EvalSettings(users=None, cold=False, ks=(5, 10)),
-    )["test"]
-    assert {r["user"]: r["rank"] for r in arms["sasrec"]} == {r["user"]: r["rank"] for r in peer}
-    assert arms["sasrec2"] != arms["sasrec"]  # seed 103: another fit
-    for fused, (a, b) in (("llm+sasrec", ("llm", "sasrec")), ("sasrec+sasrec2", ("sasrec", "sasrec2"))):
-        for record, ra, rb in zip(arms[fused], arms[a], arms[b], strict=True):
-            assert record["items"] == bench_fusion.reciprocal_rank_fusion([ra["items"], rb["items"]], 60, 20)
-    # records whose rank disagrees with their lists are refused
-    wrong = next(u for u, r in llm.items() if r["rank"] is not None and r["rank"] < 10)
-    llm[wrong] = {**llm[wrong], "rank": None}
+    return out
+
+
+def test_arms_on_a_planted_catalogue(planted, monkeypatch):
+    from benchmarks import bench_fusion
+
+    split, items, cache = planted
+    monkeypatch.setenv("PEFT_GROUNDED_CACHE", str(cache))
+    config = SASRecConfig(**SMALL_SASREC, max_epochs=6, patience=2)
+    llm = {part: _llm(split, items, part) for part in ("valid", "test")}
+    args = bench_fusion.Settings(out="o", valid=["v"], test=["t"], sids=["s"], seeds=[3], weights=[0.5, 2.0])
+    arms, chosen = bench_fusion.fused_arms(llm, split, items, 3, 103, args, config)
+    assert set(chosen) == {"llm*sasrec", "sasrec*sasrec2"} and set(chosen.values()) <= {0.5, 2.0}
+    for part in ("valid", "test"):
+        assert list(arms[part]) == list(bench_fusion.ARMS[:5]) + list(bench_fusion.ARMS[5:])
+        # the SASRec arm is the package's peer route with the same fit
+        fit = shared_fit(
+            split, items, SASRecConfig(**{**SMALL_SASREC, "max_epochs": 6, "patience": 2, "seed": 3})
+        )
+        peer = peer_records(fit, split, (part,), EvalSettings(users=None, cold=False, ks=(5, 10)))[part]
+        assert {r["user"]: r["rank"] for r in arms[part]["sasrec"]} == {r["user"]: r["rank"] for r in peer}
+        assert arms[part]["sasrec2"] != arms[part]["sasrec"]  # seed 103: another fit
+        for record, a, b in zip(
+            arms[part]["llm+sasrec"], arms[part]["llm"], arms[part]["sasrec"], strict=True
+        ):
+            assert record["items"] == bench_fusion.reciprocal_rank_fusion([a["items"], b["items"]], 60, 20)
+    # the weight kept is the one validation scores best
+    w = chosen["llm*sasrec"]
+    other = 2.0 if w == 0.5 else 0.5
+    args_w, args_other = (
+        bench_fusion.Settings(out="o", valid=["v"], test=["t"], sids=["s"], seeds=[3], weights=[x])
+        for x in (w, other)
+    )
+    kept = bench_fusion._score(
+        bench_fusion.fused_arms(llm, split, items, 3, 103, args_w, config)[0]["valid"]["llm*sasrec"]
+    )
+    lost = bench_fusion._score(
+        bench_fusion.fused_arms(llm, split, items, 3, 103, args_other, config)[0]["valid"]["llm*sasrec"]
+    )
+    assert kept >= lost
+    # records whose rank disagrees with their lists are refused, and so are users the split lacks
+    wrong = next(u for u, r in llm["test"].items() if r["rank"] is not None and r["rank"] < 10)
+    bad = {"valid": llm["valid"], "test": {**llm["test"], wrong: {**llm["test"][wrong], "rank": None}}}
     with pytest.raises(SystemExit, match="disagree with its recorded ranks"):
-        bench_fusion.fused_arms(llm, split, items, 3, args, config)
+        bench_fusion.fused_arms(bad, split, items, 3, 103, args, config)
     with pytest.raises(SystemExit, match="not test users"):
-        bench_fusion.fused_arms({"nobody": llm[wrong]}, split, items, 3, args, config)
+        bench_fusion.fused_arms({"test": {"nobody": llm["test"][wrong]}}, split, items, 3, 103, args, config)
 
 
 def test_settings_and_outputs_are_checked(tmp_path):
     from benchmarks import bench_fusion
 
-    with pytest.raises(SystemExit, match="one --llm output and one --sids index per seed"):
-        bench_fusion.Settings(out="o", llm=["a", "b"], sids=["s"], seeds=[0, 1])
+    def settings(**changes):
+        return bench_fusion.Settings(
+            **{"out": "o", "valid": ["v"], "test": ["t"], "sids": ["s"], "seeds": [0], **changes}
+        )
+
+    assert settings(valid=["v", "w"], test=["t", "u"], sids=["s", "r"], seeds=[0, 1]).partners == [100, 101]
+    with pytest.raises(
+        SystemExit, match="one --valid folder, one --test output and one --sids index per seed"
+    ):
+        settings(test=["t", "u"])
+    with pytest.raises(SystemExit, match="fuse SASRec with itself"):
+        settings(partners=[0])
+    with pytest.raises(SystemExit, match="one --partners seed per seed"):
+        settings(partners=[1, 2])
     with pytest.raises(SystemExit, match="depth >= 10"):
-        bench_fusion.Settings(out="o", llm=["a"], sids=["s"], seeds=[0], depth=5)
-    with pytest.raises(SystemExit, match="not a peft-grounded evaluate output"):
-        bench_fusion.llm_lists(tmp_path, "test")
-    (tmp_path / "users.json").write_text(json.dumps({"test": [{"user": "u", "rank": 1}]}))
-    with pytest.raises(SystemExit, match="hold no lists"):
-        bench_fusion.llm_lists(tmp_path, "test")
+        settings(depth=5)
+    with pytest.raises(SystemExit, match="--weights are positive"):
+        settings(weights=[1.0, -1.0])
+    (tmp_path / "users.json").write_text(json.dumps({"test": [{"user": "u", "rank": 1, "items": ["a"]}]}))
+    with pytest.raises(SystemExit, match="hold no lists with scores"):
+        bench_fusion.llm_records(tmp_path, "test")

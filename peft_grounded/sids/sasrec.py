@@ -265,27 +265,33 @@ class SASRecRecommender:
     def recommend(self, histories: Sequence[Sequence[str]], k: int) -> list[list[str]]:
         """For each history (oldest first; the last ``max_length`` known items are read), its ``k`` best
         items, history items excluded. A history with no known item gets the most popular training targets."""
-        if isinstance(histories, str) or any(isinstance(h, str) for h in histories):
-            raise TypeError("histories must be a list of item-id lists, one per user (got a string)")
         if not _int_at_least(k, 1):
             raise ValueError(f"k must be an integer >= 1, got {k!r}")
-        rows = [self.indices(h) for h in histories]
         out: list[list[str]] = []
+        for scores in self.score_batches(histories):
+            top = scores.topk(min(k, scores.shape[1]), dim=1)
+            for values, cols in zip(top.values, top.indices, strict=True):
+                out.append(
+                    [
+                        self.item_ids[c]
+                        for c, v in zip(cols.tolist(), values.tolist(), strict=True)
+                        if v > float("-inf")
+                    ]
+                )
+        return out
+
+    def score_batches(self, histories: Sequence[Sequence[str]]) -> Iterator[torch.Tensor]:
+        """The next-item logits of the histories, ``[batch, len(item_ids)]`` in ``item_ids``' order, batch by
+        batch, each history's items at ``-inf`` (as :meth:`recommend` ranks them)."""
+        if isinstance(histories, str) or any(isinstance(h, str) for h in histories):
+            raise TypeError("histories must be a list of item-id lists, one per user (got a string)")
+        rows = [self.indices(h) for h in histories]
         with _torch_threads(self.config.threads):
             for start in range(0, len(rows), _SCORE_BATCH):
                 batch = rows[start : start + _SCORE_BATCH]
                 scores = self._item_scores(batch)
                 exclude_seen(scores, [[i - 1 for i in r] for r in batch])
-                top = scores.topk(min(k, scores.shape[1]), dim=1)
-                for values, cols in zip(top.values, top.indices, strict=True):
-                    out.append(
-                        [
-                            self.item_ids[c]
-                            for c, v in zip(cols.tolist(), values.tolist(), strict=True)
-                            if v > float("-inf")
-                        ]
-                    )
-        return out
+                yield scores
 
     @torch.no_grad()
     def _item_scores(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
