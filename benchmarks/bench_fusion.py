@@ -245,6 +245,19 @@ def _top(log_probs: np.ndarray, items: Sequence[str], depth: int) -> list[str]:
     return [items[c] for c in np.argsort(-log_probs, kind="stable")[:depth] if log_probs[c] > -math.inf]
 
 
+def overlap(first: list[dict], second: list[dict]) -> dict[str, float]:
+    """Shares of users whose target is in the top 10 of both arms, of the first only, of the second only, and
+    of either (an oracle that picks the right list per user, not a rule)."""
+    hits = [(_rank10(a) is not None, _rank10(b) is not None) for a, b in zip(first, second, strict=True)]
+    n = len(hits)
+    return {
+        "both": sum(a and b for a, b in hits) / n,
+        "first only": sum(a and not b for a, b in hits) / n,
+        "second only": sum(b and not a for a, b in hits) / n,
+        "either": sum(a or b for a, b in hits) / n,
+    }
+
+
 def _rank10(record: dict) -> int | None:
     rank = record.get("rank")
     return rank if rank is not None and rank < 10 else None
@@ -263,6 +276,11 @@ def main(argv=None) -> None:
         llm = {"valid": llm_records(Path(valid), "valid"), "test": llm_records(Path(test), "test")}
         arms, chosen = fused_arms(llm, split, items, seed, partner, args)
         print(f"seed {seed}: the products' weights chosen on validation: {chosen}")
+        shares = overlap(arms["test"]["llm"], arms["test"]["sasrec"])
+        print(
+            f"seed {seed}: test users hit in the top 10 by the LLM and SASRec: "
+            + ", ".join(f"{name} {share:.3f}" for name, share in shares.items())
+        )
         for part, by_arm in arms.items():
             for arm, records in by_arm.items():
                 write_json_atomic(out / part / f"{arm}-s{seed}" / "users.json", {part: records})

@@ -31,6 +31,14 @@ def test_reciprocal_rank_fusion_by_hand():
         reciprocal_rank_fusion([["a"]], -1, 20)
 
 
+def test_overlap_by_hand():
+    from benchmarks.bench_fusion import overlap
+
+    first = [{"rank": r} for r in (0, 3, None, 12, None)]
+    second = [{"rank": r} for r in (1, None, 2, None, None)]
+    assert overlap(first, second) == {"both": 0.2, "first only": 0.2, "second only": 0.2, "either": 0.6}
+
+
 def test_product_of_experts_by_hand():
     from benchmarks.bench_fusion import product_of_experts
 
