@@ -29,6 +29,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -111,6 +112,12 @@ class Settings:
         metadata={"help": "the product of experts' weights w, one chosen per seed on validation"},
     )
     depth: int = field(default=20, metadata={"help": "the length of each fused list"})
+    subset: Literal["all", "warm", "cold"] = field(
+        default="all",
+        metadata={
+            "help": "the tables' users: all (the seeded sample), warm or cold targets (pool_arms.py --subset)"
+        },
+    )
 
     def __post_init__(self) -> None:
         if not (len(self.valid) == len(self.test) == len(self.sids) == len(self.seeds) > 0):
@@ -286,7 +293,7 @@ def main(argv=None) -> None:
                 write_json_atomic(out / part / f"{arm}-s{seed}" / "users.json", {part: records})
     for part in PARTS:
         pool_arms.main(
-            ["--part", part]
+            ["--part", part, "--subset", args.subset]
             + [f"{arm}=" + ",".join(str(out / part / f"{arm}-s{s}") for s in args.seeds) for arm in ARMS]
         )
 
