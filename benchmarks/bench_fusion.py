@@ -213,9 +213,9 @@ def fused_arms(
                 "sasrec",
             ),
             "sasrec*sasrec2": (
-                [
-                    {i: float(row[column[i]]) for i in _top(row, items, args.depth)}
-                    for row in log_probs["sasrec"]
+                [  # SASRec's own list (above) with its log-probabilities
+                    {i: float(row[column[i]]) for i in ranked}
+                    for ranked, row in zip(lists["sasrec"], log_probs["sasrec"], strict=True)
                 ],
                 "sasrec2",
             ),
