@@ -16,7 +16,7 @@ validation users) and a ``peft-grounded evaluate`` output (``--test``), one of e
   top-``--depth`` lists, ``sum 1 / (k + rank)``, ``k`` = ``--rrf-k``, equal weights: nothing tuned;
 - ``llm*sasrec``, ``sasrec*sasrec2``: a product of experts, ``log p_first(i) + w log p_second(i)``, over the
   LLM's list and SASRec's top ``--depth`` (an item outside the LLM's list gets its list's lowest
-  log-probability); ``w`` from ``--weights``, chosen per seed on the validation users (Recall@10, then
+  log-probability; the served rule, :mod:`peft_grounded.serving.peer_fusion`); ``w`` from ``--weights``, chosen per seed on the validation users (Recall@10, then
   NDCG@10), then read on test.
 
 Each arm's per-user records go to ``<out>/<part>/<arm>-s<seed>/users.json`` (``pool_arms.py`` reads them); the
@@ -33,6 +33,7 @@ from typing import Literal
 
 import numpy as np
 
+from peft_grounded.serving.peer_fusion import product_of_experts
 from peft_grounded.training.runs import write_json_atomic
 
 try:
@@ -57,26 +58,6 @@ def reciprocal_rank_fusion(lists: Sequence[Sequence[str]], k: float, depth: int)
             scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
     order = {item: i for i, item in enumerate(scores)}  # first seen: the first list, then the next
     return sorted(scores, key=lambda item: (-scores[item], order[item]))[:depth]
-
-
-def product_of_experts(
-    first: dict[str, float], second: np.ndarray, items: Sequence[str], weight: float, depth: int
-) -> list[str]:
-    """The ``depth`` best items by ``first(i) + weight * second(i)``: ``first`` a list's log-probabilities
-    (an item outside it gets the list's lowest), ``second`` log-probabilities over ``items`` (-inf: excluded).
-    Candidates: ``first``'s items and ``second``'s top ``depth``; ties keep ``first``'s order."""
-    floor = min(first.values())
-    top = np.argsort(-second, kind="stable")[:depth]
-    column = {item: c for c, item in enumerate(items)}
-    candidates = list(first) + [items[c] for c in top if items[c] not in first]
-    scored = []
-    for order, item in enumerate(candidates):
-        c = column.get(item)
-        log_p = float(second[c]) if c is not None else -math.inf
-        if log_p == -math.inf:
-            continue  # excluded by the second (the user's history) or unknown to it
-        scored.append((-(first.get(item, floor) + weight * log_p), order, item))
-    return [item for *_, item in sorted(scored)[:depth]]
 
 
 def llm_records(folder: Path, part: str) -> dict[str, dict]:
@@ -225,7 +206,7 @@ def fused_arms(
                 w: _records(
                     users,
                     [
-                        product_of_experts(f, s, items, w, args.depth)
+                        [i for i, _ in product_of_experts(f, s, items, w, args.depth)]
                         for f, s in zip(first, log_probs[second], strict=True)
                     ],
                 )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 
-import numpy as np
 import pytest
 from helpers.planted_catalogue import SMALL_SASREC, planted_catalogue
 
@@ -37,21 +36,6 @@ def test_overlap_by_hand():
     first = [{"rank": r} for r in (0, 3, None, 12, None)]
     second = [{"rank": r} for r in (1, None, 2, None, None)]
     assert overlap(first, second) == {"both": 0.2, "first only": 0.2, "second only": 0.2, "either": 0.6}
-
-
-def test_product_of_experts_by_hand():
-    from benchmarks.bench_fusion import product_of_experts
-
-    items = ["a", "b", "c", "d", "e"]
-    second = np.log(np.array([0.1, 0.2, 0.3, 0.4, 1e-9]))
-    second[4] = -math.inf  # e: in the user's history
-    first = {"a": -1.0, "b": -2.0, "e": -0.5}  # the LLM's list (e: left out by the second)
-    # w = 1: a -1 + log .1 = -3.30, b -2 + log .2 = -3.61, c (floor -2) + log .3 = -3.20, d -2 + log .4 = -2.92
-    assert product_of_experts(first, second, items, 1.0, 10) == ["d", "c", "a", "b"]
-    # a small w keeps the first's order, the outsiders at its floor after it
-    assert product_of_experts(first, second, items, 1e-6, 3) == ["a", "d", "c"]
-    # second's top depth only: with depth 1, c (0.3) is not a candidate
-    assert product_of_experts(first, second, items, 1.0, 1) == ["d"]
 
 
 @pytest.fixture(scope="module")

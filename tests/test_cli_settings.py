@@ -202,7 +202,7 @@ def test_help_of_light_commands_imports_neither_torch_nor_transformers():
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
-    assert "COMMANDS 11" in out.stdout
+    assert "COMMANDS 12" in out.stdout
     for flag in (
         "--sid_index",
         "--sid-index",
@@ -253,6 +253,7 @@ def test_every_command_reads_a_yaml_config(tmp_path, name):
         "grow-adapter": {"adapter": "a", "parent_index": "p", "sid_index": "s", "output_dir": "o"},
         "ground": {"sid_index": "s"},
         "sft": {"sid_index": "s"},
+        "fuse-peer": {"adapter": "a", "sid_index": "s"},
         "evaluate": {"adapter": "a", "sid_index": "s", "output_dir": "o"},
         "recommend": {"adapter": "a", "history": "1,2"},
         "diagnose": {"sid_index": "s", "output_dir": "o", "adapters": ["a", "b"]},

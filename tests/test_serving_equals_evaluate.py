@@ -7,56 +7,17 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from conftest import build_tiny_model
-from helpers.toy_catalogue import toy_catalogue, toy_index
+from helpers.serving_fixtures import toy_adapter
+from helpers.toy_catalogue import toy_catalogue
 
-import peft_grounded
-from peft_grounded import GroundedTokenConfig
 from peft_grounded.cli import main
 from peft_grounded.evaluation import EvalSettings
 from peft_grounded.evaluation.evaluator import evaluate_adapter
 from peft_grounded.serving import GroundedRecommender
-from peft_grounded.sids.model import save_sid_record
-from peft_grounded.training.sft.trainer import record_sid_softmax
 
 K, BEAMS = 5, 8
 CASES = [("llama", True, True), ("llama", True, False), ("qwen3", False, True), ("qwen3", False, False)]
-
-
-def _adapter(root, arch: str, tied: bool, sid_softmax: bool):
-    """A saved tiny base, and a grounded adapter with a LoRA "trained" on the toy index (every trainable
-    weight moved off its start), recording whether it trained under the SID-only softmax."""
-    from peft import get_peft_model
-    from transformers import AutoTokenizer
-
-    catalogue = toy_catalogue()
-    index = toy_index(catalogue)
-    tokenizer = AutoTokenizer.from_pretrained(peft_grounded.assets.smollm2())
-    base_dir = root / "base"
-    build_tiny_model(arch, tied).save_pretrained(base_dir)
-    tokenizer.save_pretrained(base_dir)
-    base = build_tiny_model(arch, tied)
-    tokens, centroids = index.adapter_init()
-    ids = peft_grounded.add_tokens(tokenizer, base, tokens)
-    config = GroundedTokenConfig(
-        token_indices=ids,
-        init="centroid",
-        init_vectors=centroids,
-    )
-    model = get_peft_model(base, config)
-    peft_grounded.add_lora(model, r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
-    generator = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:
-                p.add_(0.5 * torch.randn(p.shape, generator=generator))
-    record_sid_softmax(model, sid_softmax)
-    model.peft_config["default"].base_model_name_or_path = str(base_dir)
-    model.save_pretrained(root / "adapter")
-    save_sid_record(model, root / "adapter")
-    index.save(root / "adapter" / "sid_index")
-    return catalogue, index, root / "adapter"
 
 
 @pytest.fixture(
@@ -65,7 +26,7 @@ def _adapter(root, arch: str, tied: bool, sid_softmax: bool):
 def served(request, tmp_path_factory):
     arch, tied, sid_softmax = request.param
     root = tmp_path_factory.mktemp(f"equal-{arch}-{sid_softmax}")
-    catalogue, index, adapter = _adapter(root, arch, tied, sid_softmax)
+    catalogue, index, adapter = toy_adapter(root, arch, tied, sid_softmax)
     settings = EvalSettings(ks=[K], num_beams=BEAMS, cold=False, exclude_history=True)
     evaluation = evaluate_adapter(str(adapter), index, catalogue, settings, parts=("test",), likelihood=False)
     split = catalogue.leave_one_out()

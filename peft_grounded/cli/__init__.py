@@ -23,6 +23,7 @@ COMMANDS = {
     "grow-adapter": "peft_grounded.cli.growth:GROW_ADAPTER",
     "ground": "peft_grounded.cli.ground:COMMAND",
     "sft": "peft_grounded.cli.sft:COMMAND",
+    "fuse-peer": "peft_grounded.cli.evaluate:FUSE_PEER",
     "evaluate": "peft_grounded.cli.evaluate:COMMAND",
     "recommend": "peft_grounded.cli.recommend:COMMAND",
     "diagnose": "peft_grounded.cli.diagnose:COMMAND",

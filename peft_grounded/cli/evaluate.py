@@ -1,8 +1,11 @@
 """``peft-grounded evaluate``: Recall/NDCG@K of a trained adapter by constrained beam search
-(:func:`peft_grounded.evaluation.evaluate_adapter`).
+(:func:`peft_grounded.evaluation.evaluate_adapter`); ``peft-grounded fuse-peer``: a SASRec peer stored with the
+adapter, fused with its beams (:mod:`peft_grounded.serving.peer_fusion`), its weight chosen on the validation
+users, so that ``evaluate`` and ``recommend`` serve the fused lists.
 
-The flags are the fields of :class:`EvaluateArguments` and :class:`~peft_grounded.evaluation.EvalSettings`, parsed
-by TRL's parser; ``--config evaluate.yaml`` gives any of them.
+The flags are the fields of :class:`EvaluateArguments` (:class:`FusePeerArguments`) and
+:class:`~peft_grounded.evaluation.EvalSettings` (which users, and how they are decoded), parsed by TRL's parser;
+``--config FILE.yaml`` gives any of them.
 """
 
 from __future__ import annotations
@@ -43,6 +46,13 @@ class EvaluateArguments:
     splits: list[str] = field(
         default_factory=lambda: list(PARTS), metadata={"help": "Parts of the split to evaluate: valid, test."}
     )
+    peer_fusion: bool = field(
+        default=True,
+        metadata={
+            "help": "Serve the peer fusion stored with the adapter (fuse-peer), when there is one; "
+            "--no-peer_fusion: the model's lists alone."
+        },
+    )
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.splits if s not in PARTS]
@@ -71,6 +81,7 @@ def run(args: EvaluateArguments, settings: EvalSettings) -> int:
         settings,
         model_path=args.model_name_or_path,
         parts=tuple(args.splits),
+        peer_fusion=args.peer_fusion,
     )
     print(markdown_table(evaluation.metrics, title=f"Evaluation of {args.adapter}"))
     return 0
@@ -87,3 +98,119 @@ COMMAND = Command(
 
 parser = COMMAND.parser
 parse = COMMAND.parse  # (EvaluateArguments, EvalSettings) from arguments (and --config FILE.yaml)
+
+
+FUSE_DESCRIPTION = (
+    "Fit (or read) a SASRec peer on the adapter's training split, choose the weight of its log-probabilities "
+    "in the fused score log p_model + w log p_SASRec on the validation users (Recall@10, then NDCG@10), and "
+    "store the peer and the weight in the adapter's folder: evaluate and recommend then serve the fused lists "
+    "(evaluate --no-peer_fusion: the model alone). Prints the validation table with the model alone and the "
+    "peer alone beside each weight. Test users are never read."
+)
+
+
+@dataclass
+class FusePeerArguments:
+    """The adapter, its data, and the peer."""
+
+    adapter: str = field(metadata={"help": "Trained adapter directory; the fusion is written into it."})
+    sid_index: str = field(metadata={"help": "SID index directory the adapter was trained with."})
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Local base model directory; None: the base recorded in the adapter."},
+    )
+    catalogue: str = field(
+        default="movielens-100k",
+        metadata={"help": "Catalogue path or 'movielens-100k' (the one the SID index was built from)."},
+    )
+    peer: str | None = field(
+        default=None,
+        metadata={
+            "help": "A saved SASRec folder to fuse (e.g. OUTPUT_DIR/teacher of a distilled sft run); None: "
+            "fit SASRec on the training split (cached, so the same data and seed give the same peer)."
+        },
+    )
+    peer_seed: int = field(default=0, metadata={"help": "Seed of the fitted peer (without --peer)."})
+    weights: list[float] = field(
+        default_factory=lambda: list(_default_weights()),
+        metadata={
+            "help": "Candidate weights w of the peer's log-probabilities; one is chosen on validation."
+        },
+    )
+    depth: int = field(default=20, metadata={"help": "The peer's best items added to the model's beams."})
+
+    def __post_init__(self) -> None:
+        if not self.weights or any(not (w > 0 and w < float("inf")) for w in self.weights):
+            raise ValueError(f"--weights are numbers > 0, got {self.weights}")
+        if self.depth < 1:
+            raise ValueError(f"--depth is an integer >= 1, got {self.depth}")
+
+
+def _default_weights() -> tuple[float, ...]:
+    from ..serving.peer_fusion import DEFAULT_WEIGHTS
+
+    return DEFAULT_WEIGHTS
+
+
+def fuse_settings() -> tuple[type, ...]:
+    from ..evaluation.metrics import EvalSettings
+
+    return (FusePeerArguments, EvalSettings)
+
+
+def run_fuse(args: FusePeerArguments, settings: EvalSettings) -> int:
+    """Fit the fusion on the validation users and write it into the adapter's folder (locked)."""
+    import torch
+
+    from .._io import output_lock
+    from ..evaluation.peers import fit_peer_fusion
+    from ..sids.model import base_model_path, sid_model
+    from ..sids.sasrec import SASRecConfig, SASRecRecommender
+    from ..sids.sasrec_cache import shared_fit
+    from .common import load_data
+
+    catalogue, index = load_data(args.catalogue, args.sid_index)
+    split = catalogue.leave_one_out()
+    with output_lock(args.adapter, "fuse-peer"):
+        peer = (
+            SASRecRecommender.load(args.peer)
+            if args.peer
+            else shared_fit(split, index.item_ids, SASRecConfig(seed=args.peer_seed))
+        )
+        dtype = torch.bfloat16 if settings.bf16 else torch.float32
+        tokenizer, model = sid_model(
+            args.model_name_or_path or base_model_path(args.adapter),
+            index,
+            adapter=args.adapter,
+            is_trainable=False,
+            dtype=dtype,
+        )
+        fusion = fit_peer_fusion(
+            model,
+            tokenizer,
+            index,
+            split,
+            peer,
+            settings,
+            catalogue=catalogue,
+            weights=args.weights,
+            depth=args.depth,
+            show_progress=True,
+        )
+        fusion.save(args.adapter)
+    print(f"| weight | Recall@10 | NDCG@10 |  ({fusion.fitted_on['users']} validation users)\n|---|---|---|")
+    labels = {None: "the model alone", "peer": "the peer alone"}
+    for row in fusion.fitted_on["table"]:
+        label = labels.get(row["weight"], row["weight"])
+        print(f"| {label} | {row['recall@10']:.4f} | {row['ndcg@10']:.4f} |")
+    print(f"{fusion.describe()}; written to {args.adapter}")
+    return 0
+
+
+FUSE_PEER = Command(
+    name="fuse-peer",
+    help="store a SASRec peer with an adapter, fused with its beams (the weight chosen on validation)",
+    description=FUSE_DESCRIPTION,
+    settings=fuse_settings,
+    run=run_fuse,
+)

@@ -180,6 +180,8 @@ def _run(args: RecommendArguments) -> int:
         batch_size=args.decode_batch_size,
         sid_softmax=args.sid_softmax,
     )
+    if recommender.peer_fusion is not None:
+        print(recommender.peer_fusion.describe(), file=sys.stderr)
     if args.interactions:
         rule = recommender.fit_new_items(read_histories(args.interactions)[1])
         print(rule.describe(), file=sys.stderr)

@@ -58,13 +58,16 @@ def evaluate(
     likelihood: bool = True,
     sid_softmax: Any = None,
     new_item_rule: Any = None,
+    peer_fusion: Any = None,
 ) -> Evaluation:
     """Rank (the served lists) and/or score (target NLL) the split's sampled users in one pass.
 
     ``sid_softmax`` (:data:`~peft_grounded.decoding.heads.SIDSoftmax`): the rows each step normalises over;
     None reads it from the model's adapter, so a plain model (a merged one) needs it given, as serving does.
     ``new_item_rule``: the :class:`~peft_grounded.new_items.NewItemRule` stored with the adapter (what
-    ``recommend`` serves the new items with; :func:`evaluate_adapter` loads it), None: the model alone."""
+    ``recommend`` serves the new items with; :func:`evaluate_adapter` loads it), None: the model alone.
+    ``peer_fusion``: the :class:`~peft_grounded.serving.peer_fusion.PeerFusion` stored with the adapter
+    (likewise)."""
     from ..decoding import SIDTrie
     from ..prompts import PromptFormat
     from ..serving.top_k import top_k_lists
@@ -81,6 +84,8 @@ def evaluate(
     fmt = fmt or PromptFormat()
     if new_item_rule is not None:
         new_item_rule.check_index(index, "the given rule")
+    if peer_fusion is not None:
+        peer_fusion.check_index(index, "the given fusion")
     sids = item_token_ids(tokenizer, index)
     trie = trie or SIDTrie(sids)
     cold_items = split.cold_items(settings.cold_max_count)
@@ -94,7 +99,7 @@ def evaluate(
         if [r["user"] for r in records] != users:
             raise RuntimeError("prompts and user records are out of order; this is a bug, please report it")
         target_ids = [sids[t] for t in targets]
-        together = ranking and likelihood and new_item_rule is None  # one encoding, both
+        together = ranking and likelihood and new_item_rule is None and peer_fusion is None  # one encoding
         with _autocast(model, settings):
             if ranking:
                 histories = _full_histories(split, part)
@@ -107,6 +112,7 @@ def evaluate(
                     fmt=fmt,
                     catalogue=catalogue,
                     new_item_rule=new_item_rule,
+                    peer_fusion=peer_fusion,
                     num_beams=settings.num_beams,
                     exclude_history=settings.exclude_history,
                     trie=trie,
@@ -188,11 +194,14 @@ def evaluate_adapter(
     fmt: Any = None,
     parts: tuple[str, ...] = ("valid", "test"),
     likelihood: bool = True,
+    peer_fusion: bool = True,
 ) -> Evaluation:
     """Load a trained adapter onto its base (checked against ``index``) and :func:`evaluate` it as
     ``recommend`` serves it: with the prompt format recorded in the adapter (unless ``fmt`` is given) and the
-    new-item rule stored beside it (``new_item_rule.json``, checked against ``index``), when there is one."""
+    new-item rule or peer fusion stored beside it (``new_item_rule.json``, ``peer_fusion.json``, checked
+    against ``index``), when there is one; ``peer_fusion=False``: the model without its fusion."""
     from ..new_items.rule import NewItemRule
+    from ..serving.peer_fusion import PeerFusion
     from ..sids.model import base_model_path, prompt_format_of, sid_model
 
     settings = settings or EvalSettings()
@@ -200,6 +209,9 @@ def evaluate_adapter(
     rule = NewItemRule.load(adapter)
     if rule is not None:
         rule.check_index(index, f"the folder {str(adapter)!r}")
+    fusion = PeerFusion.load(adapter) if peer_fusion else None
+    if fusion is not None:
+        fusion.check_index(index, f"the folder {str(adapter)!r}")
     tokenizer, model = sid_model(
         model_path or base_model_path(adapter), index, adapter=adapter, is_trainable=False, dtype=dtype
     )
@@ -214,6 +226,7 @@ def evaluate_adapter(
         settings,
         likelihood=likelihood,
         new_item_rule=rule,
+        peer_fusion=fusion,
     )
 
 

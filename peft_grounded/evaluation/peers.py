@@ -15,12 +15,14 @@ table with paired bootstrap intervals (:func:`~peft_grounded.evaluation.compare_
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from ..serving.peer_fusion import DEFAULT_DEPTH, DEFAULT_WEIGHTS, PeerFusion, PeerFusionError
 from ..sids.sasrec import exclude_seen
 from .metrics import rank_metrics, target_rank
 from .reports import EvalSettings, Results, sampled_users, user_records
@@ -184,3 +186,113 @@ class TextKNN:
 # transformers' ``mean_resizing`` starts every new row at a draw from N(mean, 1e-9 * cov) of the old rows,
 # which is the vocabulary mean in practice (the GTI paper's baseline); PEFT's trainable tokens then train a
 # delta on those rows (tied heads follow the input rows) next to the LoRA.
+
+
+# ------------------------------------------------------------------------------------------------ fusion
+#
+# A peer fused with the model's beams (:class:`~peft_grounded.serving.peer_fusion.PeerFusion`, served by
+# ``top_k_lists``): its weight chosen on the validation users, the model alone and the peer alone beside it.
+
+
+def choose_weight(
+    peer: Any,
+    beams: Any,
+    histories: Sequence[Sequence[str]],
+    targets: Sequence[str],
+    *,
+    weights: Sequence[float] = DEFAULT_WEIGHTS,
+    depth: int = DEFAULT_DEPTH,
+    k: int = 10,
+    trie: Any = None,
+) -> tuple[float, list[dict[str, Any]]]:
+    """The weight of ``weights`` whose fused lists reach the highest Recall@``k`` (then NDCG@``k``) on these
+    held-out ``(history, target)`` pairs, and the table behind the choice: one row per weight, and the model
+    alone and the peer alone as its controls (``weight`` None and ``"peer"``)."""
+    if not weights or any(isinstance(w, bool) or not (w > 0 and math.isfinite(w)) for w in weights):
+        raise PeerFusionError(f"weights are numbers > 0, got {list(weights)!r}")
+    if len(histories) != len(targets) or not histories:
+        raise PeerFusionError(f"{len(histories)} histories and {len(targets)} targets: give one target each")
+    names = (f"recall@{k}", f"ndcg@{k}")
+
+    def row(label: Any, lists: Sequence[Sequence[Hashable]]) -> dict[str, Any]:
+        ranks = [target_rank(list(items)[:k], t) for items, t in zip(lists, targets, strict=True)]
+        metrics = rank_metrics(ranks, (k,))
+        return {"weight": label, **{name: metrics[name] for name in names}}
+
+    log_probs = PeerFusion(peer, 1.0, "", depth=depth).peer_log_probs(histories, trie)
+    table = [
+        row(None, [[i for i in r if i not in set(h)] for r, h in zip(beams.items, histories, strict=True)]),
+        row(
+            "peer",
+            [
+                [peer.item_ids[c] for c in np.argsort(-lp, kind="stable")[:k] if lp[c] > -math.inf]
+                for lp in log_probs
+            ],
+        ),
+    ]
+    for weight in weights:
+        fusion = PeerFusion(peer, float(weight), "", depth=depth)
+        table.append(row(float(weight), fusion.apply(beams, histories, k, trie, log_probs).items))
+    best = max(table[2:], key=lambda r: (r[names[0]], r[names[1]]))
+    return best["weight"], table
+
+
+def fit_peer_fusion(
+    model: Any,
+    tokenizer: Any,
+    index: Any,
+    split: Any,
+    peer: Any,
+    settings: Any = None,
+    *,
+    catalogue: Any = None,
+    fmt: Any = None,
+    weights: Sequence[float] = DEFAULT_WEIGHTS,
+    depth: int = DEFAULT_DEPTH,
+    show_progress: bool = False,
+) -> Any:
+    """A :class:`PeerFusion` of ``peer`` whose weight is chosen (:func:`choose_weight`) on ``split``'s
+    validation users: the sample ``settings`` (:class:`~peft_grounded.evaluation.EvalSettings`) names, decoded
+    as ``evaluate`` decodes them (its beams, bf16 and batch size), their whole history left out."""
+    from contextlib import nullcontext
+
+    import torch
+
+    from ..serving.top_k import model_beams, sid_trie
+    from ..sids.model import prompt_format_of
+
+    settings = settings or EvalSettings()
+    fingerprint = index.fingerprint()
+    PeerFusion(peer, 1.0, fingerprint, depth=depth).check_index(index, "the given peer")
+    examples, _, _ = sampled_users(split, "valid", settings, set(), None)
+    if not examples:
+        raise ValueError("the split has no validation users to choose the fusion's weight on")
+    histories, targets = [list(h) for _, h, _ in examples], [t for *_, t in examples]
+    trie = sid_trie(tokenizer, index)
+    width = min(len(trie), max(settings.num_beams, 10))
+    device = next(model.parameters()).device.type
+    with torch.autocast(device, dtype=torch.bfloat16) if settings.bf16 else nullcontext():
+        beams = model_beams(
+            model,
+            tokenizer,
+            index,
+            histories,
+            width,
+            fmt=fmt or prompt_format_of(model),
+            catalogue=catalogue,
+            trie=trie,
+            batch_size=settings.decode_batch_size,
+            exclude=histories,
+            show_progress=show_progress,
+        )
+    weight, table = choose_weight(
+        peer, beams, histories, targets, weights=weights, depth=depth, k=10, trie=trie
+    )
+    fitted_on = {
+        "part": "valid",
+        "users": len(histories),
+        "seed": settings.seed,
+        "num_beams": width,
+        "table": table,
+    }
+    return PeerFusion(peer, weight, fingerprint, depth=depth, fitted_on=fitted_on)

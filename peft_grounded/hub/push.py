@@ -25,6 +25,7 @@ from ..sids.model import FINGERPRINT_KEY, SID_RECORD, read_sid_record, save_sid_
 from .repo import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
+    FUSION_FILES,
     SID_INDEX_DIR,
     GroundedHubError,
     check_adapter_files,
@@ -49,7 +50,11 @@ INDEX_FILES = f"{SID_INDEX_DIR}/*"
 
 def replaced_patterns(with_index: bool) -> list[str]:
     """The Hub files a push deletes before it uploads: never any it is not given a replacement for."""
-    own = [ADAPTER_WEIGHT_FILES, "new_item_rule.*"]  # a rule belongs to the adapter it was fitted for
+    own = [
+        ADAPTER_WEIGHT_FILES,
+        "new_item_rule.*",
+        *FUSION_FILES,
+    ]  # a rule, a fusion: fitted for this adapter
     return [*own, INDEX_FILES] if with_index else own
 
 
@@ -134,7 +139,7 @@ def stage_adapter(
         check_adapter_files(files, f"folder {str(folder)!r}")
         for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
             shutil.copyfile(folder / name, stage / name)
-        for name in (SID_RECORD, *RULE_FILES):  # the SID record and the new-item rule, when there are
+        for name in (SID_RECORD, *RULE_FILES, *FUSION_FILES):  # the SID record, the rule, the peer fusion
             if (folder / name).is_file():
                 shutil.copyfile(folder / name, stage / name)
     else:

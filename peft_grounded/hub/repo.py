@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 SID_INDEX_DIR = "sid_index"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 # What `pull` fetches: configs, tokenizer files, safetensors, the card. Never pickles or code.
+# a peer fusion stored with an adapter (serving.peer_fusion): its record first, then the SASRec peer's two files
+FUSION_FILES = ("peer_fusion.json", "sasrec.json", "sasrec.safetensors")
 SAFE_PATTERNS = ("*.json", "*.safetensors", "*.md", "*.txt", "*.jinja")
 
 

@@ -32,6 +32,7 @@ from .loading import (
     open_recommender_source,
     serving_dtype,
 )
+from .peer_fusion import PeerFusion
 from .top_k import model_beams, top_k_lists
 
 DEFAULT_BEAMS = 20
@@ -86,6 +87,7 @@ class GroundedRecommender:
         *,
         catalogue: Any = None,
         new_item_rule: NewItemRule | None = None,
+        peer_fusion: PeerFusion | None = None,
         num_beams: int = DEFAULT_BEAMS,
         batch_size: int = 32,
         sid_softmax: Any = None,
@@ -118,8 +120,11 @@ class GroundedRecommender:
         self.trie = SIDTrie(self.sids)
         self.sid_rows = decoding_rows(model, tokenizer, index, self.trie, sid_softmax)
         self.new_item_rule: NewItemRule | None = None
+        self.peer_fusion: PeerFusion | None = None
         if new_item_rule is not None:
             self.set_new_item_rule(new_item_rule)
+        if peer_fusion is not None:
+            self.set_peer_fusion(peer_fusion)
 
     # ------------------------------------------------------------------ loading
 
@@ -139,6 +144,7 @@ class GroundedRecommender:
         num_beams: int = DEFAULT_BEAMS,
         batch_size: int = 32,
         sid_softmax: Any = None,
+        peer_fusion: bool = True,
     ) -> GroundedRecommender:
         """Load a recommender from a folder or a Hub repo: a grounded adapter (with its ``sid_index/`` or
         ``sid_index=``), or a merged model folder written by :meth:`save_merged`.
@@ -157,6 +163,8 @@ class GroundedRecommender:
             num_beams, batch_size: the beam width (at least ``k``) and users per decoding batch.
             sid_softmax: ``None`` (default): decode as the adapter (or the merged folder's
                 ``grounded_serving.json``) records it was trained; ``True``/``False`` override that.
+            peer_fusion: serve the peer fusion stored in the folder (``fuse-peer``), when there is one;
+                ``False``: the model's lists alone.
         """
         import torch
 
@@ -184,6 +192,9 @@ class GroundedRecommender:
         rule = NewItemRule.load(folder)
         if rule is not None:
             rule.check_index(index, source.where)
+        fusion = PeerFusion.load(folder) if peer_fusion else None
+        if fusion is not None:
+            fusion.check_index(index, source.where)
         recommender = cls(
             model.to(device),
             tokenizer,
@@ -191,6 +202,7 @@ class GroundedRecommender:
             fmt,
             catalogue=as_catalogue(catalogue),
             new_item_rule=rule,
+            peer_fusion=fusion,
             num_beams=num_beams,
             batch_size=batch_size,
             sid_softmax=rows,
@@ -213,7 +225,28 @@ class GroundedRecommender:
     def set_new_item_rule(self, rule: NewItemRule) -> None:
         """Serve the new items with ``rule`` (checked against this recommender's index)."""
         rule.check_index(self.index, "the given rule")
+        self._refuse_rule_with_fusion()
         self.new_item_rule = rule
+
+    def _refuse_rule_with_fusion(self) -> None:
+        if self.peer_fusion is not None:
+            raise ValueError(
+                "this recommender serves a peer fusion (fuse-peer), whose peer knows no item added after it was "
+                "fitted: delete peer_fusion.json, sasrec.json and sasrec.safetensors from the adapter's folder "
+                "(or call set_peer_fusion(None)) before fitting a new-item rule"
+            )
+
+    def set_peer_fusion(self, fusion: PeerFusion | None) -> None:
+        """Serve the model's beams fused with ``fusion``'s peer (checked against this recommender's index);
+        ``None``: the model alone."""
+        if fusion is not None:
+            fusion.check_index(self.index, "the given fusion")
+            if self.new_item_rule is not None:
+                raise ValueError(
+                    "this recommender serves a new-item rule, and a peer fusion knows no item added after it "
+                    "was fitted: serve one of them"
+                )
+        self.peer_fusion = fusion
 
     def fit_new_items(
         self,
@@ -231,6 +264,7 @@ class GroundedRecommender:
         ``choose_beams``: decode this model on up to ``choice_users`` logged histories (a seeded sample) and
         let :meth:`NewItemRule.choose_beams` keep the model's beams or, where text KNN serves the logged next
         items better with a paired interval above 0, switch the rule to text."""
+        self._refuse_rule_with_fusion()
         interactions = [list(h) for h in interactions]
         if kwargs.get("vectors") is None:  # the text of this recommender's catalogue, for a behaviour index
             kwargs.setdefault("catalogue", self.catalogue)
@@ -379,6 +413,7 @@ class GroundedRecommender:
             histories,
             k,
             new_item_rule=self.new_item_rule,
+            peer_fusion=self.peer_fusion,
             num_beams=self.num_beams,
             exclude_history=exclude_history,
             show_progress=show_progress,
@@ -424,7 +459,7 @@ class GroundedRecommender:
 
     def save_merged(self, folder: str | Path) -> Path:
         """Write a merged model folder that :meth:`from_pretrained` loads: the model (adapter folded in,
-        safetensors), its tokenizer, ``sid_index/``, the new-item rule, and ``grounded_serving.json``: the
+        safetensors), its tokenizer, ``sid_index/``, the new-item rule or peer fusion, and ``grounded_serving.json``: the
         prompt format and the rows each decoding step normalises over; atomically."""
         import shutil
 
@@ -448,6 +483,8 @@ class GroundedRecommender:
             (tmp / SERVING_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
             if self.new_item_rule is not None:
                 self.new_item_rule.save(tmp)
+            if self.peer_fusion is not None:
+                self.peer_fusion.save(tmp)
             swap_dir_into_place(tmp, target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -12,7 +12,9 @@
    the rule mixes the new items into those beams (or into text KNN beams, when it chose text on the log);
    its lists leave the history out whatever ``exclude_history`` says, and a user whose list came up short
    is searched again with beams for the history items it left out;
-4. each list is cut to ``k``.
+4. with a peer fusion instead (:class:`~.peer_fusion.PeerFusion`, the one stored with the adapter), the
+   beams are fused with the peer's next-item distribution; its lists leave the history out too;
+5. each list is cut to ``k``.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ def top_k_lists(
     fmt: Any = None,
     catalogue: Any = None,
     new_item_rule: Any = None,
+    peer_fusion: Any = None,
     num_beams: int = 20,
     exclude_history: bool = True,
     trie: SIDTrie | None = None,
@@ -110,6 +113,7 @@ def top_k_lists(
         k: items per list.
         fmt, catalogue: the adapter's prompt format and, when its prompts carry titles, the catalogue.
         new_item_rule: the new-item rule stored with the adapter (None: the model alone).
+        peer_fusion: the peer fusion stored with the adapter (None: the model alone); not with a rule.
         num_beams: beams of the search (at least ``k``, at most the trie's items).
         exclude_history: leave each user's own items out of their list (the rule always does).
         trie: the items that may be listed (default every item of ``index``).
@@ -139,6 +143,25 @@ def top_k_lists(
             f"beams were decoded for {len(beams.items)} histories at width {beams.num_beams}; this route "
             f"searches {len(histories)} at width {width}"
         )
+    if peer_fusion is not None:
+        if new_item_rule is not None:
+            raise ValueError(
+                "this adapter holds a new-item rule and a peer fusion, and they are not served together (the "
+                "peer knows no item added after it was fitted): delete one of them from the adapter's folder"
+            )
+        if targets is not None:
+            raise ValueError("targets are scored by the model alone: pass peer_fusion=None to score them")
+        found = model_beams(
+            model,
+            tokenizer,
+            index,
+            histories,
+            width,
+            exclude=histories,
+            show_progress=show_progress,
+            **search,
+        )
+        return peer_fusion.apply(found, histories, k, trie)
     if new_item_rule is None:
         inside = exclude_history  # the search itself leaves the history out
         found = beams
