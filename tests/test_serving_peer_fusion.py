@@ -217,6 +217,18 @@ def test_fuse_peer_refuses_bad_settings(world):
     assert main([*base, "--depth", "0"]) == 2
 
 
+def test_fuse_peer_refuses_an_adapter_with_a_new_item_rule(world, tmp_path, capsys):
+    import shutil
+
+    adapter = tmp_path / "adapter"
+    shutil.copytree(world["adapter"], adapter)
+    (adapter / "new_item_rule.json").write_text("{}")
+    argv = ["fuse-peer", "--adapter", str(adapter), "--sid_index", str(adapter / "sid_index")]
+    assert main(argv) == 2
+    assert "holds a new-item rule" in capsys.readouterr().err
+    assert not (adapter / "peer_fusion.json").exists()
+
+
 def test_a_fusion_is_set_on_and_off_a_recommender(world):
     recommender, _ = _beams(world, [["0"]])
     recommender.set_peer_fusion(PeerFusion(world["peer"], 1.0, world["index"].fingerprint()))

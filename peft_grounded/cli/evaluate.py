@@ -160,15 +160,23 @@ def fuse_settings() -> tuple[type, ...]:
 
 def run_fuse(args: FusePeerArguments, settings: EvalSettings) -> int:
     """Fit the fusion on the validation users and write it into the adapter's folder (locked)."""
+    from pathlib import Path
+
     import torch
 
     from .._io import output_lock
     from ..evaluation.peers import fit_peer_fusion
+    from ..new_items.rule import RULE_FILES
     from ..sids.model import base_model_path, sid_model
     from ..sids.sasrec import SASRecConfig, SASRecRecommender
     from ..sids.sasrec_cache import shared_fit
     from .common import load_data
 
+    if (Path(args.adapter) / RULE_FILES[0]).is_file():
+        raise ValueError(
+            f"{args.adapter} holds a new-item rule ({RULE_FILES[0]}), and a peer knows no item added after it "
+            "was fitted: fuse the adapter trained before the index grew, or delete the rule's files first"
+        )
     catalogue, index = load_data(args.catalogue, args.sid_index)
     split = catalogue.leave_one_out()
     with output_lock(args.adapter, "fuse-peer"):
