@@ -29,12 +29,11 @@ PARTS = ("valid", "test")
 
 
 @dataclass
-class EvaluateArguments:
-    """The adapter to evaluate, its data, and where the results go."""
+class AdapterArguments:
+    """A trained adapter and the data it was trained on (the fields ``evaluate`` and ``fuse-peer`` share)."""
 
     adapter: str = field(metadata={"help": "Trained adapter directory (e.g. OUTPUT_DIR/adapter of `sft`)."})
     sid_index: str = field(metadata={"help": "SID index directory the adapter was trained with."})
-    output_dir: str = field(metadata={"help": "Directory for metrics.json/.md, likelihood.json, users.json."})
     model_name_or_path: str | None = field(
         default=None,
         metadata={"help": "Local base model directory; None: the base recorded in the adapter."},
@@ -42,6 +41,15 @@ class EvaluateArguments:
     catalogue: str = field(
         default="movielens-100k",
         metadata={"help": "Catalogue path or 'movielens-100k' (the one the SID index was built from)."},
+    )
+
+
+@dataclass
+class EvaluateArguments(AdapterArguments):
+    """The adapter to evaluate, its data, and where the results go."""
+
+    output_dir: str = field(
+        kw_only=True, metadata={"help": "Directory for metrics.json/.md, likelihood.json, users.json."}
     )
     splits: list[str] = field(
         default_factory=lambda: list(PARTS), metadata={"help": "Parts of the split to evaluate: valid, test."}
@@ -110,19 +118,9 @@ FUSE_DESCRIPTION = (
 
 
 @dataclass
-class FusePeerArguments:
-    """The adapter, its data, and the peer."""
+class FusePeerArguments(AdapterArguments):
+    """The adapter (the fusion is written into its folder), its data, and the peer."""
 
-    adapter: str = field(metadata={"help": "Trained adapter directory; the fusion is written into it."})
-    sid_index: str = field(metadata={"help": "SID index directory the adapter was trained with."})
-    model_name_or_path: str | None = field(
-        default=None,
-        metadata={"help": "Local base model directory; None: the base recorded in the adapter."},
-    )
-    catalogue: str = field(
-        default="movielens-100k",
-        metadata={"help": "Catalogue path or 'movielens-100k' (the one the SID index was built from)."},
-    )
     peer: str | None = field(
         default=None,
         metadata={

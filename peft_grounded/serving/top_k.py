@@ -151,19 +151,8 @@ def top_k_lists(
             )
         if targets is not None:
             raise ValueError("targets are scored by the model alone: pass peer_fusion=None to score them")
-        found = model_beams(
-            model,
-            tokenizer,
-            index,
-            histories,
-            width,
-            exclude=histories,
-            show_progress=show_progress,
-            **search,
-        )
-        return peer_fusion.apply(found, histories, k, trie)
     if new_item_rule is None:
-        inside = exclude_history  # the search itself leaves the history out
+        inside = exclude_history or peer_fusion is not None  # the search itself leaves the history out
         found = beams
         if found is None or inside:
             found = model_beams(
@@ -177,6 +166,8 @@ def top_k_lists(
                 show_progress=show_progress,
                 **search,
             )
+        if peer_fusion is not None:
+            return peer_fusion.apply(found, histories, k, trie)
         return replace(
             found, items=[row[:k] for row in found.items], scores=[row[:k] for row in found.scores], k=k
         )
