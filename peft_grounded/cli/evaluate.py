@@ -113,7 +113,8 @@ FUSE_DESCRIPTION = (
     "in the fused score log p_model + w log p_SASRec on the validation users (Recall@10, then NDCG@10), and "
     "store the peer and the weight in the adapter's folder: evaluate and recommend then serve the fused lists "
     "(evaluate --no-peer_fusion: the model alone). Prints the validation table with the model alone and the "
-    "peer alone beside each weight. Test users are never read."
+    "peer alone beside each weight. Test users are never read. Of the evaluation settings it reads --users, "
+    "--seed, --num_beams, --decode_batch_size and --bf16 (the validation users and how they are decoded)."
 )
 
 
