@@ -269,7 +269,7 @@ def fit_peer_fusion(
         raise ValueError("the split has no validation users to choose the fusion's weight on")
     histories, targets = [list(h) for _, h, _ in examples], [t for *_, t in examples]
     trie = sid_trie(tokenizer, index)
-    width = min(len(trie), max(settings.num_beams, 10))
+    width = min(len(trie), max(settings.num_beams, *settings.ks))  # the width evaluate decodes at
     device = next(model.parameters()).device.type
     with torch.autocast(device, dtype=torch.bfloat16) if settings.bf16 else nullcontext():
         beams = model_beams(
