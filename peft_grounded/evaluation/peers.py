@@ -22,10 +22,10 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..serving.peer_fusion import DEFAULT_DEPTH, DEFAULT_WEIGHTS, PeerFusion, PeerFusionError
+from ..serving.peer_fusion import DEFAULT_DEPTH, DEFAULT_WEIGHTS, PeerFusion, PeerFusionError, peer_log_probs
 from ..sids.sasrec import exclude_seen
 from .metrics import rank_metrics, target_rank
-from .reports import EvalSettings, Results, sampled_users, user_records
+from .reports import EvalSettings, Results, _autocast, sampled_users, user_records
 
 
 @runtime_checkable
@@ -219,7 +219,7 @@ def choose_weight(
         metrics = rank_metrics(ranks, (k,))
         return {"weight": label, **{name: metrics[name] for name in names}}
 
-    log_probs = PeerFusion(peer, 1.0, "", depth=depth).peer_log_probs(histories, trie)
+    log_probs = peer_log_probs(peer, histories, trie)
     table = [
         row(None, [[i for i in r if i not in set(h)] for r, h in zip(beams.items, histories, strict=True)]),
         row(
@@ -254,10 +254,6 @@ def fit_peer_fusion(
     """A :class:`PeerFusion` of ``peer`` whose weight is chosen (:func:`choose_weight`) on ``split``'s
     validation users: the sample ``settings`` (:class:`~peft_grounded.evaluation.EvalSettings`) names, decoded
     as ``evaluate`` decodes them (its beams, bf16 and batch size), their whole history left out."""
-    from contextlib import nullcontext
-
-    import torch
-
     from ..serving.top_k import model_beams, sid_trie
     from ..sids.model import prompt_format_of
 
@@ -270,8 +266,7 @@ def fit_peer_fusion(
     histories, targets = [list(h) for _, h, _ in examples], [t for *_, t in examples]
     trie = sid_trie(tokenizer, index)
     width = min(len(trie), max(settings.num_beams, *settings.ks))  # the width evaluate decodes at
-    device = next(model.parameters()).device.type
-    with torch.autocast(device, dtype=torch.bfloat16) if settings.bf16 else nullcontext():
+    with _autocast(model, settings):  # as evaluate decodes
         beams = model_beams(
             model,
             tokenizer,

@@ -63,6 +63,18 @@ def product_of_experts(
     return [(item, -score) for score, _, item in sorted(scored)[:depth]]
 
 
+def peer_log_probs(peer: Any, histories: Sequence[Sequence[str]], trie: Any = None) -> np.ndarray:
+    """A SASRec ``peer``'s next-item log-probabilities ``[users, items]`` (float64), each history's items and
+    the items outside ``trie`` at -inf."""
+    import torch
+
+    rows = [torch.log_softmax(s.double(), -1).numpy() for s in peer.score_batches(histories)]
+    out = np.concatenate(rows) if rows else np.zeros((0, len(peer.item_ids)))
+    if trie is not None:
+        out[:, [c for c, item in enumerate(peer.item_ids) if item not in trie]] = -math.inf
+    return out
+
+
 @dataclass
 class PeerFusion:
     """A SASRec peer and the weight of its log-probabilities in the fused score."""
@@ -102,15 +114,8 @@ class PeerFusion:
             )
 
     def peer_log_probs(self, histories: Sequence[Sequence[str]], trie: Any = None) -> np.ndarray:
-        """The peer's next-item log-probabilities ``[users, items]`` (float64), each history's items and
-        the items outside ``trie`` at -inf."""
-        import torch
-
-        rows = [torch.log_softmax(s.double(), -1).numpy() for s in self.peer.score_batches(histories)]
-        out = np.concatenate(rows) if rows else np.zeros((0, len(self.peer.item_ids)))
-        if trie is not None:
-            out[:, [c for c, item in enumerate(self.peer.item_ids) if item not in trie]] = -math.inf
-        return out
+        """:func:`peer_log_probs` of this fusion's peer."""
+        return peer_log_probs(self.peer, histories, trie)
 
     def apply(
         self,
@@ -193,4 +198,4 @@ class PeerFusion:
         )
 
 
-__all__ = ["FUSION_FILES", "PeerFusion", "PeerFusionError", "product_of_experts"]
+__all__ = ["FUSION_FILES", "PeerFusion", "PeerFusionError", "peer_log_probs", "product_of_experts"]
