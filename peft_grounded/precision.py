@@ -153,10 +153,11 @@ def _choose_precision(device: str, limits: tuple[str, ...]) -> PrecisionChoice:
 @functools.cache
 def bf16_slowdown(size: int = 256, repeats: int = 5) -> float:
     """How many times slower a ``size``-square bf16 matmul runs than a float32 one on this CPU (best of
-    ``repeats``; measured once per process)."""
+    ``repeats``; measured once per process, leaving the global random generator untouched)."""
     import torch
 
-    a, b = torch.randn(size, size), torch.randn(size, size)
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.randn(size, size, generator=generator), torch.randn(size, size, generator=generator)
     times = {}
     for dtype in (torch.float32, torch.bfloat16):
         x, y = a.to(dtype), b.to(dtype)

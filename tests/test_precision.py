@@ -132,6 +132,18 @@ def test_this_machine_follows_the_same_decision():
     assert math.isfinite(ratio) and ratio > 0
 
 
+def test_timing_the_emulation_leaves_the_random_generator_alone():
+    """The slowdown is timed inside a run (its warning); a run seeded before it must draw what it would have."""
+    import torch
+
+    bf16_slowdown.cache_clear()
+    torch.manual_seed(0)
+    bf16_slowdown(size=16, repeats=1)
+    drawn = torch.rand(3)
+    torch.manual_seed(0)
+    torch.testing.assert_close(drawn, torch.rand(3))
+
+
 def test_the_demo_runs_float32_where_bf16_is_emulated():
     default = PRESETS["default"]
     # the preset asks for bf16 where it is native; its stages are built without it until the choice is made

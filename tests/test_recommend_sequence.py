@@ -268,19 +268,22 @@ def test_the_bf16_path_resumes_to_the_uninterrupted_run(toy, model_dir, tmp_path
             catalogue, index, _config(out, **args), model_path=model_dir, fmt=SEQ, lora=dict(r=2),
             dtype=torch.bfloat16, resume=resume,
         )  # fmt: skip
-        return [e for e in json.loads((out / "log_history.json").read_text()) if "loss" in e]
+        return json.loads((out / "log_history.json").read_text())
 
-    whole_log = run(tmp_path / "whole")
-    whole = [e["loss"] for e in whole_log]
+    def steps(log: list[dict]) -> list[dict]:
+        return [e for e in log if "loss" in e]
+
+    whole = [e["loss"] for e in steps(run(tmp_path / "whole"))]
     first = load_file(str(tmp_path / "whole" / "adapter" / "adapter_model.safetensors"))
     cut = tmp_path / "cut"
-    before = run(cut)
+    before = steps(run(cut))
     shutil.rmtree(cut / "checkpoint-4")
     shutil.rmtree(cut / "adapter")  # as if killed after the checkpoint at step 2
-    after = run(cut, resume=True)
-    assert (
-        after[:2] == before[:2] != whole_log[:2]
-    )  # steps 1-2 from the checkpoint (their clock too), not rerun
+    resumed = run(cut, resume=True)
+    after = steps(resumed)
+    assert after[:2] == before[:2]  # steps 1-2 from the checkpoint, their clock too
+    (summary,) = [e for e in resumed if "train_loss" in e]  # this process trained steps 3-4 only
+    assert summary["train_loss"] == pytest.approx((after[2]["loss"] + after[3]["loss"]) / 2, rel=1e-6)
     assert len(whole) == 4 and [e["loss"] for e in after] == pytest.approx(whole, rel=1e-3)
     again = load_file(str(cut / "adapter" / "adapter_model.safetensors"))
     assert set(again) == set(first) and {t.dtype for t in again.values()} == {torch.float32}
