@@ -411,6 +411,52 @@ def test_sft_layers_trains_on_the_first_blocks_of_the_base(tmp_path, stage_data,
         sft.parse(["--sid-index", "s", "--layers", "-1"])
 
 
+def test_the_hour_recipe_is_the_cpu_recipe_with_the_hours_levers():
+    from peft_grounded.cli.common import RECIPES
+
+    hour, cpu = RECIPES["cpu_hour"], RECIPES["cpu"]
+    assert {k: hour[k] for k in cpu} == dict(cpu)  # everything of cpu, untouched
+    _, _, args, base, config = sft.parse(["--sid-index", "s", "--recipe", "cpu_hour"])
+    assert (config.max_minutes, config.max_steps, base.lora_dropout) == (60.0, -1, 0.1)
+    assert (config.augment_views, config.neftune_noise_alpha, config.distill_weight) == (1, 5.0, 0.5)
+    assert (args.eval_every, args.keep_best, args.eval_users) == (1000, True, None)
+    _, _, given, _, _ = sft.parse(["--sid-index", "s", "--recipe", "cpu_hour", "--eval_every", "500"])
+    assert given.eval_every == 500 and given.keep_best
+
+
+def test_keep_best_without_validation_points_is_refused():
+    with pytest.raises(ValueError, match=r"--keep_best picks among validation points: give --eval_every N"):
+        sft.parse(["--sid-index", "s", "--keep_best"])
+    with pytest.raises(ValueError, match="eval_every"):
+        sft.parse(["--sid-index", "s", "--eval_every", "-1"])
+    with pytest.raises(ValueError, match="eval_users"):
+        sft.parse(["--sid-index", "s", "--eval_every", "2", "--eval_users", "0"])
+
+
+def test_sft_keep_best_decodes_validation_and_ends_on_the_best_adapter(tmp_path, stage_data):
+    """`sft --eval_every 1 --keep_best`: the validation users decoded at every step as `evaluate` decodes them;
+    the adapter written is the snapshot of the best point, and the log names it."""
+    import torch
+    from safetensors.torch import load_file
+
+    out = tmp_path / "s"
+    flags = [f"--{k}={v}" for k, v in stage_data.items()]
+    flags += ["--output_dir", str(out), "--max_steps", "3", "--per_device_train_batch_size", "4"]
+    flags += ["--max_length", "96", "--objective", "sequence", "--learning_rate", "0.05", "--save_steps", "1"]
+    assert main(["sft", *flags, "--eval_every", "1", "--eval_users", "5", "--keep_best"]) == 0
+    log = json.loads((out / "log_history.json").read_text())
+    points = [e for e in log if "eval_recall@10" in e]
+    assert [p["step"] for p in points] == [1, 2, 3] and all(p["eval_users"] == 5 for p in points)
+    (restored,) = [e for e in log if "restored_best_step" in e]
+    best = max(points, key=lambda p: p["eval_recall@10"])  # the first of equals, as keep_best keeps it
+    assert restored["restored_best_step"] == best["step"]
+    assert restored["restored_best_recall@10"] == best["eval_recall@10"]
+    saved = load_file(str(out / "adapter" / "adapter_model.safetensors"))
+    if best["step"] != 3:  # an earlier best: its snapshot is what was written
+        kept = load_file(str(out / "best" / f"step-{best['step']}" / "adapter_model.safetensors"))
+        assert all(torch.equal(saved[k], kept[k]) for k in saved)
+
+
 def test_build_sids_recipe_cpu_builds_from_behaviour_and_flags_win():
     from peft_grounded.cli.common import SID_RECIPES
 

@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 DESCRIPTION = (
     "Start the new rows from a grounded adapter (--grounded) or a fresh initialisation (--init), stack a LoRA, "
     "and train next-item SFT on the catalogue's leave-one-out training histories. Writes OUTPUT_DIR/adapter "
-    "(rows + LoRA, one artefact). --recipe cpu: the recipe chosen on validation per CPU minute (the demo's). "
+    "(rows + LoRA, one artefact). --recipe cpu: the recipe chosen on validation per CPU minute (the demo's); "
+    "--recipe cpu_hour: the same for an hour of one CPU thread, with its levers against overfitting and "
+    "--keep_best. "
     "Every flag is a field of DataArguments, RowStart (how the new rows start), SFTArguments, ModelConfig "
     "(TRL's: the base model and the LoRA) or RecommendationConfig (TRL's SFTConfig)."
 )
@@ -46,6 +48,7 @@ def run(data: DataArguments, start: RowStart, sft: SFTArguments, base: LoraModel
     from ..training.sft.trainer import train_recommender
 
     catalogue, index = data.load()
+    fmt = sft.prompt_format()
     train_recommender(
         catalogue,
         index,
@@ -54,12 +57,43 @@ def run(data: DataArguments, start: RowStart, sft: SFTArguments, base: LoraModel
         grounded=sft.grounded,
         start=start,
         lora=base.lora(),
-        fmt=sft.prompt_format(),
+        fmt=fmt,
         max_examples=data.max_examples,
         dtype=base.torch_dtype(),
+        callbacks=validation_callbacks(catalogue, index, fmt, sft, config),
     )
     print(f"recommender adapter: {config.output_dir}/adapter")
     return 0
+
+
+def validation_callbacks(catalogue: Any, index: Any, fmt: Any, sft: SFTArguments, config: Any) -> list:
+    """``--eval_every`` / ``--keep_best``: the validation users decoded during training as ``evaluate`` decodes
+    them (the served route, the history left out), every ``eval_every`` steps; none when it is 0."""
+    if not sft.eval_every:
+        return []
+    from pathlib import Path
+
+    from ..evaluation import EvalSettings, evaluate
+    from ..training.callbacks import ValidationRecall
+
+    split = catalogue.leave_one_out()  # train_recommender's split
+    settings = EvalSettings(users=sft.eval_users, seed=config.seed + 1, ks=[5, 10], cold=False)
+
+    def recall(model: Any, tokenizer: Any) -> dict:
+        result = evaluate(
+            model, tokenizer, split, index, catalogue, fmt, ("valid",), settings, likelihood=False
+        )
+        return result.metrics["valid"]["all"]
+
+    return [
+        ValidationRecall(
+            recall,
+            sft.eval_every,
+            keep_best="recall@10" if sft.keep_best else None,
+            directory=Path(config.output_dir) / "best",
+            with_tokenizer=True,
+        )
+    ]
 
 
 COMMAND = Command(

@@ -169,19 +169,26 @@ RECALL_PREFIX = "eval_"
 
 
 class _PeriodicEvaluation(TrainerCallback):
-    """Every ``every`` optimisation steps, ``evaluate(model)`` -> metrics logged with ``prefix``."""
+    """Every ``every`` optimisation steps, ``evaluate(model)`` -> metrics logged with ``prefix``;
+    ``evaluate(model, tokenizer)`` with ``with_tokenizer`` (the trainer's ``processing_class``, for a caller
+    that did not load the model itself)."""
 
     prefix = ""
     wants_clock = True  # RunTrainer hands it its TrainingClock, so evaluation is not counted as training
 
-    def __init__(self, evaluate: Callable[[Any], dict], every: int) -> None:
+    def __init__(self, evaluate: Callable[..., dict], every: int, with_tokenizer: bool = False) -> None:
         if every < 0:
             raise ValueError(f"every={every}: evaluate every N >= 1 steps, or 0 for never.")
-        self.evaluate, self.every = evaluate, every
+        self.evaluate, self.every, self.with_tokenizer = evaluate, every, with_tokenizer
         self.clock: Any = None
+        self.tokenizer: Any = None
 
     def _due(self, state) -> bool:
         return bool(self.every) and state.global_step > 0 and state.global_step % self.every == 0
+
+    def on_train_begin(self, args, state, control, processing_class=None, **kwargs):
+        self.tokenizer = processing_class
+        return control
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if self._due(state):
@@ -191,7 +198,7 @@ class _PeriodicEvaluation(TrainerCallback):
     def _log_point(self, state, model) -> dict:
         """Evaluate ``model`` now (training clock paused) and append the point to the log history."""
         with self.clock.paused() if self.clock is not None else nullcontext():
-            metrics = self.evaluate(model)
+            metrics = self.evaluate(model, self.tokenizer) if self.with_tokenizer else self.evaluate(model)
         entry = {"step": state.global_step, **{f"{self.prefix}{k}": v for k, v in metrics.items()}}
         if self.clock is not None:
             entry |= {"seconds": round(self.clock.elapsed(), 3), "items_seen": self.clock.items_now()}
@@ -224,8 +231,9 @@ class ValidationRecall(_PeriodicEvaluation):
         every: int,
         keep_best: str | None = None,
         directory: str | Path | None = None,
+        with_tokenizer: bool = False,
     ) -> None:
-        super().__init__(evaluate, every)
+        super().__init__(evaluate, every, with_tokenizer)
         if keep_best is not None and (not every or directory is None):
             raise ValueError(
                 f"keep_best={keep_best!r} needs validation points (every >= 1, got {every}) and a directory for "
@@ -237,6 +245,7 @@ class ValidationRecall(_PeriodicEvaluation):
         self.best: tuple[int, float] | None = None  # (step, value)
 
     def on_train_begin(self, args, state, control, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
         self.curve = [_strip(e, self.prefix) for e in state.log_history if _has(e, "eval_recall@")]
         if self.keep_best is not None:
             self._recover(args, state)
@@ -274,12 +283,12 @@ class ValidationRecall(_PeriodicEvaluation):
         logger.info("keep_best: the adapter of step %d (validation %s %.4f)", step, self.keep_best, value)
         return control
 
-    def finish_stopped_run(self, args, state, model) -> None:
+    def finish_stopped_run(self, args, state, model, processing_class=None) -> None:
         """A run resumed after its last step (killed before its adapter was written): what training's begin
         and end would do, so that it too ends with the best adapter."""
         from transformers import TrainerControl
 
-        self.on_train_begin(args, state, TrainerControl())
+        self.on_train_begin(args, state, TrainerControl(), processing_class=processing_class)
         self.on_train_end(args, state, TrainerControl(), model=model)
 
     def _snapshot(self, step: int) -> Path:

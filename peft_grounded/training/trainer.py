@@ -381,7 +381,7 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
             for callback in self.callback_handler.callbacks:  # e.g. keep_best: its best adapter, not the last
                 finish = getattr(callback, "finish_stopped_run", None)
                 if finish is not None:
-                    finish(self.args, self.state, self.model)
+                    finish(self.args, self.state, self.model, processing_class=self.processing_class)
             result = TrainOutput(saved_state.global_step, train_loss(saved_state), {})
         else:
             result = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
