@@ -61,7 +61,7 @@ from peft_grounded.evaluation import EvalSettings
 from peft_grounded.evaluation.metrics import metric_value, ranking_metrics, target_rank
 from peft_grounded.evaluation.peers import TextKNN
 from peft_grounded.growth import add_items, grow_adapter
-from peft_grounded.growth.grounding import ground_new_items
+from peft_grounded.growth.grounding import ground_new_items, tune_new_items_on_log
 from peft_grounded.intervals import bootstrap_interval
 from peft_grounded.new_items import (
     P_TEXT,
@@ -281,6 +281,16 @@ class Settings(Precision):
             "none given: no incremental grounding)",
             "action": ZeroOrMore,
         },
+    )
+    log_steps: int = field(
+        default=0,
+        metadata={
+            "help": "an arm whose new items' rows are tuned on the logged (history, next item) pairs for this "
+            "many steps (growth.tune_new_items_on_log), scored alone and served; 0: no such arm"
+        },
+    )
+    log_lr: float | None = field(
+        default=None, metadata={"help": "the log tuning's learning rate (None: --lr)"}
     )
     new_item_share: list[float] = field(
         default_factory=lambda: [0.1, 0.2],
@@ -540,6 +550,10 @@ def main(argv=None) -> None:
             return served(model, tokenizer, histories[part], index, catalogue, fmt, recs, args.k, bf16, rule)
 
         variants = {name: route}
+        if name.startswith("grown + tuned on the log"):  # its beams under the served rule
+            variants[f"{name}, served"] = lambda recs, part: route(
+                recs, part, NewItemRule(mixture, index.fingerprint())
+            )
         if name == "grown":
             for levels in match_levels:
                 for share in args.new_item_share:
@@ -590,13 +604,35 @@ def main(argv=None) -> None:
                 table[label] = score(rule(lists[part], part), wanted, new, args.k)
 
     incremental: dict[str, dict] = {}
-    for replay in [None, *args.replay]:  # None: grown, no incremental grounding
+    arms: list = [None, *args.replay] + (["log"] if args.log_steps else [])
+    for replay in arms:  # None: grown, no incremental grounding; "log": tuned on the logged pairs
         tokenizer, model = sid_model(
             model_path, parent, adapter=str(out / "old" / "sft" / "adapter"), dtype=dtype
         )
         grown = grow_adapter(model, tokenizer, parent, child)
         name = "grown"
-        if replay is not None:
+        if replay == "log":
+            name = f"grown + tuned on the log ({args.log_steps} steps)"
+            inc = tune_new_items_on_log(
+                grown,
+                tokenizer,
+                parent,
+                child,
+                catalogue,
+                logged,
+                max_steps=args.log_steps,
+                learning_rate=args.log_lr or args.lr,
+                batch_size=args.batch_size,
+                seed=args.seed,
+                bf16=bf16,
+            )
+            incremental[name] = {
+                "seconds": round(inc.seconds, 2),
+                "rows": len(inc.trained_rows),
+                "examples": inc.n_examples,
+                "loss_first_last": [inc.losses[0], inc.losses[-1]] if inc.losses else [],
+            }
+        elif replay is not None:
             name = "grown + incremental " + ("(new items alone)" if not replay else f"(replay {replay:g})")
             inc = ground_new_items(  # an IncrementalGroundingConfig from these fields
                 grown,
@@ -658,6 +694,10 @@ def main(argv=None) -> None:
         pairs |= {
             f"{CHOSEN.removeprefix('grown + ')} - {c}": (CHOSEN, c) for c in (TEXT_ONLY, P_TEXT, "grown")
         }
+    tuned = [n for n in results if n.startswith("grown + tuned on the log") and n.endswith(", served")]
+    pairs |= {
+        f"{t.removeprefix('grown + ')} - {c}": (t, c) for t in tuned for c in (TEXT_ONLY, P_TEXT, SERVED)
+    }
     for label, (a, b) in pairs.items():
         for m in metrics:
             arrays[(label, m)] = arrays[(a, m)] - arrays[(b, m)]
@@ -669,6 +709,7 @@ def main(argv=None) -> None:
     old_pairs |= {f"served - {c}": (SERVED, c) for c in (TEXT_ONLY, P_TEXT)}
     if CHOSEN in old_results:
         old_pairs |= {f"{CHOSEN.removeprefix('grown + ')} - {c}": (CHOSEN, c) for c in (TEXT_ONLY, P_TEXT)}
+    old_pairs |= {f"{t.removeprefix('grown + ')} - {c}": (t, c) for t in tuned for c in (TEXT_ONLY, SERVED)}
     old_differences = {}
     for label, (a, b) in old_pairs.items():
         m = f"recall@{args.k}"
@@ -689,14 +730,17 @@ def main(argv=None) -> None:
         both = {
             name: (results[name]["per_user"][m], old_results[name]["per_user"][m]) for name in old_results
         }
-        rules = [SERVED, *([CHOSEN] if CHOSEN in both else [])]
+        rules = [SERVED, *([CHOSEN] if CHOSEN in both else []), *tuned]
         for name in (*rules, TEXT_ONLY, P_TEXT, "grown", "text KNN (last item)", "popularity"):
             everyone[name] = blended(*both[name], weight, args.seed, args.rounds)
         for rule_name in rules:
-            for control in (TEXT_ONLY, P_TEXT, "grown", "text KNN (last item)"):
+            controls = (TEXT_ONLY, P_TEXT, "grown", "text KNN (last item)")
+            for control in (*controls, SERVED) if rule_name in tuned else controls:
                 new_diff = both[rule_name][0] - both[control][0]
                 old_diff = both[rule_name][1] - both[control][1]
-                label = f"{'served' if rule_name == SERVED else CHOSEN.removeprefix('grown + ')} - {control}"
+                label = (
+                    f"{'served' if rule_name == SERVED else rule_name.removeprefix('grown + ')} - {control}"
+                )
                 everyone[label] = blended(new_diff, old_diff, weight, args.seed, args.rounds)
     timings["total_s"] = round(time.perf_counter() - started, 1)
 

@@ -121,3 +121,44 @@ def test_grow_adapter_flags_build_the_config():
     assert (config.replay, config.rows, config.seed, config.bf16) == (0.0, "new", 0, False)
     _, default = growth.GROW_ADAPTER.parse(args)
     assert (default.config.max_steps, default.config.per_device_train_batch_size) == (30, 8)
+
+
+@pytest.mark.parametrize(("tied", "lora", "objective"), [(True, True, "sequence"), (False, False, "prompt")])
+def test_tuning_on_the_log_trains_the_new_items_rows_alone(
+    tokenizer, tiny_model_factory, tied, lora, objective
+):
+    """Logged (history, next item) pairs in the adapter's own format: the new items' rows move, the rest (the
+    LoRA too) stays bit-identical, and the logged new items' loss falls."""
+    from dataclasses import asdict
+
+    from peft_grounded.growth import tune_new_items_on_log
+    from peft_grounded.prompts import PromptFormat
+    from peft_grounded.sids.model import record_sid_facts
+
+    parent, child = grown_indices()
+    model = trained(tokenizer, tiny_model_factory, parent, "llama", tied, lora)
+    record_sid_facts(model, prompt_format=asdict(PromptFormat(objective=objective, max_history=3)))
+    grown = grow_adapter(model, tokenizer, parent, child)
+    catalogue = _catalogue(child.item_ids)
+    pairs = [(("0", "1", "2", "3"), "new0"), (("4",), "new1"), (("5", "6"), "new2"), (("7", "8"), "9")]
+    before = {n: p.detach().clone() for n, p in grown.named_parameters()}
+    flags = {n: p.requires_grad for n, p in grown.named_parameters()}
+    result = tune_new_items_on_log(
+        grown, tokenizer, parent, child, catalogue, pairs, max_steps=8, learning_rate=5e-2, batch_size=4
+    )
+    expected = rows_used(child, child.item_ids[16:])
+    assert result.trained_rows == expected and result.n_items == 3 and result.n_examples == 4
+    assert len(result.losses) == 8 and result.losses[-1] < result.losses[0]
+    mask = torch.zeros(child.n_tokens, dtype=torch.bool)
+    mask[expected] = True
+    for name, p in grown.named_parameters():
+        if ".grounded_" in name:
+            assert torch.equal(p[~mask], before[name][~mask]), name
+            assert not torch.equal(p[mask], before[name][mask]), name
+        else:
+            assert torch.equal(p, before[name]), name  # backbone and LoRA unchanged
+        assert p.requires_grad == flags[name]
+    with pytest.raises(ValueError, match=r"no SID in the grown index .*add-items"):
+        tune_new_items_on_log(grown, tokenizer, parent, child, catalogue, [(("0",), "nope")])
+    with pytest.raises(ValueError, match="nothing to tune on"):
+        tune_new_items_on_log(grown, tokenizer, parent, child, catalogue, [((), "new0")])

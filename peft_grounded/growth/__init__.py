@@ -23,7 +23,9 @@ from .._imports import lazy_exports
 _LAZY = {  # module: the names it exports
     "index": "GrowthError GrowthReport add_items add_items_to add_vectors encoder_spec",
     "adapter": "GROW_INITS check_lineage grow_adapter grow_adapter_into",
-    "grounding": ("IncrementalGroundingConfig IncrementalResult ground_new_items new_item_ids rows_used"),
+    "grounding": (
+        "IncrementalGroundingConfig IncrementalResult ground_new_items new_item_ids rows_used tune_new_items_on_log"
+    ),
 }
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY)

@@ -20,12 +20,14 @@ items far more of its slots than their share of the targets.
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
@@ -201,6 +203,112 @@ def ground_new_items(
             finally:
                 args.output_dir = None
     return _train(model, tokenizer, name, dataset, args, callbacks, result)
+
+
+def tune_new_items_on_log(
+    model: Any,
+    tokenizer: Any,
+    parent_index: SIDIndex,
+    child_index: SIDIndex,
+    catalogue: Any,
+    pairs: Sequence[tuple[Sequence[str], str]],
+    *,
+    max_steps: int = 100,
+    learning_rate: float = 1e-3,
+    batch_size: int = 8,
+    rows: Literal["used", "new"] = "used",
+    seed: int = 0,
+    bf16: bool = False,
+) -> IncrementalResult:
+    """Train the rows of the child's new items on logged ``(history, next item)`` pairs, with the adapter's own
+    next-item objective and prompt format, in place; every other weight (the stacked LoRA included) frozen.
+
+    Grounding on text (:func:`ground_new_items`) tells the rows what a new item is; the log tells them who
+    goes on to it, so the model's beams can reach new items that the text alone would not rank. Each pair
+    trains as the window the model sees at inference (its last ``max_history`` items, then the next item);
+    with the sequence objective every transition of the window is a target, the old ones keeping the shared
+    rows calibrated. ``rows`` as :class:`IncrementalGroundingConfig`'s. The pairs must hold no interaction
+    scored later (:func:`~peft_grounded.new_items.protocol.logged_pairs` gives the positions before them).
+    """
+    from ..sids.catalogue import LeaveOneOut, UserSplit
+    from ..sids.model import prompt_format_of
+    from ..training.config import RecommendationConfig
+    from ..training.grounding import rows_only
+    from ..training.sft.trainer import train_recommender
+
+    name = model.active_adapter
+    child_index.check_adapter(model.peft_config[name], recorded=sid_record(model, name).get(FINGERPRINT_KEY))
+    new_ids = new_item_ids(parent_index, child_index)
+    if not new_ids:
+        raise ValueError("the child index adds no items to the parent: nothing to tune")
+    unknown = sorted({i for history, target in pairs for i in (*history, target) if i not in child_index})
+    if unknown:
+        raise ValueError(
+            f"{len(unknown)} logged items have no SID in the grown index (e.g. {unknown[:3]}): add them first "
+            "(peft-grounded add-items), or drop those interactions from the log"
+        )
+    fmt = prompt_format_of(model)
+    width = fmt.max_history + 1 if fmt.max_history else None
+    windows = [(*history, target)[-width:] if width else (*history, target) for history, target in pairs]
+    windows = [w for w in windows if len(w) >= 2]
+    if not windows:
+        raise ValueError("no logged pair holds a history and a next item: nothing to tune on")
+    log = LeaveOneOut(tuple(UserSplit(f"log-{i}", w, "", "") for i, w in enumerate(windows)))
+    train_rows = (
+        rows_used(child_index, new_ids)
+        if rows == "used"
+        else list(range(parent_index.n_tokens, child_index.n_tokens))
+    )
+    result = IncrementalResult(n_items=len(new_ids), n_examples=len(windows), trained_rows=train_rows)
+    layer = model.get_input_embeddings()
+    params = [
+        layer.grounded_embedding[name],
+        *([layer.grounded_head[name]] if name in layer.grounded_head else []),
+    ]
+    states = {p: (p.requires_grad, p.dtype) for p in model.parameters()}
+    was_training = model.training
+    try:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        for p in params:
+            p.requires_grad_(True)
+        with tempfile.TemporaryDirectory(prefix="peft-grounded-log-") as folder:
+            args = RecommendationConfig(
+                output_dir=folder,
+                max_steps=max_steps,
+                learning_rate=learning_rate,
+                per_device_train_batch_size=batch_size,
+                lr_scheduler_type="constant",
+                warmup_ratio=0.0,
+                weight_decay=0.0,
+                logging_steps=1,
+                save_steps=max(max_steps, 1),
+                seed=seed,
+                bf16=bf16,
+                disable_tqdm=True,
+            )
+            start = time.perf_counter()
+            with rows_only(model, train_rows), contextlib.redirect_stdout(sys.stderr):
+                train_recommender(
+                    catalogue,
+                    child_index,
+                    args,
+                    model=model,
+                    tokenizer=tokenizer,
+                    lora=False,
+                    fmt=fmt,
+                    split=log,
+                )
+            result.seconds = time.perf_counter() - start
+            history = json.loads((Path(folder) / "log_history.json").read_text())
+            result.losses = [float(e["loss"]) for e in history if "loss" in e]
+    finally:
+        for p, (flag, dtype) in states.items():
+            if p.dtype != dtype:
+                p.data = p.data.to(dtype)
+            p.requires_grad_(flag)
+        model.train(was_training)
+    return result
 
 
 def _train(

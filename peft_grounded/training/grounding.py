@@ -14,7 +14,8 @@ states: ``train(resume_from_checkpoint=True)`` after a crash ends where an unint
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -95,17 +96,25 @@ class GroundingTrainer(RunTrainer):
         """Train (see :meth:`RunTrainer.train`); with ``rows``, the other rows' gradients are zeroed meanwhile."""
         if self.rows is None:
             return super().train(*args, **kwargs)
-        handles = []
-        for name, param in self.model.named_parameters():
-            if param.requires_grad and ".grounded_" in name:
-                mask = torch.zeros(param.shape[0], 1, dtype=torch.bool, device=param.device)
-                mask[torch.as_tensor(self.rows, device=param.device)] = True
-                handles.append(param.register_hook(partial(_keep_rows, mask)))
-        try:
+        with rows_only(self.model, self.rows):
             return super().train(*args, **kwargs)
-        finally:
-            for handle in handles:
-                handle.remove()
+
+
+@contextlib.contextmanager
+def rows_only(model, rows: Sequence[int]) -> Iterator[None]:
+    """Within: the gradients of the trainable grounded matrices zeroed outside ``rows``, so that (with
+    ``weight_decay=0``) every other row stays bit-identical whatever trainer runs."""
+    handles = []
+    for name, param in model.named_parameters():
+        if param.requires_grad and ".grounded_" in name:
+            mask = torch.zeros(param.shape[0], 1, dtype=torch.bool, device=param.device)
+            mask[torch.as_tensor(list(rows), device=param.device)] = True
+            handles.append(param.register_hook(partial(_keep_rows, mask)))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _keep_rows(mask: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
