@@ -189,3 +189,28 @@ def test_the_rule_on_a_behaviour_index_reads_the_items_text_from_catalogue(
     # the mixture keeps unit rows: the index's own (text-mapped behaviour) vectors' directions
     np.testing.assert_allclose(unit(mapped.mixture.vectors), unit(index_vectors(child)), rtol=1e-5, atol=1e-6)
     assert mapped.mixture.vectors.shape != read.mixture.vectors.shape  # 64-d behaviour, 384-d MiniLM text
+
+    # --log_steps: the new items' rows tuned on the log (all but the held-out history the choice reads);
+    # every other weight as the untuned grow wrote it
+    read_again = grow_with("tuned", "--catalogue", str(tmp_path / "shop"), "--log_steps", "3")
+    assert read_again.fitted_on["choice_pairs"] == 1  # of the 3 logged histories: 1 held out, 2 trained on
+    untuned = load_file(str(tmp_path / "with-text" / "adapter_model.safetensors"))
+    tuned = load_file(str(tmp_path / "tuned" / "adapter_model.safetensors"))
+    rows = rows_used(child, new_ids)
+    assert untuned.keys() == tuned.keys()
+    moved = set()
+    for name, weight in untuned.items():
+        if weight.shape[0] == child.n_tokens:  # a grounded matrix: its rows in the child's token order
+            others = [r for r in range(child.n_tokens) if r not in rows]
+            assert torch.equal(weight[others], tuned[name][others]), name
+            if not torch.equal(weight[rows], tuned[name][rows]):
+                moved.add(name)
+        else:
+            assert torch.equal(weight, tuned[name]), name
+    assert moved
+    from peft_grounded.growth import grow_adapter_into
+
+    with pytest.raises(ValueError, match="give them"):
+        grow_adapter_into(
+            tmp_path / "adapter", tmp_path / "sids", tmp_path / "sids-v2", tmp_path / "x", log_steps=2
+        )

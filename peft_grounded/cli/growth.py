@@ -59,6 +59,15 @@ class GrowAdapterArguments:
             "and uses the index's text-mapped behaviour vectors."
         },
     )
+    log_steps: int = field(
+        default=0,
+        metadata={
+            "help": "With --interactions: tune the new items' rows on the logged histories for this many steps "
+            "(their next items as targets, the adapter's own objective, every other weight frozen) before the "
+            "rule chooses its beams on a held-out sample of them (up to 500, at most half). 0: off."
+        },
+    )
+    log_learning_rate: float = field(default=1e-3, metadata={"help": "Learning rate of --log_steps."})
     overwrite: bool = field(
         default=False,
         metadata={
@@ -143,6 +152,8 @@ def run_grow_adapter(args: GrowAdapterArguments, grounding: IncrementalGrounding
         grounding=grounding.config,
         interactions=args.interactions,
         catalogue=args.catalogue,
+        log_steps=args.log_steps,
+        log_learning_rate=args.log_learning_rate,
     )
     print(json.dumps(summary))
     print(f"saved to {args.output_dir}")

@@ -302,6 +302,8 @@ def grow_adapter_into(
     grounding: IncrementalGroundingConfig | None = None,
     interactions: str | Path | None = None,
     catalogue: Any = None,
+    log_steps: int = 0,
+    log_learning_rate: float = 1e-3,
 ) -> dict[str, Any]:
     """Grow the adapter saved in ``adapter`` (trained on ``parent_index``) onto ``sid_index``, ground the new
     items on the catalogue ``ground`` when given (settings: ``grounding``, default an
@@ -314,7 +316,11 @@ def grow_adapter_into(
     (:class:`~peft_grounded.new_items.NewItemRule`) is fitted on it and saved with the grown adapter.
     ``catalogue`` (a :class:`~peft_grounded.sids.Catalogue` or what ``load_catalogue`` reads, holding every item
     of ``sid_index``): the rule's text expert reads the items' text from it, which an index built from behaviour
-    needs (:func:`~peft_grounded.new_items.rule_vectors`)."""
+    needs (:func:`~peft_grounded.new_items.rule_vectors`). ``log_steps`` (with ``interactions``): the new items'
+    rows are first tuned on the logged histories for that many steps
+    (:func:`~peft_grounded.growth.grounding.tune_new_items_on_log`), all but a seeded sample of up to 500
+    (at most half), on which the rule then chooses its beams: the choice never reads a history the rows
+    trained on."""
     import torch
 
     from ..sids import SIDIndex, load_catalogue
@@ -322,6 +328,13 @@ def grow_adapter_into(
     from .grounding import IncrementalGroundingConfig, ground_new_items, new_item_ids
 
     output, adapter = Path(output), Path(adapter)
+    if log_steps < 0:
+        raise ValueError(f"log_steps={log_steps}: give the steps of tuning on the log (>= 1), or 0 for none")
+    if log_steps and interactions is None:
+        raise ValueError(
+            f"log_steps={log_steps} tunes the new items' rows on the logged interactions: give them "
+            "(--interactions FILE), or leave --log_steps at 0"
+        )
     check_output(output, adapter, overwrite)
     if ground is not None and grounding is None:
         grounding = IncrementalGroundingConfig()
@@ -334,6 +347,7 @@ def grow_adapter_into(
 
         logged = read_histories(interactions)[1]
         rule = NewItemRule.fit(child, logged, new_items=new_item_ids(parent, child), catalogue=catalogue)
+        choice_log, tuning_log = held_out_log(logged) if log_steps else (logged, [])
     ground_catalogue = None
     if ground is not None:
         ground_catalogue = load_catalogue(ground)
@@ -375,12 +389,35 @@ def grow_adapter_into(
             "trained_rows": len(result.trained_rows),
             "loss": [round(result.losses[0], 4), round(result.losses[-1], 4)] if result.losses else None,
         }
+    if log_steps:
+        from ..new_items.rule import calibration_pairs
+        from .grounding import tune_new_items_on_log
+
+        text = load_catalogue(catalogue) if isinstance(catalogue, str | Path) else catalogue
+        tuned = tune_new_items_on_log(
+            grown,
+            tokenizer,
+            parent,
+            child,
+            text,
+            calibration_pairs(tuning_log, child),
+            max_steps=log_steps,
+            learning_rate=log_learning_rate,
+        )
+        summary["log_tuning"] = {
+            "seconds": round(tuned.seconds, 3),
+            "steps": len(tuned.losses),
+            "histories": tuned.n_examples,
+            "held_out_for_the_choice": len(choice_log),
+            "trained_rows": len(tuned.trained_rows),
+            "loss": [round(tuned.losses[0], 4), round(tuned.losses[-1], 4)] if tuned.losses else None,
+        }
     if rule is not None:  # whose beams the rule mixes: the grown model's, or text KNN where that wins
         from ..serving import GroundedRecommender
         from ..sids.model import prompt_format_of
 
         GroundedRecommender(grown, tokenizer, child, prompt_format_of(grown)).choose_new_item_beams(
-            rule, logged
+            rule, choice_log
         )
     check_output(output, adapter, overwrite)  # again: the folder may have changed while this ran
     kept = save_adapter_keeping_others(grown, output)
@@ -390,3 +427,18 @@ def grow_adapter_into(
     if kept:
         summary["kept"] = kept
     return summary
+
+
+def held_out_log(histories: list, held: int = 500, seed: int = 0) -> tuple[list, list]:
+    """``(held out, the rest)``: a seeded sample of up to ``held`` logged histories (at most half of them)
+    for choices made on the log, and the others to train on."""
+    import random
+
+    order = random.Random(seed).sample(range(len(histories)), len(histories))
+    cut = min(held, len(histories) // 2)
+    if cut == 0 or cut == len(histories):
+        raise ValueError(
+            f"{len(histories)} logged histories: tuning on the log holds some out for the beam choice and "
+            "trains on the rest, so it needs at least two"
+        )
+    return [histories[i] for i in order[:cut]], [histories[i] for i in order[cut:]]
