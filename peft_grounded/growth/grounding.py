@@ -25,7 +25,7 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -260,64 +260,36 @@ def tune_new_items_on_log(
         else list(range(parent_index.n_tokens, child_index.n_tokens))
     )
     result = IncrementalResult(n_items=len(new_ids), n_examples=len(windows), trained_rows=train_rows)
-    layer = model.get_input_embeddings()
-    params = [
-        layer.grounded_embedding[name],
-        *([layer.grounded_head[name]] if name in layer.grounded_head else []),
-    ]
-    states = {p: (p.requires_grad, p.dtype) for p in model.parameters()}
-    was_training = model.training
-    try:
-        for p in model.parameters():
-            p.requires_grad_(False)
-        for p in params:
-            p.requires_grad_(True)
-        with tempfile.TemporaryDirectory(prefix="peft-grounded-log-") as folder:
-            args = RecommendationConfig(
-                output_dir=folder,
-                max_steps=max_steps,
-                learning_rate=learning_rate,
-                per_device_train_batch_size=batch_size,
-                lr_scheduler_type="constant",
-                warmup_ratio=0.0,
-                weight_decay=0.0,
-                logging_steps=1,
-                save_steps=max(max_steps, 1),
-                seed=seed,
-                bf16=bf16,
-                disable_tqdm=True,
+    with only_rows_trainable(model, name), tempfile.TemporaryDirectory(prefix="peft-grounded-log-") as folder:
+        args = RecommendationConfig(
+            output_dir=folder,
+            max_steps=max_steps,
+            learning_rate=learning_rate,
+            per_device_train_batch_size=batch_size,
+            lr_scheduler_type="constant",
+            warmup_ratio=0.0,
+            weight_decay=0.0,
+            logging_steps=1,
+            save_steps=max(max_steps, 1),
+            seed=seed,
+            bf16=bf16,
+            disable_tqdm=True,
+        )
+        start = time.perf_counter()
+        with rows_only(model, train_rows), contextlib.redirect_stdout(sys.stderr):
+            train_recommender(
+                catalogue, child_index, args, model=model, tokenizer=tokenizer, lora=False, fmt=fmt, split=log
             )
-            start = time.perf_counter()
-            with rows_only(model, train_rows), contextlib.redirect_stdout(sys.stderr):
-                train_recommender(
-                    catalogue,
-                    child_index,
-                    args,
-                    model=model,
-                    tokenizer=tokenizer,
-                    lora=False,
-                    fmt=fmt,
-                    split=log,
-                )
-            result.seconds = time.perf_counter() - start
-            history = json.loads((Path(folder) / "log_history.json").read_text())
-            result.losses = [float(e["loss"]) for e in history if "loss" in e]
-    finally:
-        for p, (flag, dtype) in states.items():
-            if p.dtype != dtype:
-                p.data = p.data.to(dtype)
-            p.requires_grad_(flag)
-        model.train(was_training)
+        result.seconds = time.perf_counter() - start
+        history = json.loads((Path(folder) / "log_history.json").read_text())
+        result.losses = [float(e["loss"]) for e in history if "loss" in e]
     return result
 
 
-def _train(
-    model, tokenizer, name: str, dataset, args, callbacks, result: IncrementalResult
-) -> IncrementalResult:
-    """Train the grounded rows of adapter ``name`` (only ``result.trained_rows``) with a ``GroundingTrainer``;
-    every other weight frozen meanwhile. Trainability, dtypes and the train/eval mode are restored after."""
-    from ..training.grounding import GroundingTrainer
-
+@contextlib.contextmanager
+def only_rows_trainable(model: Any, name: str) -> Iterator[None]:
+    """Within: the grounded matrices of adapter ``name`` are the only trainable weights; trainability, dtypes
+    (a trainer keeps half-precision rows in float32 while they train) and the train/eval mode restored after."""
     layer = model.get_input_embeddings()
     params = [layer.grounded_embedding[name]]
     if name in layer.grounded_head:
@@ -329,6 +301,23 @@ def _train(
             p.requires_grad_(False)
         for p in params:
             p.requires_grad_(True)
+        yield
+    finally:
+        for p, (flag, dtype) in states.items():
+            if p.dtype != dtype:
+                p.data = p.data.to(dtype)
+            p.requires_grad_(flag)
+        model.train(was_training)
+
+
+def _train(
+    model, tokenizer, name: str, dataset, args, callbacks, result: IncrementalResult
+) -> IncrementalResult:
+    """Train the grounded rows of adapter ``name`` (only ``result.trained_rows``) with a ``GroundingTrainer``;
+    every other weight frozen meanwhile. Trainability, dtypes and the train/eval mode are restored after."""
+    from ..training.grounding import GroundingTrainer
+
+    with only_rows_trainable(model, name):
         trainer = GroundingTrainer(
             model,
             args,
@@ -342,12 +331,6 @@ def _train(
             trainer.train()
         result.seconds = time.perf_counter() - start
         result.losses = [float(e["loss"]) for e in trainer.state.log_history if "loss" in e]
-    finally:
-        for p, (flag, dtype) in states.items():
-            if p.dtype != dtype:  # the trainer keeps half-precision rows in float32 while they train
-                p.data = p.data.to(dtype)
-            p.requires_grad_(flag)
-        model.train(was_training)
     return result
 
 
