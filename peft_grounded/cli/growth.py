@@ -67,7 +67,7 @@ class GrowAdapterArguments:
             "rule chooses its beams on a held-out sample of them (up to 500, at most half). 0: off."
         },
     )
-    log_learning_rate: float = field(default=1e-3, metadata={"help": "Learning rate of --log_steps."})
+    log_learning_rate: float = field(default=3e-3, metadata={"help": "Learning rate of --log_steps."})
     overwrite: bool = field(
         default=False,
         metadata={

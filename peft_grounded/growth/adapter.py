@@ -303,7 +303,7 @@ def grow_adapter_into(
     interactions: str | Path | None = None,
     catalogue: Any = None,
     log_steps: int = 0,
-    log_learning_rate: float = 1e-3,
+    log_learning_rate: float = 3e-3,
 ) -> dict[str, Any]:
     """Grow the adapter saved in ``adapter`` (trained on ``parent_index``) onto ``sid_index``, ground the new
     items on the catalogue ``ground`` when given (settings: ``grounding``, default an
