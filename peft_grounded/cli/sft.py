@@ -48,7 +48,7 @@ def run(data: DataArguments, start: RowStart, sft: SFTArguments, base: LoraModel
     from ..training.sft.trainer import train_recommender
 
     catalogue, index = data.load()
-    fmt = sft.prompt_format()
+    fmt, split = sft.prompt_format(), catalogue.leave_one_out()  # one split: training and its validation
     train_recommender(
         catalogue,
         index,
@@ -60,13 +60,16 @@ def run(data: DataArguments, start: RowStart, sft: SFTArguments, base: LoraModel
         fmt=fmt,
         max_examples=data.max_examples,
         dtype=base.torch_dtype(),
-        callbacks=validation_callbacks(catalogue, index, fmt, sft, config),
+        split=split,
+        callbacks=validation_callbacks(catalogue, index, split, fmt, sft, config),
     )
     print(f"recommender adapter: {config.output_dir}/adapter")
     return 0
 
 
-def validation_callbacks(catalogue: Any, index: Any, fmt: Any, sft: SFTArguments, config: Any) -> list:
+def validation_callbacks(
+    catalogue: Any, index: Any, split: Any, fmt: Any, sft: SFTArguments, config: Any
+) -> list:
     """``--eval_every`` / ``--keep_best``: the validation users decoded during training as ``evaluate`` decodes
     them (the served route, the history left out), every ``eval_every`` steps; none when it is 0."""
     if not sft.eval_every:
@@ -76,7 +79,6 @@ def validation_callbacks(catalogue: Any, index: Any, fmt: Any, sft: SFTArguments
     from ..evaluation import EvalSettings, evaluate
     from ..training.callbacks import ValidationRecall
 
-    split = catalogue.leave_one_out()  # train_recommender's split
     settings = EvalSettings(users=sft.eval_users, seed=config.seed + 1, ks=[5, 10], cold=False)
 
     def recall(model: Any, tokenizer: Any) -> dict:
