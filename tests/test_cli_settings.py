@@ -468,3 +468,11 @@ def test_build_sids_recipe_cpu_builds_from_behaviour_and_flags_win():
     given = {k: v for s in command("build-sids").parse(["--output_dir", "s", "--recipe", "cpu", "--item_vectors", "mix"])
              for k, v in vars(s).items()}  # fmt: skip
     assert (given["item_vectors"], given["codes"]) == ("mix", "64")
+
+
+def test_fuse_peer_refuses_a_reference_weight_that_is_not_a_positive_number():
+    args = command("fuse-peer").parse(["--adapter", "a", "--sid_index", "s"])[0]
+    assert args.reference_weight == 1.0 and 1.0 in args.weights
+    for bad in ("0", "-1", "inf"):
+        with pytest.raises(ValueError, match="--reference_weight is a number > 0"):
+            command("fuse-peer").parse(["--adapter", "a", "--sid_index", "s", "--reference_weight", bad])

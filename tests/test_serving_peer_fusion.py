@@ -14,11 +14,18 @@ from helpers.serving_fixtures import toy_adapter, write_histories
 
 from peft_grounded.cli import main
 from peft_grounded.decoding import SIDTrie
+from peft_grounded.decoding.search import Recommendations
 from peft_grounded.evaluation import EvalSettings
 from peft_grounded.evaluation.evaluator import evaluate, evaluate_adapter
 from peft_grounded.evaluation.peers import choose_weight
 from peft_grounded.serving import GroundedRecommender, top_k_lists
-from peft_grounded.serving.peer_fusion import FUSION_FILES, PeerFusion, PeerFusionError, product_of_experts
+from peft_grounded.serving.peer_fusion import (
+    FUSION_FILES,
+    PeerFusion,
+    PeerFusionError,
+    peer_log_probs,
+    product_of_experts,
+)
 from peft_grounded.serving.top_k import model_beams
 from peft_grounded.sids import sasrec
 from peft_grounded.sids.sasrec import SASRecConfig, fit_sasrec
@@ -93,14 +100,56 @@ def test_the_weight_is_chosen_on_held_out_pairs_with_its_controls(world):
     _, beams = _beams(world, histories, 10)
     weight, table = choose_weight(world["peer"], beams, histories, targets, weights=[0.1, 1.0, 10.0])
     assert [row["weight"] for row in table] == [None, "peer", 0.1, 1.0, 10.0]
+    reference = next(row for row in table if row["weight"] == 1.0)["recall@10_minus_reference"]
+    assert reference == {"difference": 0.0, "low": 0.0, "high": 0.0}
     best = max(table[2:], key=lambda r: (r["recall@10"], r["ndcg@10"]))
-    assert weight == best["weight"]
+    assert weight == (best["weight"] if best["recall@10_minus_reference"]["low"] > 0 else 1.0)
     with pytest.raises(PeerFusionError, match="weights are numbers > 0"):
         choose_weight(world["peer"], beams, histories, targets, weights=[0.0])
+    with pytest.raises(PeerFusionError, match="reference weight is a number > 0"):
+        choose_weight(world["peer"], beams, histories, targets, reference=math.inf)
     with pytest.raises(PeerFusionError, match="one target each"):
         choose_weight(world["peer"], beams, histories, targets[:-1])
     with pytest.raises(PeerFusionError, match="weight is a number > 0"):
         PeerFusion(world["peer"], -1.0, "x")
+
+
+def _peer_favourites(world):
+    """Validation histories, the peer's best item for each (its target here), and beams of three other items
+    with far lower model scores for the favourite than for the first beam."""
+    examples = list(world["split"].valid_examples(None))
+    histories = [list(h) for _, h, _ in examples]
+    log_probs = peer_log_probs(world["peer"], histories)
+    ids = world["peer"].item_ids
+    favourites = [ids[int(np.argmax(row))] for row in log_probs]
+    rows = []
+    for history, favourite in zip(histories, favourites, strict=True):
+        rows.append([i for i in ids if i != favourite and i not in history][:3])
+    beams = Recommendations(items=rows, scores=[[0.0, -5.0, -10.0]] * len(rows), k=3, num_beams=3)
+    return histories, favourites, beams
+
+
+def test_a_weight_is_served_over_the_reference_only_when_the_users_tell_them_apart(world):
+    histories, favourites, beams = _peer_favourites(world)
+    assert len(histories) >= 10
+    # every user's target is the peer's favourite: w=100 hits it first, w=0.01 keeps the model's first beam
+    weight, table = choose_weight(
+        world["peer"], beams, histories, favourites, weights=[0.01, 100.0], reference=0.01, k=1
+    )
+    rows = {row["weight"]: row for row in table}
+    assert rows[0.01]["recall@1"] == 0.0 and rows[100.0]["recall@1"] > 0.5
+    assert rows[100.0]["recall@1_minus_reference"]["low"] > 0 and weight == 100.0
+    # no user's target is in any list: every weight ties, and the reference is served, listed or not
+    nobody = ["not-an-item"] * len(histories)
+    weight, table = choose_weight(world["peer"], beams, histories, nobody, weights=[0.01, 100.0], k=1)
+    assert weight == 1.0 and [row["weight"] for row in table][2:] == [0.01, 1.0, 100.0]
+    # one user of many: the best weight is ahead, but its interval holds 0, so the reference is served
+    one = [favourites[0], *nobody[1:]]
+    weight, table = choose_weight(
+        world["peer"], beams, histories, one, weights=[0.01, 100.0], reference=0.01, k=1
+    )
+    gap = {row["weight"]: row for row in table}[100.0]["recall@1_minus_reference"]
+    assert gap["difference"] > 0 and gap["low"] <= 0 and weight == 0.01
 
 
 def test_saved_fusion_loads_and_refuses_damage_and_another_index(world, tmp_path):
@@ -141,12 +190,17 @@ def test_fuse_peer_writes_what_evaluate_and_recommend_serve(world, tmp_path, cap
     world["peer"].save(peer_dir)
     argv = ["fuse-peer", "--adapter", str(adapter), "--sid_index", str(adapter / "sid_index"),
             "--catalogue", world["catalogue_path"], "--peer", str(peer_dir), "--num_beams", str(BEAMS),
-            "--weights", "0.5", "2"]  # fmt: skip
+            "--weights", "0.5", "--reference_weight", "2"]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "the model alone" in out and "the peer alone" in out and "peer fusion: log p_model +" in out
+    assert "minus w=2, paired" in out
     fusion = PeerFusion.load(adapter)
     assert fusion.weight in (0.5, 2.0) and fusion.fitted_on["users"] == len(world["split"].users)
+    assert fusion.fitted_on["reference"] == 2.0 and [r["weight"] for r in fusion.fitted_on["table"]][2:] == [
+        0.5,
+        2.0,
+    ]
 
     settings = EvalSettings(ks=[K], num_beams=BEAMS, cold=False, exclude_history=True)
     index, catalogue = world["index"], world["catalogue"]

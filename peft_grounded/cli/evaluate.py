@@ -136,11 +136,20 @@ class FusePeerArguments(AdapterArguments):
             "help": "Candidate weights w of the peer's log-probabilities; one is chosen on validation."
         },
     )
+    reference_weight: float = field(
+        default_factory=lambda: _reference_weight(),
+        metadata={
+            "help": "The weight served unless the best of --weights beats it on the validation users with a "
+            "paired 95% interval of Recall@10 above 0."
+        },
+    )
     depth: int = field(default=20, metadata={"help": "The peer's best items added to the model's beams."})
 
     def __post_init__(self) -> None:
         if not self.weights or any(not (w > 0 and w < float("inf")) for w in self.weights):
             raise ValueError(f"--weights are numbers > 0, got {self.weights}")
+        if not (self.reference_weight > 0 and self.reference_weight < float("inf")):
+            raise ValueError(f"--reference_weight is a number > 0, got {self.reference_weight}")
         if self.depth < 1:
             raise ValueError(f"--depth is an integer >= 1, got {self.depth}")
 
@@ -149,6 +158,12 @@ def _default_weights() -> tuple[float, ...]:
     from ..serving.peer_fusion import DEFAULT_WEIGHTS
 
     return DEFAULT_WEIGHTS
+
+
+def _reference_weight() -> float:
+    from ..serving.peer_fusion import REFERENCE_WEIGHT
+
+    return REFERENCE_WEIGHT
 
 
 def fuse_settings() -> tuple[type, ...]:
@@ -201,15 +216,20 @@ def run_fuse(args: FusePeerArguments, settings: EvalSettings) -> int:
             settings,
             catalogue=catalogue,
             weights=args.weights,
+            reference=args.reference_weight,
             depth=args.depth,
             show_progress=True,
         )
         fusion.save(args.adapter)
-    print(f"| weight | Recall@10 | NDCG@10 |  ({fusion.fitted_on['users']} validation users)\n|---|---|---|")
+    users, reference = fusion.fitted_on["users"], fusion.fitted_on["reference"]
+    print(f"| weight | Recall@10 | minus w={reference:g}, paired | NDCG@10 |  ({users} validation users)")
+    print("|---|---|---|---|")
     labels = {None: "the model alone", "peer": "the peer alone"}
     for row in fusion.fitted_on["table"]:
         label = labels.get(row["weight"], row["weight"])
-        print(f"| {label} | {row['recall@10']:.4f} | {row['ndcg@10']:.4f} |")
+        gap = row.get("recall@10_minus_reference")
+        paired = f"{gap['difference']:+.4f} [{gap['low']:+.4f}, {gap['high']:+.4f}]" if gap else ""
+        print(f"| {label} | {row['recall@10']:.4f} | {paired} | {row['ndcg@10']:.4f} |")
     print(f"{fusion.describe()}; written to {args.adapter}")
     return 0
 

@@ -22,7 +22,15 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..serving.peer_fusion import DEFAULT_DEPTH, DEFAULT_WEIGHTS, PeerFusion, PeerFusionError, peer_log_probs
+from ..intervals import bootstrap_interval
+from ..serving.peer_fusion import (
+    DEFAULT_DEPTH,
+    DEFAULT_WEIGHTS,
+    REFERENCE_WEIGHT,
+    PeerFusion,
+    PeerFusionError,
+    peer_log_probs,
+)
 from ..sids.sasrec import exclude_seen
 from .metrics import rank_metrics, target_rank
 from .reports import EvalSettings, Results, _autocast, sampled_users, user_records
@@ -201,40 +209,51 @@ def choose_weight(
     targets: Sequence[str],
     *,
     weights: Sequence[float] = DEFAULT_WEIGHTS,
+    reference: float = REFERENCE_WEIGHT,
     depth: int = DEFAULT_DEPTH,
     k: int = 10,
     trie: Any = None,
 ) -> tuple[float, list[dict[str, Any]]]:
-    """The weight of ``weights`` whose fused lists reach the highest Recall@``k`` (then NDCG@``k``) on these
-    held-out ``(history, target)`` pairs, and the table behind the choice: one row per weight, and the model
-    alone and the peer alone as its controls (``weight`` None and ``"peer"``)."""
+    """The weight to serve, chosen on these held-out ``(history, target)`` pairs, and the table behind it.
+
+    ``reference`` is served unless the candidate of ``weights`` with the highest Recall@``k`` (then NDCG@``k``)
+    beats it with a paired 95% bootstrap interval of Recall@``k`` above 0: among weights the users cannot
+    tell apart, the choice would be noise. The table has one row per weight (the reference among them, each
+    with its paired interval against the reference), and the model alone and the peer alone as its controls
+    (``weight`` None and ``"peer"``)."""
     if not weights or any(isinstance(w, bool) or not (w > 0 and math.isfinite(w)) for w in weights):
         raise PeerFusionError(f"weights are numbers > 0, got {list(weights)!r}")
+    if isinstance(reference, bool) or not (reference > 0 and math.isfinite(reference)):
+        raise PeerFusionError(f"the reference weight is a number > 0, got {reference!r}")
     if len(histories) != len(targets) or not histories:
         raise PeerFusionError(f"{len(histories)} histories and {len(targets)} targets: give one target each")
     names = (f"recall@{k}", f"ndcg@{k}")
 
-    def row(label: Any, lists: Sequence[Sequence[Hashable]]) -> dict[str, Any]:
+    def hits(lists: Sequence[Sequence[Hashable]]) -> tuple[dict[str, Any], np.ndarray]:
         ranks = [target_rank(list(items)[:k], t) for items, t in zip(lists, targets, strict=True)]
         metrics = rank_metrics(ranks, (k,))
-        return {"weight": label, **{name: metrics[name] for name in names}}
+        return {name: metrics[name] for name in names}, np.array([r is not None for r in ranks], dtype=float)
 
     log_probs = peer_log_probs(peer, histories, trie)
-    table = [
-        row(None, [[i for i in r if i not in set(h)] for r, h in zip(beams.items, histories, strict=True)]),
-        row(
-            "peer",
-            [
-                [peer.item_ids[c] for c in np.argsort(-lp, kind="stable")[:k] if lp[c] > -math.inf]
-                for lp in log_probs
-            ],
-        ),
-    ]
-    for weight in weights:
-        fusion = PeerFusion(peer, float(weight), "", depth=depth)
-        table.append(row(float(weight), fusion.apply(beams, histories, k, trie, log_probs).items))
+    alone, _ = hits([[i for i in r if i not in set(h)] for r, h in zip(beams.items, histories, strict=True)])
+    peer_alone, _ = hits(
+        [
+            [peer.item_ids[c] for c in np.argsort(-lp, kind="stable")[:k] if lp[c] > -math.inf]
+            for lp in log_probs
+        ]
+    )
+    table = [{"weight": None, **alone}, {"weight": "peer", **peer_alone}]
+    per_user = {}
+    for weight in sorted({float(w) for w in weights} | {float(reference)}):
+        fusion = PeerFusion(peer, weight, "", depth=depth)
+        metrics, per_user[weight] = hits(fusion.apply(beams, histories, k, trie, log_probs).items)
+        table.append({"weight": weight, **metrics})
+    for row in table[2:]:
+        interval = bootstrap_interval([per_user[row["weight"]] - per_user[float(reference)]])
+        row[f"{names[0]}_minus_reference"] = {key: interval[key] for key in ("difference", "low", "high")}
     best = max(table[2:], key=lambda r: (r[names[0]], r[names[1]]))
-    return best["weight"], table
+    beats = best[f"{names[0]}_minus_reference"]["low"] > 0
+    return (best["weight"] if beats else float(reference)), table
 
 
 def fit_peer_fusion(
@@ -248,6 +267,7 @@ def fit_peer_fusion(
     catalogue: Any = None,
     fmt: Any = None,
     weights: Sequence[float] = DEFAULT_WEIGHTS,
+    reference: float = REFERENCE_WEIGHT,
     depth: int = DEFAULT_DEPTH,
     show_progress: bool = False,
 ) -> Any:
@@ -281,13 +301,14 @@ def fit_peer_fusion(
             show_progress=show_progress,
         )
     weight, table = choose_weight(
-        peer, beams, histories, targets, weights=weights, depth=depth, k=10, trie=trie
+        peer, beams, histories, targets, weights=weights, reference=reference, depth=depth, k=10, trie=trie
     )
     fitted_on = {
         "part": "valid",
         "users": len(histories),
         "seed": settings.seed,
         "num_beams": width,
+        "reference": float(reference),
         "table": table,
     }
     return PeerFusion(peer, weight, fingerprint, depth=depth, fitted_on=fitted_on)

@@ -5,7 +5,8 @@ The grounded LLM and an ID-based sequential recommender hit different users (DLL
 the product of the two lists serves what each knows. The peer is the SASRec fit of the adapter's training
 split (the distillation teacher when the adapter was distilled, :func:`~peft_grounded.sids.sasrec_cache.shared_fit`),
 and ``weight`` is chosen on the validation users (:func:`~peft_grounded.evaluation.peers.fit_peer_fusion`),
-never on test.
+never on test: the reference weight 1 (two equal experts) unless another candidate beats it there with a
+paired interval above 0.
 
 Three files beside ``adapter_config.json``: the peer's ``sasrec.safetensors`` and ``sasrec.json``
 (:meth:`~peft_grounded.sids.sasrec.SASRecRecommender.save`) and ``peer_fusion.json`` (the weight, the depth,
@@ -35,6 +36,7 @@ from ..hub.repo import FUSION_FILES
 FUSION_JSON = FUSION_FILES[0]
 FORMAT = 1
 DEFAULT_WEIGHTS = (0.25, 0.5, 1.0, 2.0, 4.0)
+REFERENCE_WEIGHT = 1.0  # served unless validation tells another weight apart from it
 DEFAULT_DEPTH = 20
 
 
@@ -198,4 +200,11 @@ class PeerFusion:
         )
 
 
-__all__ = ["FUSION_FILES", "PeerFusion", "PeerFusionError", "peer_log_probs", "product_of_experts"]
+__all__ = [
+    "FUSION_FILES",
+    "REFERENCE_WEIGHT",
+    "PeerFusion",
+    "PeerFusionError",
+    "peer_log_probs",
+    "product_of_experts",
+]
