@@ -110,7 +110,8 @@ parse = COMMAND.parse  # (EvaluateArguments, EvalSettings) from arguments (and -
 
 FUSE_DESCRIPTION = (
     "Fit (or read) a SASRec peer on the adapter's training split, choose the weight of its log-probabilities "
-    "in the fused score log p_model + w log p_SASRec on the validation users (Recall@10, then NDCG@10), and "
+    "in the fused score log p_model + w log p_SASRec on the validation users (--reference_weight unless the "
+    "best of --weights by Recall@10, then NDCG@10, beats it with a paired 95% interval above 0), and "
     "store the peer and the weight in the adapter's folder: evaluate and recommend then serve the fused lists "
     "(evaluate --no-peer_fusion: the model alone). Prints the validation table with the model alone and the "
     "peer alone beside each weight. Test users are never read. Of the evaluation settings it reads --users, "
@@ -140,7 +141,7 @@ class FusePeerArguments(AdapterArguments):
         default_factory=lambda: _reference_weight(),
         metadata={
             "help": "The weight served unless the best of --weights beats it on the validation users with a "
-            "paired 95% interval of Recall@10 above 0."
+            "paired 95%% interval of Recall@10 above 0."
         },
     )
     depth: int = field(default=20, metadata={"help": "The peer's best items added to the model's beams."})
@@ -236,7 +237,7 @@ def run_fuse(args: FusePeerArguments, settings: EvalSettings) -> int:
 
 FUSE_PEER = Command(
     name="fuse-peer",
-    help="store a SASRec peer with an adapter, fused with its beams (the weight chosen on validation)",
+    help="store a SASRec peer with an adapter, fused with its beams (the weight checked on validation)",
     description=FUSE_DESCRIPTION,
     settings=fuse_settings,
     run=run_fuse,
