@@ -61,6 +61,7 @@ from peft_grounded.evaluation import EvalSettings
 from peft_grounded.evaluation.metrics import metric_value, ranking_metrics, target_rank
 from peft_grounded.evaluation.peers import TextKNN
 from peft_grounded.growth import add_items, grow_adapter
+from peft_grounded.growth.adapter import held_out_log
 from peft_grounded.growth.grounding import ground_new_items, tune_new_items_on_log
 from peft_grounded.intervals import bootstrap_interval
 from peft_grounded.new_items import (
@@ -80,7 +81,7 @@ from peft_grounded.new_items import (
 )
 from peft_grounded.pipeline import Budget, Experiment, run_strategy, strategy
 from peft_grounded.prompts import PromptFormat
-from peft_grounded.serving.top_k import model_beams, top_k_lists
+from peft_grounded.serving.top_k import model_beams, new_item_beams, top_k_lists
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.behaviour import ItemVectorsConfig
 from peft_grounded.sids.catalogue import TextTemplate
@@ -286,7 +287,9 @@ class Settings(Precision):
         default=0,
         metadata={
             "help": "an arm whose new items' rows are tuned on the logged (history, next item) pairs for this "
-            "many steps (growth.tune_new_items_on_log), scored alone and served; 0: no such arm"
+            "many steps (growth.tune_new_items_on_log), all but a held-out sample (growth.adapter.held_out_log) "
+            "on which the served rule's model weight is fitted; scored alone, served, and served with new items "
+            "by p_text x p_model^weight; 0: no such arm"
         },
     )
     log_lr: float | None = field(
@@ -554,6 +557,25 @@ def main(argv=None) -> None:
             variants[f"{name}, served"] = lambda recs, part: route(
                 recs, part, NewItemRule(mixture, index.fingerprint())
             )
+            weighed = NewItemRule(mixture, index.fingerprint())  # its model weight fitted on the held-out log
+            held = [list(h) for h, _ in choice_pairs]
+            with decoding(model, bf16):
+                news = new_item_beams(
+                    model,
+                    tokenizer,
+                    index,
+                    held,
+                    new_ids,
+                    args.num_beams,
+                    fmt=fmt,
+                    catalogue=catalogue,
+                    batch_size=8,
+                )
+            weight_choice.update(weighed.choose_model_weight(news, held, [t for _, t in choice_pairs]))
+            print(f"model weight fitted on {len(held)} held-out logged pairs: {weight_choice}", flush=True)
+            variants[f"{name}, served, new items by text x model"] = lambda recs, part: route(
+                recs, part, weighed
+            )
         if name == "grown":
             for levels in match_levels:
                 for share in args.new_item_share:
@@ -604,6 +626,8 @@ def main(argv=None) -> None:
                 table[label] = score(rule(lists[part], part), wanted, new, args.k)
 
     incremental: dict[str, dict] = {}
+    weight_choice: dict = {}
+    choice_pairs, tuning_pairs = held_out_log(logged) if args.log_steps else ([], [])
     arms: list = [None, *args.replay] + (["log"] if args.log_steps else [])
     for replay in arms:  # None: grown, no incremental grounding; "log": tuned on the logged pairs
         tokenizer, model = sid_model(
@@ -619,7 +643,7 @@ def main(argv=None) -> None:
                 parent,
                 child,
                 catalogue,
-                logged,
+                tuning_pairs,
                 max_steps=args.log_steps,
                 learning_rate=args.log_lr or args.lr,
                 batch_size=args.batch_size,
@@ -694,9 +718,14 @@ def main(argv=None) -> None:
         pairs |= {
             f"{CHOSEN.removeprefix('grown + ')} - {c}": (CHOSEN, c) for c in (TEXT_ONLY, P_TEXT, "grown")
         }
-    tuned = [n for n in results if n.startswith("grown + tuned on the log") and n.endswith(", served")]
+    tuned = [n for n in results if n.startswith("grown + tuned on the log") and ", served" in n]
     pairs |= {
         f"{t.removeprefix('grown + ')} - {c}": (t, c) for t in tuned for c in (TEXT_ONLY, P_TEXT, SERVED)
+    }
+    pairs |= {  # the model's weight alone: the same tuned rows and beams, new items by text x model or text
+        f"{t.removeprefix('grown + ')} - text alone": (t, t.removesuffix(", new items by text x model"))
+        for t in tuned
+        if t.endswith("text x model")
     }
     for label, (a, b) in pairs.items():
         for m in metrics:
@@ -777,6 +806,7 @@ def main(argv=None) -> None:
         "semantic_mixture": mixture_fit,
         "beams_choice": choice,
         "incremental": incremental,
+        "model_weight_choice": weight_choice,
         "paired_differences": differences,
         "all_users": {"new_item_user_share": weight, f"{m}_and_ci95": everyone},
         "per_user": per_user_ranks,

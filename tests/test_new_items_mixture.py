@@ -195,3 +195,87 @@ def test_reserved_places_go_to_the_new_items_whatever_pi(tmp_path):
     ):
         with pytest.raises(NewItemRuleError, match=said):
             NewItemRule(mixture, "fingerprint", **bad)
+
+
+def _new_item_lists(items, scores):
+    return Recommendations(items=items, scores=scores, k=len(items[0]), num_beams=len(items[0]))
+
+
+def test_the_model_weight_multiplies_p_text_by_the_models_probability_of_each_new_item():
+    ids, vectors, new = catalogue()
+    mixture = SemanticMixture.fit(ids, vectors, new, calibration())
+    mixture.temperature = 1.0  # the text's logits within a few units: the model can outweigh them
+    histories = [["o1", "o2"], ["o2", "n1"]]
+    beams = _new_item_lists([["n3", "n0"], ["n0", "n2"]], [[-0.5, -3.0], [-1.0, -2.0]])
+    text = mixture.text_probabilities(histories)
+    assert np.array_equal(mixture.text_probabilities(histories, beams, 0.0), text)  # 0: the text alone
+    model = mixture.model_log_probs(beams)
+    # each list's scores, and its lowest for the new items outside it
+    assert model[0].tolist() == [-3.0, -3.0, -3.0, -0.5] and model[1].tolist() == [-1.0, -2.0, -2.0, -2.0]
+    both = mixture.text_probabilities(histories, beams, 0.7)
+    with np.errstate(divide="ignore"):
+        by_hand = np.log(text) + 0.7 * model
+    by_hand = np.exp(by_hand - by_hand.max(axis=1, keepdims=True))
+    by_hand /= by_hand.sum(axis=1, keepdims=True)
+    assert np.allclose(both, by_hand) and both[1, 1] == 0.0  # n1 is in the second history: never listed
+    # served: the share mode's new places follow the product
+    recs = Recommendations(items=[["o3", "o0"]] * 2, scores=[[-1.0, -2.0]] * 2, k=2, num_beams=2)
+    plain = mixture.mix(recs, histories, k=4, mode="share", min_places=1)
+    weighed = mixture.mix(
+        recs, histories, k=4, mode="share", min_places=1, new_item_beams=beams, model_weight=50.0
+    )
+    first_new = [next(i for i in row if i in new) for row in (*plain.items, *weighed.items)]
+    assert first_new == ["n2", "n2", "n3", "n0"]  # o2's text twin for both, then the model's first beams
+    with pytest.raises(ValueError, match="one list of new-item beams per history"):
+        mixture.text_probabilities(histories, None, 0.5)
+
+
+def test_the_model_weight_is_fitted_by_the_likelihood_of_held_out_new_next_items(tmp_path):
+    from peft_grounded.serving import NewItemRule, NewItemRuleError
+
+    ids, vectors, new = catalogue()
+    mixture = SemanticMixture.fit(ids, vectors, new, calibration())
+    mixture.temperature = 1.0  # the text's logits within a few units: the model can outweigh them
+    histories = [[f"o{j}"] for j in range(4)] * 5
+    targets = [f"n{(j + 2) % 4}" for j in range(4)] * 5  # not the text's twin: the text alone misses them
+    knows = _new_item_lists([[t, f"n{(int(t[1]) + 1) % 4}"] for t in targets], [[-0.1, -4.0]] * 20)
+    blind = _new_item_lists([[f"n{(int(t[1]) + 1) % 4}", t] for t in targets], [[-0.1, -4.0]] * 20)
+    weight, table = mixture.fit_model_weight(histories, targets, knows)
+    assert weight > 0 and table[0]["weight"] == 0.0
+    assert max(table, key=lambda r: r["log_likelihood"])["weight"] == weight
+    assert table[-1]["log_likelihood"] > table[0]["log_likelihood"]
+    assert mixture.fit_model_weight(histories, targets, blind)[0] == 0.0  # a model that misleads: text alone
+    with pytest.raises(ValueError, match="none of the held-out pairs goes to a new item"):
+        mixture.fit_model_weight(histories, ["o1"] * 20, knows)
+    # the rule: chosen on the log, served, saved, and a rule saved before the setting loads with 0
+    rule = NewItemRule(mixture, "fingerprint")
+    choice = rule.choose_model_weight(knows, histories, targets)
+    assert rule.model_weight == weight == choice["model_weight"] and rule.fitted_on["model_weight"] == weight
+    assert f"p_model^{weight:g}" in rule.describe()
+    recs = Recommendations(
+        items=[["o1", "o2", "o3"]] * 20, scores=[[-1.0, -2.0, -3.0]] * 20, k=3, num_beams=3
+    )
+    served = rule.apply(recs, histories, 3, knows)
+    assert served.items == mixture.mix(recs, histories, 3, mode="share", new_item_beams=knows,
+                                       model_weight=weight).items  # fmt: skip
+    with pytest.raises(NewItemRuleError, match="give the model's search over the new items"):
+        rule.apply(recs, histories, 3)
+    rule.save(tmp_path)
+    assert NewItemRule.load(tmp_path).model_weight == weight
+    path = tmp_path / "new_item_rule.json"
+    record = json.loads(path.read_text())
+    record.pop("model_weight")
+    path.write_text(json.dumps(record))
+    assert NewItemRule.load(tmp_path).model_weight == 0.0
+    record["model_weight"] = -1
+    path.write_text(json.dumps(record))
+    with pytest.raises(NewItemRuleError, match="model_weight"):
+        NewItemRule.load(tmp_path)
+    for bad, said in (
+        (dict(model_weight=-0.5), "a number >= 0"),
+        (dict(model_weight=1.0, beams="text"), "set model_weight=0"),
+    ):
+        with pytest.raises(NewItemRuleError, match=said):
+            NewItemRule(mixture, "fingerprint", **bad)
+    text_rule = NewItemRule(mixture, "fingerprint", beams="text")
+    assert text_rule.choose_model_weight(knows, histories, targets)["model_weight"] == 0.0  # text beams: none

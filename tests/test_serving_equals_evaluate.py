@@ -250,3 +250,39 @@ def test_the_command_line_serves_the_grown_adapters_evaluated_lists(route_world,
     assert {line["user"]: line["items"] for line in lines} == {
         r["user"]: r["items"] for r in evaluation.users["test"]
     }
+
+
+def test_a_rule_weighing_the_models_new_item_search_is_served_as_evaluated(route_world, tmp_path):
+    """A rule with ``model_weight`` > 0 decodes a second search, over the new items alone: `evaluate` and
+    `recommend` run it the same way, and it moves the new items served."""
+    import shutil
+
+    from peft_grounded.new_items import NewItemRule
+
+    folder = tmp_path / "grown"
+    shutil.copytree(route_world["root"] / "grown", folder)
+    rule = NewItemRule.load(folder)
+    rule.mode, rule.min_places, rule.model_weight = "share", 2, 50.0
+    rule.mixture.temperature = 1.0  # the text's logits within a few units: the model's weight shows
+    rule.save(folder)
+    catalogue = route_world["catalogues"]["grown"]
+    settings = EvalSettings(ks=[K], num_beams=BEAMS, cold=False, exclude_history=True)
+    evaluation = evaluate_adapter(str(folder), route_world["child"], catalogue, settings, likelihood=False)
+    recommender = GroundedRecommender.from_pretrained(folder, merge=False, num_beams=BEAMS)
+    assert recommender.new_item_rule.model_weight == 50.0
+    split = catalogue.leave_one_out()
+    new = set(route_world["child"].added_items())
+    weighed = []
+    for part in ("valid", "test"):
+        records = evaluation.users[part]
+        histories = _histories(split, part)
+        out = recommender.recommend(
+            [histories[r["user"]] for r in records], k=K, users=[r["user"] for r in records]
+        )
+        assert [r.items for r in out] == [r["items"] for r in records]
+        weighed += [[i for i in r.items if i in new] for r in out]
+    rule.model_weight = 0.0
+    rule.save(folder)
+    plain = evaluate_adapter(str(folder), route_world["child"], catalogue, settings, likelihood=False)
+    text_only = [[i for i in r["items"] if i in new] for part in ("valid", "test") for r in plain.users[part]]
+    assert weighed != text_only  # the model's search reordered the new items served

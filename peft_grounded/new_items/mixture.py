@@ -10,7 +10,10 @@ probability, a two-expert mixture::
 
 * ``p_model``: the model's probability of the item's SID (the beam score, a summed log-probability);
 * ``p_text``: a softmax over the *new* items of ``cos(v_i, profile_u) / temperature``, where
-  ``profile_u`` is the user's recency-weighted text profile (history items excluded);
+  ``profile_u`` is the user's recency-weighted text profile (history items excluded); with a
+  ``model_weight`` ``lam`` > 0, of ``cos / temperature + lam * log p_model(i | u)``, the model's own
+  probability of each new item from a search over the new items alone (a product of the two experts: a
+  model whose new rows were tuned on the log knows which new items a user goes to, the text what they are);
 * ``pi_u``: the probability that ``u``'s next item is a new one, a logistic model of the history (is
   the last item new, the share of new items among the last five, a bias).
 
@@ -40,6 +43,7 @@ import numpy as np
 from ..decoding import Recommendations
 
 RECENT = 5  # the last items whose share of new items is a feature of pi_u
+MODEL_WEIGHTS = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0)  # the grid lam is fitted on
 
 
 @dataclass
@@ -112,12 +116,77 @@ class SemanticMixture:
                 cos[u, seen] = -np.inf
         return cos
 
-    def text_probabilities(self, histories: Sequence[Sequence[str]]) -> np.ndarray:
-        """``p_text``: ``[n, new items]``, each row a softmax of the cosines over the temperature."""
+    def model_log_probs(self, new_item_beams: Recommendations) -> np.ndarray:
+        """``[n, new items]``: each list's log-probabilities of the new items (a search over the new items
+        alone); an item outside a list gets that list's lowest (0 for an empty list)."""
+        column = {item: j for j, item in enumerate(self.new_items)}
+        out = np.zeros((len(new_item_beams.items), len(self.new_items)))
+        for u, (items, scores) in enumerate(zip(new_item_beams.items, new_item_beams.scores, strict=True)):
+            known = [(column[str(i)], s) for i, s in zip(items, scores, strict=True) if str(i) in column]
+            if known:
+                out[u] = min(s for _, s in known)
+                out[u, [j for j, _ in known]] = [s for _, s in known]
+        return out
+
+    def text_log_probabilities(
+        self,
+        histories: Sequence[Sequence[str]],
+        new_item_beams: Recommendations | None = None,
+        model_weight: float = 0.0,
+    ) -> np.ndarray:
+        """``log p_text``: ``[n, new items]``, each row a log-softmax of the cosines over the temperature,
+        plus ``model_weight`` times the model's log-probabilities (:meth:`model_log_probs` of
+        ``new_item_beams``) where ``model_weight`` > 0; the history's items at -inf."""
         logits = self._cosines(histories) / self.temperature
+        if model_weight > 0:
+            if new_item_beams is None or len(new_item_beams.items) != len(histories):
+                raise ValueError(
+                    f"model_weight={model_weight} weighs the model's probabilities of the new items: give "
+                    "one list of new-item beams per history (serving.top_k.new_item_beams)"
+                )
+            logits = logits + model_weight * self.model_log_probs(new_item_beams)
         logits -= logits.max(axis=1, keepdims=True)
-        p = np.exp(logits)
-        return p / p.sum(axis=1, keepdims=True)
+        return logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+
+    def text_probabilities(
+        self,
+        histories: Sequence[Sequence[str]],
+        new_item_beams: Recommendations | None = None,
+        model_weight: float = 0.0,
+    ) -> np.ndarray:
+        """``p_text``: the exponent of :meth:`text_log_probabilities`."""
+        return np.exp(self.text_log_probabilities(histories, new_item_beams, model_weight))
+
+    def fit_model_weight(
+        self,
+        histories: Sequence[Sequence[str]],
+        targets: Sequence[str],
+        new_item_beams: Recommendations,
+        weights: Sequence[float] = MODEL_WEIGHTS,
+    ) -> tuple[float, list[dict[str, float]]]:
+        """The weight of ``weights`` maximising the mean log-probability of the held-out pairs' new next
+        items (pairs whose next item is old are left out), and the table behind it. As the temperature,
+        fitted by likelihood: far steadier than a recall on the few pairs that go to a new item."""
+        keep = [u for u, t in enumerate(targets) if t in self._new and t not in set(histories[u])]
+        if not keep:
+            raise ValueError("none of the held-out pairs goes to a new item: the model's weight needs some")
+        chosen = [list(histories[u]) for u in keep]
+        beams = replace(
+            new_item_beams,
+            items=[new_item_beams.items[u] for u in keep],
+            scores=[new_item_beams.scores[u] for u in keep],
+        )
+        column = np.array([self.new_items.index(targets[u]) for u in keep])
+        table = []
+        for weight in sorted({0.0, *(float(w) for w in weights)}):
+            log_p = self.text_log_probabilities(chosen, beams, weight)
+            table.append(
+                {"weight": weight, "log_likelihood": float(log_p[np.arange(len(keep)), column].mean())}
+            )
+        best = max(
+            table, key=lambda row: (round(row["log_likelihood"], 9), -row["weight"])
+        )  # ties: less model
+        return best["weight"], table
 
     def text_beams(
         self, histories: Sequence[Sequence[str]], beams: int, allowed: Any = None
@@ -180,11 +249,14 @@ class SemanticMixture:
         k: int | None = None,
         mode: str = "probability",
         min_places: int = 0,
+        new_item_beams: Recommendations | None = None,
+        model_weight: float = 0.0,
     ) -> Recommendations:
         """Top-``k`` lists (history items left out) by ``mode`` (see the module); ``scores`` hold the log of
         the mixture probability; ``extra["new_items_per_list"]`` counts new items per list and
         ``extra["new_item_prior"]`` holds ``pi_u``. ``min_places`` (``share`` only): the new items get at
-        least this many of the ``k`` places, whatever ``pi_u``."""
+        least this many of the ``k`` places, whatever ``pi_u``. ``new_item_beams``, ``model_weight``: see
+        :meth:`text_probabilities`."""
         k = recommendations.k if k is None else k
         if len(histories) != len(recommendations.items):
             raise ValueError(f"{len(histories)} histories for {len(recommendations.items)} lists")
@@ -193,7 +265,7 @@ class SemanticMixture:
         if min_places and mode != "share":
             raise ValueError(f"min_places={min_places} reserves places of the share mode, not of {mode!r}")
         prior = self.new_item_prior(histories)
-        text = self.text_probabilities(histories)
+        text = self.text_probabilities(histories, new_item_beams, model_weight)
         top = min(k, len(self.new_items))
         items_out: list[list[Hashable]] = []
         scores_out: list[list[float]] = []

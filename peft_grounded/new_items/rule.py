@@ -70,8 +70,12 @@ RULE_FIELDS = {  # field of new_item_rule.json -> (what it must be, its check)
     "fitted_on": ("an object", lambda v: isinstance(v, dict)),
     "vectors_sha256": ("a sha256 hex string", lambda v: isinstance(v, str) and len(v) == 64),
     "min_places": ("an integer >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+    "model_weight": ("a number >= 0", lambda v: _number(v) and v >= 0),
 }
-OPTIONAL_FIELDS = {"min_places": 0}  # fields a rule saved before them lacks, and their value then
+OPTIONAL_FIELDS = {
+    "min_places": 0,
+    "model_weight": 0.0,
+}  # fields a rule saved before them lacks, and their value then
 
 
 def _checked_record(record: Any, path: Path, fix: str) -> dict[str, Any]:
@@ -156,6 +160,7 @@ class NewItemRule:
     fitted_on: dict[str, Any] = field(default_factory=dict)
     beams: str = "model"
     min_places: int = 0  # share mode: the rule's items get at least this many places of each list
+    model_weight: float = 0.0  # lam of p_text x p_model^lam over the new items (0: the text alone)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -169,6 +174,15 @@ class NewItemRule:
             )
         if self.beams not in BEAMS:
             raise NewItemRuleError(f"beams={self.beams!r}: choose one of {', '.join(BEAMS)}")
+        if not (_number(self.model_weight) and self.model_weight >= 0):
+            raise NewItemRuleError(
+                f"model_weight={self.model_weight!r}: give a number >= 0 (0: the text alone)"
+            )
+        if self.model_weight and self.beams != "model":
+            raise NewItemRuleError(
+                f"model_weight={self.model_weight} weighs the model's probabilities of the new items, and this "
+                "rule serves text KNN's beams (beams='text'): set model_weight=0"
+            )
 
     @property
     def new_items(self) -> list[str]:
@@ -248,6 +262,25 @@ class NewItemRule:
         self.fitted_on = {**self.fitted_on, **choice}
         return choice
 
+    def choose_model_weight(
+        self, new_item_beams: Any, histories: Sequence[Sequence[str]], targets: Sequence[str]
+    ) -> dict[str, Any]:
+        """Fit :attr:`model_weight` on logged ``(history, next item)`` pairs (held out of any training of the
+        rows): :meth:`SemanticMixture.fit_model_weight` with ``new_item_beams``, the model's search over the
+        new items alone for ``histories``. Stays 0 where the rule serves text KNN's beams, or where no pair
+        goes to a new item. Returns (and records in :attr:`fitted_on`) the weight and its table."""
+        if len(new_item_beams.items) != len(histories) or len(targets) != len(histories):
+            raise NewItemRuleError(
+                f"choose_model_weight needs one new-item list and one next item per history: got "
+                f"{len(histories)} histories, {len(targets)} targets, {len(new_item_beams.items)} lists"
+            )
+        table: list[dict[str, float]] = []
+        if self.beams == "model" and any(t in set(self.new_items) for t in targets):
+            self.model_weight, table = self.mixture.fit_model_weight(histories, targets, new_item_beams)
+        choice = {"model_weight": self.model_weight, "model_weight_table": table}
+        self.fitted_on = {**self.fitted_on, **choice}
+        return choice
+
     def describe(self) -> str:
         """One line: what the rule was fitted on and whose beams it mixes (with the choice's figures)."""
         fitted = self.fitted_on
@@ -257,6 +290,7 @@ class NewItemRule:
             + (f" given at least {self.min_places} places" if self.min_places else "")
             + "; "
             f"mixing the {'model' if self.beams == 'model' else 'text KNN'} beams"
+            + (f", new items by p_text x p_model^{self.model_weight:g}" if self.model_weight else "")
         )
         if "choice_k" in fitted:
             low, high = fitted["choice_text_minus_model_ci95"]
@@ -290,13 +324,29 @@ class NewItemRule:
                 f"the new-item rule in {where} lists {listed}: it was edited or damaged; {fix}"
             )
 
-    def apply(self, recommendations: Any, histories: Sequence[Sequence[str]], k: int) -> Any:
+    def apply(
+        self, recommendations: Any, histories: Sequence[Sequence[str]], k: int, new_item_beams: Any = None
+    ) -> Any:
         """The lists served: :meth:`SemanticMixture.mix` in this rule's mode (history items left out), each
         filled up to ``k`` with the model's next items where the new items ran out (``share`` gives a user
         ``round(k * pi_u)`` places however few new items are left), scored as the mixture scores a model
-        item, ``log(1 - pi_u) + log p_model``."""
+        item, ``log(1 - pi_u) + log p_model``. ``new_item_beams``: the model's search over the new items
+        alone (:func:`~peft_grounded.serving.top_k.new_item_beams`), needed where :attr:`model_weight` > 0."""
         histories = [list(h) for h in histories]
-        mixed = self.mixture.mix(recommendations, histories, k, mode=self.mode, min_places=self.min_places)
+        if self.model_weight and new_item_beams is None:
+            raise NewItemRuleError(
+                f"this rule ranks new items by p_text x p_model^{self.model_weight:g}: give the model's search "
+                "over the new items (new_item_beams; serving.top_k_lists decodes it)"
+            )
+        mixed = self.mixture.mix(
+            recommendations,
+            histories,
+            k,
+            mode=self.mode,
+            min_places=self.min_places,
+            new_item_beams=new_item_beams,
+            model_weight=self.model_weight,
+        )
         priors = mixed.extra["new_item_prior"]
         for u, (items, scores) in enumerate(zip(mixed.items, mixed.scores, strict=True)):
             taken = set(items) | set(histories[u])
@@ -333,6 +383,7 @@ class NewItemRule:
             "fitted_on": self.fitted_on,
             "vectors_sha256": hashlib.sha256(tensors).hexdigest(),
             "min_places": self.min_places,
+            "model_weight": float(self.model_weight),
         }
         folder = Path(folder)
         return [
@@ -387,6 +438,7 @@ class NewItemRule:
                 record["fitted_on"],
                 record["beams"],
                 record["min_places"],
+                record["model_weight"],
             )
         except (ValueError, TypeError) as err:
             raise NewItemRuleError(f"{folder / RULE_JSON}: {err}; {fix}") from None

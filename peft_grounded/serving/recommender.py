@@ -33,7 +33,7 @@ from .loading import (
     serving_dtype,
 )
 from .peer_fusion import PeerFusion
-from .top_k import model_beams, top_k_lists
+from .top_k import model_beams, new_item_beams, top_k_lists
 
 DEFAULT_BEAMS = 20
 
@@ -284,7 +284,8 @@ class GroundedRecommender:
         seed: int = 0,
     ) -> dict[str, Any]:
         """:meth:`NewItemRule.choose_beams` with this model's beams on up to ``choice_users`` logged
-        histories (a seeded sample of the ``(history, next item)`` pairs); returns the choice."""
+        histories (a seeded sample of the ``(history, next item)`` pairs), then
+        :meth:`NewItemRule.choose_model_weight` with its search over the new items; returns the choices."""
         import random
 
         from ..new_items.rule import calibration_pairs
@@ -295,7 +296,11 @@ class GroundedRecommender:
         histories = [list(h) for h, _ in pairs]
         beams = min(len(self.trie), max(self.num_beams, k))
         found = model_beams(self.model, self.tokenizer, self.index, histories, beams, **self._search())
-        return rule.choose_beams(found, histories, [t for _, t in pairs], k, seed=seed)
+        choice = rule.choose_beams(found, histories, [t for _, t in pairs], k, seed=seed)
+        news = new_item_beams(
+            self.model, self.tokenizer, self.index, histories, rule.new_items, beams, **self._search()
+        )
+        return choice | rule.choose_model_weight(news, histories, [t for _, t in pairs])
 
     # ------------------------------------------------------------------ serving
 

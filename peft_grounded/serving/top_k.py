@@ -81,6 +81,33 @@ def model_beams(
     )
 
 
+def new_item_beams(
+    model: Any,
+    tokenizer: Any,
+    index: Any,
+    histories: Sequence[Sequence[str]],
+    new_items: Sequence[str],
+    beams: int,
+    *,
+    trie: SIDTrie | None = None,
+    **search: Any,
+) -> Recommendations:
+    """The model's ``beams`` best *new* items per history (a search over the trie of ``new_items`` within
+    ``trie``, each history left out): the model's expert of a new-item rule with a ``model_weight``."""
+    from ..decoding import Recommendations, SIDTrie
+    from ..decoding.trie import item_token_ids
+
+    ids = item_token_ids(tokenizer, index)
+    allowed = [i for i in new_items if i in ids and (trie is None or i in trie)]
+    if not allowed:  # a candidate restriction without new items: nothing for the model to weigh
+        return Recommendations(
+            items=[[] for _ in histories], scores=[[] for _ in histories], k=beams, num_beams=0
+        )
+    new_trie = SIDTrie({i: ids[i] for i in allowed})
+    width = max(1, min(beams, len(allowed)))
+    return model_beams(model, tokenizer, index, histories, width, trie=new_trie, exclude=histories, **search)
+
+
 def top_k_lists(
     model: Any,
     tokenizer: Any,
@@ -175,13 +202,19 @@ def top_k_lists(
         raise ValueError("targets are scored by the model alone: pass new_item_rule=None to score them")
 
     def mixed(users: list[list[str]], wide: int, cached: Recommendations | None, progress: bool) -> Any:
+        news = None
         if new_item_rule.beams == "text":  # the rule chose text KNN on the log: no model run
             recs = new_item_rule.mixture.text_beams(users, wide, trie)
         else:
             recs = cached
             if recs is None:
                 recs = model_beams(model, tokenizer, index, users, wide, show_progress=progress, **search)
-        return recs, new_item_rule.apply(recs, users, k)
+            if new_item_rule.model_weight:
+                rest = {key: value for key, value in search.items() if key != "trie"}
+                news = new_item_beams(
+                    model, tokenizer, index, users, new_item_rule.new_items, wide, trie=trie, **rest
+                )
+        return recs, new_item_rule.apply(recs, users, k, news)
 
     first, served = mixed(histories, width, beams, show_progress)
     items, scores = _kept(served, histories, trie, k)
