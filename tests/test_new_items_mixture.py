@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -226,6 +227,16 @@ def test_the_model_weight_multiplies_p_text_by_the_models_probability_of_each_ne
     )
     first_new = [next(i for i in row if i in new) for row in (*plain.items, *weighed.items)]
     assert first_new == ["n2", "n2", "n3", "n0"]  # o2's text twin for both, then the model's first beams
+    # a new item the model's own list holds high does not take the new place the product gives another
+    strong = Recommendations(items=[["n0", "o3", "o0"]], scores=[[-0.01, -1.0, -2.0]], k=3, num_beams=3)
+    alone = mixture.mix(strong, histories[:1], k=3, mode="share", min_places=1)
+    led = mixture.mix(
+        strong, histories[:1], k=3, mode="share", min_places=1, new_item_beams=replace(beams, items=beams.items[:1],
+        scores=beams.scores[:1]), model_weight=50.0,
+    )  # fmt: skip
+    assert [i for i in alone.items[0] if i in new] == ["n0"] and [i for i in led.items[0] if i in new] == [
+        "n3"
+    ]
     with pytest.raises(ValueError, match="one list of new-item beams per history"):
         mixture.text_probabilities(histories, None, 0.5)
 

@@ -22,8 +22,9 @@ Two ways to serve it (``mode``):
 * ``"probability"``: every candidate ranked by ``p(i | u)``: the most expected hits over all users, at
   the price of users who stay with old items when the model is weak (its probabilities are then small);
 * ``"share"``: the model's own list keeps its first ``k - round(k * pi_u)`` places, in its order, and the
-  remaining places go to the new items of highest ``p_text``: a user unlikely to pick a new item keeps
-  almost all of the model's list.
+  remaining places go to the new items of highest mixture probability (with a ``model_weight``, of highest
+  ``p_text x p_model^lam``, which holds the model's view of the new items already): a user unlikely to pick
+  a new item keeps almost all of the model's list.
 
 ``temperature`` and the logistic weights are fitted by maximum likelihood on *calibration* examples: the
 interactions logged since the model was trained, typically each user's most recent one (the validation
@@ -266,6 +267,7 @@ class SemanticMixture:
             raise ValueError(f"min_places={min_places} reserves places of the share mode, not of {mode!r}")
         prior = self.new_item_prior(histories)
         text = self.text_probabilities(histories, new_item_beams, model_weight)
+        column = {item: j for j, item in enumerate(self.new_items)}
         top = min(k, len(self.new_items))
         items_out: list[list[Hashable]] = []
         scores_out: list[list[float]] = []
@@ -283,8 +285,11 @@ class SemanticMixture:
             if mode == "share":
                 quota = min(k, max(min_places, round(k * float(prior[u]))))
                 model_items = [i for i in items if i in prob and str(i) not in self._new][: k - quota]
+                order = prob  # the new places: by the mixture, or by the product where it holds the model
+                if model_weight > 0:
+                    order = {i: float(text[u, column[str(i)]]) for i in prob if str(i) in self._new}
                 by_text = sorted(
-                    (i for i in prob if str(i) in self._new and i not in model_items), key=lambda i: -prob[i]
+                    (i for i in prob if str(i) in self._new and i not in model_items), key=lambda i: -order[i]
                 )
                 ranked = [(i, prob[i]) for i in model_items + by_text[: k - len(model_items)]]
             else:
