@@ -7,7 +7,8 @@ Every run must score the same users with the same targets (same dataset, ``--sha
 the training seed is what differs). Per model: Recall/NDCG@K averaged over seeds, with the package's
 stratified bootstrap (users resampled within each seed; ``intervals.bootstrap_interval``);
 paired differences pair each user within each seed. ``--models`` restricts the table to models every run
-scored the same way (e.g. to leave out a row whose method changed between the runs).
+scored the same way (e.g. to leave out a row whose method changed between the runs); ``--against`` pairs every
+``grown + ...`` model with the models named (e.g. the text-only mixture and ``p_text`` alone).
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ def load_runs(directories: list[str]) -> list[dict]:
     return runs
 
 
-def pool(runs: list[dict], models: list[str] | None, k: int, resamples: int) -> dict:
+def pool(
+    runs: list[dict], models: list[str] | None, k: int, resamples: int, against: list[str] | None = None
+) -> dict:
     """Mean over seeds and pooled intervals of each model, and of the paired differences."""
     common = [
         m
@@ -76,7 +79,11 @@ def pool(runs: list[dict], models: list[str] | None, k: int, resamples: int) -> 
     pairs = [("grown", "retrained (full catalogue)")] + [
         (m, "grown") for m in chosen if m.startswith("grown + ")
     ]
+    pairs += [(m, c) for c in against or [] for m in chosen if m != c and m.startswith("grown + ")]
     differences = {}
+    missing = sorted({c for c in against or []} - set(chosen))
+    if missing:
+        raise SystemExit(f"--against {missing} are not among the pooled models: {chosen}")
     for a, b in pairs:
         if a in chosen and b in chosen:
             label = f"{a.removeprefix('grown + ')} - {b.replace('retrained (full catalogue)', 'retrained')}"
@@ -129,6 +136,9 @@ class Settings:
     models: list[str] | None = field(
         default=None, metadata={"help": "models to pool (None: all common ones)"}
     )
+    against: list[str] | None = field(
+        default=None, metadata={"help": "also pair every 'grown + ...' model with these (e.g. the controls)"}
+    )
     k: int = field(default=10, metadata={"help": "the cut-off K of Recall@K and NDCG@K"})
     resamples: int = field(default=10_000, metadata={"help": "bootstrap resamples"})
     out: str | None = field(
@@ -144,7 +154,7 @@ def main(argv=None) -> None:
     args = parse(
         Settings, argv, prog="pool_grow_protocol.py", description=__doc__, positionals=(("runs", "*"),)
     )
-    pooled = pool(load_runs(args.runs), args.models, args.k, args.resamples)
+    pooled = pool(load_runs(args.runs), args.models, args.k, args.resamples, args.against)
     text = markdown(pooled, args.k)
     print(text)
     if args.out:
