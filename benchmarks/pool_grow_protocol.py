@@ -92,14 +92,51 @@ def pool(
                 paired = [x - y for x, y in zip(values[(a, metric)], values[(b, metric)], strict=True)]
                 found = bootstrap_interval(paired, resamples=resamples)
                 differences[label][metric] = [found["difference"], found["low"], found["high"]]
+    everyone = {
+        label: all_users(runs, a, b, k, resamples)
+        for label, (a, b) in [(m, (m, None)) for m in chosen] + list(differences_pairs(pairs, chosen))
+        if all(m in r["per_user"].get("old_item_rank_of_target", {}) for r in runs for m in (a, b) if m)
+    }
     return {
         "seeds": [r["budget"]["seed"] for r in runs],
+        "all_users_recall": everyone,
         "resamples": resamples,
         "users": len(runs[0]["per_user"]["users"]),
         "dataset": runs[0]["dataset"],
         "models": table,
         "paired_differences": differences,
     }
+
+
+def differences_pairs(pairs: list[tuple[str, str]], chosen: list[str]):
+    """``(label, (a, b))`` of the paired rows whose two models are both pooled."""
+    for a, b in pairs:
+        if a in chosen and b in chosen:
+            yield (
+                f"{a.removeprefix('grown + ')} - {b.replace('retrained (full catalogue)', 'retrained')}",
+                (a, b),
+            )
+
+
+def all_users(runs: list[dict], a: str, b: str | None, k: int, resamples: int) -> list[float]:
+    """Recall@``k`` of ``a`` (minus ``b``'s, paired) over all users as the population holds them: each seed's
+    new-item and old-item users weighted by their shares (``all_users.new_item_user_share``), averaged over
+    seeds; a stratified bootstrap resamples each group's users within each seed."""
+    rng = np.random.default_rng(0)
+    means, draws = [], np.zeros(resamples)
+    for run in runs:
+        weight = run["all_users"]["new_item_user_share"]
+        groups = []
+        for key, share in (("rank_of_target", weight), ("old_item_rank_of_target", 1 - weight)):
+            ranks = run["per_user"][key]
+            values = per_user(ranks[a], f"recall@{k}") - (
+                0 if b is None else per_user(ranks[b], f"recall@{k}")
+            )
+            groups.append((values, share))
+        means.append(sum(share * v.mean() for v, share in groups))
+        draws += sum(share * v[rng.integers(0, len(v), (resamples, len(v)))].mean(1) for v, share in groups)
+    draws /= len(runs)
+    return [float(np.mean(means)), float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))]
 
 
 def markdown(pooled: dict, k: int) -> str:
@@ -119,6 +156,9 @@ def markdown(pooled: dict, k: int) -> str:
         lines.append(
             f"| {label} | {signed.format(*row[f'recall@{k}'])} | {signed.format(*row[f'ndcg@{k}'])} |"
         )
+    lines += ["", f"| all users, as the population holds them | Recall@{k} [95% CI] |", "|---|---|"]
+    for label, row in pooled["all_users_recall"].items():
+        lines.append(f"| {label} | {(signed if ' - ' in label else cell).format(*row)} |")
     lines += [
         "",
         "Means over seeds; intervals: stratified percentile bootstrap (users resampled within each seed, "

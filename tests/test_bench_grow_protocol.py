@@ -233,3 +233,27 @@ def test_the_cpu_recipe_flags_reach_the_budget(protocol):
     assert not plain.sft.sid_softmax_loss and plain.start.init_scale == 1.0
     with pytest.raises((SystemExit, ValueError), match="init_scale"):
         protocol.protocol_budget(protocol.parse_args(["--out", "x", "--init-scale", "-1"]))
+
+
+def test_pool_pairs_the_arms_with_the_controls_and_weighs_all_users_by_their_shares(pooling, tmp_path):
+    runs = []
+    for seed, (new, old) in enumerate((([1, 0, 0, 0], [1, 0]), ([1, 2, 0, 0], [0, 0]))):
+        folder = Path(_run(tmp_path, seed, {"grown + rule": new, "control": [0, 0, 0, 1]}))
+        summary = json.loads((folder / "protocol.json").read_text())
+        summary["all_users"] = {"new_item_user_share": 0.25}
+        summary["per_user"]["old_item_rank_of_target"] = {"grown + rule": old, "control": [1, 1]}
+        (folder / "protocol.json").write_text(json.dumps(summary))
+        runs.append(str(folder))
+    pooled = pooling.pool(pooling.load_runs(runs), None, k=10, resamples=500, against=["control"])
+    diff = pooled["paired_differences"]["rule - control"]["recall@10"]
+    assert diff[0] == pytest.approx((3 - 2) / 8)  # 3 hits against 2 over the two seeds' 8 new-item users
+    everyone = pooled["all_users_recall"]
+    # seed 0: 0.25 * 1/4 + 0.75 * 1/2; seed 1: 0.25 * 2/4 + 0.75 * 0; averaged over the seeds
+    assert everyone["grown + rule"][0] == pytest.approx((0.0625 + 0.375 + 0.125) / 2)
+    assert everyone["control"][0] == pytest.approx(0.25 * 0.25 + 0.75)
+    rule_minus = everyone["rule - control"]
+    assert rule_minus[0] == pytest.approx(everyone["grown + rule"][0] - everyone["control"][0])
+    assert rule_minus[1] <= rule_minus[0] <= rule_minus[2]
+    assert "all users, as the population holds them" in pooling.markdown(pooled, 10)
+    with pytest.raises(SystemExit, match="--against"):
+        pooling.pool(pooling.load_runs(runs), None, k=10, resamples=10, against=["nobody"])
