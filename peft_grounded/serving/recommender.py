@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..new_items.rule import RULE_FILES, NewItemRule
+from ..new_items.rule import RULE_FILES, NewItemRule, calibration_pairs
 from ..sids import as_catalogue
 from .loading import (
     SERVING_FORMAT,
@@ -288,19 +288,19 @@ class GroundedRecommender:
         :meth:`NewItemRule.choose_model_weight` with its search over the new items; returns the choices."""
         import random
 
-        from ..new_items.rule import calibration_pairs
-
         rule.check_index(self.index, "the given rule")
         pairs = calibration_pairs(interactions, self.index)
         pairs = random.Random(seed).sample(pairs, min(choice_users, len(pairs)))
-        histories = [list(h) for h, _ in pairs]
+        histories, targets = [list(h) for h, _ in pairs], [t for _, t in pairs]
         beams = min(len(self.trie), max(self.num_beams, k))
         found = model_beams(self.model, self.tokenizer, self.index, histories, beams, **self._search())
-        choice = rule.choose_beams(found, histories, [t for _, t in pairs], k, seed=seed)
+        choice = rule.choose_beams(found, histories, targets, k, seed=seed)
+        if rule.beams == "text":  # text KNN's beams: no model search to weigh
+            return choice | rule.choose_model_weight(found, histories, targets)
         news = new_item_beams(
             self.model, self.tokenizer, self.index, histories, rule.new_items, beams, **self._search()
         )
-        return choice | rule.choose_model_weight(news, histories, [t for _, t in pairs])
+        return choice | rule.choose_model_weight(news, histories, targets)
 
     # ------------------------------------------------------------------ serving
 
