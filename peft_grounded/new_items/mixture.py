@@ -75,6 +75,7 @@ class SemanticMixture:
             raise ValueError("no new items to serve: the index added none since the model was trained")
         self._new = set(self.new_items)
         self._new_rows = np.array([self._row[i] for i in self.new_items])
+        self._column = {item: j for j, item in enumerate(self.new_items)}  # a new item's column of p_text
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
 
@@ -110,9 +111,8 @@ class SemanticMixture:
     def _cosines(self, histories: Sequence[Sequence[str]]) -> np.ndarray:
         """``[n, new items]`` cosines to each history's recency profile, history items at ``-inf``."""
         cos = self._profiles(histories) @ self.vectors[self._new_rows].T
-        position = {item: j for j, item in enumerate(self.new_items)}
         for u, history in enumerate(histories):
-            seen = [position[i] for i in history if i in position]
+            seen = [self._column[i] for i in history if i in self._column]
             if seen:
                 cos[u, seen] = -np.inf
         return cos
@@ -120,7 +120,7 @@ class SemanticMixture:
     def model_log_probs(self, new_item_beams: Recommendations) -> np.ndarray:
         """``[n, new items]``: each list's log-probabilities of the new items (a search over the new items
         alone); an item outside a list gets that list's lowest (0 for an empty list)."""
-        column = {item: j for j, item in enumerate(self.new_items)}
+        column = self._column
         out = np.zeros((len(new_item_beams.items), len(self.new_items)))
         for u, (items, scores) in enumerate(zip(new_item_beams.items, new_item_beams.scores, strict=True)):
             known = [(column[str(i)], s) for i, s in zip(items, scores, strict=True) if str(i) in column]
@@ -177,7 +177,7 @@ class SemanticMixture:
             items=[new_item_beams.items[u] for u in keep],
             scores=[new_item_beams.scores[u] for u in keep],
         )
-        column = np.array([self.new_items.index(targets[u]) for u in keep])
+        column = np.array([self._column[targets[u]] for u in keep])
         table = []
         for weight in sorted({0.0, *(float(w) for w in weights)}):
             log_p = self.text_log_probabilities(chosen, beams, weight)
@@ -234,9 +234,8 @@ class SemanticMixture:
             (h, t) for h, t in zip(histories, (t for _, t in calibration), strict=True) if t in mixture._new
         ]
         if with_new:
-            position = {item: j for j, item in enumerate(mixture.new_items)}
             cos = mixture._cosines([h for h, _ in with_new])
-            target = np.array([position[t] for _, t in with_new])
+            target = np.array([mixture._column[t] for _, t in with_new])
             keep = np.isfinite(cos[np.arange(len(target)), target])
             mixture.temperature = _best_temperature(cos[keep], target[keep])
         return mixture
@@ -267,7 +266,6 @@ class SemanticMixture:
             raise ValueError(f"min_places={min_places} reserves places of the share mode, not of {mode!r}")
         prior = self.new_item_prior(histories)
         text = self.text_probabilities(histories, new_item_beams, model_weight)
-        column = {item: j for j, item in enumerate(self.new_items)}
         top = min(k, len(self.new_items))
         items_out: list[list[Hashable]] = []
         scores_out: list[list[float]] = []
@@ -287,7 +285,7 @@ class SemanticMixture:
                 model_items = [i for i in items if i in prob and str(i) not in self._new][: k - quota]
                 order = prob  # the new places: by the mixture, or by the product where it holds the model
                 if model_weight > 0:
-                    order = {i: float(text[u, column[str(i)]]) for i in prob if str(i) in self._new}
+                    order = {i: float(text[u, self._column[str(i)]]) for i in prob if str(i) in self._new}
                 by_text = sorted(
                     (i for i in prob if str(i) in self._new and i not in model_items), key=lambda i: -order[i]
                 )
