@@ -56,15 +56,23 @@ def csv_list(values: Sequence[str] | str | None) -> list[str]:
     return [part.strip() for value in values for part in str(value).split(",") if part.strip()]
 
 
+def catalogue_field(purpose: str = "") -> Any:
+    """The ``--catalogue`` field of a command that reads a SID index: default the index's own catalogue."""
+    return field(
+        default=None,
+        metadata={
+            "help": f"{purpose}Catalogue path or 'movielens-100k'; None: the one the SID index was built from "
+            "(recorded by build-sids, checked by its fingerprint). A catalogue that is not the index's is refused."
+        },
+    )
+
+
 @dataclass
 class DataArguments:
     """The SID index and catalogue a stage trains on, and how many of its examples."""
 
     sid_index: str = field(metadata={"help": "SID index directory (from `peft-grounded build-sids`)."})
-    catalogue: str = field(
-        default="movielens-100k",
-        metadata={"help": "Catalogue path or 'movielens-100k' (the one the SID index was built from)."},
-    )
+    catalogue: str | None = catalogue_field()
     max_examples: int | None = field(
         default=None, metadata={"help": "A seeded sample of this many training examples; None: all."}
     )
@@ -204,11 +212,14 @@ class EncodingArguments:
         checks.raise_problems("EncodingArguments", [problem])
 
 
-def load_data(catalogue: str, sid_index: str) -> tuple[Any, Any]:
-    """(catalogue, SID index) from their names on the command line."""
-    from ..sids import SIDIndex, load_catalogue
+def load_data(catalogue: str | None, sid_index: str) -> tuple[Any, Any]:
+    """(catalogue, SID index) from the command line: the index, and the catalogue it was built from (the one
+    given, checked against the index's record, or the recorded one)."""
+    from ..sids import SIDIndex
+    from ..sids.catalogue_source import index_catalogue
 
-    return load_catalogue(catalogue), SIDIndex.load(sid_index)
+    index = SIDIndex.load(sid_index)
+    return index_catalogue(index, catalogue), index
 
 
 def _no_dataclasses() -> tuple[type, ...]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .common import Command, csv_list
+from .common import Command, catalogue_field, csv_list
 
 
 def _fmt(value: float | None) -> str:
@@ -35,10 +35,7 @@ class DiagnoseArguments:
     no_vocabulary: bool = field(
         default=False, metadata={"help": "No base-model rows: no text tokens, no nearest."}
     )
-    catalogue: str | None = field(
-        default=None,
-        metadata={"help": "Catalogue path (or movielens-100k) for categories and target counts."},
-    )
+    catalogue: str | None = catalogue_field("For categories and target counts. ")
     catalogue_format: Literal["auto", "lcrec", "amazon", "movielens", "recbole", "table"] = field(
         default="auto", metadata={"help": "The catalogue's format (auto: detected)."}
     )
@@ -141,8 +138,8 @@ def run(args: DiagnoseArguments, report: DiagnoseReportArguments) -> int:
         )
         points += folder.checkpoints
         intro = [f"Checkpoints from {args.runs}.", *folder.notes]
-    catalogue = None
-    if args.catalogue:
+    catalogue = args.catalogue  # a path is read as the index's record says and checked against it
+    if args.catalogue and args.catalogue_format != "auto":
         from peft_grounded.sids.loaders import load_catalogue
 
         catalogue = load_catalogue(args.catalogue, format=args.catalogue_format)

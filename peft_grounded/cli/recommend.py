@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .common import Command
+from .common import Command, catalogue_field
 
 NAME = "recommend"
 HELP = "recommend the top-K items for a history (or a JSONL file of users) with a trained adapter"
@@ -63,8 +63,8 @@ class RecommendArguments:
         default=None,
         metadata={"help": "Base model; None: the one the adapter records."},
     )
-    catalogue: str | None = field(
-        default=None, metadata={"help": "Catalogue path or 'movielens-100k', for the items' titles."}
+    catalogue: str | None = catalogue_field(
+        "For the items' titles (served without them when the index's own is not at hand). "
     )
     interactions: str | None = field(
         default=None,

@@ -74,7 +74,8 @@ def diagnose(
     ``index``: a :class:`~peft_grounded.sids.SIDIndex` or its directory. ``base_model``: a local
     checkpoint, a model object, or ``False`` for no vocabulary; default: the adapters'
     ``base_model_name_or_path``. ``catalogue``: a :class:`~peft_grounded.sids.Catalogue` or a path
-    for :func:`~peft_grounded.sids.load_catalogue`; ``split``: its leave-one-out split (default:
+    for :func:`~peft_grounded.sids.load_catalogue`, checked against the index's record (default: the
+    index's own catalogue when it can be found; the report notes when it cannot); ``split``: its leave-one-out split (default:
     the catalogue's). ``frequencies``: ``"auto"`` (training targets if a catalogue or split is
     given, else the index's interactions), ``"targets"``, ``"interactions"``, ``"items"`` or
     ``"none"``. ``matrix="output"`` diagnoses an untied head's rows. ``drop_duplicates`` leaves
@@ -107,10 +108,7 @@ def diagnose(
         points, loaded = _drop_duplicates(points, loaded, notes)
 
     vocabulary = _vocabulary(base_model, tokenizer, loaded, matrix, notes)
-    if catalogue is not None and not hasattr(catalogue, "items"):
-        from peft_grounded.sids.loaders import load_catalogue
-
-        catalogue = load_catalogue(catalogue)
+    catalogue = _index_catalogue(sid_index, catalogue, notes)
     shared: dict[str, Any] = {
         "reference": _reference(sid_index, reference, notes),
         "frequencies": _frequencies(sid_index, frequencies, catalogue, split, notes),
@@ -412,3 +410,18 @@ def majority_labels(
 def level0_labels(index: SIDIndex, depth: int = 0) -> list[str | None]:
     """Majority category label of each level-0 token (for neighbourhood-purity diagnostics)."""
     return [label for label, _ in majority_labels(index, 0, depth=depth)]
+
+
+def _index_catalogue(index: Any, catalogue: Any, notes: list[str]) -> Any:
+    """The catalogue given (checked against the index's record), else the index's own when it is at hand."""
+    from peft_grounded.sids.catalogue_source import CatalogueMismatchError, index_catalogue, source_of
+
+    if catalogue is not None:
+        return index_catalogue(index, catalogue)
+    if source_of(index) is None:
+        return None
+    try:
+        return index_catalogue(index)
+    except CatalogueMismatchError as err:
+        notes.append(f"No catalogue: {err}")
+        return None

@@ -201,9 +201,11 @@ def evaluate_adapter(
     new-item rule or peer fusion stored beside it (``new_item_rule.json``, ``peer_fusion.json``, checked
     against ``index``), when there is one; ``peer_fusion=False``: the model without its fusion."""
     from ..new_items.rule import NewItemRule
-    from ..serving.peer_fusion import PeerFusion
+    from ..serving.peer_fusion import PeerFusion, stored_fix
+    from ..sids.catalogue_source import index_catalogue
     from ..sids.model import base_model_path, prompt_format_of, sid_model
 
+    catalogue = index_catalogue(index, catalogue, flag="catalogue=")  # None: the index's own
     settings = settings or EvalSettings()
     dtype = torch.bfloat16 if settings.bf16 else torch.float32
     rule = NewItemRule.load(adapter)
@@ -211,7 +213,7 @@ def evaluate_adapter(
         rule.check_index(index, f"the folder {str(adapter)!r}")
     fusion = PeerFusion.load(adapter) if peer_fusion else None
     if fusion is not None:
-        fusion.check_index(index, f"the folder {str(adapter)!r}")
+        fusion.check_index(index, f"the folder {str(adapter)!r}", stored_fix(adapter))
     tokenizer, model = sid_model(
         model_path or base_model_path(adapter), index, adapter=adapter, is_trainable=False, dtype=dtype
     )

@@ -233,6 +233,18 @@ def stage_tokenizer(config: GroundedTokenConfig, tokenizer, stage: Path) -> None
     tokenizer.save_pretrained(str(stage))
 
 
+def public_index(index: SIDIndex) -> SIDIndex:
+    """``index`` as pushed: its catalogue record keeps the name and the fingerprint, never a local path."""
+    from dataclasses import replace
+
+    from ..sids.catalogue_source import RECORD_KEY, source_of
+
+    source = source_of(index)
+    if source is None:
+        return index
+    return replace(index, build_config=index.build_config | {RECORD_KEY: source.public().to_dict()})
+
+
 def stage_index(config: GroundedTokenConfig, index: SIDIndex | str | Path, stage: Path) -> SIDIndex:
     """Check that the index's SID tokens are the adapter's, and save it into ``stage/sid_index``."""
     from ..sids.index import SIDIndex
@@ -248,5 +260,5 @@ def stage_index(config: GroundedTokenConfig, index: SIDIndex | str | Path, stage
             "to another SID vocabulary."
         )
     check_index_version(read_sid_record(stage).get(FINGERPRINT_KEY), index, "push")
-    index.save(stage / SID_INDEX_DIR)
+    public_index(index).save(stage / SID_INDEX_DIR)
     return index

@@ -11,6 +11,7 @@ left out), the one ``evaluate`` measures with.
 from __future__ import annotations
 
 import json
+import logging
 import warnings
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -32,10 +33,11 @@ from .loading import (
     open_recommender_source,
     serving_dtype,
 )
-from .peer_fusion import PeerFusion
+from .peer_fusion import PeerFusion, stored_fix
 from .top_k import model_beams, new_item_beams, top_k_lists
 
 DEFAULT_BEAMS = 20
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -73,6 +75,23 @@ class Request:
     histories: list[list[str]]
     unknown: list[list[str]]
     groups: list[tuple[Any, list[int]]]
+
+
+def titles_catalogue(index: Any, catalogue: Any, needed: bool) -> Any:
+    """The catalogue of the items' titles: ``catalogue`` checked against the index's record, else the index's
+    own. Serving needs none unless the prompts carry titles (``needed``), so an index whose catalogue is not
+    at hand (one pulled from the Hub) serves without titles."""
+    from ..sids.catalogue_source import CatalogueMismatchError, index_catalogue
+
+    if catalogue is not None:
+        return index_catalogue(index, catalogue)
+    try:
+        return index_catalogue(index)
+    except CatalogueMismatchError:
+        if needed:
+            raise
+        logger.info("serving without titles: the SID index's catalogue is not at hand")
+        return None
 
 
 class GroundedRecommender:
@@ -154,7 +173,8 @@ class GroundedRecommender:
             sid_index: SID index folder (or a loaded index) when the adapter does not carry one.
             model_name_or_path: base model; default the one the adapter records (a local folder, or the
                 packaged SmolLM2-135M when it was made on SmolLM2).
-            catalogue: a catalogue (path, ``"movielens-100k"`` or a loaded one) for the items' titles.
+            catalogue: a catalogue (path, ``"movielens-100k"`` or a loaded one) for the items' titles, checked
+                against the SID index's record; None: the one the index was built from, when it can be found.
             device: ``"cpu"``, ``"cuda"``, ...; default CUDA when available. dtype: ``"auto"`` (bf16 on a GPU
                 that supports it, see :mod:`peft_grounded.precision`; float32 on a CPU, the exact lists),
                 ``"float32"`` or ``"bfloat16"``.
@@ -194,13 +214,13 @@ class GroundedRecommender:
             rule.check_index(index, source.where)
         fusion = PeerFusion.load(folder) if peer_fusion else None
         if fusion is not None:
-            fusion.check_index(index, source.where)
+            fusion.check_index(index, source.where, stored_fix(folder) if source.folder else None)
         recommender = cls(
             model.to(device),
             tokenizer,
             index,
             fmt,
-            catalogue=as_catalogue(catalogue),
+            catalogue=titles_catalogue(index, catalogue, needed=fmt is not None and fmt.with_titles),
             new_item_rule=rule,
             peer_fusion=fusion,
             num_beams=num_beams,

@@ -30,6 +30,7 @@ from .index import (
 
 _LAZY = {  # module: the names it exports
     "catalogue": "Catalogue CatalogueError Item LeaveOneOut LoadReport UserSplit TextTemplate",
+    "catalogue_source": "CatalogueMismatchError CatalogueSource index_catalogue",
     "loaders": "as_catalogue load_catalogue load_lcrec load_amazon load_movielens load_recbole load_table",
     "encoders": "TextEncoder SentenceTransformerEncoder LMEncoder load_encoder encode_texts",
     "build": "encode_items EncodedItems build_sids index_from_vectors",

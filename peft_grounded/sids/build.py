@@ -21,6 +21,8 @@ from .._io import locks_output
 from .behaviour import ItemVectorsConfig
 from .behaviour import item_vectors as build_item_vectors
 from .catalogue import Catalogue, CatalogueError, Item, TextTemplate
+from .catalogue_source import RECORD_KEY as CATALOGUE_RECORD
+from .catalogue_source import CatalogueSource
 from .collisions import (
     DEDUP_MODES,
     add_disambiguation_level,
@@ -296,6 +298,9 @@ def build_sids(
 
         source = str(catalogue)
         catalogue = load_catalogue(catalogue, format=catalogue_format, **(catalogue_options or {}))
+    read_from = CatalogueSource.of(catalogue, source, catalogue_format, dict(catalogue_options or {}), k_core)
+    if output is not None:
+        read_from = read_from.with_index_folder(output)
     logger.info("catalogue %s: %s", catalogue.name, catalogue.report.summary())
     if k_core > 1:
         catalogue = catalogue.k_core(k_core)
@@ -348,7 +353,7 @@ def build_sids(
         token_template=token_template,
         build_config={
             "catalogue": catalogue.name,
-            "catalogue_source": source,
+            CATALOGUE_RECORD: read_from.to_dict(),
             "catalogue_report": catalogue.report.summary(),
             "k_core": k_core,
             "n_users": len(catalogue.sequences),

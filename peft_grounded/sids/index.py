@@ -202,6 +202,7 @@ class SIDIndex:
                 raise IndexFileError(
                     f"centroids[{variant!r}] has shape {matrix.shape}, expected {self.n_tokens} rows (one per token)"
                 )
+        self.folder: Path | None = None  # where it was loaded from or last saved to (not a field: not saved)
         self._row: dict[str, int] | None = None
         self._by_sid: dict[tuple[int, ...], str] | None = None
         self._sorted: tuple[np.ndarray, np.ndarray] | None = None
@@ -458,20 +459,25 @@ class SIDIndex:
         """Write ``sid_index.json`` + its content-named tensor file into ``directory`` atomically; returns it
         (see :mod:`.index_files`). The folder is locked while it is written (a concurrent save there stops
         with an error)."""
-        return save_index(self, directory)
+        saved = save_index(self, directory)
+        self.folder = Path(directory)
+        return saved
 
     @classmethod
     def load(cls, path: str | Path, verify: bool = True) -> SIDIndex:
         """Read an index saved by :meth:`save` (``path``: its directory or its ``sid_index.json``)."""
         fields = read_index(path, verify)
         try:
-            return cls(**fields)
+            index = cls(**fields)
         except IndexFileError as err:  # the arrays disagree with each other or with the JSON
             raise IndexFileError(
                 f"{fields_source(path)}: {err} (a damaged or foreign index); {REBUILD}"
             ) from None
         except (TypeError, ValueError) as err:
             raise IndexFileError(f"{fields_source(path)} cannot be used ({err}); {REBUILD}") from None
+        path = Path(path)
+        index.folder = path.parent if path.suffix == ".json" else path
+        return index
 
 
 # One text per SID token, for the adapter's ``init="description"`` start.

@@ -26,6 +26,7 @@ from peft import PeftModel, get_peft_model
 from .._io import locks_output
 from ..adapter import GroundedTokenConfig
 from ..prompts import DEFAULT_SYSTEM_PROMPT
+from ..sids.catalogue_source import index_catalogue
 from ..sids.model import RowStart
 from .config import GroundingConfig
 from .trainer import RunTrainer, StageRun, run_stage
@@ -137,7 +138,8 @@ def ground(
     dtype: torch.dtype = torch.float32,
     callbacks: list | None = None,
 ) -> PeftModel:
-    """Ground the adapter for ``index``'s tokens on ``catalogue``'s text (the ``ground`` command).
+    """Ground the adapter for ``index``'s tokens on ``catalogue``'s text (the ``ground`` command; ``catalogue``
+    None: the one the index was built from, see :func:`~peft_grounded.sids.catalogue_source.index_catalogue`).
 
     A fresh base model (``model_path``, default: the packaged SmolLM2-135M, loaded in ``dtype``) gets the tokens
     and ``start`` (a :class:`~peft_grounded.sids.model.RowStart`; None: its defaults) starts their rows; or
@@ -146,6 +148,7 @@ def ground(
     ``<args.output_dir>/adapter``. The output folder is locked from the start, before the model is loaded.
     """
 
+    catalogue = index_catalogue(index, catalogue, flag="catalogue=")
     run = StageRun(model, tokenizer, max_examples, callbacks, resume)
     data = partial(grounding_dataset, catalogue, index)
     return run_stage(

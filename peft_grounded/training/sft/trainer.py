@@ -16,6 +16,7 @@ from peft import PeftModel
 from ..._io import locks_output, make_temp_dir
 from ...adapter import GroundedTokenConfig
 from ...prompts import PromptFormat
+from ...sids.catalogue_source import index_catalogue
 from ...sids.model import SID_SOFTMAX_KEY, RowStart, record_sid_facts
 from ..callbacks import ValidationRecall
 from ..config import RecommendationConfig
@@ -200,6 +201,7 @@ def train_recommender(
     from ...adapter.lora import lora_settings
     from .data import Augmentation, training_dataset
 
+    catalogue = index_catalogue(index, catalogue, flag="catalogue=")  # None: the index's own
     stack = lora is not False  # False: no LoRA (the rows, and what the caller unfroze, train)
     lora_given = bool(lora)
     lora = lora_settings(**(lora or {}))  # checked before the model loads

@@ -1,0 +1,278 @@
+"""Where a SID index's catalogue was read from, and whether a catalogue is that one.
+
+``build-sids`` records a :class:`CatalogueSource` in the index (``build_config["catalogue_source"]``): the
+path as read (absolute, or ``"movielens-100k"``), its format and reader options, the k-core, and a
+fingerprint of what was read (the items with their text, the interactions when there are any). Every later
+stage reads its catalogue through :func:`index_catalogue`:
+
+1. a catalogue given (a loaded one, a path or a name) is used when its fingerprint is the index's, and
+   refused naming both when it is not (MovieLens-100K's ids ``1..1682`` are ids of many numeric catalogues
+   too, so ids alone prove nothing);
+2. none given: the recorded path, else the same path relative to the index folder (an index and its data
+   moved together), each accepted only on its fingerprint; none found is an error that says where it was.
+
+An index pushed to the Hub keeps the name and the fingerprint, never a local path (:meth:`CatalogueSource.public`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .catalogue import Catalogue, CatalogueError
+
+RECORD_KEY = "catalogue_source"
+PATH_OPTIONS = ("reviews", "interactions")  # reader options that name a file (stored absolute)
+BUILTIN = ("movielens-100k",)
+
+
+class CatalogueMismatchError(CatalogueError):
+    """A catalogue that is not the one a SID index was built from, or one that cannot be found."""
+
+
+def _digest(payload: Any) -> str:
+    return hashlib.sha256(
+        json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+    ).hexdigest()[:16]
+
+
+def fingerprint_items(catalogue: Catalogue) -> str:
+    """Short sha256 of the items: ids, titles, brands, categories and descriptions, in id order."""
+    rows = [
+        [i, it.title, it.brand, list(it.categories), it.description]
+        for i, it in sorted(catalogue.items.items())
+    ]
+    return _digest(rows)
+
+
+def fingerprint_interactions(catalogue: Catalogue) -> str | None:
+    """Short sha256 of the users' sequences in user order; None for a catalogue without interactions."""
+    if not catalogue.sequences:
+        return None
+    return _digest(sorted((u, list(s)) for u, s in catalogue.sequences.items()))
+
+
+@dataclass(frozen=True)
+class CatalogueSource:
+    """The catalogue a SID index was built from: where it was read and what it held."""
+
+    name: str = field(metadata={"help": "The catalogue's name (its loader's)."})
+    items_fingerprint: str = field(metadata={"help": "fingerprint_items of what was read."})
+    interactions_fingerprint: str | None = field(
+        default=None, metadata={"help": "fingerprint_interactions of what was read (None: no interactions)."}
+    )
+    n_items: int = field(default=0, metadata={"help": "Items read."})
+    n_users: int = field(default=0, metadata={"help": "Users read."})
+    path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Absolute path read, 'movielens-100k', or None (a Catalogue object, or a pushed index)."
+        },
+    )
+    relative_path: str | None = field(
+        default=None, metadata={"help": "The path relative to the index folder it was saved to."}
+    )
+    format: str = field(default="auto", metadata={"help": "The reader's format."})
+    options: dict[str, Any] = field(default_factory=dict, metadata={"help": "The reader's options."})
+    k_core: int = field(default=0, metadata={"help": "The k-core the build kept (0: none)."})
+
+    # ------------------------------------------------------------------------------------------ record
+
+    @classmethod
+    def of(
+        cls,
+        catalogue: Catalogue,
+        path: str | Path | None = None,
+        format: str = "auto",
+        options: dict[str, Any] | None = None,
+        k_core: int = 0,
+    ) -> CatalogueSource:
+        """The record of ``catalogue`` as read from ``path`` (before the build's k-core)."""
+        where = None if path is None else (str(path) if str(path) in BUILTIN else os.path.abspath(path))
+        opts = {
+            key: (os.path.abspath(value) if key in PATH_OPTIONS and value is not None else value)
+            for key, value in (options or {}).items()
+        }
+        return cls(
+            name=catalogue.name,
+            items_fingerprint=fingerprint_items(catalogue),
+            interactions_fingerprint=fingerprint_interactions(catalogue),
+            n_items=len(catalogue.items),
+            n_users=len(catalogue.sequences),
+            path=where,
+            format=format,
+            options=opts,
+            k_core=int(k_core),
+        )
+
+    def with_index_folder(self, folder: str | Path) -> CatalogueSource:
+        """This record with the path relative to the index folder ``folder`` (for an index moved with its data)."""
+        if self.path is None or self.path in BUILTIN:
+            return self
+        return replace(self, relative_path=os.path.relpath(self.path, os.path.abspath(folder)))
+
+    def public(self) -> CatalogueSource:
+        """This record without local paths (what a pushed index carries)."""
+        options = {k: v for k, v in self.options.items() if k not in PATH_OPTIONS}
+        path = self.path if self.path in BUILTIN else None
+        return replace(self, path=path, relative_path=None, options=options)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, record: Any, where: str) -> CatalogueSource:
+        """Read a record written by :meth:`to_dict`; a damaged one names ``where``."""
+        known = {f for f in cls.__dataclass_fields__}
+        if not isinstance(record, dict) or not {"name", "items_fingerprint"} <= set(record):
+            raise CatalogueMismatchError(
+                f"{where}: the catalogue record is damaged (needs name and items_fingerprint); rebuild the "
+                "index (peft-grounded build-sids) or pass --catalogue with the catalogue it was built from"
+            )
+        unknown = sorted(set(record) - known)
+        if unknown:
+            raise CatalogueMismatchError(
+                f"{where}: the catalogue record has unknown fields {unknown}; it was written by another "
+                "version of peft_grounded: rebuild the index with this one"
+            )
+        return cls(**record)
+
+    # ------------------------------------------------------------------------------------------ check
+
+    def describe(self) -> str:
+        """``name (N items, M users, fingerprint F)``."""
+        users = f", {self.n_users} users" if self.interactions_fingerprint else ", no interactions"
+        return f"{self.name!r} ({self.n_items} items{users}, fingerprint {self.fingerprint})"
+
+    @property
+    def fingerprint(self) -> str:
+        """The items' and the interactions' fingerprints, as one string."""
+        return self.items_fingerprint + (
+            f"/{self.interactions_fingerprint}" if self.interactions_fingerprint else ""
+        )
+
+    def matches(self, catalogue: Catalogue) -> bool:
+        """Whether ``catalogue`` holds the items and interactions this record was made of."""
+        return fingerprint_items(catalogue) == self.items_fingerprint and (
+            fingerprint_interactions(catalogue) == self.interactions_fingerprint
+        )
+
+    def check(self, catalogue: Catalogue, given: str, index_where: str, flag: str) -> None:
+        """Refuse ``catalogue`` (read from ``given``) unless it is this record's, naming both and the fix."""
+        if self.matches(catalogue):
+            return
+        other = CatalogueSource.of(catalogue)
+        recorded = f" read from {self.path}" if self.path else ""
+        raise CatalogueMismatchError(
+            f"the catalogue {given} is {other.describe()}, not the one SID index {index_where} was built from: "
+            f"{self.describe()}{recorded}. Pass that catalogue ({flag} PATH), or leave {flag} out to read it "
+            "from where the index recorded it; or build an index of this catalogue (peft-grounded build-sids)"
+        )
+
+    # ------------------------------------------------------------------------------------------ load
+
+    def read(self, path: str | Path) -> Catalogue:
+        """The catalogue at ``path`` read as the build read it (format, options, k-core)."""
+        from .loaders import load_catalogue
+
+        options = dict(self.options)
+        for key in PATH_OPTIONS:  # a reader's file that moved with the catalogue: the same name beside it
+            value = options.get(key)
+            if value is not None and not Path(value).exists():
+                beside = Path(path).parent / Path(value).name
+                options[key] = str(beside) if beside.exists() else value
+        return load_catalogue(str(path), format=self.format, **options)
+
+    def cored(self, catalogue: Catalogue) -> Catalogue:
+        """``catalogue`` filtered to the build's k-core (as the index's items were)."""
+        return catalogue.k_core(self.k_core) if self.k_core > 1 else catalogue
+
+    def candidates(self, index_folder: str | Path | None) -> list[str]:
+        """Where the catalogue may be: the recorded path, then the same path relative to the index folder."""
+        out = [self.path] if self.path else []
+        if self.relative_path and index_folder is not None:
+            moved = os.path.normpath(os.path.join(os.path.abspath(index_folder), self.relative_path))
+            if moved not in out:
+                out.append(moved)
+        return out
+
+    def find(self, index_folder: str | Path | None, index_where: str, flag: str) -> Catalogue:
+        """The recorded catalogue, found where it was or beside the moved index, checked by its fingerprint."""
+        tried: list[str] = []
+        for path in self.candidates(index_folder):
+            if path not in BUILTIN and not Path(path).exists():
+                tried.append(f"{path} (not there)")
+                continue
+            catalogue = self.read(path)
+            if self.matches(catalogue):
+                return catalogue
+            tried.append(
+                f"{path} (holds other items or interactions: {CatalogueSource.of(catalogue).describe()})"
+            )
+        where = (
+            "; ".join(tried)
+            if tried
+            else "no path was recorded (built from a Catalogue object, or pulled from the Hub)"
+        )
+        raise CatalogueMismatchError(
+            f"SID index {index_where} was built from the catalogue {self.describe()}, and it is not where the "
+            f"index recorded it: {where}. Pass it: {flag} PATH (the same items and interactions)"
+        )
+
+
+def source_of(index: Any) -> CatalogueSource | None:
+    """The :class:`CatalogueSource` recorded in ``index``, None when it records none."""
+    record = (index.build_config or {}).get(RECORD_KEY)
+    if record is None:
+        return None
+    return CatalogueSource.from_dict(record, _where(index))
+
+
+def _where(index: Any) -> str:
+    folder = getattr(index, "folder", None)
+    return str(folder) if folder is not None else f"(fingerprint {index.fingerprint()})"
+
+
+def index_catalogue(
+    index: Any, catalogue: Catalogue | str | Path | None = None, *, flag: str = "--catalogue"
+) -> Catalogue:
+    """The catalogue ``index`` was built from: ``catalogue`` when given (checked against the index's
+    record), else the recorded one (found by :meth:`CatalogueSource.find`). ``flag`` names the setting in
+    messages (``catalogue=`` from Python)."""
+    source = source_of(index)
+    where = _where(index)
+    if catalogue is None:
+        if source is None:
+            raise CatalogueMismatchError(
+                f"SID index {where} does not record the catalogue it was built from; pass it ({flag} PATH), or "
+                "rebuild the index with peft-grounded build-sids, which records it"
+            )
+        return source.cored(source.find(getattr(index, "folder", None), where, flag))
+    if isinstance(catalogue, Catalogue):
+        loaded, given = catalogue, f"given ({catalogue.name!r})"
+    else:
+        given = f"{flag} {catalogue}"
+        if source is not None and str(catalogue) not in BUILTIN:
+            loaded = source.read(catalogue)
+        else:
+            from .loaders import load_catalogue
+
+            loaded = load_catalogue(str(catalogue))
+    if source is None:
+        return loaded
+    source.check(loaded, given, where, flag)
+    return source.cored(loaded)
+
+
+__all__ = [
+    "CatalogueMismatchError",
+    "CatalogueSource",
+    "fingerprint_interactions",
+    "fingerprint_items",
+    "index_catalogue",
+    "source_of",
+]
