@@ -29,11 +29,11 @@ class Settings:
 def main(argv=None) -> None:
     args = parse(Settings, argv, prog="bench_decoding_precision.py", description=__doc__)
     from peft_grounded import GroundedRecommender
-    from peft_grounded.sids import SIDIndex, load_catalogue
+    from peft_grounded.sids import SIDIndex, index_catalogue
 
     (adapter,) = sorted(args.run.glob("strategies/*/sft/adapter"))
     index = SIDIndex.load(args.run / "sids")
-    split = load_catalogue(index.build_config.get("catalogue_source") or "movielens-100k").leave_one_out()
+    split = index_catalogue(index).leave_one_out()
     histories = [[*u.history, u.valid] for u in split.users[: args.users]]  # test-time histories
     recommenders = {
         f"{'merged' if merge else 'unmerged'} {dtype}": GroundedRecommender.from_pretrained(

@@ -36,7 +36,10 @@ def write_shop(folder) -> tuple:
     folder.mkdir(parents=True, exist_ok=True)
     write_jsonl(
         folder / "items.jsonl",
-        [{"item_id": i, "title": it.title, "categories": list(it.categories)} for i, it in catalogue.items.items()],
+        [
+            {"item_id": i, "title": it.title, "categories": list(it.categories)}
+            for i, it in catalogue.items.items()
+        ],
     )
     write_jsonl(
         folder / "interactions.jsonl",
@@ -71,7 +74,9 @@ def shop(tmp_path_factory, smollm2_dir):
 
 def test_build_sids_records_where_the_catalogue_was_read_and_what_it_held(shop):
     record = SIDIndex.load(shop["sids"]).build_config["catalogue_source"]
-    assert record["path"] == str(shop["items"]) and record["options"]["interactions"].endswith("interactions.jsonl")
+    assert record["path"] == str(shop["items"]) and record["options"]["interactions"].endswith(
+        "interactions.jsonl"
+    )
     assert (record["n_items"], record["n_users"]) == (16, 12)
     assert record["items_fingerprint"] == fingerprint_items(shop["catalogue"])
     assert record["interactions_fingerprint"] == fingerprint_interactions(shop["catalogue"])
@@ -96,12 +101,14 @@ def test_the_readme_pipeline_reads_the_index_catalogue_at_every_stage(shop, tmp_
     adapter = tmp_path / "s" / "adapter"
     code, out, _ = run_cli(capsys, "fuse-peer", "--sid_index", sids, "--adapter", adapter)
     assert code == 0 and f"({users} validation users)" in out
-    code, out, err = run_cli(capsys, "evaluate", "--sid_index", sids, "--adapter", adapter,
+    code, out, _err = run_cli(capsys, "evaluate", "--sid_index", sids, "--adapter", adapter,
                              "--output_dir", tmp_path / "e")  # fmt: skip
     assert code == 0
     metrics = json.loads((tmp_path / "e" / "metrics.json").read_text())
     assert metrics["test"]["all"]["users"] == users and metrics["valid"]["all"]["users"] == users
-    code, out, _ = run_cli(capsys, "recommend", "--sid_index", sids, "--adapter", adapter, "--history", "1,5,9")
+    code, out, _ = run_cli(
+        capsys, "recommend", "--sid_index", sids, "--adapter", adapter, "--history", "1,5,9"
+    )
     assert code == 0 and "Story" in out  # the toy catalogue's titles ("The Comedy Story 4"), not MovieLens's
     code, _, _ = run_cli(capsys, "diagnose", "--sid_index", sids, "--adapters", adapter, "--no_vocabulary",
                          "--output_dir", tmp_path / "d")  # fmt: skip
@@ -126,7 +133,7 @@ def test_movielens_for_an_index_of_another_catalogue_is_refused_before_anything_
     line = refused(capsys, stage, "--sid_index", shop["sids"], "--catalogue", "movielens-100k", *argv)
     assert "--catalogue movielens-100k is 'ml-100k' (1682 items, 943 users" in line
     assert f"not the one SID index {shop['sids']} was built from" in line
-    assert f"(16 items, 12 users, fingerprint" in line and f"read from {shop['items']}" in line
+    assert "(16 items, 12 users, fingerprint" in line and f"read from {shop['items']}" in line
     assert "leave --catalogue out" in line
     assert not out.exists() and snapshot(shop["root"]) == before
 
@@ -144,7 +151,9 @@ def test_an_edited_catalogue_is_refused_by_its_fingerprint(shop, tmp_path):
     interactions.write_text("\n".join(rows[:-1]) + "\n")
     index = SIDIndex.load(shop["sids"])
     edited = load_catalogue(str(items), interactions=str(interactions))
-    with pytest.raises(CatalogueMismatchError, match=r"given \('items'\) is .*12 users.* not the one SID index"):
+    with pytest.raises(
+        CatalogueMismatchError, match=r"given \('items'\) is .*12 users.* not the one SID index"
+    ):
         index_catalogue(index, edited, flag="catalogue=")
 
 
@@ -153,7 +162,9 @@ def test_a_catalogue_moved_with_its_index_is_found_again(shop, tmp_path):
     shutil.copytree(shop["sids"], tmp_path / "moved" / "sids")
     record = json.loads((tmp_path / "moved" / "sids" / "sid_index.json").read_text())
     record["build_config"]["catalogue_source"]["path"] = str(tmp_path / "gone" / "items.jsonl")
-    record["build_config"]["catalogue_source"]["options"]["interactions"] = str(tmp_path / "gone" / "interactions.jsonl")
+    record["build_config"]["catalogue_source"]["options"]["interactions"] = str(
+        tmp_path / "gone" / "interactions.jsonl"
+    )
     (tmp_path / "moved" / "sids" / "sid_index.json").write_text(json.dumps(record))
     found = index_catalogue(SIDIndex.load(tmp_path / "moved" / "sids"))
     assert found.sequences == shop["catalogue"].sequences
@@ -167,7 +178,10 @@ def test_a_catalogue_that_moved_alone_is_named_where_it_was(shop, tmp_path, caps
     line = refused(capsys, "evaluate", "--sid_index", tmp_path / "sids", "--adapter", tmp_path / "a",
                    "--output_dir", tmp_path / "e")  # fmt: skip
     assert f"{tmp_path / 'gone' / 'items.jsonl'} (not there)" in line
-    assert "was built from the catalogue 'items' (16 items, 12 users" in line and "Pass it: --catalogue PATH" in line
+    assert (
+        "was built from the catalogue 'items' (16 items, 12 users" in line
+        and "Pass it: --catalogue PATH" in line
+    )
     assert not (tmp_path / "e").exists()
 
 
@@ -188,8 +202,12 @@ def test_an_index_without_a_record_asks_for_the_catalogue(tmp_path):
     from peft_grounded.sids import RQKMeansConfig, index_from_vectors
 
     catalogue = toy_catalogue()
-    index = index_from_vectors(toy_vectors(catalogue), list(catalogue.items), RQKMeansConfig(codes_per_level=(4, 4)))
-    with pytest.raises(CatalogueMismatchError, match=r"does not record the catalogue it was built from; pass it "):
+    index = index_from_vectors(
+        toy_vectors(catalogue), list(catalogue.items), RQKMeansConfig(codes_per_level=(4, 4))
+    )
+    with pytest.raises(
+        CatalogueMismatchError, match=r"does not record the catalogue it was built from; pass it "
+    ):
         index_catalogue(index)
     assert index_catalogue(index, catalogue) is catalogue  # nothing to check it against: taken as given
 
@@ -209,7 +227,9 @@ def test_the_pushed_record_keeps_name_and_fingerprint_but_no_local_path(shop):
 
     index = SIDIndex.load(shop["sids"])
     pushed = public_index(index).build_config["catalogue_source"]
-    assert pushed["path"] is None and pushed["relative_path"] is None and "interactions" not in pushed["options"]
+    assert (
+        pushed["path"] is None and pushed["relative_path"] is None and "interactions" not in pushed["options"]
+    )
     kept = index.build_config["catalogue_source"]
     assert (pushed["name"], pushed["items_fingerprint"]) == (kept["name"], kept["items_fingerprint"])
     assert str(shop["root"]) not in json.dumps(pushed)
@@ -220,3 +240,29 @@ def test_the_builtin_movielens_is_recorded_by_name(tmp_path):
     source = CatalogueSource.of(toy_catalogue(), "movielens-100k")
     assert source.path == "movielens-100k" and source.with_index_folder(tmp_path).relative_path is None
     assert source.public().path == "movielens-100k"
+
+
+def test_evaluate_says_what_it_served_on_screen_and_in_its_files(shop, tmp_path, capsys):
+    """A fused adapter: the weight, depth and peer fingerprint; --no_peer_fusion: the model alone."""
+    base, sids = str(shop["base"]), str(shop["sids"])
+    assert run_cli(capsys, "sft", "--sid_index", sids, "--model_name_or_path", base, *TRAIN,
+                   "--output_dir", tmp_path / "s")[0] == 0  # fmt: skip
+    adapter = tmp_path / "s" / "adapter"
+    code, out, _ = run_cli(
+        capsys, "evaluate", "--sid_index", sids, "--adapter", adapter, "--output_dir", tmp_path / "e0"
+    )
+    assert code == 0 and "served: the model's lists alone" in out
+    assert run_cli(capsys, "fuse-peer", "--sid_index", sids, "--adapter", adapter, "--weights", "1")[0] == 0
+    code, out, _ = run_cli(
+        capsys, "evaluate", "--sid_index", sids, "--adapter", adapter, "--output_dir", tmp_path / "e1"
+    )
+    served = json.loads((tmp_path / "e1" / "metrics.json").read_text())["test"]["decoding"]["served"]
+    assert served["lists"] == "fused" and (served["weight"], served["depth"]) == (1.0, 20)
+    assert len(served["peer"]) == 16 and served["weight_chosen_on_users"] == 12
+    line = f"served: the model's beams fused with a SASRec peer (peer {served['peer']}), log p_model + 1 log p_SASRec"
+    assert line in out and line in (tmp_path / "e1" / "metrics.md").read_text()
+    code, out, err = run_cli(capsys, "evaluate", "--sid_index", sids, "--adapter", adapter, "--no_peer_fusion",
+                           "--output_dir", tmp_path / "e2")  # fmt: skip
+    assert code == 0 and "served: the model's lists alone" in out, err
+    alone = json.loads((tmp_path / "e2" / "metrics.json").read_text())["valid"]["decoding"]["served"]
+    assert alone == {"lists": "model alone"}

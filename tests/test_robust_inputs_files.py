@@ -418,7 +418,7 @@ def test_an_evaluation_target_missing_from_the_index_is_named_before_decoding(wo
     prefix = write_lcrec(tmp_path / "cat", items, sequences)
     args = ["--model_name_or_path", world["base"], "--sid-index", world["sids"], "--catalogue", prefix]
     line = refused(capsys, "evaluate", *args, "--adapter", world["adapter"], "--output_dir", tmp_path / "e")
-    assert "have no SID in the index (e.g. ['x99'])" in line and "add-items" in line
+    assert "It holds 1 item the SID index lacks (e.g. ['x99'])" in line and "add-items" in line
     assert not (tmp_path / "e").exists()
 
 

@@ -208,7 +208,7 @@ def test_cli_build_sids(tmp_path, capsys):
     assert "1 items with no text" in index.build_config["catalogue_report"]
     settings = json.loads((out / "sid_index.json").read_text())["build_config"]
     assert settings["dedup"] == "reassign" and settings["balanced"] == "last"
-    assert settings["catalogue_source"] == str(tmp_path / "data")
+    assert settings["catalogue_source"]["path"] == str(tmp_path / "data")
     assert index.quality["collisions_after"]["collision_rate"] == 0
     # the Python function gives the same SIDs
     same = build_sids(

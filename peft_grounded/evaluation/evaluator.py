@@ -140,7 +140,7 @@ def evaluate(
             result.metrics[part] = {
                 subset: rank_metrics([r["rank"] for r in records if r[subset]], settings.ks)
                 for subset in subsets
-            } | {"decoding": recs.stats()}
+            } | {"decoding": recs.stats() | {"served": served_lists(new_item_rule, peer_fusion)}}
         if likelihood:
             result.likelihood[part] = {
                 subset: _means([r for r in records if r[subset]]) for subset in subsets
@@ -232,6 +232,54 @@ def evaluate_adapter(
     )
 
 
+def peer_fingerprint(peer: Any) -> str:
+    """Short sha256 of a SASRec peer: its items and weights (the same peer gives the same string)."""
+    import hashlib
+
+    digest = hashlib.sha256("\n".join(map(str, peer.item_ids)).encode())
+    for name, tensor in sorted(peer.model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().to(torch.float32).cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def served_lists(new_item_rule: Any = None, peer_fusion: Any = None) -> dict[str, Any]:
+    """What the lists scored were (``metrics[part]["decoding"]["served"]``): the model's beams fused with a
+    peer (its weight, depth and fingerprint), mixed by a new-item rule, or the model alone."""
+    if peer_fusion is not None:
+        return {
+            "lists": "fused",
+            "weight": peer_fusion.weight,
+            "depth": peer_fusion.depth,
+            "peer": peer_fingerprint(peer_fusion.peer),
+            "weight_chosen_on_users": peer_fusion.fitted_on.get("users"),
+        }
+    if new_item_rule is not None:
+        return {
+            "lists": "new-item rule",
+            "mode": new_item_rule.mode,
+            "beams": new_item_rule.beams,
+            "model_weight": new_item_rule.model_weight,
+            "new_items": len(new_item_rule.new_items),
+        }
+    return {"lists": "model alone"}
+
+
+def describe_served(served: dict[str, Any]) -> str:
+    """One line of :func:`served_lists`' record."""
+    if served["lists"] == "fused":
+        return (
+            f"served: the model's beams fused with a SASRec peer (peer {served['peer']}), "
+            f"log p_model + {served['weight']:g} log p_SASRec over the top {served['depth']}"
+        )
+    if served["lists"] == "new-item rule":
+        return (
+            f"served: the new-item rule ({served['mode']} mode, {served['new_items']} new items, "
+            f"{served['beams']} beams, model weight {served['model_weight']:g})"
+        )
+    return "served: the model's lists alone"
+
+
 EVALUATION_FILES = ("metrics.json", "metrics.md", "likelihood.json", "users.json")  # metrics.json first
 
 
@@ -251,13 +299,17 @@ def check_evaluation_output(output: str | Path) -> None:
 
 def write_evaluation(output: str | Path, evaluation: Evaluation, title: str) -> Path:
     """Write ``metrics.json``, ``likelihood.json``, ``users.json`` and ``metrics.md`` into ``output``."""
-    from .reports import write_json, write_markdown
+    from .reports import markdown_table, write_json, write_text_atomic
 
     out = Path(output)
     write_json(out / "metrics.json", evaluation.metrics)
     write_json(out / "likelihood.json", evaluation.likelihood)
     write_json(out / "users.json", evaluation.users)
-    write_markdown(out / "metrics.md", evaluation.metrics, title=title)
+    table = markdown_table(evaluation.metrics, title=title)
+    served = [
+        p["decoding"]["served"] for p in evaluation.metrics.values() if "served" in p.get("decoding", {})
+    ]
+    write_text_atomic(out / "metrics.md", table + (f"\n{describe_served(served[0])}\n" if served else ""))
     return out
 
 

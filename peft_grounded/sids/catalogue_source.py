@@ -2,7 +2,7 @@
 
 ``build-sids`` records a :class:`CatalogueSource` in the index (``build_config["catalogue_source"]``): the
 path as read (absolute, or ``"movielens-100k"``), its format and reader options, the k-core, and a
-fingerprint of what was read (the items with their text, the interactions when there are any). Every later
+fingerprint of what was read (the items' ids and titles, the interactions when there are any). Every later
 stage reads its catalogue through :func:`index_catalogue`:
 
 1. a catalogue given (a loaded one, a path or a name) is used when its fingerprint is the index's, and
@@ -41,12 +41,9 @@ def _digest(payload: Any) -> str:
 
 
 def fingerprint_items(catalogue: Catalogue) -> str:
-    """Short sha256 of the items: ids, titles, brands, categories and descriptions, in id order."""
-    rows = [
-        [i, it.title, it.brand, list(it.categories), it.description]
-        for i, it in sorted(catalogue.items.items())
-    ]
-    return _digest(rows)
+    """Short sha256 of the items: their ids and titles, in id order (descriptions, brands and categories may
+    be enriched without making it another catalogue)."""
+    return _digest([[i, it.title] for i, it in sorted(catalogue.items.items())])
 
 
 def fingerprint_interactions(catalogue: Catalogue) -> str | None:
@@ -161,16 +158,28 @@ class CatalogueSource:
             fingerprint_interactions(catalogue) == self.interactions_fingerprint
         )
 
-    def check(self, catalogue: Catalogue, given: str, index_where: str, flag: str) -> None:
-        """Refuse ``catalogue`` (read from ``given``) unless it is this record's, naming both and the fix."""
+    def check(self, catalogue: Catalogue, given: str, index: Any, flag: str) -> None:
+        """Refuse ``catalogue`` (read from ``given``) unless it is this record's, naming both and the fix. A
+        grown index (``add-items``) takes a catalogue that grew with it: one holding every item it has."""
         if self.matches(catalogue):
             return
+        unknown = [i for i in catalogue.items if i not in index]
+        if index.parent is not None:
+            missing = [i for i in index.item_ids if i not in catalogue.items]
+            if not missing:
+                return
         other = CatalogueSource.of(catalogue)
         recorded = f" read from {self.path}" if self.path else ""
+        extra = (
+            f" It holds {len(unknown)} item{'s' if len(unknown) > 1 else ''} the SID index lacks (e.g. "
+            f"{unknown[:3]}): new items join an index through peft-grounded add-items."
+            if unknown and len(unknown) < len(catalogue.items)
+            else ""
+        )
         raise CatalogueMismatchError(
-            f"the catalogue {given} is {other.describe()}, not the one SID index {index_where} was built from: "
-            f"{self.describe()}{recorded}. Pass that catalogue ({flag} PATH), or leave {flag} out to read it "
-            "from where the index recorded it; or build an index of this catalogue (peft-grounded build-sids)"
+            f"the catalogue {given} is {other.describe()}, not the one SID index {_where(index)} was built from: "
+            f"{self.describe()}{recorded}.{extra} Pass that catalogue ({flag} PATH), or leave {flag} out to read "
+            "it from where the index recorded it; or build an index of this catalogue (peft-grounded build-sids)"
         )
 
     # ------------------------------------------------------------------------------------------ load
@@ -264,7 +273,7 @@ def index_catalogue(
             loaded = load_catalogue(str(catalogue))
     if source is None:
         return loaded
-    source.check(loaded, given, where, flag)
+    source.check(loaded, given, index, flag)
     return source.cored(loaded)
 
 
