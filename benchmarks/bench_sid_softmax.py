@@ -32,12 +32,13 @@ import torch
 from peft_grounded import assets
 from peft_grounded.adapter import add_lora
 from peft_grounded.prompts import PromptFormat
+from peft_grounded.sid_head import compact_head
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
 from peft_grounded.sids.model import RowStart, sid_model
 from peft_grounded.training.sft import training_dataset
 from peft_grounded.training.sft.trainer import shallow_base
-from peft_grounded.training.steps import compact_head, count_targets
+from peft_grounded.training.steps import count_targets
 
 try:
     from benchmarks._args import Precision, parse

@@ -13,7 +13,7 @@ from trl.trainer.utils import add_fused_lm_head
 
 import peft_grounded
 from peft_grounded import GroundedTokenConfig
-from peft_grounded.training.steps import compact_head
+from peft_grounded.sid_head import compact_head
 
 CASES = [("llama", True), ("llama", False), ("qwen3", True), ("qwen3", False)]
 

@@ -13,8 +13,14 @@ from conftest import build_tiny_model
 from helpers.lora_models import lora_model
 from transformers import TrainerCallback
 
-from peft_grounded.training.config import COMPILE_MIN_STEPS, wants_compile_blocks
-from peft_grounded.training.steps import compile_problem, compiled_blocks, compiled_parts, compiler_found
+from peft_grounded.training.steps import (
+    COMPILE_MIN_STEPS,
+    compile_problem,
+    compiled_blocks,
+    compiled_parts,
+    compiler_found,
+    wants_compile_blocks,
+)
 
 needs_compiler = pytest.mark.skipif(compile_problem() is not None, reason=str(compile_problem()))
 

@@ -15,7 +15,7 @@ import torch
 
 import peft_grounded
 from peft_grounded import GroundedTokenConfig
-from peft_grounded.training.steps import compact_head
+from peft_grounded.sid_head import compact_head
 
 # PEFT_GROUNDED_TEST_DEVICE=cpu runs the same tests CPU against CPU: a check of the tests themselves
 DEVICE = os.environ.get("PEFT_GROUNDED_TEST_DEVICE", "cuda")

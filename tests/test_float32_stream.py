@@ -10,7 +10,8 @@ import torch
 from conftest import build_tiny_model
 from transformers import TrainerCallback
 
-from peft_grounded.training.steps import compact_fused_forward, float32_stream
+from peft_grounded.sid_head import compact_fused_forward
+from peft_grounded.training.steps import float32_stream
 
 
 def _hidden(model, ids: torch.Tensor) -> torch.Tensor:

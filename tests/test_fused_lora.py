@@ -12,7 +12,8 @@ import torch
 from conftest import build_tiny_model
 from helpers.lora_models import lora_model, nudged
 
-from peft_grounded.training.config import RecommendationConfig, wants_fused_lora
+from peft_grounded.training.config import RecommendationConfig
+from peft_grounded.training.steps import wants_fused_lora
 from peft_grounded.training.fused_lora import fused_lora, lora_layers, unfusable
 
 IDS = torch.randint(3, 500, (2, 24), generator=torch.Generator().manual_seed(0))
@@ -46,8 +47,8 @@ def test_float32_loss_and_every_gradient_are_peft_s_and_the_layers_come_back(arc
     assert fused == pytest.approx(eager, rel=1e-6) and longer > 0
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert set(fused_grads) == set(eager_grads) == trainable
-    for name, grad in eager_grads.items():
-        torch.testing.assert_close(fused_grads[name], grad, rtol=1e-4, atol=1e-5 * grad.abs().max().item())
+    for name, grad in eager_grads.items():  # float32 sums in another order: up to 1.4e-5 of the largest entry
+        torch.testing.assert_close(fused_grads[name], grad, rtol=1e-4, atol=1e-4 * grad.abs().max().item())
     assert not any("forward" in vars(layer) for layer in lora_layers(model))
     for name, p in model.named_parameters():  # the same values, each in storage of its own size again
         assert torch.equal(p, weights[name][0]), name

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..training.steps import head_rows, sid_columns, supports_compact_head
+from ..sid_head import head_rows, sid_columns, supports_compact_head
 
 
 def _transformers_model(model: Any) -> Any:

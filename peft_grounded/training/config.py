@@ -5,7 +5,6 @@ the recommendation SFT's ``RecommendationConfig`` on top of it.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -20,8 +19,9 @@ class RunConfig(SFTConfig):
     Every field is a command-line flag under its own name (``peft-grounded ground --learning_rate 1e-3``, also
     ``--learning-rate``) and a key of a ``--config stage.yaml``. Differences from TRL's defaults: ``bf16``
     chosen by the CPU (off where bf16 is emulated), the CPU unless CUDA is available (``use_cpu``), the
-    stage's own ``max_steps`` (:attr:`default_steps`), a cosine schedule with 3% warm-up, no gradient
-    checkpointing, no logging integrations.
+    stage's own ``max_steps`` (:attr:`default_steps`), a cosine schedule with 3% warm-up, no activation
+    checkpointing (TRL's ``gradient_checkpointing=True`` left unset: transformers warns at any value of that
+    deprecated alias), no logging integrations.
     """
 
     default_steps: ClassVar[int] = -1  # max_steps when none is given (-1: TRL's epochs)
@@ -71,9 +71,22 @@ class RunConfig(SFTConfig):
         },
     )
     completion_only_loss: bool | None = field(default=True, metadata={"help": "Loss on the completion only."})
-    gradient_checkpointing: bool = field(
-        default=False,
-        metadata={"help": "Recompute activations in the backward pass (saves memory, costs time)."},
+    activation_checkpointing: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Recompute activations in the backward pass (saves memory, costs time). None: off.",
+            "nargs": "?",
+            "const": True,
+        },
+    )
+    # transformers' deprecated alias, unset by default (TRL sets it, and any value set makes transformers warn)
+    gradient_checkpointing: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Deprecated alias of --activation_checkpointing (transformers' old name).",
+            "nargs": "?",
+            "const": True,
+        },
     )
     save_total_limit: int | None = field(default=2, metadata={"help": "Checkpoints kept on disk."})
     report_to: str | None = field(
@@ -83,7 +96,7 @@ class RunConfig(SFTConfig):
         default=True,
         metadata={
             "help": "Project only the labelled (completion) positions through the LM head, on every device; "
-            "TRL does so on CUDA only (see peft_grounded.training.steps.compact_head)."
+            "TRL does so on CUDA only (see peft_grounded.sid_head.compact_head)."
         },
     )
     max_minutes: float | None = field(
@@ -204,6 +217,14 @@ def check_run_config(args: Any) -> None:
             checks.number_in("num_train_epochs", args.num_train_epochs, 0, low_open=True),
             checks.number_in("weight_decay", args.weight_decay, 0),
             checks.seed("seed", args.seed, flag="--seed"),
+            checks.number_in(  # NEFTune's noise: transformers fails at the first step on a negative one
+                "neftune_noise_alpha",
+                getattr(args, "neftune_noise_alpha", None),
+                0,
+                low_open=True,
+                flag="--neftune_noise_alpha; leave it out for no noise",
+                none_ok=True,
+            ),
         ],
     )
 
@@ -253,43 +274,6 @@ def wants_padding_free(
 
 
 # The grounding stage's settings (a TRL ``SFTConfig``), apart from its trainer so that parsing them stays light.
-
-
-COMPILE_MIN_STEPS = 100  # compiling takes seconds: it pays back over this many steps (or a time budget)
-
-
-def shards_weights(args: Any) -> bool:
-    """Whether FSDP or DeepSpeed shard the model's weights: in ``args``, or as ``accelerate launch`` configured."""
-    launched = any(
-        os.environ.get(f"ACCELERATE_USE_{name}", "").lower() in ("1", "true")
-        for name in ("FSDP", "DEEPSPEED")
-    )
-    return bool(getattr(args, "fsdp", None) or getattr(args, "deepspeed", None) or launched)
-
-
-def wants_fused_lora(args: Any, device_type: str) -> bool:
-    """``args.fused_lora``, or where None: on a CPU, in a single process. Forced on where FSDP or DeepSpeed
-    shard the weights, a clear error (the stack holds a layer's whole weight)."""
-    if args.fused_lora is not None:
-        if args.fused_lora and shards_weights(args):
-            raise ValueError(
-                "fused_lora stacks each layer's whole frozen weight with its LoRA A, which FSDP and DeepSpeed "
-                "shard across processes: train with fused_lora=False (--fused_lora False) or leave it to auto"
-            )
-        return bool(args.fused_lora)
-    return device_type == "cpu" and getattr(args, "world_size", 1) == 1 and not shards_weights(args)
-
-
-def wants_compile_blocks(args: Any, device_type: str) -> bool:
-    """``args.compile_blocks``, or where None: on for bf16 on a CPU where ``torch.compile`` can run
-    (:func:`~peft_grounded.training.steps.compile_problem`), over at least ``COMPILE_MIN_STEPS`` steps or a time
-    budget."""
-    if args.compile_blocks is not None:
-        return bool(args.compile_blocks)
-    from .steps import compile_problem
-
-    long_run = args.max_steps < 0 or args.max_steps >= COMPILE_MIN_STEPS
-    return device_type == "cpu" and bool(args.bf16) and long_run and compile_problem() is None
 
 
 @dataclass

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -152,7 +153,7 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
 
     def _sid_softmax_problem(self) -> str | None:
         """What the SID-only softmax needs that this trainer lacks (None: it applies)."""
-        from .steps import causal_lm, supports_compact_head
+        from ..sid_head import causal_lm, supports_compact_head
 
         problem = None
         if not hasattr(getattr(self.model, "base_model", None), "grounded_token_ids"):
@@ -304,7 +305,7 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
             return super().compute_loss(
                 model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
             )
-        from .steps import compact_head
+        from ..sid_head import compact_head
 
         sid = {}
         if self._sid_softmax:
@@ -318,7 +319,7 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
 
     def _sid_ids(self, model) -> torch.Tensor:
         """The SID rows of ``model``'s active grounded adapters (the SID-only softmax's columns)."""
-        from .steps import causal_lm
+        from ..sid_head import causal_lm
 
         wrapped = getattr(model, "module", model)
         tuner = getattr(wrapped, "base_model", None)
@@ -420,6 +421,18 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
         self.accelerator.wait_for_everyone()
 
 
+@contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Torch's draws inside (on the CPU and every initialised GPU) follow ``seed``; the process's generators are
+    as they were on leaving, so a caller's later draws do not depend on what ran inside."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda else []):
+        torch.random.default_generator.manual_seed(int(seed))
+        if cuda:  # seeded now, not lazily at a later initialisation (which would outlive the block)
+            torch.cuda.manual_seed_all(int(seed))
+        yield
+
+
 @dataclass
 class StageRun:
     """What a stage's entry point was asked for beside its settings: a live model (with its tokenizer) to train
@@ -451,24 +464,27 @@ def run_stage(
     ``run.model`` or load one for ``index`` (:func:`~peft_grounded.sids.model.model_for`: ``model_path`` in
     ``dtype``, its rows started as ``start`` says or loaded from ``adapter``, ``fmt`` recorded, the run's seed),
     ``prepare`` it, then train a ``trainer_cls`` built from ``args`` on ``dataset(tokenizer)``, from the run's
-    last checkpoint when ``run.resume``. Returns the model."""
+    last checkpoint when ``run.resume``. Returns the model. Every random start follows ``args.seed``: the model
+    and what ``prepare`` adds (a stacked LoRA) are drawn under :func:`seeded`, the Trainer seeds data order,
+    dropout and NEFTune's noise, the dataset its augmentation and teacher."""
     from ..sids.model import model_for
 
     check_max_examples(run.max_examples)
-    tokenizer, model = model_for(
-        index,
-        run.model,
-        run.tokenizer,
-        model_path=model_path,
-        caller=caller,
-        start=start,
-        seed=args.seed,
-        fmt=fmt,
-        adapter=adapter,
-        dtype=dtype,
-    )
-    if prepare is not None:
-        prepare(model)
+    with seeded(args.seed):  # the model is built (a LoRA drawn) before the Trainer seeds the process
+        tokenizer, model = model_for(
+            index,
+            run.model,
+            run.tokenizer,
+            model_path=model_path,
+            caller=caller,
+            start=start,
+            seed=args.seed,
+            fmt=fmt,
+            adapter=adapter,
+            dtype=dtype,
+        )
+        if prepare is not None:
+            prepare(model)
     trainer = trainer_cls(
         model,
         args,
