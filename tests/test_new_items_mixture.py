@@ -283,7 +283,8 @@ def test_the_model_weight_is_fitted_by_the_likelihood_of_held_out_new_next_items
     with pytest.raises(NewItemRuleError, match="model_weight"):
         NewItemRule.load(tmp_path)
     for bad, said in (
-        (dict(model_weight=-0.5), "a number >= 0"),
+        (dict(model_weight=-0.5), "a number between 0 and 10"),
+        (dict(model_weight=1e308), "a number between 0 and 10"),  # new items would drop out of every list
         (dict(model_weight=1.0, beams="text"), "set model_weight=0"),
     ):
         with pytest.raises(NewItemRuleError, match=said):

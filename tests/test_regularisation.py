@@ -53,6 +53,8 @@ def _config(out, **kw) -> RecommendationConfig:
         ({"augment_views": 1.5}, "augment_views"),
         ({"augment_drop": 1.0}, "augment_drop"),
         ({"augment_drop": -0.1}, "augment_drop"),
+        ({"neftune_noise_alpha": -1.0}, "neftune_noise_alpha must be a finite number > 0 or None"),
+        ({"neftune_noise_alpha": 0.0}, "neftune_noise_alpha"),
     ],
 )
 def test_a_bad_setting_is_named(bad, named, tmp_path):

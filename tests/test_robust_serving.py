@@ -13,9 +13,10 @@ file and the fix, with nothing written and the user's files untouched, or served
   ``candidates`` given as a string, empty, unknown, per user of the wrong count, holding None;
 - damaged or foreign files: ``adapter_config.json`` truncated, of another PEFT type or not an object, truncated
   weights, ``sid_index/`` a link (loaded) or a link to a folder without an index, a truncated or mistyped index
-  JSON; ``new_item_rule.json`` missing, adding or mistyping a field, weights of the wrong length, items edited,
-  its vectors truncated, swapped or missing; a merged folder's ``grounded_serving.json`` missing a field or
-  mistyped, and a merged folder without it (refused unless ``--sid_softmax`` says how it decodes);
+  JSON; ``new_item_rule.json`` missing, adding or mistyping a field, a model weight out of range, weights of the
+  wrong length, items edited, its vectors truncated, swapped or missing; a merged folder's
+  ``grounded_serving.json`` missing a field or mistyped, and a merged folder without it (refused unless
+  ``--sid_softmax`` says how it decodes);
 - output folders: someone else's results without their settings, a file, a link or a path under a file, a
   folder the user cannot write (run as another user), a finished folder rerun (same histories: nothing decoded;
   changed: only those users), other settings, damaged settings, a torn or garbled partial line, Ctrl-C and
@@ -607,6 +608,10 @@ RULE_DAMAGE = {  # how the stored rule is damaged -> what the error line says af
         _rule_record(lambda r: r.update(min_places=-1)),
         "{json}: field 'min_places' is -1, not an integer >= 0; {fix}",
     ),
+    "model_weight_out_of_range": (  # new items would drop out of every list: p_model^1e308
+        _rule_record(lambda r: r.update(model_weight=1e308)),
+        "{json}: field 'model_weight' is 1e+308, not a number between 0 and 10; {fix}",
+    ),
     "weights_of_another_length": (
         _rule_record(lambda r: r.update(weights=[0.5])),
         "{json}: field 'weights' is [0.5], not a list of 3 numbers; {fix}",
@@ -803,7 +808,8 @@ def test_an_output_folder_the_user_cannot_write_is_refused(world, finished, publ
     unwritable = public_tmp if kind == "new_in_theirs" else out
     assert child.returncode == 2, child.err
     assert (
-        f"error: --output_dir {out}: {unwritable} is not writable; choose a folder you can write" in child.err
+        f"error: --output_dir {out}: {unwritable} is not writable (Permission denied); choose a folder you "
+        "can write" in child.err
     )
     assert "Traceback" not in child.err
     assert snapshot(public_tmp) == before

@@ -262,14 +262,14 @@ def test_a_rule_weighing_the_models_new_item_search_is_served_as_evaluated(route
     folder = tmp_path / "grown"
     shutil.copytree(route_world["root"] / "grown", folder)
     rule = NewItemRule.load(folder)
-    rule.mode, rule.min_places, rule.model_weight = "share", 2, 50.0
+    rule.mode, rule.min_places, rule.model_weight = "share", 2, 10.0
     rule.mixture.temperature = 1.0  # the text's logits within a few units: the model's weight shows
     rule.save(folder)
     catalogue = route_world["catalogues"]["grown"]
     settings = EvalSettings(ks=[K], num_beams=BEAMS, cold=False, exclude_history=True)
     evaluation = evaluate_adapter(str(folder), route_world["child"], catalogue, settings, likelihood=False)
     recommender = GroundedRecommender.from_pretrained(folder, merge=False, num_beams=BEAMS)
-    assert recommender.new_item_rule.model_weight == 50.0
+    assert recommender.new_item_rule.model_weight == 10.0
     split = catalogue.leave_one_out()
     new = set(route_world["child"].added_items())
     weighed = []

@@ -18,9 +18,9 @@ import peft_grounded
 from peft_grounded import GroundedTokenConfig
 from peft_grounded.adapter import add_lora
 from peft_grounded.prompts import PromptFormat
+from peft_grounded.sid_head import compact_fused_forward, compact_head
 from peft_grounded.sids.model import read_sid_record, sid_record, sid_softmax_of
 from peft_grounded.training.sft import RecommendationConfig, train_recommender, training_dataset
-from peft_grounded.sid_head import compact_fused_forward, compact_head
 
 CASES = [("llama", True), ("llama", False), ("qwen3", True), ("qwen3", False)]
 SEQ = PromptFormat(objective="sequence", max_history=3)

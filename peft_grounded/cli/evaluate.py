@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .common import Command
+from .common import Command, catalogue_field
 
 if TYPE_CHECKING:
     from ..evaluation.metrics import EvalSettings
@@ -38,10 +38,7 @@ class AdapterArguments:
         default=None,
         metadata={"help": "Local base model directory; None: the base recorded in the adapter."},
     )
-    catalogue: str = field(
-        default="movielens-100k",
-        metadata={"help": "Catalogue path or 'movielens-100k' (the one the SID index was built from)."},
-    )
+    catalogue: str | None = catalogue_field()
 
 
 @dataclass
@@ -58,7 +55,7 @@ class EvaluateArguments(AdapterArguments):
         default=True,
         metadata={
             "help": "Serve the peer fusion stored with the adapter (fuse-peer), when there is one; "
-            "--no-peer_fusion: the model's lists alone."
+            "--no_peer_fusion: the model's lists alone."
         },
     )
 
@@ -77,7 +74,7 @@ def settings() -> tuple[type, ...]:
 def run(args: EvaluateArguments, settings: EvalSettings) -> int:
     """Evaluate as the settings say and write the result files (locked, checked before decoding)."""
     from ..evaluation import markdown_table
-    from ..evaluation.evaluator import evaluate_adapter_into
+    from ..evaluation.evaluator import describe_served, evaluate_adapter_into
     from .common import load_data
 
     catalogue, index = load_data(args.catalogue, args.sid_index)
@@ -92,6 +89,7 @@ def run(args: EvaluateArguments, settings: EvalSettings) -> int:
         peer_fusion=args.peer_fusion,
     )
     print(markdown_table(evaluation.metrics, title=f"Evaluation of {args.adapter}"))
+    print(describe_served(next(iter(evaluation.metrics.values()))["decoding"]["served"]))
     return 0
 
 
@@ -113,7 +111,7 @@ FUSE_DESCRIPTION = (
     "in the fused score log p_model + w log p_SASRec on the validation users (--reference_weight unless the "
     "best of --weights by Recall@10, then NDCG@10, beats it with a paired 95% interval above 0), and "
     "store the peer and the weight in the adapter's folder: evaluate and recommend then serve the fused lists "
-    "(evaluate --no-peer_fusion: the model alone). Prints the validation table with the model alone and the "
+    "(evaluate --no_peer_fusion: the model alone). Prints the validation table with the model alone and the "
     "peer alone beside each weight. Test users are never read. Of the evaluation settings it reads --users, "
     "--seed, --num_beams, --decode_batch_size and --bf16 (the validation users and how they are decoded)."
 )
@@ -147,12 +145,25 @@ class FusePeerArguments(AdapterArguments):
     depth: int = field(default=20, metadata={"help": "The peer's best items added to the model's beams."})
 
     def __post_init__(self) -> None:
-        if not self.weights or any(not (w > 0 and w < float("inf")) for w in self.weights):
-            raise ValueError(f"--weights are numbers > 0, got {self.weights}")
-        if not (self.reference_weight > 0 and self.reference_weight < float("inf")):
-            raise ValueError(f"--reference_weight is a number > 0, got {self.reference_weight}")
-        if self.depth < 1:
-            raise ValueError(f"--depth is an integer >= 1, got {self.depth}")
+        from .. import checks
+
+        weights = bool(self.weights) and all(checks.is_number(w) and w > 0 for w in self.weights)
+        reference = checks.is_number(self.reference_weight) and self.reference_weight > 0
+        checks.raise_problems(
+            "fuse-peer",
+            [
+                None
+                if weights
+                else f"--weights are numbers > 0 (e.g. --weights 0.5 1 2), got {self.weights}",
+                None
+                if reference
+                else f"--reference_weight is a number > 0 (1: two equal experts), got {self.reference_weight}",
+                None
+                if checks.is_int(self.depth) and self.depth >= 1
+                else f"--depth is an integer >= 1, got {self.depth}",
+                checks.seed("peer_seed", self.peer_seed, flag="--peer_seed"),
+            ],
+        )
 
 
 def _default_weights() -> tuple[float, ...]:
@@ -182,6 +193,7 @@ def run_fuse(args: FusePeerArguments, settings: EvalSettings) -> int:
     from .._io import output_lock
     from ..evaluation.peers import fit_peer_fusion
     from ..new_items.rule import RULE_FILES
+    from ..serving.peer_fusion import PeerFusionError, item_difference
     from ..sids.model import base_model_path, sid_model
     from ..sids.sasrec import SASRecConfig, SASRecRecommender
     from ..sids.sasrec_cache import shared_fit
@@ -194,11 +206,25 @@ def run_fuse(args: FusePeerArguments, settings: EvalSettings) -> int:
         )
     catalogue, index = load_data(args.catalogue, args.sid_index)
     split = catalogue.leave_one_out()
+    given = None
+    if args.peer:  # checked before the adapter's folder is locked or the model loads
+        given = SASRecRecommender.load(
+            args.peer,
+            fix="pass --peer a folder that SASRecRecommender.save wrote (e.g. OUTPUT_DIR/teacher of an sft run "
+            "with --distill_weight), or omit --peer to fit one",
+        )
+        difference = item_difference(given.item_ids, index.item_ids)
+        if difference:
+            raise PeerFusionError(
+                f"--peer {args.peer}: the peer there was fitted on other items than the SID index "
+                f"{args.sid_index} ({difference}); pass the peer fitted for this index (e.g. OUTPUT_DIR/teacher of "
+                "an sft run on it), or omit --peer to fit one"
+            )
     with output_lock(args.adapter, "fuse-peer"):
         peer = (
-            SASRecRecommender.load(args.peer)
-            if args.peer
-            else shared_fit(split, index.item_ids, SASRecConfig(seed=args.peer_seed))
+            given
+            if given is not None
+            else shared_fit(split, index.item_ids, SASRecConfig(seed=args.peer_seed), show_progress=True)
         )
         dtype = torch.bfloat16 if settings.bf16 else torch.float32
         tokenizer, model = sid_model(

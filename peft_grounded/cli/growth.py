@@ -71,10 +71,29 @@ class GrowAdapterArguments:
     overwrite: bool = field(
         default=False,
         metadata={
-            "help": "Replace an adapter already in --output_dir (its config, weights and PEFT's card; other files "
-            "are kept)."
+            "help": "Replace an adapter already in --output_dir (its config, weights and PEFT's card, and its "
+            "new-item rule and peer fusion, fitted for its index: fuse-peer again; other files are kept)."
         },
     )
+
+    def __post_init__(self) -> None:
+        from .. import checks
+
+        checks.raise_problems(
+            "grow-adapter",
+            [
+                checks.int_at_least(
+                    "log_steps", self.log_steps, 0, flag="--log_steps; 0: no tuning on the log"
+                ),
+                checks.number_in(
+                    "log_learning_rate", self.log_learning_rate, 0, low_open=True, flag="--log_learning_rate"
+                ),
+                "--log_steps tunes the new items' rows on the logged interactions: give them with "
+                "--interactions FILE, or leave --log_steps at 0"
+                if checks.is_int(self.log_steps) and self.log_steps > 0 and self.interactions is None
+                else None,
+            ],
+        )
 
 
 def _unset(help: str) -> Any:

@@ -149,9 +149,25 @@ def _check_output_dir(out: Path) -> None:
             f"--output_dir {out}: {existing} is a file, so no folder can be made there; choose a folder"
         )
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise PermissionError(
-            f"--output_dir {out}: {existing} is not writable; choose a folder you can write"
-        )
+        reason = _write_problem(existing)
+        if reason is not None:
+            raise PermissionError(
+                f"--output_dir {out}: {existing} is not writable ({reason}); choose a folder you can write"
+            )
+
+
+def _write_problem(folder: Path) -> str | None:
+    """Why no file can be made in ``folder``, in the system's words ("Permission denied", "Read-only file
+    system"), or None when one can (the probe file is removed at once)."""
+    import tempfile
+
+    try:
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".peft_grounded-probe-")
+    except OSError as err:
+        return err.strerror or str(err)
+    os.close(fd)
+    os.unlink(name)
+    return None
 
 
 def _run(args: RecommendArguments) -> int:

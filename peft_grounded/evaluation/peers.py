@@ -29,6 +29,7 @@ from ..serving.peer_fusion import (
     REFERENCE_WEIGHT,
     PeerFusion,
     PeerFusionError,
+    item_difference,
     peer_log_probs,
 )
 from ..sids.sasrec import exclude_seen
@@ -279,7 +280,14 @@ def fit_peer_fusion(
 
     settings = settings or EvalSettings()
     fingerprint = index.fingerprint()
-    PeerFusion(peer, 1.0, fingerprint, depth=depth).check_index(index, "the given peer")
+    PeerFusion(peer, 1.0, fingerprint, depth=depth)  # checks the depth
+    difference = item_difference(peer.item_ids, index.item_ids)
+    if difference:
+        raise PeerFusionError(
+            f"the peer was fitted on other items than the SID index {fingerprint} ({difference}); pass the "
+            "SASRec fitted on this index's items (fit_sasrec(split, index.item_ids), or the saved teacher of an "
+            "sft run on this index)"
+        )
     examples, _, _ = sampled_users(split, "valid", settings, set(), None)
     if not examples:
         raise ValueError("the split has no validation users to choose the fusion's weight on")

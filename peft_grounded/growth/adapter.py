@@ -22,10 +22,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .._io import PEFT_CARD_MARKER, is_generated_card, locks_output, replace_keeping_others
+from .._quiet import peft_wrapping
 from ..adapter.config import GroundedRuntimeConfig, GroundedTokenConfig
 from ..adapter.initialize import add_tokens, check_tokenizer, initializer_range
 from ..adapter.layer import GroundedTokenLayer
 from ..adapter.starts import InitData, initial_rows
+from ..hub.repo import FUSION_FILES
 from ..new_items.rule import RULE_FILES
 from ..sids.model import FINGERPRINT_KEY, record_sid_facts, sid_record
 
@@ -201,7 +203,8 @@ def grow_adapter(
     if child_config.provenance is not None:
         child_config.provenance = replace(child_config.provenance, num_embeddings=None, init_data=None)
     child_config.inference_mode = False
-    grown_model = get_peft_model(base, child_config, adapter_name=name)
+    with peft_wrapping():
+        grown_model = get_peft_model(base, child_config, adapter_name=name)
     record_sid_facts(
         grown_model, name, **{**sid_record(model, name), FINGERPRINT_KEY: child_index.fingerprint()}
     )
@@ -219,11 +222,12 @@ def grow_adapter(
 # ground the new items, and save it into a folder, replacing only what the command owns there.
 
 ADAPTER_CONFIG = "adapter_config.json"  # what PEFT's save_pretrained writes first
-ADAPTER_FILES = (  # an adapter's own files (its new-item rule included: fitted for this adapter's index)
+ADAPTER_FILES = (  # an adapter's own files (its new-item rule and peer fusion: fitted for its index)
     ADAPTER_CONFIG,
     "adapter_model.safetensors",
     "adapter_model.bin",
     *RULE_FILES,
+    *FUSION_FILES,
 )
 
 
@@ -253,7 +257,8 @@ def check_output(output: Path, adapter: Path, overwrite: bool) -> None:
 
 def owned_by_adapter(path: Path) -> bool:
     """Whether ``path`` in an adapter folder is the adapter's own (replaced by a new save): its config,
-    weights and PEFT's model card; anything else (a README of the user's, notes, data) is kept."""
+    weights, new-item rule, peer fusion and PEFT's model card; anything else (a README of the user's, notes,
+    data) is kept."""
     from ..sids.model import SID_RECORD
 
     if path.name in ADAPTER_FILES or path.name == SID_RECORD:
@@ -323,13 +328,21 @@ def grow_adapter_into(
     trained on."""
     import torch
 
+    from .. import checks
     from ..sids import SIDIndex, load_catalogue
     from ..sids.model import base_model_path, sid_model
     from .grounding import IncrementalGroundingConfig, ground_new_items, new_item_ids
 
     output, adapter = Path(output), Path(adapter)
-    if log_steps < 0:
-        raise ValueError(f"log_steps={log_steps}: give the steps of tuning on the log (>= 1), or 0 for none")
+    checks.raise_problems(
+        "grow-adapter",
+        [
+            checks.int_at_least("log_steps", log_steps, 0, flag="--log_steps; 0: no tuning on the log"),
+            checks.number_in(
+                "log_learning_rate", log_learning_rate, 0, low_open=True, flag="--log_learning_rate"
+            ),
+        ],
+    )
     if log_steps and interactions is None:
         raise ValueError(
             f"log_steps={log_steps} tunes the new items' rows on the logged interactions: give them "
@@ -420,7 +433,16 @@ def grow_adapter_into(
             rule, choice_log
         )
     check_output(output, adapter, overwrite)  # again: the folder may have changed while this ran
+    stale = [name for name in FUSION_FILES if (output / name).exists()]
     kept = save_adapter_keeping_others(grown, output)
+    if stale:  # the replaced adapter's peer knows none of the new items: its fusion would be refused
+        summary["dropped"] = stale
+        print(
+            f"dropped the peer fusion of the adapter replaced in {output} ({', '.join(stale)}): it was fitted "
+            f"for the parent's SID index; run `peft-grounded fuse-peer --adapter {output} --sid_index "
+            f"{sid_index}` again to fuse a peer with the grown adapter",
+            file=sys.stderr,
+        )
     if rule is not None:
         rule.save(output)
         summary["new_item_rule"] = {"mode": rule.mode, **rule.fitted_on}

@@ -39,6 +39,9 @@ MODES = ("share", "probability")
 BEAMS = ("model", "text")  # whose list the rule mixes: the model's beams, or text KNN over all items
 FORMAT = 1
 N_WEIGHTS = 3  # the logistic prior's weights: bias, last item new, share of new items among the last five
+# model_weight's bound: lam * log p_model stays within float range and beside the text's logits (the fitted grid,
+# mixture.MODEL_WEIGHTS, runs from 0 to 2); far above it the product's softmax is the model's alone, or NaN
+MODEL_WEIGHT_MAX = 10.0
 
 
 class NewItemRuleError(ValueError):
@@ -70,7 +73,10 @@ RULE_FIELDS = {  # field of new_item_rule.json -> (what it must be, its check)
     "fitted_on": ("an object", lambda v: isinstance(v, dict)),
     "vectors_sha256": ("a sha256 hex string", lambda v: isinstance(v, str) and len(v) == 64),
     "min_places": ("an integer >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
-    "model_weight": ("a number >= 0", lambda v: _number(v) and v >= 0),
+    "model_weight": (
+        f"a number between 0 and {MODEL_WEIGHT_MAX:g}",
+        lambda v: _number(v) and 0 <= v <= MODEL_WEIGHT_MAX,
+    ),
 }
 OPTIONAL_FIELDS = {
     "min_places": 0,
@@ -93,6 +99,14 @@ def _checked_record(record: Any, path: Path, fix: str) -> dict[str, Any]:
         if not check(record[name]):
             raise NewItemRuleError(f"{path}: field {name!r} is {record[name]!r:.60}, not {wanted}; {fix}")
     return record
+
+
+def _check_model_weight(value: Any) -> None:
+    if not (_number(value) and 0 <= value <= MODEL_WEIGHT_MAX):
+        raise NewItemRuleError(
+            f"model_weight={value!r}: give a number between 0 and {MODEL_WEIGHT_MAX:g} (0: the text alone; "
+            "choose_model_weight fits it between 0 and 2)"
+        )
 
 
 def index_vectors(index: Any) -> np.ndarray:
@@ -174,10 +188,7 @@ class NewItemRule:
             )
         if self.beams not in BEAMS:
             raise NewItemRuleError(f"beams={self.beams!r}: choose one of {', '.join(BEAMS)}")
-        if not (_number(self.model_weight) and self.model_weight >= 0):
-            raise NewItemRuleError(
-                f"model_weight={self.model_weight!r}: give a number >= 0 (0: the text alone)"
-            )
+        _check_model_weight(self.model_weight)
         if self.model_weight and self.beams != "model":
             raise NewItemRuleError(
                 f"model_weight={self.model_weight} weighs the model's probabilities of the new items, and this "
@@ -333,6 +344,7 @@ class NewItemRule:
         item, ``log(1 - pi_u) + log p_model``. ``new_item_beams``: the model's search over the new items
         alone (:func:`~peft_grounded.serving.top_k.new_item_beams`), needed where :attr:`model_weight` > 0."""
         histories = [list(h) for h in histories]
+        _check_model_weight(self.model_weight)  # set after the rule was made, perhaps
         if self.model_weight and new_item_beams is None:
             raise NewItemRuleError(
                 f"this rule ranks new items by p_text x p_model^{self.model_weight:g}: give the model's search "

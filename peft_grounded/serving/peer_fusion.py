@@ -44,6 +44,44 @@ class PeerFusionError(ValueError):
     """A peer fusion that cannot be fitted or used as given; the message names the fix."""
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+FUSION_FIELDS = {  # field of peer_fusion.json -> (what it must be, its check)
+    "format": (f"the integer {FORMAT}", lambda v: v == FORMAT and not isinstance(v, bool)),
+    "weight": ("a number > 0", lambda v: _number(v) and v > 0),
+    "depth": ("an integer >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+    "sid_index_fingerprint": ("a string", lambda v: isinstance(v, str)),
+    "peer_sha256": ("a sha256 hex string", lambda v: isinstance(v, str) and len(v) == 64),
+    "fitted_on": ("an object (the validation table)", lambda v: isinstance(v, dict)),
+}
+
+
+def stored_fix(folder: str | Path) -> str:
+    """What to do about a fusion stored in ``folder`` that cannot be served: fit it again, or delete it."""
+    return (
+        f"fit it again with `peft-grounded fuse-peer --adapter {folder} --sid_index SID_INDEX`, or delete "
+        f"{', '.join(FUSION_FILES[:-1])} and {FUSION_FILES[-1]} from {folder} to serve the model alone"
+    )
+
+
+def item_difference(peer_items: Sequence[Hashable], index_items: Sequence[Hashable]) -> str | None:
+    """How a peer's items differ from an index's (``None``: the same, in the same order), for a message."""
+    ours, theirs = [str(i) for i in peer_items], [str(i) for i in index_items]
+    if ours == theirs:
+        return None
+    only_peer, only_index = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
+    if not only_peer and not only_index:
+        return f"the same {len(ours)} items in another order"
+    said = f"{len(ours)} items against the index's {len(theirs)}"
+    if only_index:
+        said += f"; {len(only_index)} of the index's are unknown to the peer, e.g. {only_index[:3]}"
+    if only_peer:
+        said += f"; {len(only_peer)} of the peer's are not in the index, e.g. {only_peer[:3]}"
+    return said
+
+
 def product_of_experts(
     first: dict[Hashable, float], second: np.ndarray, items: Sequence[Hashable], weight: float, depth: int
 ) -> list[tuple[Hashable, float]]:
@@ -94,6 +132,12 @@ class PeerFusion:
             raise PeerFusionError(f"the fusion's weight is a number > 0, got {self.weight!r}")
         if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 1:
             raise PeerFusionError(f"the fusion's depth is an integer >= 1, got {self.depth!r}")
+        if not isinstance(self.index_fingerprint, str):
+            raise PeerFusionError(
+                f"the fusion's index_fingerprint is a string, got {self.index_fingerprint!r:.60}"
+            )
+        if not isinstance(self.fitted_on, dict):
+            raise PeerFusionError(f"the fusion's fitted_on is a dict, got {self.fitted_on!r:.60}")
 
     def describe(self) -> str:
         """One line: the peer, the weight and what it was chosen on."""
@@ -101,18 +145,24 @@ class PeerFusion:
         users = self.fitted_on.get("users")
         return line + (f" (weight chosen on {users} validation users)" if users else "")
 
-    def check_index(self, index: Any, where: str) -> None:
-        """Refuse an index other than the one the peer was fitted for (fingerprint and item order)."""
-        fix = "fit it again on this index (peft-grounded fuse-peer), or delete " + ", ".join(FUSION_FILES)
+    def check_index(self, index: Any, where: str, fix: str | None = None) -> None:
+        """Refuse an index other than the one the peer was fitted for (fingerprint, items and their order).
+        ``where``: the fusion's place in a message (``the folder 'DIR'``); ``fix``: what to do about it
+        (default: fit the fusion again on this index, or delete its files)."""
+        fix = fix or (
+            "fit it again on this index (peft-grounded fuse-peer --adapter DIR --sid_index SID_INDEX), or "
+            f"delete {', '.join(FUSION_FILES[:-1])} and {FUSION_FILES[-1]} from the adapter's folder"
+        )
         if index.fingerprint() != self.index_fingerprint:
             raise PeerFusionError(
                 f"the peer fusion in {where} was fitted for SID index {self.index_fingerprint}, not for this "
                 f"one ({index.fingerprint()}); {fix}"
             )
-        if [str(i) for i in index.item_ids] != [str(i) for i in self.peer.item_ids]:
+        difference = item_difference(self.peer.item_ids, index.item_ids)
+        if difference:
             raise PeerFusionError(
-                f"the peer in {where} scores other items than its SID index {self.index_fingerprint}: it was "
-                f"edited or damaged; {fix}"
+                f"the peer in {where} was fitted on other items than the SID index {index.fingerprint()} "
+                f"({difference}); {fix}"
             )
 
     def peer_log_probs(self, histories: Sequence[Sequence[str]], trie: Any = None) -> np.ndarray:
@@ -170,15 +220,8 @@ class PeerFusion:
         folder = Path(folder)
         if not (folder / FUSION_JSON).is_file():
             return None
-        fix = f"fit it again (peft-grounded fuse-peer) or delete {', '.join(FUSION_FILES)}"
-        record = read_json(folder / FUSION_JSON, fix=fix)
-        keys = ("format", "weight", "depth", "sid_index_fingerprint", "peer_sha256")
-        if not isinstance(record, dict) or any(key not in record for key in keys):
-            raise PeerFusionError(f"{folder / FUSION_JSON} is not a saved peer fusion (needs {keys}); {fix}")
-        if record["format"] != FORMAT:
-            raise PeerFusionError(
-                f"{folder / FUSION_JSON} has format {record['format']!r}; this version reads {FORMAT}. {fix}"
-            )
+        fix = stored_fix(folder)
+        record = _checked_record(read_json(folder / FUSION_JSON, fix=fix), folder / FUSION_JSON, fix)
         try:
             peer_record = (folder / FUSION_FILES[1]).read_bytes()
         except FileNotFoundError:
@@ -188,16 +231,36 @@ class PeerFusion:
                 f"{folder / FUSION_FILES[1]} is not the peer {FUSION_JSON} was saved with; {fix}"
             )
         try:
-            peer = SASRecRecommender.load(folder)
-        except (ValueError, KeyError, FileNotFoundError) as err:
-            raise PeerFusionError(f"the peer in {folder} does not load ({err}); {fix}") from None
+            peer = SASRecRecommender.load(folder, fix=fix)
+        except FileNotFoundError:
+            raise PeerFusionError(f"{folder} has {FUSION_JSON} but no {FUSION_FILES[2]}; {fix}") from None
+        except ValueError as err:  # names the file and the fix
+            raise PeerFusionError(str(err)) from None
         return cls(
             peer,
             record["weight"],
             record["sid_index_fingerprint"],
             depth=record["depth"],
-            fitted_on=dict(record.get("fitted_on") or {}),
+            fitted_on=record["fitted_on"],
         )
+
+
+def _checked_record(record: Any, path: Path, fix: str) -> dict[str, Any]:
+    """``peer_fusion.json``'s record, each field checked: a missing, unknown or mistyped one is named."""
+    if not isinstance(record, dict):
+        raise PeerFusionError(f"{path} holds a JSON {type(record).__name__}, not a peer fusion; {fix}")
+    if "format" in record and record["format"] != FORMAT:
+        raise PeerFusionError(
+            f"{path} has format {record['format']!r:.40}; this version reads format {FORMAT}: {fix}"
+        )
+    missing = [name for name in FUSION_FIELDS if name not in record]
+    extra = [name for name in record if name not in FUSION_FIELDS]
+    if missing or extra:
+        raise PeerFusionError(f"{path}: missing fields {missing}, unknown fields {extra}; {fix}")
+    for name, (wanted, check) in FUSION_FIELDS.items():
+        if not check(record[name]):
+            raise PeerFusionError(f"{path}: field {name!r} is {record[name]!r:.60}, not {wanted}; {fix}")
+    return record
 
 
 __all__ = [
@@ -205,6 +268,7 @@ __all__ = [
     "REFERENCE_WEIGHT",
     "PeerFusion",
     "PeerFusionError",
+    "item_difference",
     "peer_log_probs",
     "product_of_experts",
 ]

@@ -72,13 +72,31 @@ class ItemVectorsConfig:
         checks.raise_problems(
             "ItemVectorsConfig",
             [
-                checks.one_of("item_vectors", self.item_vectors, VECTOR_SOURCES),
+                checks.one_of("item_vectors", self.item_vectors, VECTOR_SOURCES, flag="--item_vectors"),
                 checks.number_in(
-                    "behaviour_weight", self.behaviour_weight, 0, 1, low_open=True, high_open=True
+                    "behaviour_weight",
+                    self.behaviour_weight,
+                    0,
+                    1,
+                    low_open=True,
+                    high_open=True,
+                    flag="--behaviour_weight",
                 ),
-                checks.int_at_least("behaviour_min_interactions", self.behaviour_min_interactions, 1),
-                checks.number_in("behaviour_ridge", self.behaviour_ridge, 0, low_open=True, none_ok=True),
-                checks.int_at_least("behaviour_epochs", self.behaviour_epochs, 1),
+                checks.int_at_least(
+                    "behaviour_min_interactions",
+                    self.behaviour_min_interactions,
+                    1,
+                    flag="--behaviour_min_interactions",
+                ),
+                checks.number_in(
+                    "behaviour_ridge",
+                    self.behaviour_ridge,
+                    0,
+                    low_open=True,
+                    flag="--behaviour_ridge",
+                    none_ok=True,
+                ),
+                checks.int_at_least("behaviour_epochs", self.behaviour_epochs, 1, flag="--behaviour_epochs"),
             ],
         )
 
@@ -166,22 +184,53 @@ def training_interactions(split: Any, item_ids: list[str]) -> np.ndarray:
     return np.array([counts.get(i, 0) for i in item_ids], dtype=np.int64)
 
 
+def behaviour_split(catalogue: Any, config: ItemVectorsConfig) -> Any:
+    """The leave-one-out split whose training histories the behaviour vectors learn from; a catalogue whose
+    interactions cannot train SASRec (none, or no user of 4 items) is refused, saying what behaviour vectors
+    need and that ``--item_vectors text`` needs no interactions."""
+    need = (
+        f"--item_vectors {config.item_vectors} builds the SIDs from SASRec's item embeddings, learnt from the "
+        "users' interactions (a training history of 2 items or more, then a validation and a test item)"
+    )
+    fix = (
+        "give the catalogue with its interactions (LC-Rec: NAME.inter.json beside NAME.item.json; a table: "
+        "--interactions FILE), or use --item_vectors text, which needs none"
+    )
+    if not catalogue.n_interactions:
+        raise ValueError(f"{need}, and the catalogue {catalogue.name!r} holds no interactions; {fix}")
+    longest = max(len(items) for items in catalogue.sequences.values())
+    if longest < 4:
+        raise ValueError(
+            f"{need}, and no user of the catalogue {catalogue.name!r} has 4 items (the longest has {longest}; "
+            f"{len(catalogue.sequences)} users, {catalogue.n_interactions} interactions); {fix}"
+        )
+    return catalogue.leave_one_out()
+
+
 def item_vectors(
     split: Any,
     item_ids: list[str],
     text: np.ndarray,
     config: ItemVectorsConfig,
     seed: int = 0,
+    *,
+    show_progress: bool = False,
 ) -> tuple[np.ndarray, ItemVectorMap | None, dict[str, Any]]:
     """The vectors of ``config.item_vectors`` for ``item_ids`` (rows of ``text``), the map for later items
-    (None for text) and figures for the index's ``quality`` (warm items, the map's held-out R^2)."""
+    (None for text) and figures for the index's ``quality`` (warm items, the map's held-out R^2).
+    ``show_progress``: SASRec's fit shows its epochs on stderr (validation Recall, time left)."""
     text = np.asarray(text, np.float32)
     if not config.uses_behaviour:
         return text, None, {}
     from .sasrec import SASRecConfig
     from .sasrec_cache import shared_fit
 
-    sasrec = shared_fit(split, item_ids, SASRecConfig(max_epochs=config.behaviour_epochs, seed=seed))
+    sasrec = shared_fit(
+        split,
+        item_ids,
+        SASRecConfig(max_epochs=config.behaviour_epochs, seed=seed),
+        show_progress=show_progress,
+    )
     embedding = sasrec.model.item_embedding.weight[1:].detach().float().numpy()
     warm = training_interactions(split, item_ids) >= config.behaviour_min_interactions
     if warm.sum() < 2:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .._io import locks_output
-from .behaviour import ItemVectorsConfig
+from .behaviour import ItemVectorsConfig, behaviour_split
 from .behaviour import item_vectors as build_item_vectors
 from .catalogue import Catalogue, CatalogueError, Item, TextTemplate
 from .catalogue_source import RECORD_KEY as CATALOGUE_RECORD
@@ -339,7 +339,12 @@ def build_sids(
     vector_map, vector_stats = None, {}
     if item_vectors.uses_behaviour:  # the training histories only: no validation or test target
         vectors, vector_map, vector_stats = build_item_vectors(
-            catalogue.leave_one_out(), [it.item_id for it in items], vectors, item_vectors, seed
+            behaviour_split(catalogue, item_vectors),
+            [it.item_id for it in items],
+            vectors,
+            item_vectors,
+            seed,
+            show_progress=show_progress,
         )
     index = index_from_vectors(
         vectors,

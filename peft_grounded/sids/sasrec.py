@@ -10,7 +10,8 @@
   the cross-entropy over the whole catalogue at every target position. Adam, seeded shuffling and init.
 * After every epoch: validation Recall@10 / NDCG@10 (history -> validation item, history items excluded);
   the best epoch's weights are kept; training stops after ``patience`` epochs without a gain, at
-  ``max_epochs`` or when ``max_minutes`` have passed.
+  ``max_epochs`` or when ``max_minutes`` have passed. With ``show_progress`` a line on stderr follows the
+  epochs: their validation Recall@10 and NDCG@10, the best epoch and the time left (:func:`epoch_progress`).
 
 :func:`fit_sasrec` trains and returns a :class:`SASRecRecommender` (the :class:`~peft_grounded.evaluation.peers.Recommender`
 protocol); :meth:`SASRecRecommender.save` / :meth:`SASRecRecommender.load` use safetensors and a JSON file.
@@ -36,11 +37,12 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 from torch import nn
 
-from .._io import atomic_write, atomic_write_text
+from .._io import atomic_write, atomic_write_text, read_json
 
 FORMAT = "peft_grounded.sasrec"
 CONFIG_FILE, WEIGHTS_FILE = "sasrec.json", "sasrec.safetensors"
 VALID_METRICS = ("ndcg@10", "recall@10")
+SAVE_FIX = "save the recommender again (SASRecRecommender.save), or restore a good copy"
 _SCORE_BATCH = 256  # histories scored at once (validation and recommend)
 
 
@@ -331,31 +333,34 @@ class SASRecRecommender:
         return directory
 
     @classmethod
-    def load(cls, directory: str | Path) -> SASRecRecommender:
-        """A recommender :meth:`save` wrote (weights checked against the JSON's SHA-256)."""
+    def load(cls, directory: str | Path, *, fix: str = SAVE_FIX) -> SASRecRecommender:
+        """A recommender :meth:`save` wrote: ``sasrec.json`` checked field by field (a missing, unknown or
+        mistyped one is named), the weights against its SHA-256 and their shapes against its config. A file
+        that does not load raises :class:`SASRecFileError` (a ``ValueError``) naming it and ``fix``."""
         directory = Path(directory)
         meta_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
         if not meta_path.is_file() or not weights_path.is_file():
             raise FileNotFoundError(
-                f"{directory} holds no saved SASRec ({CONFIG_FILE} and {WEIGHTS_FILE}); save one with "
-                "SASRecRecommender.save"
+                f"{directory} holds no saved SASRec ({CONFIG_FILE} and {WEIGHTS_FILE}); {fix}"
             )
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise ValueError(f"{meta_path} is not a saved SASRec (format {FORMAT!r})")
+        meta = _checked_meta(read_json(meta_path, fix=fix), meta_path, fix)
         blob = weights_path.read_bytes()
-        if hashlib.sha256(blob).hexdigest() != meta.get("weights_sha256"):
-            raise ValueError(
-                f"{weights_path} does not match {meta_path} (another save's weights, or a copy cut short); "
-                "save the recommender again"
+        if hashlib.sha256(blob).hexdigest() != meta["weights_sha256"]:
+            raise SASRecFileError(
+                f"{weights_path} does not match {meta_path} (another save's weights, or a copy cut short); {fix}"
             )
-        known = {f.name for f in fields(SASRecConfig)}
-        config = SASRecConfig(**{k: v for k, v in meta["config"].items() if k in known})
-        tensors = load_tensors(blob)
+        try:
+            config = SASRecConfig(**meta["config"])
+        except ValueError as err:
+            raise SASRecFileError(f"{meta_path}: field 'config': {err}; {fix}") from None
+        try:
+            tensors = load_tensors(blob)
+        except Exception as err:  # a file whose sha256 matches yet is no safetensors: written so by hand
+            raise SASRecFileError(f"{weights_path} is not readable ({err}); {fix}") from None
         model = SASRecModel(len(meta["item_ids"]), config)
-        model.load_state_dict(
-            {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
-        )
+        state = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+        _check_tensors(model, state, tensors.get("popularity"), meta_path, weights_path, fix)
+        model.load_state_dict(state)
         return cls(
             model,
             meta["item_ids"],
@@ -365,6 +370,92 @@ class SASRecRecommender:
             history=meta["history"],
             train_seconds=meta["train_seconds"],
             threads=meta["threads"],
+        )
+
+
+# the config fields the weights' shapes depend on: a sasrec.json without one cannot say what its weights are
+SHAPE_FIELDS = ("hidden_size", "num_blocks", "num_heads", "max_length")
+
+
+class SASRecFileError(ValueError):
+    """A saved SASRec whose files do not load as they are; the message names the file and the fix."""
+
+
+def _whole(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _item_ids(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(i, str) for i in value)
+        and len(set(value)) == len(value)
+    )
+
+
+SASREC_FIELDS = {  # field of sasrec.json -> (what it must be, its check)
+    "format": (f"the string {FORMAT!r}", lambda v: v == FORMAT),
+    "version": ("the integer 1", lambda v: v == 1 and not isinstance(v, bool)),
+    "config": ("an object of SASRecConfig's fields", lambda v: isinstance(v, dict)),
+    "item_ids": ("a non-empty list of distinct item-id strings", _item_ids),
+    "weights_sha256": ("a sha256 hex string", lambda v: isinstance(v, str) and len(v) == 64),
+    "best_epoch": ("an integer >= 0", lambda v: _whole(v, 0)),
+    "history": (
+        "a list of objects, one per epoch",
+        lambda v: isinstance(v, list) and all(isinstance(r, dict) for r in v),
+    ),
+    "train_seconds": ("a number >= 0", lambda v: _number(v) and v >= 0),
+    "threads": ("an integer >= 1", lambda v: _whole(v, 1)),
+    "fit_key": ("a string", lambda v: isinstance(v, str)),
+}
+OPTIONAL_FIELDS = ("fit_key",)  # written by shared_fit's cache only
+
+
+def _checked_meta(meta: Any, path: Path, fix: str) -> dict[str, Any]:
+    """``sasrec.json``'s record, each field checked (and the config's names): a missing, unknown or mistyped
+    one is named with ``fix``."""
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        kind = f"format {meta.get('format')!r}" if isinstance(meta, dict) else f"a JSON {type(meta).__name__}"
+        raise SASRecFileError(f"{path} is not a saved SASRec (format {FORMAT!r}; it holds {kind}); {fix}")
+    missing = [name for name in SASREC_FIELDS if name not in meta and name not in OPTIONAL_FIELDS]
+    extra = [name for name in meta if name not in SASREC_FIELDS]
+    if missing or extra:
+        raise SASRecFileError(f"{path}: missing fields {missing}, unknown fields {extra}; {fix}")
+    for name, (wanted, check) in SASREC_FIELDS.items():
+        if name in meta and not check(meta[name]):
+            raise SASRecFileError(f"{path}: field {name!r} is {meta[name]!r:.60}, not {wanted}; {fix}")
+    known = {f.name for f in fields(SASRecConfig)}
+    missing = [name for name in SHAPE_FIELDS if name not in meta["config"]]
+    extra = [name for name in meta["config"] if name not in known]
+    if missing or extra:
+        raise SASRecFileError(
+            f"{path}: field 'config' lacks {missing} and has unknown fields {extra} (SASRecConfig's are "
+            f"{', '.join(sorted(known))}); {fix}"
+        )
+    return meta
+
+
+def _check_tensors(
+    model: SASRecModel, state: dict[str, Any], popularity: Any, meta_path: Path, weights_path: Path, fix: str
+) -> None:
+    """Refuse weights whose names or shapes are not those of ``model`` (built from the JSON's config and
+    item count), or a popularity vector of another length, naming both files."""
+    wanted = {name: tuple(value.shape) for name, value in model.state_dict().items()}
+    given = {name: tuple(value.shape) for name, value in state.items()}
+    n_items = model.item_embedding.num_embeddings - 1
+    wanted["popularity"] = (n_items,)
+    given["popularity"] = None if popularity is None else tuple(popularity.shape)
+    problems = [
+        f"{name}: {given.get(name) or 'missing'}, wanted {shape}"
+        for name, shape in wanted.items()
+        if given.get(name) != shape
+    ] + [f"{name}: not a SASRec weight" for name in given if name not in wanted]
+    if problems:
+        raise SASRecFileError(
+            f"{weights_path} does not hold the weights {meta_path} describes ({n_items} items, hidden_size "
+            f"{model.item_embedding.embedding_dim}, {len(model.blocks)} blocks, max_length {model.max_length}): "
+            f"{'; '.join(problems[:3])}{f' and {len(problems) - 3} more' if len(problems) > 3 else ''}; {fix}"
         )
 
 
@@ -404,18 +495,49 @@ def _validate(
     return {"valid_recall@10": hits / n, "valid_ndcg@10": gains / n}
 
 
-def fit_sasrec(split: Any, item_ids: Sequence[str], config: SASRecConfig | None = None) -> SASRecRecommender:
+def fit_sasrec(
+    split: Any,
+    item_ids: Sequence[str],
+    config: SASRecConfig | None = None,
+    *,
+    show_progress: bool = False,
+) -> SASRecRecommender:
     """Train SASRec on a :class:`~peft_grounded.sids.LeaveOneOut` split over ``item_ids`` (the catalogue's)
     and return the recommender holding the best validation epoch's weights (:func:`~peft_grounded.sids.
-    sasrec_cache.shared_fit` reuses an equal fit)."""
+    sasrec_cache.shared_fit` reuses an equal fit). ``show_progress``: a progress line on stderr, one update
+    per epoch (:func:`epoch_progress`)."""
     config = config or SASRecConfig()
     item_ids = list(item_ids)
     _, histories, valid_targets = _indexed(split, item_ids)
-    return _fit(histories, valid_targets, item_ids, config)
+    return _fit(histories, valid_targets, item_ids, config, show_progress=show_progress)
+
+
+def epoch_progress(
+    config: SASRecConfig, epoch: int, seconds: float, metrics: dict[str, float], best_epoch: int, stale: int
+) -> str:
+    """The progress line's news after ``epoch`` (1-based; ``seconds`` since the start): its validation Recall@10
+    and NDCG@10, the best epoch so far and the time left, estimated at the mean epoch's time: until the stop
+    that ``patience`` brings if validation does not improve again (each gain puts it off), ``max_epochs`` or
+    ``max_minutes`` if sooner."""
+    from tqdm import tqdm
+
+    epochs_left = min(config.max_epochs - epoch, config.patience - stale)
+    left = epochs_left * seconds / epoch
+    if config.max_minutes is not None:
+        left = min(left, max(0.0, config.max_minutes * 60 - seconds))
+    return (
+        f"valid Recall@10 {metrics['valid_recall@10']:.4f} NDCG@10 {metrics['valid_ndcg@10']:.4f}, best epoch "
+        f"{best_epoch}, about {tqdm.format_interval(left)} left"
+    )
 
 
 def _fit(
-    histories: list[list[int]], valid_targets: list[int], item_ids: list[str], config: SASRecConfig
+    histories: list[list[int]],
+    valid_targets: list[int],
+    item_ids: list[str],
+    config: SASRecConfig,
+    *,
+    show_progress: bool = False,
 ) -> SASRecRecommender:
     windows = training_windows(histories, config.max_length)
     if not windows:
@@ -430,7 +552,17 @@ def _fit(
     counts = Counter(i for h in histories for i in h[1:])
     popularity = torch.tensor([float(counts.get(i + 1, 0)) for i in range(len(item_ids))])
 
-    with _torch_threads(config.threads), torch.random.fork_rng(devices=[]):
+    from tqdm.auto import tqdm
+
+    progress = tqdm(
+        total=config.max_epochs,
+        desc="SASRec",
+        unit="epoch",
+        bar_format="{desc}: epoch {n_fmt} of at most {total_fmt} [{elapsed}{postfix}]",
+        dynamic_ncols=True,
+        disable=not show_progress,
+    )
+    with _torch_threads(config.threads), torch.random.fork_rng(devices=[]), progress:
         torch.manual_seed(config.seed)
         threads = torch.get_num_threads()
         model = SASRecModel(len(item_ids), config)
@@ -470,6 +602,10 @@ def _fit(
                 recommender.best_epoch = epoch
             else:
                 stale += 1
+            progress.set_postfix_str(
+                epoch_progress(config, epoch, seconds, metrics, recommender.best_epoch, stale), refresh=False
+            )
+            progress.update(1)
             if stale >= config.patience or (budget is not None and seconds > budget):
                 break
         model.load_state_dict(best_state)
