@@ -23,7 +23,6 @@ adapter fused with it) is built once for the module; every command runs in-proce
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import math
@@ -463,19 +462,27 @@ def test_behaviour_vectors_without_enough_interactions_say_what_they_need(
 # ------------------------------------------------------------------------------ recommend's output folder
 
 
-def test_a_read_only_file_system_is_named_as_the_system_names_it(world, tmp_path, capsys, monkeypatch):
-    """Root ignores permissions but not a read-only mount: its reason reaches the line (here simulated)."""
-    import os
-    import tempfile
+@pytest.fixture
+def read_only_mount(tmp_path):
+    """A real read-only file system (a tmpfs mounted ``ro``); skipped where mounting is not allowed."""
+    import subprocess
 
-    from peft_grounded.cli import recommend as recommend_cli
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
 
-    def read_only(*args, **kwargs):
-        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(kwargs.get("dir")))
 
-    monkeypatch.setattr(recommend_cli.os, "access", lambda *args: False)
-    monkeypatch.setattr(tempfile, "mkstemp", read_only)
-    out = tmp_path / "out"
+def test_a_read_only_file_system_is_named_as_the_system_names_it(world, tmp_path, capsys, read_only_mount):
+    """Root ignores permissions but not a read-only mount: the system's reason reaches the line."""
+    out = read_only_mount / "out"
     users = tmp_path / "users.jsonl"
     users.write_text('{"user": "a", "history": ["0", "1"]}\n')
     before = snapshot(tmp_path)
@@ -483,8 +490,8 @@ def test_a_read_only_file_system_is_named_as_the_system_names_it(world, tmp_path
         capsys, *recommend(world["root"] / "adapter")[:3], "--histories", users, "--output_dir", out
     )
     assert line == (
-        f"error: --output_dir {out}: {tmp_path} is not writable (Read-only file system); choose a folder you "
-        "can write"
+        f"error: --output_dir {out}: {read_only_mount} is not writable (Read-only file system); choose a folder "
+        "you can write"
     )
     assert snapshot(tmp_path) == before
 
