@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from peft_grounded.checks import SettingsError
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.sids.index import SIDIndex
-from peft_grounded.sids.sasrec import SASRecConfig, fit_sasrec
+from peft_grounded.sids.sasrec import SASRecConfig, SASRecRecommender, fit_sasrec
 from peft_grounded.training.sft import (
     RecommendationConfig,
     RecommendationTrainer,
@@ -337,7 +337,6 @@ def test_a_distilled_run_logs_its_soft_loss_and_resumes_on_the_same_targets(toy,
     out = tmp_path / "run"
 
     def run(resume: bool = False) -> dict[str, torch.Tensor]:
-        torch.manual_seed(0)  # the stacked LoRA's random start follows the process's generator
         config = _config(out, **args)
         train_recommender(
             catalogue, index, config, model_path=model_dir, fmt=SEQ, lora=dict(r=2), resume=resume
@@ -380,3 +379,29 @@ def test_the_teacher_is_bounded_in_epochs_and_reproducible(toy):
         first.model.state_dict().items(), again.model.state_dict().items(), strict=True
     ):
         assert torch.equal(a, b), name  # no time budget: the same split and seed give the same teacher
+
+
+@pytest.mark.parametrize("disable_tqdm", [False, True])
+def test_the_teacher_s_fit_shows_its_epochs_as_training_does(
+    toy, tokenizer, tmp_path, monkeypatch, capsys, disable_tqdm
+):
+    """``sft`` fits its teacher for minutes before the first step: the fit shows its epochs, their validation
+    Recall and the time left on stderr, as the trainer's progress bar does, and not with ``--disable_tqdm``."""
+    from functools import partial
+
+    catalogue, index = toy
+    monkeypatch.setenv("PEFT_GROUNDED_CACHE", str(tmp_path / "cache"))  # a fit, not an earlier test's
+    split = catalogue.leave_one_out()
+    tokenizer.add_tokens(list(index.token_strings))
+    config = _config(tmp_path / "run", distill_weight=0.5, distill_epochs=3, disable_tqdm=disable_tqdm)
+    build = partial(training_dataset, split, index, catalogue, fmt=SEQ)
+    dist.with_teacher(build, split, index, config, tokenizer, fmt=SEQ)
+    err = capsys.readouterr().err
+    teacher = SASRecRecommender.load(tmp_path / "run" / dist.TEACHER_DIR)
+    if disable_tqdm:
+        assert "SASRec" not in err
+        return
+    last = teacher.history[-1]
+    assert f"SASRec: epoch {len(teacher.history)} of at most 3" in err
+    assert f"valid Recall@10 {last['valid_recall@10']:.4f}" in err
+    assert f"best epoch {teacher.best_epoch}, about " in err and " left]" in err

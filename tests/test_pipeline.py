@@ -45,6 +45,14 @@ def test_smoke_demo_runs_every_stage_and_resumes(tmp_path, model_dir):
     pairs = {(r["strategy"], r["reference"], r["metric"]) for r in summary["intervals"]}
     assert ("centroid_gti", "mean init", "recall@10") in pairs
     assert ("centroid_gti", "popularity (reference, no model)", "constrained_nll") in pairs
+    # the answer is written from its intervals: "not established" exactly where an interval holds 0
+    for row in summary["intervals"]:
+        if row["metric"] in ("recall@10", "constrained_nll"):
+            bullet = next(line for line in report.splitlines() if line.startswith(
+                f"- **{row['strategy']}** against {row['reference']}:"))  # fmt: skip
+            name = "Recall@10" if row["metric"] == "recall@10" else "held-out NLL"
+            said = f"{name} not established" if row["holds_zero"] else f"{name} {row['claim']}, "
+            assert said in bullet and (row["claim"] == "not established") == row["holds_zero"]
     users = json.loads((out / "strategies" / "mean-seed0" / "metrics.json").read_text())["users"]["test"]
     assert {"user", "target", "rank", "constrained_nll", "all", "cold"} <= set(users[0])
     assert (out / "sids" / "sid_index.json").is_file()
@@ -243,53 +251,121 @@ def test_learning_curve_section_from_synthetic_curve_files(tmp_path):
         read_curve(dirs["gti"][0])
 
 
-def test_headline_names_the_winner_with_intervals():
+def _run(ranks, nlls) -> dict:
+    """A strategy runner's record of one seed from per-user ranks (None: not in the list) and target NLLs."""
+    users = [
+        {"user": f"u{i}", "target": "t", "all": True, "cold": False, "rank": r, "constrained_nll": n}
+        for i, (r, n) in enumerate(zip(ranks, nlls, strict=True))
+    ]
+    hits = sum(r is not None and r < 10 for r in ranks) / len(ranks)
+    return {
+        "metrics": {"test": {"all": {"recall@10": hits, "ndcg@10": hits / 2}}},
+        "likelihood": {"test": {"all": {"constrained_nll": sum(nlls) / len(nlls)}}},
+        "users": {"test": users},
+    }
+
+
+def _sentence(lines: list[str], strategy: str, reference: str) -> str:
+    return next(line for line in lines if line.startswith(f"- **{strategy}** against {reference}:"))
+
+
+DIRECTIONS = ("better", "worse", "higher", "lower", "best", "leads", "improve")
+
+
+def test_the_answer_states_a_direction_only_with_an_interval_above_or_below_0():
     from peft_grounded.pipeline.side_by_side import headline
 
-    def run(ranks, nlls):
-        users = [
-            {"user": f"u{i}", "target": "t", "all": True, "cold": False, "rank": r, "constrained_nll": n}
-            for i, (r, n) in enumerate(zip(ranks, nlls, strict=True))
-        ]
-        hits = sum(r is not None and r < 10 for r in ranks) / len(ranks)
-        mean_nll = sum(nlls) / len(nlls)
-        return {
-            "metrics": {"test": {"all": {"recall@10": hits, "ndcg@10": hits / 2}}},
-            "likelihood": {"test": {"all": {"constrained_nll": mean_nll}}},
-            "users": {"test": users},
-        }
+    n = 200
+    records = {  # mean: 8 nats, 50% hits; centroid: 7.5 nats, 75%; gaussian: mean's figures on other users
+        "mean": [_run([None, 0] * (n // 2), [9.0, 7.0] * (n // 2))],
+        "centroid": [_run([0, 0, 0, None] * (n // 4), [8.5, 6.5] * (n // 2))],
+        "gaussian": [_run([0, None] * (n // 2), [7.0, 9.0] * (n // 2))],
+    }
+    popularity = [
+        {"test": [u | {"rank": 30, "constrained_nll": 9.5} for u in records["mean"][0]["users"]["test"]]}
+    ]
+    lines, rows = headline(records, popularity, (5, 10, 20), resamples=2000)
+    assert lines[0] == "## The answer" and f"on the same {n} test users" in lines[2]
+    centroid = _sentence(lines, "centroid", "mean init")
+    # established: the likelihood leads, with its direction and interval, Recall@10 beside it
+    assert centroid.startswith(
+        "- **centroid** against mean init: held-out NLL lower, better (-0.500 nats per item, "
+    )
+    assert "; Recall@10 higher, better (+0.250, 95% interval [+" in centroid
+    nll = next(r for r in rows if (r["strategy"], r["reference"], r["metric"]) == ("centroid", "mean init",
+                                                                                  "constrained_nll"))  # fmt: skip
+    assert nll["claim"] == "lower" and nll["high"] < 0
+    assert f"[{nll['low']:+.3f}, {nll['high']:+.3f}]" in centroid
+    # not established: said so, with the interval, and no direction
+    gaussian = _sentence(lines, "gaussian", "mean init")
+    assert gaussian.count("not established") == 2 and "holds 0" in gaussian
+    assert not any(word in gaussian for word in DIRECTIONS)
+    assert {r["claim"] for r in rows if (r["strategy"], r["reference"]) == ("gaussian", "mean init")} == {
+        "not established"
+    }
+    # against the most-popular ranking: every strategy, from its own intervals
+    assert "Recall@10 higher, better" in _sentence(lines, "mean init", "popularity (reference, no model)")
+    assert "| not established (interval holds 0) |" in "\n".join(lines)  # the table says it the same way
+
+
+def test_an_interval_that_holds_0_says_not_established_never_a_direction():
+    """The demo's usual case at one seed: the NLL gain is established, Recall@10's interval holds 0."""
+    from peft_grounded.pipeline.side_by_side import claim, headline
+
+    n = 100
+    hits = [0, None, None, None] * (n // 4)
+    records = {
+        "mean": [_run(hits, [8.0, 8.2] * (n // 2))],
+        "centroid": [_run(hits[1:] + hits[:1], [7.8, 8.0] * (n // 2))],  # the same hit rate, other users
+    }
+    lines, _ = headline(records, None, (10,), resamples=2000)
+    sentence = _sentence(lines, "centroid", "mean init")
+    nll, recall = sentence.split("; ")
+    assert "held-out NLL lower, better" in nll
+    assert recall.startswith("Recall@10 not established (+0.000, 95% interval [-") and recall.endswith(
+        "holds 0)."
+    )
+    assert not any(word in recall for word in DIRECTIONS)
+    # the clause alone, at the edge: an interval touching 0 holds it
+    edge = {"metric": "recall@10", "difference": 0.01, "low": 0.0, "high": 0.02, "holds_zero": True}
+    assert (
+        claim(edge, "Recall@10")
+        == "Recall@10 not established (+0.010, 95% interval [+0.000, +0.020] holds 0)"
+    )
+    above = edge | {"low": 0.001, "holds_zero": False}
+    assert claim(above, "Recall@10") == "Recall@10 higher, better (+0.010, 95% interval [+0.001, +0.020])"
+    worse_nll = {"metric": "constrained_nll", "difference": 0.2, "low": 0.1, "high": 0.3, "holds_zero": False}
+    assert claim(worse_nll, "NLL", "nats") == "NLL higher, worse (+0.200 nats, 95% interval [+0.100, +0.300])"
+
+
+def test_the_answer_without_intervals_claims_nothing():
+    from peft_grounded.pipeline.side_by_side import headline
 
     records = {
-        "mean": [run([None] * 40, [8.0] * 40)],
-        "centroid": [run([0] * 20 + [None] * 20, [7.0] * 40)],
+        "mean": [_run([None] * 40, [8.0] * 40)],
+        "centroid": [_run([0] * 20 + [None] * 20, [7.0] * 40)],
     }
-    popularity = [{"test": [u | {"rank": 30} for u in records["mean"][0]["users"]["test"]]}]
-    lines, rows = headline(records, popularity, (5, 10, 20), resamples=2000)
-    assert lines[0] == "## The answer" and "**centroid** has the best test Recall@10 (0.5000)" in lines[2]
-    assert "+0.5000 against mean init" in lines[2] and "lowest held-out NLL is **centroid**'s" in lines[2]
-    nll = next(
-        r
-        for r in rows
-        if r["strategy"] == "centroid" and r["reference"] == "mean init" and r["metric"] == "constrained_nll"
-    )
-    assert nll["difference"] == pytest.approx(-1.0) and not nll["holds_zero"]
-    assert any(r["reference"] == "popularity (reference, no model)" for r in rows)
-    # runs recorded before per-user results: said, not hidden
+    # runs recorded before per-user results: said, and no claim made
     old = {name: [{k: v for k, v in recs[0].items() if k != "users"}] for name, recs in records.items()}
     lines, rows = headline(old, None, (10,))
-    assert rows == [] and "No per-user results" in lines[-2]
-    # nobody hit a target: no winner is named on a tie at zero
-    empty = {name: [run([None] * 40, [n] * 40)] for name, n in (("mean", 8.0), ("centroid", 7.5))}
+    assert rows == [] and "No per-user results" in lines[-2] and "no claim" in lines[-2]
+    assert not any(word in " ".join(lines) for word in DIRECTIONS)
+    # no reference run: nothing to pair with
+    lines, rows = headline({"centroid": records["centroid"]}, None, (10,))
+    assert rows == [] and "no interval, so no claim" in " ".join(lines)
+    # nobody hit a target: said as a fact, every Recall claim not established
+    empty = {name: [_run([None] * 40, [n] * 40)] for name, n in (("mean", 8.0), ("centroid", 7.5))}
     lines, _ = headline(empty, None, (10,), resamples=200)
-    assert "No strategy ranks a test target in its top 10" in lines[2] and "has the best" not in lines[2]
+    assert "No strategy ranks a test target in its top 10" in lines[2]
+    assert "Recall@10 not established" in _sentence(lines, "centroid", "mean init")
     # a run that decoded the validation users only opens with them (it raised KeyError 'test' before)
     valid = {
         name: [{section: {"valid": r[section]["test"]} for section, r in ((k, recs[0]) for k in recs[0])}]
         for name, recs in records.items()
     }
-    pop_valid = [{"valid": popularity[0]["test"]}]
-    lines, rows = headline(valid, pop_valid, (5, 10, 20), part="valid", resamples=200)
-    assert "**centroid** has the best valid Recall@10 (0.5000)" in lines[2] and rows
+    lines, rows = headline(valid, None, (5, 10, 20), part="valid", resamples=200)
+    assert "on the same 40 valid users" in lines[2] and rows
+    assert "Recall@10 higher, better" in _sentence(lines, "centroid", "mean init")
 
 
 def test_demo_diagnostics_import_error_is_explained(tmp_path, monkeypatch):

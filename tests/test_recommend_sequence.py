@@ -263,7 +263,6 @@ def test_the_bf16_path_resumes_to_the_uninterrupted_run(toy, model_dir, tmp_path
     args |= dict(compile_blocks=False, optim="sgd", learning_rate=0.1, lr_scheduler_type="constant")
 
     def run(out, resume: bool = False) -> list[dict]:
-        torch.manual_seed(0)  # the stacked LoRA's random start follows the process's generator
         train_recommender(
             catalogue, index, _config(out, **args), model_path=model_dir, fmt=SEQ, lora=dict(r=2),
             dtype=torch.bfloat16, resume=resume,

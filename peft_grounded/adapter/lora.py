@@ -103,7 +103,8 @@ def add_lora(
 
     The new rows keep their values and stay trainable; the LoRA starts as a no-op (``B = 0``), and
     ``save_pretrained`` writes one adapter holding both. Load a grounded adapter with ``is_trainable=True``
-    before stacking so its rows train.
+    before stacking so its rows train. ``A``'s random start is drawn from torch's generator, as PEFT's; the
+    training entry points draw it from the run's seed (:func:`peft_grounded.training.trainer.seeded`).
     """
     name = adapter_name or model.active_adapter
     config = model.peft_config.get(name)

@@ -373,7 +373,7 @@ def compare_users(
 
 def _verdict(row: Mapping[str, Any]) -> str:
     if row["holds_zero"]:
-        return "interval holds 0"
+        return "not established (interval holds 0)"
     better = (row["difference"] < 0) if "nll" in row["metric"] else (row["difference"] > 0)
     return "better" if better else "worse"
 

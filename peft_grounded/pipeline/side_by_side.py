@@ -4,18 +4,19 @@ Every row is scored on the users :func:`~peft_grounded.evaluation.reports` sampl
 :class:`~peft_grounded.evaluation.EvalSettings` (test part: all users, and the users whose target is a cold
 item), so differences are paired per user. Rows carry their training minutes and threads. The peers are
 what a shop could run without this package (:mod:`peft_grounded.evaluation.peers`): the most-popular ranking, text KNN
-over the SID index's own item vectors (last item; recency-weighted profile) and SASRec; the LLM rows are the
-experiment runner's strategies (``peft_default`` is PEFT's own path, no package code in its rows).
+over the SID index's own item vectors (last item; recency-weighted profile), SASRec and TGH (the
+transition-graph heuristic, :mod:`peft_grounded.evaluation.graph_peer`, its settings chosen on the validation
+users); the LLM rows are the experiment runner's strategies (``peft_default`` is PEFT's own path, no package
+code in its rows).
 
-The answer a comparison report opens with (:func:`headline`: which strategy won, by how much, and how sure
-that is) is below.
+The answer a comparison report opens with (:func:`headline`: what the run establishes, each sentence from a
+paired interval, "not established" where it holds 0) is below.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -29,12 +30,13 @@ from ..evaluation.reports import EvalSettings, popularity_users, user_value
 from ..intervals import bootstrap_interval
 from ..training import runs
 
-PEERS = ("popularity", "knn_last", "knn_recency", "sasrec")
+PEERS = ("popularity", "knn_last", "knn_recency", "sasrec", "tgh")
 PEER_LABELS = {
     "popularity": "popularity",
     "knn_last": "text KNN (last item)",
     "knn_recency": "text KNN (recency profile)",
     "sasrec": "SASRec",
+    "tgh": "TGH (transition graph)",
 }
 
 
@@ -57,7 +59,9 @@ def run_peers(
 ) -> dict[str, dict[str, Any]]:
     """``{peer: {"records", "minutes", "threads", ...}}`` on the test users of ``settings``; each peer's
     result is written to ``<output_dir>/<peer>.json`` and read back on a later call with the same settings.
-    ``sasrec``: a :class:`~peft_grounded.sids.sasrec.SASRecConfig` (default settings when None)."""
+    ``sasrec``: a :class:`~peft_grounded.sids.sasrec.SASRecConfig` (default settings when None). ``tgh``: its
+    count bonus and ring limit are chosen on the validation users of ``settings``
+    (:func:`~peft_grounded.evaluation.graph_peer.choose_settings`; the row keeps the choice and its table)."""
     from ..evaluation.peers import TextKNN, peer_records
 
     unknown = set(peers) - set(PEERS)
@@ -70,6 +74,10 @@ def run_peers(
         key = {"peer": name, "settings": asdict(settings), "index": index.fingerprint(), "users": len(split)}
         if name == "sasrec":
             key["sasrec"] = asdict(sasrec) if sasrec is not None else "default"
+        if name == "tgh":
+            from ..evaluation.graph_peer import DEFAULT_BONUSES, DEFAULT_RINGS
+
+            key["tgh"] = {"bonuses": list(DEFAULT_BONUSES), "rings": list(DEFAULT_RINGS)}
         path = out / f"{name}.json"
         if path.is_file():
             saved = json.loads(path.read_text())
@@ -85,6 +93,14 @@ def run_peers(
             knn = TextKNN.from_index(index, catalogue, encoder, profile=name.split("_")[1])
             fit_seconds = 0.0  # no training; encoding is the index's (cached)
             records = peer_records(knn, split, ("test",), settings)
+        elif name == "tgh":
+            from ..evaluation.graph_peer import TransitionGraphPeer, choose_settings
+
+            graph = TransitionGraphPeer.from_index(index, catalogue, split, encoder)
+            chosen, table = choose_settings(graph, split, eval_settings=settings)
+            fit_seconds = time.perf_counter() - start  # the graph and the choice on validation
+            records = peer_records(graph.with_settings(chosen), split, ("test",), settings)
+            extra = {"chosen": asdict(chosen), "validation": table}
         else:
             from ..sids.sasrec import SASRecConfig
             from ..sids.sasrec_cache import shared_fit
@@ -288,14 +304,16 @@ def curve_table(
     return "\n".join(lines) + "\n"
 
 
-# The answer a comparison report opens with: which strategy won, by how much, and how sure that is.
+# The answer a comparison report opens with: what the run establishes, each sentence from a paired interval.
 #
-# The winner is the strategy with the best test Recall@K (``K`` = 10 when measured), ties broken by the
-# constrained NLL; the likelihood winner is named too (at small budgets it is the figure that moves). Every
-# strategy is compared with mean init and with the most-popular reference by paired bootstrap intervals
-# (:mod:`peft_grounded.evaluation.reports`), pooled over seeds, on the same test users.
+# Every strategy is compared with mean init (the start's effect) and with the most-popular reference, per user
+# on the same test users, pooled over seeds (:mod:`peft_grounded.evaluation.reports`). A difference whose 95%
+# interval excludes 0 is stated with its direction and interval; one whose interval holds 0 reads "not
+# established", with its interval and no direction. The held-out targets' constrained NLL leads where it is
+# established (at small budgets it is the steadier figure), Recall@K beside it.
 
 NLL = "constrained_nll"
+NOT_ESTABLISHED = "not established"
 
 
 def headline_metrics(ks: Sequence[int]) -> tuple[str, str]:
@@ -304,12 +322,33 @@ def headline_metrics(ks: Sequence[int]) -> tuple[str, str]:
     return f"recall@{k}", f"ndcg@{k}"
 
 
-def _mean(
-    records: Sequence[Mapping[str, Any]], section: str, metric: str, part: str = "test"
-) -> float | None:
-    values = [r[section][part]["all"].get(metric) for r in records if part in r.get(section, {})]
-    values = [v for v in values if v is not None]
-    return statistics.fmean(values) if values else None
+def established(row: Mapping[str, Any]) -> str:
+    """What a paired interval row (strategy - reference) lets a report say: ``"lower"`` or ``"higher"`` where
+    its interval excludes 0, :data:`NOT_ESTABLISHED` where it holds 0."""
+    if row["holds_zero"]:
+        return NOT_ESTABLISHED
+    return "lower" if row["high"] < 0 else "higher"
+
+
+def claim(row: Mapping[str, Any], name: str, unit: str = "", digits: int = 3) -> str:
+    """One clause of the answer from a paired interval row: ``name`` lower or higher (better or worse: NLL
+    lower is better) with the difference and its 95% interval, or ``name`` not established with the interval
+    that holds 0, and no direction."""
+    verdict = established(row)
+    span = (
+        f"{row['difference']:+.{digits}f}{' ' + unit if unit else ''}, "
+        f"95% interval [{row['low']:+.{digits}f}, {row['high']:+.{digits}f}]"
+    )
+    if verdict == NOT_ESTABLISHED:
+        return f"{name} {NOT_ESTABLISHED} ({span} holds 0)"
+    better = (verdict == "lower") == ("nll" in row["metric"])
+    return f"{name} {verdict}, {'better' if better else 'worse'} ({span})"
+
+
+def _zero_hits(records: Mapping[str, Sequence[Mapping[str, Any]]], metric: str, part: str) -> bool:
+    """Whether every run of every strategy reports ``metric`` 0 on ``part``'s users."""
+    values = [r["metrics"][part]["all"].get(metric) for recs in records.values() for r in recs]
+    return bool(values) and all(v == 0 for v in values)
 
 
 def headline(
@@ -321,38 +360,16 @@ def headline(
     reference: str = "mean",
     resamples: int = 10_000,
 ) -> tuple[list[str], list[dict[str, Any]]]:
-    """Markdown lines and the interval rows (JSON-able) of the report's opening section.
+    """Markdown lines and the interval rows (JSON-able, each with its ``claim``: :func:`established`) of the
+    report's opening section: per strategy against mean init and against the popularity reference, the
+    held-out NLL and Recall@K, each a :func:`claim` from its paired interval (established ones first).
 
     ``records``: strategy -> one run record per seed (``metrics``, ``likelihood`` and, for runs that
     recorded them, ``users``); ``popularity_users``: per seed, :func:`~peft_grounded.evaluation.popularity_users`
     on the same settings (or ``None``).
     """
     recall, ndcg = headline_metrics(ks)
-    scores = {
-        name: (_mean(recs, "metrics", recall, part), _mean(recs, "likelihood", NLL, part))
-        for name, recs in records.items()
-    }
-    ranked = sorted(
-        scores,
-        key=lambda n: (-(scores[n][0] or 0.0), scores[n][1] if scores[n][1] is not None else float("inf")),
-    )
-    best = ranked[0]
-    r_best = scores[best][0]
     label = recall.replace("recall", "Recall")
-    if r_best is None:
-        text = f"**{best}** leads"
-    elif r_best == 0:
-        text = f"No strategy ranks a {part} target in its top {label.split('@')[-1]} at this budget ({label} 0 for all)"
-    else:
-        text = f"**{best}** has the best {part} {label} ({r_best:.4f})"
-    if reference in scores and best != reference and scores[reference][0] is not None and r_best:
-        text += (
-            f", {r_best - scores[reference][0]:+.4f} against {reference} init ({scores[reference][0]:.4f})"
-        )
-    likely = min((n for n in scores if scores[n][1] is not None), key=lambda n: scores[n][1], default=None)
-    if likely is not None:
-        text += f"; the lowest held-out NLL is **{likely}**'s ({scores[likely][1]:.3f} nats per item under the SID trie)"
-
     users = {
         name: [r["users"][part] for r in recs]
         for name, recs in records.items()
@@ -366,10 +383,39 @@ def headline(
         references[POPULARITY_LABEL] = [p[part] for p in popularity_users]
     rows: list[dict[str, Any]] = []
     body: list[str] = []
+    lines = ["## The answer", ""]
+    if _zero_hits(records, recall, part):
+        lines += [f"No strategy ranks a {part} target in its top {label.split('@')[-1]} at this budget "
+                  f"({label} 0 for all).", ""]  # fmt: skip
+    named = {(f"{reference} init" if n == reference else n): v for n, v in users.items()}
     if users and references:
-        named = {(f"{reference} init" if n == reference else n): v for n, v in users.items()}
         rows = compare_users(named, references, [recall, ndcg, NLL], "all", resamples=resamples)
-        seeds = len(next(iter(users.values())))
+    if rows:
+        for row in rows:
+            row["claim"] = established(row)
+        seeds = rows[0]["seeds"]
+        pooled = f", pooled over {seeds} seeds (users resampled within each)" if seeds > 1 else ""
+        lines += [
+            f"What this run establishes on the same {rows[0]['users'] // seeds} {part} users"
+            f"{pooled}: each sentence is the paired difference (strategy - reference) with its bootstrap 95% "
+            f"interval; a direction where the interval excludes 0, '{NOT_ESTABLISHED}' where it holds 0. NLL: "
+            f"the held-out target's nats per item under the SID trie (lower is better).",
+            "",
+        ]
+        for ref in references:
+            for name in named:
+                found = {r["metric"]: r for r in rows if (r["strategy"], r["reference"]) == (name, ref)}
+                clauses = [
+                    (established(found[m]) == NOT_ESTABLISHED, order, claim(found[m], what, unit))
+                    for order, (m, what, unit) in enumerate(
+                        ((NLL, "held-out NLL", "nats per item"), (recall, label, ""))
+                    )
+                    if m in found
+                ]
+                if clauses:
+                    text = "; ".join(c for *_, c in sorted(clauses))
+                    lines.append(f"- **{name}** against {ref}: {text}.")
+        lines.append("")
         body = [
             f"Paired bootstrap 95% intervals of the difference (strategy - reference) on the same {part} users, "
             f"{resamples:,} resamples{', users resampled within each of the ' + str(seeds) + ' seeds' if seeds > 1 else ''}. "
@@ -378,23 +424,17 @@ def headline(
             "",
             intervals_table(rows),
         ]
-    winner = "mean init" if best == reference else best
-    for ref in references:
-        for metric, name in ((recall, label), (NLL, "NLL")):
-            row = next(
-                (r for r in rows if (r["strategy"], r["reference"], r["metric"]) == (winner, ref, metric)),
-                None,
-            )
-            if row is not None:
-                verdict = "the interval holds 0" if row["holds_zero"] else "the interval excludes 0"
-                text += (
-                    f". {name} of {best} minus {ref}: {row['difference']:+.4f}, 95% interval "
-                    f"[{row['low']:+.4f}, {row['high']:+.4f}] ({verdict})"
-                )
-    lines = ["## The answer", "", text + ".", "", *body]
+    elif users:
+        lines += [
+            f"No paired reference to compare with (mean init's or the popularity reference's per-user {part} "
+            "results): no interval, so no claim.",
+            "",
+        ]
+    lines += body
     if missing:
         lines += [
-            f"No per-user results for {', '.join(missing)} (runs finished before they were recorded): no intervals.",
+            f"No per-user results for {', '.join(missing)} (runs finished before they were recorded): no "
+            "intervals, so no claim about them.",
             "",
         ]
     return lines, rows
