@@ -43,13 +43,14 @@ from peft_grounded.evaluation.metrics import metric_value, target_rank
 from peft_grounded.evaluation.peers import TextKNN
 from peft_grounded.intervals import bootstrap_interval
 from peft_grounded.new_items import NewItemRule, index_vectors, rule_vectors
-from peft_grounded.new_items.protocol import P_TEXT, TEXT_ONLY, control_lists
 from peft_grounded.sids import SIDIndex, load_catalogue
 
 try:
     from benchmarks._args import parse
+    from benchmarks.new_item_protocol import P_TEXT, TEXT_ONLY, control_lists
 except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
     from _args import parse
+    from new_item_protocol import P_TEXT, TEXT_ONLY, control_lists
 
 LLM, SERVED = "LLM alone", "LLM + cold rule (share)"
 RESERVED, BY_PROBABILITY = "LLM + cold rule (share, 1 place reserved)", "LLM + cold rule (probability)"

@@ -39,8 +39,8 @@ def main(argv=None) -> None:
     args = parse(Settings, argv, prog="bench_exclusion.py", description=__doc__)
     from peft_grounded import GroundedRecommender
     from peft_grounded.decoding import recommend
+    from peft_grounded.decoding.search import history_prompts
     from peft_grounded.intervals import bootstrap_interval
-    from peft_grounded.serving.top_k import history_prompts
     from peft_grounded.sids import SIDIndex, load_catalogue
 
     (adapter,) = sorted(args.run.glob("strategies/*/sft/adapter"))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from peft_grounded.growth.index import GrowthReport, add_vectors
+from peft_grounded.new_items.grow_index import GrowthReport, add_vectors
 from peft_grounded.sids import build_sids, load_catalogue
 from peft_grounded.sids.catalogue import TextTemplate
 from peft_grounded.sids.encoders import encode_texts, load_encoder

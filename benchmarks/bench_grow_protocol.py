@@ -15,7 +15,7 @@ how long) is printed first.
 2. Build SIDs on the rest (MiniLM, 3 x 64 + disambiguation; ``--item-vectors behaviour`` or ``mix``: from
    the SASRec item embeddings of the old items' training interactions, as ``build-sids --recipe cpu``) and
    train the ``--strategy`` (init -> [grounding] -> LoRA SFT) on the interactions with those items only.
-3. Add the held-out items (``growth.add_items``; on a behaviour index their text goes through the index's
+3. Add the held-out items (``new_items.add_items``; on a behaviour index their text goes through the index's
    text-to-behaviour map, since no interaction of theirs is known), grow the trained adapter
    (``grow_adapter``, centroid rows for the new tokens). The served rule's text expert and text KNN read the
    items' text vectors whatever the SIDs were built from.
@@ -34,7 +34,7 @@ how long) is printed first.
    model). Where the served rule does not beat them, the LLM's beams add nothing for new-item users. Then
    all users as the population holds them (the two groups weighted by their shares of the users, a
    stratified bootstrap): what a shop serving one rule to everyone gets. The controls, the slot rule and
-   that interval live in ``peft_grounded.new_items`` (``controls``, ``slots``); the model-alone rows go
+   that interval live beside this script (``benchmarks/new_item_protocol.py``); the model-alone rows go
    through the same route.
 
 Writes ``<out>/protocol.json`` (with per-user ranks of the target) and ``<out>/protocol.md``; training
@@ -57,31 +57,24 @@ import torch
 
 from peft_grounded import assets
 from peft_grounded.decoding import Recommendations
+from peft_grounded.decoding.search import model_beams
 from peft_grounded.evaluation import EvalSettings
 from peft_grounded.evaluation.metrics import metric_value, ranking_metrics, target_rank
 from peft_grounded.evaluation.peers import TextKNN
-from peft_grounded.growth import add_items, grow_adapter
-from peft_grounded.growth.adapter import held_out_log
-from peft_grounded.growth.grounding import ground_new_items, tune_new_items_on_log
 from peft_grounded.intervals import bootstrap_interval
 from peft_grounded.new_items import (
-    P_TEXT,
-    TEXT_ONLY,
     NewItemRule,
     SemanticMixture,
-    blended,
-    control_lists,
-    default_match_levels,
-    first_seen,
-    full_histories,
-    logged_pairs,
-    mix_new_items,
-    new_item_examples,
-    random_slots,
+    add_items,
+    ground_new_items,
+    grow_adapter,
+    held_out_log,
+    new_item_beams,
+    tune_new_items_on_log,
 )
 from peft_grounded.pipeline import Budget, Experiment, run_strategy, strategy
 from peft_grounded.prompts import PromptFormat
-from peft_grounded.serving.top_k import model_beams, new_item_beams, top_k_lists
+from peft_grounded.serving.top_k import top_k_lists
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.behaviour import ItemVectorsConfig
 from peft_grounded.sids.catalogue import TextTemplate
@@ -91,8 +84,34 @@ from peft_grounded.training.sft.trainer import shallow_base
 
 try:
     from benchmarks._args import Precision, ZeroOrMore, parse
+    from benchmarks.new_item_protocol import (
+        P_TEXT,
+        TEXT_ONLY,
+        blended,
+        control_lists,
+        default_match_levels,
+        first_seen,
+        full_histories,
+        logged_pairs,
+        mix_new_items,
+        new_item_examples,
+        random_slots,
+    )
 except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
     from _args import Precision, ZeroOrMore, parse
+    from new_item_protocol import (
+        P_TEXT,
+        TEXT_ONLY,
+        blended,
+        control_lists,
+        default_match_levels,
+        first_seen,
+        full_histories,
+        logged_pairs,
+        mix_new_items,
+        new_item_examples,
+        random_slots,
+    )
 
 
 def interval(values: np.ndarray, seed: int, rounds: int) -> tuple[float, float]:
@@ -136,7 +155,7 @@ def decoding(model, bf16: bool):
 
 def decode(model, tokenizer, histories, index, catalogue, fmt, beams: int, bf16: bool) -> Recommendations:
     """All ``beams`` beams per history, best first, prompts in the training ``fmt``: the first search of the
-    package's route (:func:`peft_grounded.serving.top_k.model_beams`), cached to re-score serving rules."""
+    package's route (:func:`peft_grounded.decoding.search.model_beams`), cached to re-score serving rules."""
     with decoding(model, bf16):
         return model_beams(
             model, tokenizer, index, histories, beams, fmt=fmt, catalogue=catalogue, batch_size=8
@@ -287,7 +306,7 @@ class Settings(Precision):
         default=0,
         metadata={
             "help": "an arm whose new items' rows are tuned on the logged (history, next item) pairs for this "
-            "many steps (growth.tune_new_items_on_log), all but a held-out sample (growth.adapter.held_out_log) "
+            "many steps (new_items.tune_new_items_on_log), all but a held-out sample (new_items.held_out_log) "
             "on which the served rule's model weight is fitted; scored alone, served, and served with new items "
             "by p_text x p_model^weight; 0: no such arm"
         },
@@ -298,7 +317,7 @@ class Settings(Precision):
     new_item_share: list[float] = field(
         default_factory=lambda: [0.1, 0.2],
         metadata={
-            "help": "the grown model with new-item slots (TIGER's cold-start rule, new_items.mix_new_items): at "
+            "help": "the grown model with new-item slots (TIGER's cold-start rule, new_item_protocol.mix_new_items): at "
             "most this share of the top-k goes to new items sharing a generated item's SID prefix",
             "action": ZeroOrMore,
         },

@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from peft_grounded.intervals import bootstrap_interval
-from peft_grounded.new_items import blended
 
 try:
     from benchmarks._args import parse
+    from benchmarks.new_item_protocol import blended
     from benchmarks.pool_grow_protocol import per_user
 except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
     from _args import parse
+    from new_item_protocol import blended
     from pool_grow_protocol import per_user
 
 GROUPS = (("new", "rank_of_target", "users"), ("old", "old_item_rank_of_target", "old_item_users"))

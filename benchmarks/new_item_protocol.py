@@ -1,11 +1,18 @@
-"""The new-item protocol's data side: which items are new (the newest by first interaction), the users
-scored on them, their whole histories, and the pairs a serving side has logged since training (for
-calibration).
+"""The new-item protocol's logic: what ``bench_grow_protocol.py`` holds out and scores, and what it compares
+the served rule with.
+
+* its data: which items are new (the newest by first interaction), the users scored on them, their whole
+  histories, and the pairs a serving side has logged since training (for calibration);
+* the controls of the served rule (a text-only mixture, the new items by ``p_text`` alone) and the all-users
+  stratified interval (:func:`blended`);
+* TIGER's slot rule (:func:`mix_new_items`) and random slots (:func:`random_slots`), the earlier rule and its
+  control.
 
 ``benchmarks/bench_grow_protocol.py`` runs the protocol (hold out the newest items, train on the rest, grow,
-score the users whose target is new); these functions decide what it holds out and scores, and
-:mod:`.protocol` what the served rule is compared with, so they live with the rule (this package) and are
-tested without a model (``tests/test_new_items_protocol.py``).
+score the users whose target is new) with them, ``bench_cold_rule.py`` and ``compare_grow_protocol.py`` use
+them too; they are tested without a model (``tests/test_bench_new_item_protocol.py``,
+``tests/test_bench_new_item_slots.py``). The rule they measure is the package's
+(:class:`peft_grounded.new_items.NewItemRule`, served by :func:`peft_grounded.serving.top_k_lists`).
 """
 
 from __future__ import annotations
@@ -19,10 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..decoding import Recommendations
+from peft_grounded.decoding import Recommendations
+from peft_grounded.new_items.rule import NewItemRule, quantised_vector
 
 if TYPE_CHECKING:
-    from ..sids.catalogue import LeaveOneOut
+    from peft_grounded.sids.catalogue import LeaveOneOut
 
 
 Example = tuple[str, tuple[str, ...], str]  # (user id, history, target), as LeaveOneOut gives them
@@ -34,7 +42,7 @@ def first_seen(catalogue: Any, dataset: str | Path) -> dict[str, float]:
     has a ``timestamp`` column, else a position proxy (the earliest relative position in a user's
     sequence). An item never seen gets ``inf``."""
     if str(dataset) == "movielens-100k":
-        from .. import assets
+        from peft_grounded import assets
 
         directory = assets.movielens_100k()
     else:
@@ -96,8 +104,8 @@ def new_item_examples(split: LeaveOneOut, new: set[str], max_history: int, posit
 
 def logged_pairs(split: LeaveOneOut, positions: str) -> list[tuple[tuple[str, ...], str]]:
     """``(history, next item)`` at the position before the scored one, for every user: what the serving
-    side has logged since the model trained (what :meth:`~.rule.NewItemRule.fit` calibrates on), never a
-    scored target."""
+    side has logged since the model trained (what :meth:`~peft_grounded.new_items.NewItemRule.fit`
+    calibrates on), never a scored target."""
     _check_positions(positions)
     if positions == "test":
         return [(u.history, u.valid) for u in split.users]
@@ -122,15 +130,15 @@ def _check_positions(positions: str) -> None:
 
 # The new-item protocol's controls of the served rule, and its all-users interval.
 #
-# The served rule (:class:`~.rule.NewItemRule`, what ``evaluate`` and ``recommend`` serve through
-# :func:`peft_grounded.serving.top_k_lists`) mixes the model's beams with the new items' text. Two controls
-# say whether the model's beams add anything for new-item users:
+# The served rule (:class:`~peft_grounded.new_items.NewItemRule`, what ``evaluate`` and ``recommend`` serve
+# through :func:`peft_grounded.serving.top_k_lists`) mixes the model's beams with the new items' text. Two
+# controls say whether the model's beams add anything for new-item users:
 #
 # * the *text-only mixture* (:data:`TEXT_ONLY`): the same rule over text KNN beams over ALL items
 #   (:func:`text_knn_beams`) in place of the LLM's;
 # * the new items by ``p_text`` alone (:data:`P_TEXT`, :func:`p_text_lists`): no model at all.
 #
-# The slot rule and random slots (:mod:`.protocol`) are the controls of the earlier rule. :func:`blended` gives
+# The slot rule and random slots (below) are the controls of the earlier rule. :func:`blended` gives
 # a rule's value over all users as the population holds them (new-item and old-item users weighted by their
 # shares) with a stratified bootstrap interval.
 
@@ -139,7 +147,8 @@ P_TEXT = "new items by p_text alone (control)"
 
 
 def text_knn_beams(mixture: Any, histories: Sequence[Sequence[str]], beams: int) -> Recommendations:
-    """The LLM's beams replaced by text KNN over ALL items (:meth:`~.mixture.SemanticMixture.text_beams`:
+    """The LLM's beams replaced by text KNN over ALL items
+    (:meth:`~peft_grounded.new_items.SemanticMixture.text_beams`:
     each user's ``beams`` items nearest their recency profile, history items left out, a log-softmax of
     ``cos / temperature``), so the mixture gets a text "model" in place of the LLM."""
     return mixture.text_beams(histories, beams)
@@ -156,8 +165,6 @@ def control_lists(
     mixture: Any, histories: Sequence[Sequence[str]], k: int, beams: int, mode: str
 ) -> dict[str, list[list[str]]]:
     """The two controls of the served rule (``mode``): the same rule over text KNN beams, and p_text alone."""
-    from .rule import NewItemRule
-
     rule = NewItemRule(mixture, "control", mode)
     return {
         TEXT_ONLY: rule.apply(text_knn_beams(mixture, histories, beams), histories, k).items,
@@ -186,23 +193,14 @@ def blended(
 # ``share * k`` of the ``k`` slots go to new items. No training and no extra forward pass: it reads the
 # beams the search already returned.
 #
-# The served new-item rule is :class:`~.rule.NewItemRule` (what ``evaluate`` and ``recommend`` serve); the slot
-# rule is one of the new-item protocol's controls (``benchmarks/bench_grow_protocol.py``), beside
+# The served new-item rule is :class:`~peft_grounded.new_items.NewItemRule` (what ``evaluate`` and ``recommend``
+# serve); the slot rule is one of the new-item protocol's controls (``bench_grow_protocol.py``), beside
 # :func:`random_slots`, the control of any new-item rule.
 
 
 def default_match_levels(index: Any) -> int:
     """Every level but the last: the semantic codes when the last level is the disambiguation code."""
     return max(index.n_levels - 1, 1)
-
-
-def quantised_vector(index: Any, item: str) -> np.ndarray:
-    """The item's point in the quantiser's space: the sum of its codebook vectors (the k-means levels)."""
-    codes = index.sid_of(item)
-    codes = codes[: len(index.codebooks)]  # the disambiguation code has no codebook
-    return sum(
-        np.asarray(book[code], dtype=np.float64) for book, code in zip(index.codebooks, codes, strict=True)
-    )
 
 
 def nearest_first(index: Any, item: str, candidates: list[str]) -> list[str]:

@@ -3,11 +3,15 @@
     OMP_NUM_THREADS=1 python benchmarks/side_by_side.py --dataset movielens-100k --out runs/sbs-ml100k
     OMP_NUM_THREADS=1 python benchmarks/side_by_side.py --dataset ../shared/data/amazon-office --out runs/sbs-office
     python benchmarks/side_by_side.py --out runs/sbs-smoke --smoke        # a path check, seconds of training
+    # the peers alone on every test user, SASRec trained to its patience (cached), TGH beside it:
+    OMP_NUM_THREADS=1 python benchmarks/side_by_side.py --dataset movielens-100k --out runs/tgh-ml100k \
+        --strategies --peers popularity knn_last sasrec tgh --sasrec-minutes 0
 
 Builds the SIDs (MiniLM, 3 x 64 + disambiguation; cached in ``<out>/sids``), scores the peers
-(popularity, text KNN on the index's item vectors, SASRec) and trains each ``--strategies`` LLM row through
-the experiment runner for ``--minutes`` of SFT (the sequence objective, LoRA r 8 on all linear layers + the
-new rows, lr 1e-3, batch 8; bf16 only on a CPU with native bf16), then prints and writes
+(popularity, text KNN on the index's item vectors, SASRec, TGH: the transition-graph heuristic, its settings
+chosen on the validation users) and trains each ``--strategies`` LLM row through the experiment runner for
+``--minutes`` of SFT (the sequence objective, LoRA r 8 on all linear layers + the new rows, lr 1e-3, batch 8;
+bf16 only on a CPU with native bf16), then prints and writes
 ``<out>/side_by_side.md`` / ``.json``: Recall@10 on all test users and on cold-target users, mean [95% CI],
 paired differences against ``--reference``, training minutes and threads per row; with several LLM rows,
 their target NLL; with ``--eval-every N``, learning curves (SASRec's epochs and the LLM's validation points
@@ -68,7 +72,13 @@ class Settings(Precision):
     grounding_minutes: float = field(
         default=2.0, metadata={"help": "grounding minutes of a grounding strategy"}
     )
-    sasrec_minutes: float = field(default=5.0, metadata={"help": "SASRec's time budget (best epoch kept)"})
+    sasrec_minutes: float = field(
+        default=5.0,
+        metadata={
+            "help": "SASRec's time budget (best epoch kept; 0: none, trained to its patience and cached, "
+            "sids.sasrec_cache.shared_fit)"
+        },
+    )
     users: int = field(default=0, metadata={"help": "test users scored (0: all)"})
     reference: str = field(
         default="sasrec", metadata={"help": "row the paired differences are taken against"}
@@ -107,6 +117,24 @@ def finished_record(folder: Path, name: str) -> dict:
     if not isinstance(record, dict) or record.get("strategy") != name or "users" not in record:
         raise SystemExit(f"{path}: no finished run of strategy {name!r} (run without --report-only first)")
     return record
+
+
+def tgh_choice(row: dict) -> str:
+    """Markdown: TGH's settings as chosen on the validation users, and the table they were chosen from."""
+    chosen = row["chosen"]
+    lines = [
+        "",
+        f"## TGH's settings, chosen on the validation users: count_bonus {chosen['count_bonus']:g}, "
+        f"max_ring {chosen['max_ring']}",
+        "",
+        "| count_bonus | max_ring | valid R@10 | valid NDCG@10 |",
+        "|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['count_bonus']:g} | {r['max_ring']} | {r['recall@10']:.4f} | {r['ndcg@10']:.4f} |"
+        for r in row["validation"]
+    ]
+    return "\n".join(lines) + f"\n\n{row['validation'][0]['users']} validation users.\n"
 
 
 def main(argv=None) -> int:
@@ -170,7 +198,7 @@ def main(argv=None) -> int:
     if "sasrec" in args.peers:
         from peft_grounded.sids.sasrec import SASRecConfig
 
-        sasrec = SASRecConfig(max_minutes=0.2 if args.smoke else args.sasrec_minutes)
+        sasrec = SASRecConfig(max_minutes=0.2 if args.smoke else (args.sasrec_minutes or None))
     peers: dict[str, list] = {}
     curves: dict[
         str, list
@@ -246,6 +274,8 @@ def main(argv=None) -> int:
             )
             + "\n"
         )
+    if "tgh" in rows:
+        table += tgh_choice(peers["tgh"][0])
     (out / "side_by_side.md").write_text(header + table)
     write_json_atomic(out / "side_by_side.json", {"summaries": summaries, "reference": reference})
     print(header + table, flush=True)

@@ -16,6 +16,7 @@ import importlib.util
 import sys
 from typing import Any
 
+from . import _quiet
 from ._imports import lazy_exports
 
 __version__ = "0.1.0"
@@ -82,3 +83,7 @@ if "peft" in sys.modules:
     _register()
 elif not any(isinstance(finder, _RegisterWithPeft) for finder in sys.meta_path):
     sys.meta_path.insert(0, _RegisterWithPeft())
+
+# DeepSpeed's "Setting accelerator to CPU" notice, which accelerate's unwrapping makes it log once per process
+# on a machine without a GPU (see _quiet); a logging filter, nothing is imported
+_quiet.quiet_deepspeed_cpu_notice()

@@ -87,7 +87,7 @@ def smollm2() -> Path:
     config = quantised.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    config._name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    config.name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
     model = AutoModelForCausalLM.from_config(config)
     model.load_state_dict(quantised.state_dict())
     model.generation_config = quantised.generation_config

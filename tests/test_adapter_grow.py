@@ -10,7 +10,7 @@ from peft import PeftModel
 
 import peft_grounded
 from peft_grounded.decoding import recommend, sid_token_ids
-from peft_grounded.growth import add_items, grow_adapter
+from peft_grounded.new_items import add_items, grow_adapter
 from peft_grounded.sids import Item
 from peft_grounded.sids.model import sid_record
 

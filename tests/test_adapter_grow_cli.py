@@ -11,7 +11,7 @@ from helpers.growth_fixtures import grow, grow_world
 from helpers.toy_catalogue import toy_catalogue, toy_index
 from safetensors.torch import load_file
 
-from peft_grounded.growth.grounding import rows_used
+from peft_grounded.new_items import rows_used
 from peft_grounded.sids.model import sid_model, sid_record
 
 WEIGHTS = "adapter_model.safetensors"
@@ -141,8 +141,7 @@ def test_the_rule_on_a_behaviour_index_reads_the_items_text_from_catalogue(
     from helpers.shop import shop_catalogue
 
     from peft_grounded.cli import main
-    from peft_grounded.growth import add_items
-    from peft_grounded.new_items import NewItemRule, index_vectors
+    from peft_grounded.new_items import NewItemRule, add_items, index_vectors
     from peft_grounded.sids import build_sids
     from peft_grounded.sids.behaviour import ItemVectorsConfig
 
@@ -208,7 +207,7 @@ def test_the_rule_on_a_behaviour_index_reads_the_items_text_from_catalogue(
         else:
             assert torch.equal(weight, tuned[name]), name
     assert moved
-    from peft_grounded.growth import grow_adapter_into
+    from peft_grounded.cli.growth import grow_adapter_into
 
     with pytest.raises(ValueError, match="give them"):
         grow_adapter_into(

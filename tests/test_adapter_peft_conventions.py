@@ -3,8 +3,9 @@
 (a) ``get_base_model_state_dict`` gives the base's own keys (``lm_head.weight``), so ``set_base_model_state_dict``
     restores an untied head; (b) ``PeftModel.from_pretrained(..., config=config)`` keeps ``config`` itself;
 (c) a broken adapter's merge is refused in PEFT's words (``NaNs detected in the merged weights``), leaving the
-    base as it was; (d) the adapter can start as a no-op (``init="keep"``): the output is the base's. PEFT's
-    ``init_weights=False`` draws random rows instead, as TrainableTokens' (tests/test_adapter_peft_matrix.py).
+    base as it was; (d) the adapter starts as a no-op by default (PEFT's ``init_weights=True``, ``init="keep"``):
+    the output is the base's. PEFT's ``init_weights=False`` draws random rows instead, as TrainableTokens'
+    (tests/test_adapter_peft_matrix.py).
 
 Tiny Llama (tied, untied) and Qwen3 (padded embedding) models; one config still wraps two models.
 """
@@ -102,24 +103,33 @@ def test_a_nan_adapter_is_not_merged_in_pefts_words(tokenizer, tiny_model_factor
 
 
 @pytest.mark.parametrize(("arch", "tied"), CASES, ids=IDS)
-def test_init_keep_starts_as_a_no_op(tokenizer, tiny_model_factory, arch, tied):
+def test_the_default_start_is_a_no_op(tokenizer, tiny_model_factory, arch, tied):
     base, new = base_with_tokens(tokenizer, tiny_model_factory, arch, tied)
     expected = logits(base, new)
-    model = get_peft_model(base, GroundedTokenConfig(token_indices=new, init="keep"))
+    model = get_peft_model(base, GroundedTokenConfig(token_indices=new))  # init_weights=True, init not given
     # the same numbers up to the kernels' rounding: the adapter computes the new rows' logits apart from the
     # rest of the head (AVX2 kernels: up to 1.2e-10 absolute, 9e-7 relative, on the new columns)
     torch.testing.assert_close(logits(model, new), expected, rtol=1e-5, atol=1e-8)
     assert any(p.requires_grad for p in model.parameters())  # the rows still train
 
-    # the default start (mean) rewrites the new rows, whatever they hold: other rows than add_tokens' mean
-    started, new2 = base_with_tokens(tokenizer, tiny_model_factory, arch, tied)
-    generator = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for weight in {
-            id(w): w for w in (started.get_input_embeddings().weight, started.get_output_embeddings().weight)
-        }.values():
-            weight[new2] = torch.randn(len(new2), weight.shape[1], generator=generator)
+    def moved_rows():
+        """The same base with other rows than add_tokens' mean at the new tokens."""
+        started, new2 = base_with_tokens(tokenizer, tiny_model_factory, arch, tied)
+        generator = torch.Generator().manual_seed(3)
+        with torch.no_grad():
+            for weight in {
+                id(w): w for w in (started.get_input_embeddings().weight, started.get_output_embeddings().weight)
+            }.values():
+                weight[new2] = torch.randn(len(new2), weight.shape[1], generator=generator)
+        return started, new2
+
+    started, new2 = moved_rows()
     moved = logits(started, new2)
-    grounded = get_peft_model(started, GroundedTokenConfig(token_indices=new2))
     assert not torch.allclose(moved, expected, rtol=1e-3, atol=1e-3)
+    held = started.get_input_embeddings().weight[new2].clone()
+    kept = get_peft_model(started, GroundedTokenConfig(token_indices=new2))  # keeps whatever the rows hold
+    assert torch.equal(kept.get_input_embeddings().grounded_embedding["default"], held)
+    torch.testing.assert_close(logits(kept, new2), moved, rtol=1e-4, atol=1e-5)  # larger rows, larger rounding
+    started, new2 = moved_rows()
+    grounded = get_peft_model(started, GroundedTokenConfig(token_indices=new2, init="mean"))  # rewrites them
     torch.testing.assert_close(logits(grounded, new2), expected, rtol=1e-5, atol=1e-6)  # back at the mean

@@ -2,8 +2,9 @@
 
 PEFT runs its matrix with ``init_weights=False``, which for TrainableTokens draws random rows (``torch.randn``) so
 that the adapter changes the output; here it had kept the base's rows, so every test that needs the adapter to
-change the output failed (merge, safe merge, unload, save/load). ``init_weights`` now means what it means in PEFT;
-the no-op start is ``init="keep"``. The matrix also caught a tuner layer without ``in_features``/``out_features``,
+change the output failed (merge, safe merge, unload, save/load). ``init_weights`` now means what it means in PEFT,
+both values: True (the default) the no-op start (``init="keep"``, unless ``init`` names another), False random
+rows. The matrix also caught a tuner layer without ``in_features``/``out_features``,
 and a model without ``get_input_embeddings`` (a plain ``nn.Module``, which TrainableTokens wraps by
 ``target_modules``) refused.
 
@@ -60,7 +61,7 @@ def base_matrices(model) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize(("arch", "tied"), CASES, ids=IDS)
-@pytest.mark.parametrize("init", ["mean", "keep", "gaussian"])
+@pytest.mark.parametrize("init", [None, "mean", "keep", "gaussian"])
 def test_init_weights_false_draws_the_rows_trainable_tokens_draws(tiny_model_factory, arch, tied, init):
     model = base(tiny_model_factory, arch, tied)
     expected = logits(model)
@@ -87,19 +88,36 @@ def test_init_weights_false_draws_the_rows_trainable_tokens_draws(tiny_model_fac
 
 
 @pytest.mark.parametrize(("arch", "tied"), CASES, ids=IDS)
-def test_init_weights_true_starts_by_init(tiny_model_factory, arch, tied):
+@pytest.mark.parametrize("init", [None, "keep"], ids=["init-not-given", "init-keep"])
+def test_init_weights_true_is_the_no_op_start(tiny_model_factory, arch, tied, init):
+    """PEFT's ``init_weights=True`` (the default): the adapter starts as a no-op, the rows the embedding holds
+    (as ``TrainableTokensConfig(init_weights=True)`` keeps them), so the outputs are the base's."""
+    model = base(tiny_model_factory, arch, tied)
+    config = GroundedTokenConfig(token_indices=NEW, original_vocab_size=VOCAB, init=init, init_weights=True)
+    assert config.init == "keep" and config.to_dict()["init"] == "keep"  # a saved config names the start
+    kept = get_peft_model(copy.deepcopy(model), config)
+    layer = kept.get_input_embeddings()
+    assert torch.equal(layer.grounded_embedding["default"], model.get_input_embeddings().weight[NEW])
+    if not tied:
+        assert torch.equal(layer.grounded_head["default"], model.get_output_embeddings().weight[NEW])
+    torch.testing.assert_close(logits(kept), logits(model), rtol=1e-5, atol=1e-8)
+    theirs = get_peft_model(
+        copy.deepcopy(model), TrainableTokensConfig(target_modules=["embed_tokens"], token_indices=NEW)
+    )
+    assert torch.equal(  # the very rows TrainableTokens starts from with its default init_weights=True
+        layer.grounded_embedding["default"], theirs.get_input_embeddings().trainable_tokens_delta["default"]
+    )
+
+
+@pytest.mark.parametrize(("arch", "tied"), CASES, ids=IDS)
+def test_init_weights_true_starts_by_an_init_given(tiny_model_factory, arch, tied):
     model = base(tiny_model_factory, arch, tied)
     started = get_peft_model(
-        copy.deepcopy(model), GroundedTokenConfig(token_indices=NEW, original_vocab_size=VOCAB)
+        copy.deepcopy(model), GroundedTokenConfig(token_indices=NEW, original_vocab_size=VOCAB, init="mean")
     )
     mean = model.get_input_embeddings().weight[:VOCAB].double().mean(dim=0).float()
     rows = started.get_input_embeddings().grounded_embedding["default"]
-    torch.testing.assert_close(rows, mean.expand_as(rows).contiguous(), rtol=0, atol=1e-6)  # init="mean"
-    kept = get_peft_model(copy.deepcopy(model), GroundedTokenConfig(token_indices=NEW, init="keep"))
-    assert torch.equal(
-        kept.get_input_embeddings().grounded_embedding["default"], model.get_input_embeddings().weight[NEW]
-    )
-    torch.testing.assert_close(logits(kept), logits(model), rtol=1e-5, atol=1e-8)
+    torch.testing.assert_close(rows, mean.expand_as(rows).contiguous(), rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize(("arch", "tied"), CASES, ids=IDS)

@@ -231,7 +231,7 @@ def test_refuses_a_same_vocabulary_embedding_on_a_separate_weight():
 def test_growing_keeps_the_rows_and_every_embedding_module_uses_the_new_ones(tokenizer, arch, tied):
     from helpers.growth_fixtures import grown_indices
 
-    from peft_grounded.growth import grow_adapter
+    from peft_grounded.new_items import grow_adapter
 
     parent, child = grown_indices()
     base = build_seq2seq(arch, tied)

@@ -12,7 +12,7 @@ from helpers.shop import TEXT_DIM, shop_catalogue
 
 from peft_grounded.checks import SettingsError
 from peft_grounded.cli import main
-from peft_grounded.growth.index import add_vectors
+from peft_grounded.new_items.grow_index import add_vectors
 from peft_grounded.sids import build_sids
 from peft_grounded.sids.behaviour import (
     ItemVectorMap,
@@ -163,6 +163,32 @@ def test_a_text_index_has_no_map(shop):
     index = build_sids(catalogue, vectors=text, levels=2, codes=4, show_progress=False)
     assert index.vector_map is None and "item_vectors" not in index.build_config
     np.testing.assert_array_equal(index.index_vectors(text), text)
+
+
+@pytest.mark.parametrize("show_progress", [True, False])
+def test_the_behaviour_fit_shows_its_epochs_unless_progress_is_off(
+    shop, tmp_path, monkeypatch, capsys, show_progress
+):
+    """``build-sids`` fits SASRec for minutes: the fit shows its epochs, their validation Recall and the time
+    left on stderr, as encoding shows its items, and not with ``--no_progress`` (``show_progress=False``)."""
+    from peft_grounded.sids.sasrec import SASRecRecommender
+
+    catalogue, text = shop
+    monkeypatch.setenv("PEFT_GROUNDED_CACHE", str(tmp_path / "cache"))  # a fit, not an earlier test's
+    config = ItemVectorsConfig(item_vectors="behaviour", behaviour_epochs=3, behaviour_min_interactions=3)
+    index = build_sids(
+        catalogue, vectors=text, levels=2, codes=4, item_vectors=config, show_progress=show_progress
+    )
+    err = capsys.readouterr().err
+    if not show_progress:
+        assert "SASRec" not in err
+        return
+    (fit,) = (tmp_path / "cache" / "sasrec").iterdir()
+    sasrec = SASRecRecommender.load(fit)
+    assert sasrec.best_epoch == index.quality["behaviour_sasrec_epoch"]
+    last = sasrec.history[-1]
+    assert f"SASRec: epoch {len(sasrec.history)} of at most 3" in err
+    assert f"valid Recall@10 {last['valid_recall@10']:.4f}" in err and " left]" in err
 
 
 def test_the_cli_refuses_a_bad_weight_before_building(tmp_path, capsys):

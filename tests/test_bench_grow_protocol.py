@@ -1,5 +1,6 @@
 """The new-item protocol script's defaults, scoring and (paired) bootstrap intervals; no model runs. Which
-items are new, which users are scored, and the controls of the served rule: tests/test_new_items_protocol.py."""
+items are new, which users are scored, and the controls of the served rule:
+tests/test_bench_new_item_protocol.py."""
 
 from __future__ import annotations
 
@@ -144,7 +145,7 @@ def test_the_protocol_sids_are_built_on_the_old_items_and_grown_by_the_new(proto
     and the same codes when rebuilt (so a protocol run resumes on them)."""
     from helpers.shop import shop_catalogue
 
-    from peft_grounded.growth import add_items
+    from peft_grounded.new_items import add_items
     from peft_grounded.sids import build_sids
 
     catalogue, text = shop_catalogue()

@@ -1,4 +1,4 @@
-"""The new-item protocol's logic (``peft_grounded.new_items``): the newest items by first interaction
+"""The new-item protocol's logic (``benchmarks/new_item_protocol.py``): the newest items by first interaction
 (RecBole timestamps or positions), one scored example per user at untrained positions, the logged pairs
 that are never a scored target, the whole histories; the controls of the served rule and the all-users
 stratified interval. No model runs."""
@@ -11,10 +11,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from peft_grounded.new_items import (
+from benchmarks.new_item_protocol import (
     P_TEXT,
     TEXT_ONLY,
-    NewItemRule,
     blended,
     control_lists,
     first_seen,
@@ -24,6 +23,7 @@ from peft_grounded.new_items import (
     p_text_lists,
     text_knn_beams,
 )
+from peft_grounded.new_items import NewItemRule
 from peft_grounded.sids.catalogue import LeaveOneOut
 
 SEQUENCES = {

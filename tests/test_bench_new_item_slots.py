@@ -1,5 +1,6 @@
-"""New-item slots (TIGER's cold-start rule, now a control of the new-item protocol): prefix matches of the
-model's picks, a quota, clear errors; random slots, its control."""
+"""New-item slots (TIGER's cold-start rule, now a control of the new-item protocol,
+``benchmarks/new_item_protocol.py``): prefix matches of the model's picks, a quota, clear errors; random slots,
+its control."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import pytest
 import torch
 from helpers.sids_fixtures import ENCODER, growth_vectors, parent_index
 
+from benchmarks.new_item_protocol import mix_new_items, random_slots
 from peft_grounded.decoding import Recommendations, SIDTrie, recommend, sid_token_ids
-from peft_grounded.growth.index import add_vectors
-from peft_grounded.new_items import mix_new_items, random_slots
+from peft_grounded.new_items.grow_index import add_vectors
 
 
 @pytest.fixture(scope="module")
@@ -103,17 +104,6 @@ def test_mixes_the_lists_that_constrained_beam_search_returns(grown, tokenizer, 
         assert [i for i in items if i not in fresh] == kept[: len(items) - n_new]
         # a list is short of k only when the model's own new items beyond the quota were dropped
         assert len(items) == 10 or len(items) == len(kept) + n_new
-
-
-def test_added_items_name_what_each_growth_appended(grown):
-    parent, child, new = grown
-    assert parent.added_items() == [] and child.added_items() == new
-    grand = add_vectors(child, ["g0", "g1"], growth_vectors()[1][:2] + 0.01)
-    assert grand.added_items() == ["g0", "g1"]  # the last growth
-    assert grand.added_items(since=parent.fingerprint()) == [*new, "g0", "g1"]  # every growth since the build
-    assert grand.added_items(since=child.fingerprint()) == ["g0", "g1"]
-    with pytest.raises(ValueError, match="not an ancestor"):
-        grand.added_items(since=grand.fingerprint())
 
 
 def test_random_slots_keep_the_models_first_items_and_fill_the_rest_with_new_ones(grown):

@@ -6,8 +6,7 @@ import pytest
 import torch
 from helpers.growth_fixtures import grown_indices, trained
 
-from peft_grounded.growth import grow_adapter
-from peft_grounded.growth.grounding import ground_new_items, rows_used
+from peft_grounded.new_items import ground_new_items, grow_adapter, rows_used
 from peft_grounded.sids import Catalogue, Item
 
 
@@ -77,7 +76,7 @@ def test_replay_needs_old_items_text(tokenizer, tiny_model_factory):
 def test_runs_through_the_grounding_trainer_with_a_grounding_config(tokenizer, tiny_model_factory, tmp_path):
     """A GroundingConfig drives it: with output_dir the run leaves the grounding stage's manifest, loss log and
     adapter there, and a resume of the finished run takes no step."""
-    from peft_grounded.growth.grounding import IncrementalGroundingConfig
+    from peft_grounded.new_items import IncrementalGroundingConfig
     from peft_grounded.training.config import GroundingConfig
 
     parent, child = grown_indices()
@@ -131,7 +130,7 @@ def test_tuning_on_the_log_trains_the_new_items_rows_alone(
     LoRA too) stays bit-identical, and the logged new items' loss falls."""
     from dataclasses import asdict
 
-    from peft_grounded.growth import tune_new_items_on_log
+    from peft_grounded.new_items import tune_new_items_on_log
     from peft_grounded.prompts import PromptFormat
     from peft_grounded.sids.model import record_sid_facts
 

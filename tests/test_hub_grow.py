@@ -8,8 +8,8 @@ from helpers.growth_fixtures import grown_indices, trained
 from huggingface_hub import HfApi
 from transformers import AutoTokenizer
 
-from peft_grounded.growth import grow_adapter
 from peft_grounded.hub import GroundedHubError, load_grounded, load_sid_index, push_grounded
+from peft_grounded.new_items import grow_adapter
 from peft_grounded.sids.model import sid_record
 
 FACTS = {"base_model": "org/tiny-base"}

@@ -18,6 +18,7 @@ from peft_grounded.sids.sasrec import (
     SASRecModel,
     SASRecRecommender,
     _validate,
+    epoch_progress,
     fit_sasrec,
     training_windows,
 )
@@ -223,3 +224,28 @@ def test_a_cached_fit_is_shared_by_equal_data_and_settings_only(planted, tmp_pat
     refit = shared_fit(split, catalogue.item_ids, config)
     assert refit.history[0]["loss"] == pytest.approx(first.history[0]["loss"])
     assert SASRecRecommender.load(saved).history == refit.history
+
+
+def test_a_fit_shows_its_epochs_their_validation_recall_and_the_time_left(planted, capsys):
+    catalogue, split, _ = planted
+    config = SASRecConfig(**SMALL_SASREC, max_epochs=3)
+    quiet = fit_sasrec(split, catalogue.item_ids, config)
+    assert capsys.readouterr().err == ""  # a library call is quiet unless asked
+    model = fit_sasrec(split, catalogue.item_ids, config, show_progress=True)
+    err = capsys.readouterr().err
+    last = model.history[-1]
+    assert f"SASRec: epoch {len(model.history)} of at most 3" in err
+    assert f"valid Recall@10 {last['valid_recall@10']:.4f} NDCG@10 {last['valid_ndcg@10']:.4f}" in err
+    assert f"best epoch {model.best_epoch}, about " in err and " left]" in err
+    # the progress line changes nothing of the fit
+    assert [h["loss"] for h in model.history] == [h["loss"] for h in quiet.history]
+
+
+def test_the_time_left_runs_to_the_stop_patience_would_make_or_the_budget():
+    config = SASRecConfig(max_epochs=200, patience=10)
+    metrics = {"valid_recall@10": 0.25, "valid_ndcg@10": 0.125}
+    # epoch 5 after 10 s (2 s an epoch), 3 epochs without a gain: 7 more epochs unless validation improves
+    news = epoch_progress(config, 5, 10.0, metrics, 2, 3)
+    assert news == "valid Recall@10 0.2500 NDCG@10 0.1250, best epoch 2, about 00:14 left"
+    assert "about 00:04 left" in epoch_progress(replace(config, max_epochs=7), 5, 10.0, metrics, 2, 3)
+    assert "about 00:02 left" in epoch_progress(replace(config, max_minutes=0.2), 5, 10.0, metrics, 2, 3)

@@ -387,7 +387,7 @@ def test_a_newest_number_out_of_range_is_refused_at_parse_time(world, tmp_path, 
 
 def test_grow_adapter_into_the_api_refuses_a_learning_rate_out_of_range(world, tmp_path):
     from peft_grounded.checks import SettingsError
-    from peft_grounded.growth import grow_adapter_into
+    from peft_grounded.cli.growth import grow_adapter_into
 
     root = world["root"]
     with pytest.raises(SettingsError, match=r"log_learning_rate must be a finite number > 0, got -0.1"):

@@ -14,7 +14,7 @@ from helpers.serving_fixtures import toy_adapter, write_histories
 
 from peft_grounded.cli import main
 from peft_grounded.decoding import SIDTrie
-from peft_grounded.decoding.search import Recommendations
+from peft_grounded.decoding.search import Recommendations, model_beams
 from peft_grounded.evaluation import EvalSettings
 from peft_grounded.evaluation.evaluator import evaluate, evaluate_adapter
 from peft_grounded.evaluation.peers import choose_weight
@@ -26,7 +26,6 @@ from peft_grounded.serving.peer_fusion import (
     peer_log_probs,
     product_of_experts,
 )
-from peft_grounded.serving.top_k import model_beams
 from peft_grounded.sids import sasrec
 from peft_grounded.sids.sasrec import SASRecConfig, fit_sasrec
 
@@ -192,8 +191,9 @@ def test_fuse_peer_writes_what_evaluate_and_recommend_serve(world, tmp_path, cap
             "--catalogue", world["catalogue_path"], "--peer", str(peer_dir), "--num_beams", str(BEAMS),
             "--weights", "0.5", "--reference_weight", "2"]  # fmt: skip
     assert main(argv) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "the model alone" in out and "the peer alone" in out and "peer fusion: log p_model +" in out
+    assert "constrained beam search: 100%" in err  # the validation users' decoding shows its progress
     assert "minus w=2, paired" in out
     fusion = PeerFusion.load(adapter)
     assert fusion.weight in (0.5, 2.0) and fusion.fitted_on["users"] == len(world["split"].users)

@@ -24,7 +24,7 @@ def grown_folder(tmp_path_factory):
     import torch
 
     from peft_grounded import assets
-    from peft_grounded.growth import grow_adapter
+    from peft_grounded.new_items import grow_adapter
     from peft_grounded.serving import NewItemRule
     from peft_grounded.sids.model import RowStart, sid_model
 

@@ -10,7 +10,7 @@ import pytest
 from helpers.sids_fixtures import ENCODER, growth_vectors, parent_index
 
 from peft_grounded.diagnostics.diagnose import token_frequencies
-from peft_grounded.growth.index import GrowthError, GrowthReport, add_items, add_vectors
+from peft_grounded.new_items.grow_index import GrowthError, GrowthReport, add_items, add_vectors
 from peft_grounded.sids import Item
 from peft_grounded.sids.build import token_centroids
 from peft_grounded.sids.catalogue import CatalogueError
@@ -138,6 +138,20 @@ def test_an_adapter_of_the_parent_is_told_to_grow():
 
     with pytest.raises(ValueError, match=r"parent version of this SID index.*grow_adapter"):
         child.check_adapter(Config(), recorded=parent.fingerprint())
+
+
+def test_added_items_name_what_each_growth_appended():
+    parent = parent_index(codes=(8, 8))  # 60 old items, 8 x 8 codes + a disambiguation level
+    _, vectors = growth_vectors()
+    child = add_vectors(parent, [f"new{i}" for i in range(len(vectors))], vectors, encoder=ENCODER)
+    new = child.item_ids[parent.n_items :]
+    assert parent.added_items() == [] and child.added_items() == new
+    grand = add_vectors(child, ["g0", "g1"], growth_vectors()[1][:2] + 0.01)
+    assert grand.added_items() == ["g0", "g1"]  # the last growth
+    assert grand.added_items(since=parent.fingerprint()) == [*new, "g0", "g1"]  # every growth since the build
+    assert grand.added_items(since=child.fingerprint()) == ["g0", "g1"]
+    with pytest.raises(ValueError, match="not an ancestor"):
+        grand.added_items(since=grand.fingerprint())
 
 
 @pytest.mark.parametrize(

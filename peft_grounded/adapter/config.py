@@ -119,7 +119,9 @@ class GroundedProvenance:
 class GroundedTokenConfig(PeftConfig):
     """Configuration of a grounded-token adapter: trainable rows for the new tokens, every other weight frozen.
 
-    ``runtime_config`` holds the start's data (never saved, as LoRA's) and ``provenance`` the facts recorded at
+    ``init_weights`` means what it means in PEFT: True (the default) starts the rows by ``init``, which without a
+    value keeps the embedding's rows (``init="keep"``, a no-op start); False draws random rows, as
+    ``TrainableTokensConfig(init_weights=False)`` does. ``runtime_config`` holds the start's data (never saved, as LoRA's) and ``provenance`` the facts recorded at
     creation (saved, checked on load). A data-driven ``init`` takes its data here (``init_vectors``,
     ``init_anchors``, ``init_texts``) or later from :func:`~peft_grounded.adapter.initialize_grounded_rows`, as
     PEFT's EVA does; until then the rows stand at the vocabulary mean. The list :func:`peft_grounded.add_tokens`
@@ -171,15 +173,20 @@ class GroundedTokenConfig(PeftConfig):
         default=True,
         metadata={"help": "Untied heads: also give the new tokens trainable output rows (x2 parameters)."},
     )
-    init: InitName = field(
-        default="mean",
-        metadata={"help": f"How the new rows start: one of {', '.join(INITS)}."},
+    init: InitName | None = field(
+        default=None,
+        metadata={
+            "help": f"How the new rows start: one of {', '.join(INITS)}. Not given (None): 'keep', the start "
+            "init_weights=True means in PEFT (set on creation, so a saved config names it)."
+        },
     )
     init_weights: bool = field(
         default=True,
         metadata={
-            "help": "As in PEFT's TrainableTokensConfig: True starts the rows by `init`; False draws random rows "
-            "(torch.randn, the global generator), whatever `init` says. For a no-op start use init='keep'."
+            "help": "PEFT's switch, as in TrainableTokensConfig. True (the default): the rows start by `init`, and "
+            "without `init` keep the values the embedding holds (init='keep'), so the wrapped model's outputs are "
+            "the base's: PEFT's no-op start (after add_tokens those rows are the vocabulary mean). False: random "
+            "rows (torch.randn, the global generator), whatever `init` says: PEFT's non-identity start, for tests."
         },
     )
     centroid_projection: ProjectionName = field(
@@ -256,6 +263,8 @@ class GroundedTokenConfig(PeftConfig):
                 raise ValueError(
                     f"token_strings has {len(self.token_strings)} entries for {len(self.token_indices)} token indices."
                 )
+        if self.init is None:
+            self.init = "keep"  # init_weights=True's start in PEFT; init_weights=False draws random rows anyway
         check_choice("init", self.init, INITS)
         check_choice("centroid_projection", self.centroid_projection, PROJECTIONS)
         if self.tokens_are_new and self.original_vocab_size is not None:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 from peft.tuners._buffer_dict import BufferDict
-from peft.tuners.tuners_utils import BaseTunerLayer, _get_in_out_features, check_adapters_to_merge
+from peft.tuners.tuners_utils import BaseTunerLayer, check_adapters_to_merge
 from torch import nn
 
 
@@ -59,7 +59,7 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
         self.grounded_head_original = BufferDict(persistent=False)
         self._head = [head]  # the model's own output layer: referenced, not owned (kept out of state_dict)
         self.num_embeddings = base_layer.weight.shape[0]
-        self.in_features, self.out_features = _get_in_out_features(base_layer)
+        self.in_features, self.out_features = base_layer.weight.shape  # (rows, width), as PEFT's embedding layers
         self._active_adapter = adapter_name
         self.merged_adapters: list[str] = []
         self._lookup: dict[tuple[str, torch.device], torch.Tensor] = {}

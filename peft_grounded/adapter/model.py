@@ -15,7 +15,6 @@ from peft.tuners.tuners_utils import (
     check_target_module_exists,
     set_adapter,
 )
-from peft.utils import _get_input_embeddings_name
 from peft.utils.other import get_pattern_key
 from torch import nn
 
@@ -67,7 +66,7 @@ class GroundedTokenModel(BaseTuner):
         self, peft_config: GroundedTokenConfig, model_config: dict
     ) -> GroundedTokenConfig:
         if peft_config.target_modules is None:
-            name = _get_input_embeddings_name(self.model, None)
+            name = _input_embedding_name(self.model)
             if name is None:
                 raise ValueError(
                     "Could not find the model's input embedding; set target_modules to its module name."
@@ -374,6 +373,15 @@ class GroundedTokenModel(BaseTuner):
 def _input_embedding(model: nn.Module) -> nn.Module | None:
     getter = getattr(model, "get_input_embeddings", None)
     return getter() if getter is not None else None
+
+
+def _input_embedding_name(model: nn.Module) -> str | None:
+    """The module name of ``model.get_input_embeddings()`` (None without one), found as PEFT's TrainableTokens
+    finds it, through transformers' public ``get_input_embeddings``."""
+    embedding = _input_embedding(model)
+    if embedding is None:
+        return None
+    return next((name for name, module in model.named_modules() if module is embedding), None)
 
 
 def _grounded_layer(model: nn.Module, adapter_name: str) -> GroundedTokenLayer | None:

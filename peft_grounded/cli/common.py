@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cache, partial
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -226,6 +226,27 @@ def _no_dataclasses() -> tuple[type, ...]:
     return ()
 
 
+@cache
+def parser_class() -> type:
+    """TRL's ``TrlParser``, reading only the arguments it is given (and ``--config FILE.yaml``).
+
+    transformers' parser also reads, by default, a file named after the running program, ``sys.argv[0]`` with
+    the suffix ``.args`` (``bin/peft-grounded.args``; beside the user's own script when it calls
+    :func:`peft_grounded.cli.main`; pytest's ``__main__.args`` under pytest), and puts its flags before the
+    given ones: flags nobody gave, and an error where that folder cannot be entered (a child process running
+    as another user)."""
+    from trl import TrlParser
+
+    class CommandParser(TrlParser):
+        __doc__ = parser_class.__doc__
+
+        def parse_args_into_dataclasses(self, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+            kwargs["look_for_args_file"] = False
+            return super().parse_args_into_dataclasses(*args, **kwargs)
+
+    return CommandParser
+
+
 @dataclass(frozen=True)
 class Command:
     """One ``peft-grounded`` command: its settings dataclasses, parsed by TRL's parser, and what runs on them.
@@ -248,11 +269,9 @@ class Command:
 
     def parser(self) -> Any:
         """TRL's parser: one flag per field (``--sid_index`` or ``--sid-index``; no abbreviations), ``--config
-        FILE.yaml`` for any of them."""
-        from trl import TrlParser
-
+        FILE.yaml`` for any of them; it reads the arguments it is given, nothing else (:func:`parser_class`)."""
         formatter = partial(argparse.ArgumentDefaultsHelpFormatter, width=HELP_WIDTH, max_help_position=36)
-        parser = TrlParser(
+        parser = parser_class()(
             self.settings(),
             prog=f"peft-grounded {self.name}",
             description=self.description,

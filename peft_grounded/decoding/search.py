@@ -1,5 +1,7 @@
 """The package's SID-constrained beam search: :func:`recommend` turns prompts into each prompt's top-``k``
-items with the one engine it serves with (:func:`~.beam.constrained_beam_search`, SIDs of one length).
+items with the one engine it serves with (:func:`~.beam.constrained_beam_search`, SIDs of one length);
+:func:`model_beams` turns users' histories into the model's beams (their prompts, then :func:`recommend` over
+an index's trie), the search that serving and the new-item beams share.
 
 transformers' ``generate`` with a SID logits processor is the same search, slower (every prompt encoded
 once per beam); it is kept out of the package, in ``tests/helpers/generate_reference.py``, as the reference
@@ -17,7 +19,7 @@ import torch
 
 from .beam import constrained_beam_search
 from .heads import SIDSoftmax, StepHead
-from .trie import SIDTrie, check_targets
+from .trie import SIDTrie, check_targets, item_token_ids
 
 FILLER_SCORE = -1e8
 """Beams scoring below this are padding (a prompt with fewer reachable items than beams), not items."""
@@ -199,6 +201,59 @@ def recommend(
             f"{len(result.items[short[0]])}); this should not happen with num_beams >= k, please report it"
         )
     return result
+
+
+# From users' histories to the model's beams: each history as the prompt the adapter was trained on, then the
+# search over an index's trie (steps 1 and 2 of the served route, :func:`peft_grounded.serving.top_k_lists`).
+
+
+def history_prompts(
+    histories: Sequence[Sequence[str]], index: Any, tokenizer: Any, catalogue: Any = None, fmt: Any = None
+) -> list[Any]:
+    """The inference prompt of each history (item ids, oldest first) in prompt format ``fmt``."""
+    from ..prompts import inference_prompts
+
+    examples = [(str(u), list(h), None) for u, h in enumerate(histories)]
+    return inference_prompts(examples, index, tokenizer, catalogue, fmt)[1]
+
+
+def sid_trie(tokenizer: Any, index: Any) -> SIDTrie:
+    """The trie of every item of ``index`` (its SIDs' token ids in ``tokenizer``)."""
+    return SIDTrie(item_token_ids(tokenizer, index))
+
+
+def model_beams(
+    model: Any,
+    tokenizer: Any,
+    index: Any,
+    histories: Sequence[Sequence[str]],
+    beams: int,
+    *,
+    fmt: Any = None,
+    catalogue: Any = None,
+    trie: SIDTrie | None = None,
+    sid_softmax: Any = None,
+    batch_size: int = 32,
+    exclude: Sequence[Sequence[str]] | None = None,
+    targets: Sequence[Sequence[int]] | None = None,
+    show_progress: bool = False,
+) -> Recommendations:
+    """The model's ``beams`` best items per history, best first (steps 1 and 2 of the served route): the beams
+    a new-item rule mixes, or a list before it is cut to ``k``."""
+    trie = sid_trie(tokenizer, index) if trie is None else trie
+    return recommend(
+        model,
+        tokenizer,
+        history_prompts(histories, index, tokenizer, catalogue, fmt),
+        trie,
+        k=beams,
+        num_beams=beams,
+        batch_size=batch_size,
+        sid_softmax=sid_softmax,
+        exclude=exclude,
+        targets=targets,
+        show_progress=show_progress,
+    )
 
 
 def _collect(

@@ -275,7 +275,7 @@ def fit_peer_fusion(
     """A :class:`PeerFusion` of ``peer`` whose weight is chosen (:func:`choose_weight`) on ``split``'s
     validation users: the sample ``settings`` (:class:`~peft_grounded.evaluation.EvalSettings`) names, decoded
     as ``evaluate`` decodes them (its beams, bf16 and batch size), their whole history left out."""
-    from ..serving.top_k import model_beams, sid_trie
+    from ..decoding.search import model_beams, sid_trie
     from ..sids.model import prompt_format_of
 
     settings = settings or EvalSettings()

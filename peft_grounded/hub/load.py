@@ -81,11 +81,13 @@ def attach_grounded(
 
     check_weights(Path(folder) / ADAPTER_WEIGHTS)
     prepare_base(config, base_model, tokenizer, where=where)
+    from .._quiet import peft_wrapping
     from ..sids.model import load_sid_record
 
-    model = PeftModel.from_pretrained(
-        base_model, str(folder), adapter_name=adapter_name, is_trainable=is_trainable, config=config
-    )
+    with peft_wrapping():
+        model = PeftModel.from_pretrained(
+            base_model, str(folder), adapter_name=adapter_name, is_trainable=is_trainable, config=config
+        )
     load_sid_record(model, folder, adapter_name, record=record)
     return model
 

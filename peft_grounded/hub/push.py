@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 from huggingface_hub.constants import REPOCARD_NAME
 
-from ..new_items.rule import RULE_FILES  # the new-item rule stored with an adapter
 from ..sids.model import FINGERPRINT_KEY, SID_RECORD, read_sid_record, save_sid_record
 from .repo import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
     FUSION_FILES,
+    RULE_FILES,
     SID_INDEX_DIR,
     GroundedHubError,
     check_adapter_files,

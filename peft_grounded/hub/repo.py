@@ -27,6 +27,8 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 # What `pull` fetches: configs, tokenizer files, safetensors, the card. Never pickles or code.
 # a peer fusion stored with an adapter (serving.peer_fusion): its record first, then the SASRec peer's two files
 FUSION_FILES = ("peer_fusion.json", "sasrec.json", "sasrec.safetensors")
+# the new-item rule stored with an adapter (new_items.rule): its record, then its vectors
+RULE_FILES = ("new_item_rule.json", "new_item_rule.safetensors")
 SAFE_PATTERNS = ("*.json", "*.safetensors", "*.md", "*.txt", "*.jinja")
 
 
@@ -221,7 +223,7 @@ def check_index_version(recorded: str | None, index: SIDIndex, where: str) -> No
     if recorded in index.lineage:
         why = (
             f"the adapter belongs to a parent version ({recorded}) of this index ({actual}, {index.n_items} "
-            "items): grow the adapter onto it (peft_grounded.growth.grow_adapter) or use the parent index"
+            "items): grow the adapter onto it (peft_grounded.new_items.grow_adapter) or use the parent index"
         )
     elif index.parent is not None or index.lineage:
         why = (

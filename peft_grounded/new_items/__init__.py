@@ -1,14 +1,23 @@
-"""New items (added to a SID index after the adapter was trained) in users' lists, in one place.
+"""New items: items added to a catalogue after the adapter was trained, served without retraining.
 
-* :mod:`.rule`: :class:`NewItemRule`, the rule stored with an adapter and served by ``recommend`` and
-  ``evaluate`` (both through :func:`peft_grounded.serving.top_k_lists`), fitted on the interactions logged
-  since training;
-* :mod:`.mixture`: :class:`SemanticMixture`, the calibrated two-expert mixture the rule serves;
-* :mod:`.protocol`: TIGER's slot rule (:func:`mix_new_items`) and random slots, the earlier rule and its control;
-* :mod:`.protocol`: the new-item protocol's data side (which items are new, who is scored, what was logged);
-* :mod:`.protocol`: the protocol's controls of the served rule and its all-users stratified interval.
+1. :func:`add_items` (:mod:`.grow_index`): a new version of a :class:`~peft_grounded.sids.SIDIndex` holding the
+   new items, coded with the frozen codebooks; every existing SID stays bit for bit (``peft-grounded
+   add-items``: :func:`add_items_to`).
+2. :func:`grow_adapter` (:mod:`.adapter_rows`): a trained adapter onto the grown index; trained rows and LoRA
+   carried over, the new tokens' rows started from their centroids (``peft-grounded grow-adapter``, whose
+   function is :func:`peft_grounded.cli.growth.grow_adapter_into`).
+3. :func:`ground_new_items` (:mod:`.row_training`): a few steps of grounding on the new items' text, training
+   only the rows their SIDs use (``grow-adapter --ground``); :func:`tune_new_items_on_log`: the same rows
+   trained on the interactions logged since training (``grow-adapter --log_steps``).
+4. :class:`NewItemRule` (:mod:`.rule`): the rule stored with an adapter, fitted on the interactions logged
+   since training, serving :class:`SemanticMixture` (:mod:`.mixture`, the calibrated two-expert mixture);
+   ``recommend`` and ``evaluate`` serve it by one route (:func:`peft_grounded.serving.top_k_lists`).
+5. :func:`new_item_beams` and :func:`choose_new_item_beams` (:mod:`.beams`): the model's searches the rule
+   reads, over the new items alone, and the rule's choices on the log made with them.
 
-``benchmarks/bench_grow_protocol.py`` runs the protocol with them. Names load on first use.
+The new-item protocol that measures them (which items are new, who is scored, the controls, the slot rule and
+the stratified interval) is a benchmark's: ``benchmarks/new_item_protocol.py``, run by
+``benchmarks/bench_grow_protocol.py``. Names load on first use.
 """
 
 from __future__ import annotations
@@ -16,12 +25,15 @@ from __future__ import annotations
 from .._imports import lazy_exports
 
 _LAZY = {  # module: the names it exports
+    "grow_index": "GrowthError GrowthReport add_items add_items_to add_vectors encoder_spec",
+    "adapter_rows": "GROW_INITS check_lineage grow_adapter",
+    "row_training": (
+        "IncrementalGroundingConfig IncrementalResult ground_new_items held_out_log new_item_ids rows_used "
+        "tune_new_items_on_log"
+    ),
     "rule": "RULE_FILES NewItemRule NewItemRuleError calibration_pairs index_vectors rule_vectors",
     "mixture": "SemanticMixture",
-    "protocol": (
-        "default_match_levels mix_new_items random_slots first_seen full_histories logged_pairs "
-        "new_item_examples P_TEXT TEXT_ONLY blended control_lists p_text_lists text_knn_beams"
-    ),
+    "beams": "choose_new_item_beams new_item_beams",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY)

@@ -7,13 +7,14 @@ through the same projection machinery as ``GroundedTokenConfig``), and every tra
 LoRA weight is carried over bit for bit. The result saves, reloads and merges like any grounded adapter;
 its config records the child's fingerprint (``sid_index_fingerprint``).
 
-:func:`grow_adapter_into` (below) is the ``grow-adapter`` command as a function.
+Below it, what saving a grown adapter into a folder needs (the ``grow-adapter`` command,
+:func:`peft_grounded.cli.growth.grow_adapter_into`): which folder may receive it, and a save that replaces
+only the adapter's own files there.
 """
 
 from __future__ import annotations
 
 import copy
-import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -21,21 +22,19 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._io import PEFT_CARD_MARKER, is_generated_card, locks_output, replace_keeping_others
+from .._io import PEFT_CARD_MARKER, is_generated_card, replace_keeping_others
 from .._quiet import peft_wrapping
 from ..adapter.config import GroundedRuntimeConfig, GroundedTokenConfig
 from ..adapter.initialize import add_tokens, check_tokenizer, initializer_range
 from ..adapter.layer import GroundedTokenLayer
 from ..adapter.starts import InitData, initial_rows
-from ..hub.repo import FUSION_FILES
-from ..new_items.rule import RULE_FILES
+from ..hub.repo import FUSION_FILES, RULE_FILES
 from ..sids.model import FINGERPRINT_KEY, record_sid_facts, sid_record
 
 if TYPE_CHECKING:
     from peft import PeftModel
 
     from ..sids.index import SIDIndex
-    from .grounding import IncrementalGroundingConfig
 
 
 GROW_INITS = ("centroid", "mean", "gaussian", "random", "tensor", "description")
@@ -218,8 +217,8 @@ def grow_adapter(
     return grown_model
 
 
-# The ``grow-adapter`` command as a function: grow a saved adapter onto an ``add-items`` index, optionally
-# ground the new items, and save it into a folder, replacing only what the command owns there.
+# Saving a grown adapter into a folder (the ``grow-adapter`` command), replacing only what the adapter owns
+# there.
 
 ADAPTER_CONFIG = "adapter_config.json"  # what PEFT's save_pretrained writes first
 ADAPTER_FILES = (  # an adapter's own files (its new-item rule and peer fusion: fitted for its index)
@@ -290,177 +289,3 @@ def save_adapter_keeping_others(model, output: Path) -> list[str]:
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-@locks_output("output", "grow-adapter")
-def grow_adapter_into(
-    adapter: str | Path,
-    parent_index: str | Path,
-    sid_index: str | Path,
-    output: str | Path,
-    *,
-    model: str | None = None,
-    init: str = "centroid",
-    weights_dtype: str = "float32",
-    overwrite: bool = False,
-    ground: str | None = None,
-    grounding: IncrementalGroundingConfig | None = None,
-    interactions: str | Path | None = None,
-    catalogue: Any = None,
-    log_steps: int = 0,
-    log_learning_rate: float = 3e-3,
-) -> dict[str, Any]:
-    """Grow the adapter saved in ``adapter`` (trained on ``parent_index``) onto ``sid_index``, ground the new
-    items on the catalogue ``ground`` when given (settings: ``grounding``, default an
-    :class:`~peft_grounded.growth.grounding.IncrementalGroundingConfig`, checked when it is made), and save it
-    to ``output``; returns a summary.
-
-    ``output`` is locked and checked before anything is loaded; with ``overwrite`` an adapter there is
-    replaced, its other files kept. ``interactions``: a JSONL file of histories logged since the adapter was
-    trained (``{"user": ..., "history": [...]}``, newest item last): the new-item rule
-    (:class:`~peft_grounded.new_items.NewItemRule`) is fitted on it and saved with the grown adapter.
-    ``catalogue`` (a :class:`~peft_grounded.sids.Catalogue` or what ``load_catalogue`` reads, holding every item
-    of ``sid_index``): the rule's text expert reads the items' text from it, which an index built from behaviour
-    needs (:func:`~peft_grounded.new_items.rule_vectors`). ``log_steps`` (with ``interactions``): the new items'
-    rows are first tuned on the logged histories for that many steps
-    (:func:`~peft_grounded.growth.grounding.tune_new_items_on_log`), all but a seeded sample of up to 500
-    (at most half), on which the rule then chooses its beams: the choice never reads a history the rows
-    trained on."""
-    import torch
-
-    from .. import checks
-    from ..sids import SIDIndex, load_catalogue
-    from ..sids.model import base_model_path, sid_model
-    from .grounding import IncrementalGroundingConfig, ground_new_items, new_item_ids
-
-    output, adapter = Path(output), Path(adapter)
-    checks.raise_problems(
-        "grow-adapter",
-        [
-            checks.int_at_least("log_steps", log_steps, 0, flag="--log_steps; 0: no tuning on the log"),
-            checks.number_in(
-                "log_learning_rate", log_learning_rate, 0, low_open=True, flag="--log_learning_rate"
-            ),
-        ],
-    )
-    if log_steps and interactions is None:
-        raise ValueError(
-            f"log_steps={log_steps} tunes the new items' rows on the logged interactions: give them "
-            "(--interactions FILE), or leave --log_steps at 0"
-        )
-    check_output(output, adapter, overwrite)
-    if ground is not None and grounding is None:
-        grounding = IncrementalGroundingConfig()
-    parent, child = SIDIndex.load(parent_index), SIDIndex.load(sid_index)
-    check_lineage(parent, child)  # the refusal grow_adapter gives, before the model is loaded
-    rule = None
-    if interactions is not None:  # fitted before the model loads: a bad file fails fast
-        from ..new_items.rule import NewItemRule
-        from ..serving import read_histories
-
-        logged = read_histories(interactions)[1]
-        rule = NewItemRule.fit(child, logged, new_items=new_item_ids(parent, child), catalogue=catalogue)
-        choice_log, tuning_log = held_out_log(logged) if log_steps else (logged, [])
-    ground_catalogue = None
-    if ground is not None:
-        ground_catalogue = load_catalogue(ground)
-        new_ids = new_item_ids(parent, child)
-        missing = [i for i in new_ids if i not in ground_catalogue.items]
-        if new_ids and len(missing) == len(new_ids):
-            raise ValueError(
-                f"--ground {ground} holds none of the {len(new_ids)} new items (e.g. {missing[0]!r}); "
-                "pass the catalogue with their text (the one given to add-items, plus the old items for "
-                "--replay)"
-            )
-        if missing:
-            print(
-                f"warning: {len(missing)} new items have no text in --ground; they are not grounded",
-                file=sys.stderr,
-            )
-
-    tokenizer, peft_model = sid_model(
-        model or base_model_path(str(adapter)),
-        parent,
-        adapter=str(adapter),
-        dtype=getattr(torch, weights_dtype),
-    )
-    grown = grow_adapter(peft_model, tokenizer, parent, child, init=init)
-    summary: dict[str, Any] = {
-        "new_tokens": child.n_tokens - parent.n_tokens,
-        "new_items": child.n_items - parent.n_items,
-        "rows": child.n_tokens,
-        "init": init,
-        "fingerprint": child.fingerprint(),
-    }
-    if ground_catalogue is not None:
-        result = ground_new_items(grown, tokenizer, parent, child, ground_catalogue, grounding)
-        summary["grounding"] = {
-            "seconds": round(result.seconds, 3),
-            "steps": len(result.losses),
-            "examples": result.n_examples,
-            "replayed": result.n_replayed,
-            "trained_rows": len(result.trained_rows),
-            "loss": [round(result.losses[0], 4), round(result.losses[-1], 4)] if result.losses else None,
-        }
-    if log_steps:
-        from ..new_items.rule import calibration_pairs
-        from .grounding import tune_new_items_on_log
-
-        text = load_catalogue(catalogue) if isinstance(catalogue, str | Path) else catalogue
-        tuned = tune_new_items_on_log(
-            grown,
-            tokenizer,
-            parent,
-            child,
-            text,
-            calibration_pairs(tuning_log, child),
-            max_steps=log_steps,
-            learning_rate=log_learning_rate,
-        )
-        summary["log_tuning"] = {
-            "seconds": round(tuned.seconds, 3),
-            "steps": len(tuned.losses),
-            "histories": tuned.n_examples,
-            "held_out_for_the_choice": len(choice_log),
-            "trained_rows": len(tuned.trained_rows),
-            "loss": [round(tuned.losses[0], 4), round(tuned.losses[-1], 4)] if tuned.losses else None,
-        }
-    if rule is not None:  # whose beams the rule mixes: the grown model's, or text KNN where that wins
-        from ..serving import GroundedRecommender
-        from ..sids.model import prompt_format_of
-
-        GroundedRecommender(grown, tokenizer, child, prompt_format_of(grown)).choose_new_item_beams(
-            rule, choice_log
-        )
-    check_output(output, adapter, overwrite)  # again: the folder may have changed while this ran
-    stale = [name for name in FUSION_FILES if (output / name).exists()]
-    kept = save_adapter_keeping_others(grown, output)
-    if stale:  # the replaced adapter's peer knows none of the new items: its fusion would be refused
-        summary["dropped"] = stale
-        print(
-            f"dropped the peer fusion of the adapter replaced in {output} ({', '.join(stale)}): it was fitted "
-            f"for the parent's SID index; run `peft-grounded fuse-peer --adapter {output} --sid_index "
-            f"{sid_index}` again to fuse a peer with the grown adapter",
-            file=sys.stderr,
-        )
-    if rule is not None:
-        rule.save(output)
-        summary["new_item_rule"] = {"mode": rule.mode, **rule.fitted_on}
-    if kept:
-        summary["kept"] = kept
-    return summary
-
-
-def held_out_log(histories: list, held: int = 500, seed: int = 0) -> tuple[list, list]:
-    """``(held out, the rest)``: a seeded sample of up to ``held`` logged histories (at most half of them)
-    for choices made on the log, and the others to train on."""
-    import random
-
-    order = random.Random(seed).sample(range(len(histories)), len(histories))
-    cut = min(held, len(histories) // 2)
-    if cut == 0 or cut == len(histories):
-        raise ValueError(
-            f"{len(histories)} logged histories: tuning on the log holds some out for the beam choice and "
-            "trains on the rest, so it needs at least two"
-        )
-    return [histories[i] for i in order[:cut]], [histories[i] for i in order[cut:]]

@@ -143,7 +143,7 @@ class SemanticMixture:
             if new_item_beams is None or len(new_item_beams.items) != len(histories):
                 raise ValueError(
                     f"model_weight={model_weight} weighs the model's probabilities of the new items: give "
-                    "one list of new-item beams per history (serving.top_k.new_item_beams)"
+                    "one list of new-item beams per history (new_items.new_item_beams)"
                 )
             logits = logits + model_weight * self.model_log_probs(new_item_beams)
         logits -= logits.max(axis=1, keepdims=True)

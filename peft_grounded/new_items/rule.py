@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-RULE_JSON = "new_item_rule.json"
-RULE_TENSORS = "new_item_rule.safetensors"
-RULE_FILES = (RULE_JSON, RULE_TENSORS)
+from ..hub.repo import RULE_FILES
+
+RULE_JSON, RULE_TENSORS = RULE_FILES
 DEFAULT_MODE = "share"
 MODES = ("share", "probability")
 BEAMS = ("model", "text")  # whose list the rule mixes: the model's beams, or text KNN over all items
@@ -109,11 +109,18 @@ def _check_model_weight(value: Any) -> None:
         )
 
 
+def quantised_vector(index: Any, item: str) -> np.ndarray:
+    """The item's point in the quantiser's space: the sum of its codebook vectors (the k-means levels)."""
+    codes = index.sid_of(item)
+    codes = codes[: len(index.codebooks)]  # the disambiguation code has no codebook
+    return sum(
+        np.asarray(book[code], dtype=np.float64) for book, code in zip(index.codebooks, codes, strict=True)
+    )
+
+
 def index_vectors(index: Any) -> np.ndarray:
     """``[items, dim]``: each item's point in the quantiser's space (the sum of its codebook vectors), the
     text vectors' reconstruction that every SID index carries."""
-    from .protocol import quantised_vector
-
     return np.stack([quantised_vector(index, item) for item in index.item_ids]).astype(np.float32)
 
 
@@ -342,7 +349,7 @@ class NewItemRule:
         filled up to ``k`` with the model's next items where the new items ran out (``share`` gives a user
         ``round(k * pi_u)`` places however few new items are left), scored as the mixture scores a model
         item, ``log(1 - pi_u) + log p_model``. ``new_item_beams``: the model's search over the new items
-        alone (:func:`~peft_grounded.serving.top_k.new_item_beams`), needed where :attr:`model_weight` > 0."""
+        alone (:func:`~.beams.new_item_beams`), needed where :attr:`model_weight` > 0."""
         histories = [list(h) for h in histories]
         _check_model_weight(self.model_weight)  # set after the rule was made, perhaps
         if self.model_weight and new_item_beams is None:

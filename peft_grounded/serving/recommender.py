@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..new_items.rule import RULE_FILES, NewItemRule, calibration_pairs
+from ..new_items.beams import choose_new_item_beams
+from ..new_items.rule import RULE_FILES, NewItemRule
 from ..sids import as_catalogue
 from .loading import (
     SERVING_FORMAT,
@@ -34,7 +35,7 @@ from .loading import (
     serving_dtype,
 )
 from .peer_fusion import PeerFusion, stored_fix
-from .top_k import model_beams, new_item_beams, top_k_lists
+from .top_k import top_k_lists
 
 DEFAULT_BEAMS = 20
 logger = logging.getLogger(__name__)
@@ -305,22 +306,20 @@ class GroundedRecommender:
     ) -> dict[str, Any]:
         """:meth:`NewItemRule.choose_beams` with this model's beams on up to ``choice_users`` logged
         histories (a seeded sample of the ``(history, next item)`` pairs), then
-        :meth:`NewItemRule.choose_model_weight` with its search over the new items; returns the choices."""
-        import random
-
-        rule.check_index(self.index, "the given rule")
-        pairs = calibration_pairs(interactions, self.index)
-        pairs = random.Random(seed).sample(pairs, min(choice_users, len(pairs)))
-        histories, targets = [list(h) for h, _ in pairs], [t for _, t in pairs]
-        beams = min(len(self.trie), max(self.num_beams, k))
-        found = model_beams(self.model, self.tokenizer, self.index, histories, beams, **self._search())
-        choice = rule.choose_beams(found, histories, targets, k, seed=seed)
-        if rule.beams == "text":  # text KNN's beams: no model search to weigh
-            return choice | rule.choose_model_weight(found, histories, targets)
-        news = new_item_beams(
-            self.model, self.tokenizer, self.index, histories, rule.new_items, beams, **self._search()
+        :meth:`NewItemRule.choose_model_weight` with its search over the new items; returns the choices
+        (:func:`peft_grounded.new_items.choose_new_item_beams` with this recommender's decoding)."""
+        return choose_new_item_beams(
+            self.model,
+            self.tokenizer,
+            self.index,
+            rule,
+            interactions,
+            num_beams=self.num_beams,
+            choice_users=choice_users,
+            k=k,
+            seed=seed,
+            **self._search(),
         )
-        return choice | rule.choose_model_weight(news, histories, targets)
 
     # ------------------------------------------------------------------ serving
 

@@ -4,14 +4,17 @@
 ``peft-grounded recommend``) and the benchmark protocols all call it, so what is measured is what is served:
 
 1. each history becomes the prompt the adapter was trained on (its prompt format, the last ``max_history``
-   items; :func:`history_prompts`);
-2. the SID-constrained beam search (:func:`peft_grounded.decoding.recommend`, the package's one engine)
-   gives the model's ``max(num_beams, k)`` best items, the user's own items left out inside the search
-   when ``exclude_history`` (no beam is spent on them);
+   items; :func:`~peft_grounded.decoding.search.history_prompts`);
+2. the SID-constrained beam search (:func:`peft_grounded.decoding.recommend`, the package's one engine;
+   :func:`~peft_grounded.decoding.search.model_beams` runs steps 1 and 2) gives the model's
+   ``max(num_beams, k)`` best items, the user's own items left out inside the search when
+   ``exclude_history`` (no beam is spent on them);
 3. with a new-item rule (:class:`~peft_grounded.new_items.NewItemRule`, the one stored with the adapter),
-   the rule mixes the new items into those beams (or into text KNN beams, when it chose text on the log);
-   its lists leave the history out whatever ``exclude_history`` says, and a user whose list came up short
-   is searched again with beams for the history items it left out;
+   the rule mixes the new items into those beams (or into text KNN beams, when it chose text on the log;
+   with a model weight, also the model's search over the new items,
+   :func:`~peft_grounded.new_items.new_item_beams`); its lists leave the history out whatever
+   ``exclude_history`` says, and a user whose list came up short is searched again with beams for the
+   history items it left out;
 4. with a peer fusion instead (:class:`~.peer_fusion.PeerFusion`, the one stored with the adapter), the
    beams are fused with the peer's next-item distribution; its lists leave the history out too;
 5. each list is cut to ``k``.
@@ -23,89 +26,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from ..decoding.search import Recommendations, model_beams, sid_trie
+from ..new_items.beams import new_item_beams
+
 if TYPE_CHECKING:
-    from ..decoding import Recommendations, SIDTrie
-
-
-def history_prompts(
-    histories: Sequence[Sequence[str]], index: Any, tokenizer: Any, catalogue: Any = None, fmt: Any = None
-) -> list[Any]:
-    """The inference prompt of each history (item ids, oldest first) in prompt format ``fmt``."""
-    from ..prompts import inference_prompts
-
-    examples = [(str(u), list(h), None) for u, h in enumerate(histories)]
-    return inference_prompts(examples, index, tokenizer, catalogue, fmt)[1]
-
-
-def sid_trie(tokenizer: Any, index: Any) -> SIDTrie:
-    """The trie of every item of ``index`` (its SIDs' token ids in ``tokenizer``)."""
     from ..decoding import SIDTrie
-    from ..decoding.trie import item_token_ids
-
-    return SIDTrie(item_token_ids(tokenizer, index))
-
-
-def model_beams(
-    model: Any,
-    tokenizer: Any,
-    index: Any,
-    histories: Sequence[Sequence[str]],
-    beams: int,
-    *,
-    fmt: Any = None,
-    catalogue: Any = None,
-    trie: SIDTrie | None = None,
-    sid_softmax: Any = None,
-    batch_size: int = 32,
-    exclude: Sequence[Sequence[str]] | None = None,
-    targets: Sequence[Sequence[int]] | None = None,
-    show_progress: bool = False,
-) -> Recommendations:
-    """The model's ``beams`` best items per history, best first (steps 1 and 2 of the route): the beams a
-    new-item rule mixes, or a list before it is cut to ``k``."""
-    from ..decoding import recommend
-
-    trie = sid_trie(tokenizer, index) if trie is None else trie
-    return recommend(
-        model,
-        tokenizer,
-        history_prompts(histories, index, tokenizer, catalogue, fmt),
-        trie,
-        k=beams,
-        num_beams=beams,
-        batch_size=batch_size,
-        sid_softmax=sid_softmax,
-        exclude=exclude,
-        targets=targets,
-        show_progress=show_progress,
-    )
-
-
-def new_item_beams(
-    model: Any,
-    tokenizer: Any,
-    index: Any,
-    histories: Sequence[Sequence[str]],
-    new_items: Sequence[str],
-    beams: int,
-    *,
-    trie: SIDTrie | None = None,
-    **search: Any,
-) -> Recommendations:
-    """The model's ``beams`` best *new* items per history (a search over the trie of ``new_items`` within
-    ``trie``, each history left out): the model's expert of a new-item rule with a ``model_weight``."""
-    from ..decoding import Recommendations, SIDTrie
-    from ..decoding.trie import item_token_ids
-
-    ids = item_token_ids(tokenizer, index)
-    allowed = [i for i in new_items if i in ids and (trie is None or i in trie)]
-    if not allowed:  # a candidate restriction without new items: nothing for the model to weigh
-        return Recommendations(
-            items=[[] for _ in histories], scores=[[] for _ in histories], k=beams, num_beams=0
-        )
-    new_trie = SIDTrie({i: ids[i] for i in allowed})
-    width = max(1, min(beams, len(allowed)))
-    return model_beams(model, tokenizer, index, histories, width, trie=new_trie, exclude=histories, **search)
 
 
 def top_k_lists(
@@ -148,17 +73,16 @@ def top_k_lists(
         batch_size: prompts per decoding batch.
         targets: one SID (token ids) per history, scored from the same prompt cache into
             ``extra["target_nlls"]`` (the model alone only).
-        beams: the model's beams for these histories, already decoded by :func:`model_beams` at this
-            width without exclusion (a benchmark's cache): used in place of the first search where it is
-            that search (no history left out inside it).
+        beams: the model's beams for these histories, already decoded by
+            :func:`~peft_grounded.decoding.search.model_beams` at this width without exclusion (a
+            benchmark's cache): used in place of the first search where it is that search (no history left
+            out inside it).
 
     Returns:
         :class:`~peft_grounded.decoding.Recommendations` of ``k`` items per history; the decoding counters
         are those of the first search; with a rule, ``extra["new_items_per_list"]`` counts the new items of
         each list and ``extra["new_item_prior"]`` holds each user's ``pi_u``.
     """
-    from ..decoding import Recommendations
-
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
     trie = sid_trie(tokenizer, index) if trie is None else trie

@@ -9,7 +9,7 @@ their text through a ridge map fitted on the warm items, :class:`ItemVectorMap`.
 ``ItemVectorsConfig.source`` chooses what the index is built from: ``"text"`` (the encoder's vectors, as
 before), ``"behaviour"``, or ``"mix"``: both parts centred, L2-normalised per item and concatenated with
 weights ``sqrt(1 - w)`` and ``sqrt(w)``, so squared distances are ``(1 - w)`` text plus ``w`` behaviour.
-The index stores the map, so :func:`~peft_grounded.growth.add_items` codes a new item from its text.
+The index stores the map, so :func:`~peft_grounded.new_items.add_items` codes a new item from its text.
 """
 
 from __future__ import annotations

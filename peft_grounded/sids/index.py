@@ -21,7 +21,7 @@ the ``"items"`` variant.
 
 The index is a plain artefact: data, lookups, the codes of new vectors (:meth:`SIDIndex.quantize`) and its
 files (``<dir>/sid_index.json`` + ``<dir>/sid_index.<hash>.safetensors``, see :mod:`.index_files`). What is
-computed from it lives with its users: growth in :mod:`peft_grounded.growth` (``add_items``), code statistics
+computed from it lives with its users: growth in :mod:`peft_grounded.new_items` (``add_items``), code statistics
 in :mod:`peft_grounded.diagnostics.diagnose`, texts per token in :mod:`.index`.
 
 The names of SID tokens (one per level and code: ``<a_12>``; :func:`sid_vocabulary`, :func:`add_sid_tokens`)
@@ -291,7 +291,7 @@ class SIDIndex:
             f"{where} was trained with a parent version of this SID index (fingerprint {recorded}); this "
             "version added items. Grow the adapter first: peft-grounded grow-adapter --adapter ADAPTER "
             "--parent_index PARENT_INDEX --sid_index THIS_INDEX --output_dir GROWN (in Python: "
-            "peft_grounded.growth.grow_adapter(model, tokenizer, parent_index, this_index))."
+            "peft_grounded.new_items.grow_adapter(model, tokenizer, parent_index, this_index))."
         )
         older = recorded is not None and recorded in self.lineage
         strings = getattr(config, "token_strings", None)
@@ -345,7 +345,7 @@ class SIDIndex:
         return [self.item_ids[i] for i in order[lo:hi]]
 
     def added_items(self, since: str | None = None) -> list[str]:
-        """Items that growth (:func:`peft_grounded.growth.add_items`) appended: by the last growth, or by every growth after the
+        """Items that growth (:func:`peft_grounded.new_items.add_items`) appended: by the last growth, or by every growth after the
         ancestor whose fingerprint is ``since`` (one of :attr:`lineage`). ``[]`` for a fresh build."""
         growth = self.quality.get("growth", [])
         if since is None:

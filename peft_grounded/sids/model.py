@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import torch
 
+from .._quiet import peft_wrapping
 from ..prompts import PromptFormat
 
 
@@ -115,7 +116,8 @@ def sid_model(
     added = add_tokens(tokenizer, base, index.token_strings)
     if adapter is not None:
         try:
-            model = PeftModel.from_pretrained(base, adapter, is_trainable=is_trainable)
+            with peft_wrapping():
+                model = PeftModel.from_pretrained(base, adapter, is_trainable=is_trainable)
         except RuntimeError as err:  # e.g. a LoRA whose shapes are not this base's
             lines = [line.strip() for line in str(err).splitlines() if line.strip()]
             first = next((line for line in lines if "size mismatch" in line), lines[0] if lines else "")
@@ -140,7 +142,8 @@ def sid_model(
         init_seed=seed,
         task_type="CAUSAL_LM",
     )
-    model = get_peft_model(base, config)
+    with peft_wrapping():
+        model = get_peft_model(base, config)
     record_sid_facts(
         model, sid_index_fingerprint=index.fingerprint(), prompt_format=asdict(fmt or PromptFormat())
     )
@@ -333,7 +336,8 @@ def peft_default_model(
         trainable_token_indices={"embed_tokens": ids},
         **lora,
     )
-    return tokenizer, get_peft_model(base, config)
+    with peft_wrapping():
+        return tokenizer, get_peft_model(base, config)
 
 
 def is_peft_default(model: Any) -> bool:

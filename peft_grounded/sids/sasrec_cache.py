@@ -30,15 +30,22 @@ def fit_key(
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def shared_fit(split: Any, item_ids: Sequence[str], config: SASRecConfig | None = None) -> SASRecRecommender:
+def shared_fit(
+    split: Any,
+    item_ids: Sequence[str],
+    config: SASRecConfig | None = None,
+    *,
+    show_progress: bool = False,
+) -> SASRecRecommender:
     """:func:`~peft_grounded.sids.sasrec.fit_sasrec`'s recommender, read from the cache where an equal fit
     (same histories, validation targets, items and settings) was saved, else trained and saved there. A fit
-    under ``max_minutes`` depends on the machine's speed: it is trained, never cached."""
+    under ``max_minutes`` depends on the machine's speed: it is trained, never cached. ``show_progress``: a
+    fit shows its epochs on stderr (validation Recall, time left; see :func:`~.sasrec.epoch_progress`)."""
     config = config or SASRecConfig()
     item_ids = list(item_ids)
     _, histories, valid_targets = _indexed(split, item_ids)
     if config.max_minutes is not None:
-        return _fit(histories, valid_targets, item_ids, config)
+        return _fit(histories, valid_targets, item_ids, config, show_progress=show_progress)
     from .. import assets
 
     key = fit_key(histories, valid_targets, item_ids, config)
@@ -48,6 +55,6 @@ def shared_fit(split: Any, item_ids: Sequence[str], config: SASRecConfig | None 
         if json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8")).get("fit_key") == key:
             logger.info("SASRec: the fit saved in %s (same data and settings)", folder)
             return saved
-    recommender = _fit(histories, valid_targets, item_ids, config)
+    recommender = _fit(histories, valid_targets, item_ids, config, show_progress=show_progress)
     recommender.save(folder, fit_key=key)
     return recommender

@@ -24,6 +24,7 @@ import torch
 from peft import PeftModel, get_peft_model
 
 from .._io import locks_output
+from .._quiet import peft_wrapping
 from ..adapter import GroundedTokenConfig
 from ..prompts import DEFAULT_SYSTEM_PROMPT
 from ..sids.catalogue_source import index_catalogue
@@ -48,7 +49,7 @@ class GroundingTrainer(RunTrainer):
     """``SFTTrainer`` for the grounding stage: only the grounded rows train; resumable and run-checked.
 
     ``rows``: train only these rows of the grounded matrices (incremental grounding of a grown adapter,
-    :func:`peft_grounded.growth.ground_new_items`): a gradient mask keeps every other row bit-identical, which
+    :func:`peft_grounded.new_items.ground_new_items`): a gradient mask keeps every other row bit-identical, which
     needs ``weight_decay=0``; a stacked LoRA is then allowed as long as it is frozen.
     """
 
@@ -69,7 +70,8 @@ class GroundingTrainer(RunTrainer):
                 raise ValueError("Pass either a PeftModel or a peft_config, not both.")
             if not isinstance(peft_config, GroundedTokenConfig):
                 raise TypeError("GroundingTrainer's peft_config must be a GroundedTokenConfig.")
-            model = get_peft_model(model, peft_config)
+            with peft_wrapping():
+                model = get_peft_model(model, peft_config)
         if not isinstance(model, PeftModel) or not any(
             isinstance(c, GroundedTokenConfig) for c in model.peft_config.values()
         ):

@@ -6,11 +6,17 @@ process).
 ``start(fn, *args)`` returns a :class:`Forked` to ``wait()`` on or ``kill()``; ``run(fn, *args)`` waits.
 ``fsize`` caps the size of any file the child writes (``RLIMIT_FSIZE``, with ``SIGXFSZ`` ignored, so a
 write beyond it fails with ``EFBIG`` like one on a full disk); ``user`` runs the child as another uid.
+
+A child running as another user reads no file that user cannot reach, and where the repository (with its
+``.venv``) lies in a folder only its owner can enter (a root user's home, a 0700 ``mktemp -d``) that includes
+the modules the test process has not imported yet: ``preload`` names those the child imports on its way
+(lazily, inside a function), imported before it changes user.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import resource
@@ -85,6 +91,7 @@ def start(
     *args: Any,
     fsize: int | None = None,
     user: int | None = None,
+    preload: tuple[str, ...] = (),
     **kwargs: Any,
 ) -> Forked:
     """Fork; the child runs ``fn(*args, **kwargs)`` and exits with its return value (0 for None, 1 after an
@@ -108,6 +115,8 @@ def start(
         logging.getLogger().handlers.clear()  # pytest's capture handlers: a fresh process has none
         signal.signal(signal.SIGINT, signal.default_int_handler)
         _one_thread_after_fork()
+        for module in preload:
+            importlib.import_module(module)
         if user is not None:
             os.setgid(user)
             os.setuid(user)

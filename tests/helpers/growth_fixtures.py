@@ -10,7 +10,7 @@ import peft_grounded
 from helpers.toy_catalogue import toy_catalogue, toy_index, toy_vectors
 from peft_grounded import GroundedTokenConfig
 from peft_grounded.cli import main
-from peft_grounded.growth import add_items, grow_adapter
+from peft_grounded.new_items import add_items, grow_adapter
 from peft_grounded.sids import Item
 from peft_grounded.sids.model import record_sid_facts, save_sid_record
 

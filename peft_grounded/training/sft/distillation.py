@@ -261,8 +261,9 @@ def add_teacher_columns(dataset, targets: TeacherTargets, rows: Sequence[Row], i
 # ------------------------------------------------------------------------------------------------ the teacher
 
 
-def fit_teacher(split, index, epochs: int, seed: int):
-    """SASRec on ``split``'s training histories over ``index``'s items (validation picks its epoch)."""
+def fit_teacher(split, index, epochs: int, seed: int, *, show_progress: bool = False):
+    """SASRec on ``split``'s training histories over ``index``'s items (validation picks its epoch);
+    ``show_progress``: its epochs on stderr (validation Recall, time left)."""
     from ...sids.sasrec import SASRecConfig
     from ...sids.sasrec_cache import shared_fit
 
@@ -272,7 +273,9 @@ def fit_teacher(split, index, epochs: int, seed: int):
             f"{len(unknown)} items of the training histories or validation targets have no SID (e.g. "
             f"{unknown[0]!r}): the teacher scores the index's items"
         )
-    teacher = shared_fit(split, index.item_ids, SASRecConfig(max_epochs=epochs, seed=seed))
+    teacher = shared_fit(
+        split, index.item_ids, SASRecConfig(max_epochs=epochs, seed=seed), show_progress=show_progress
+    )
     best = teacher.history[teacher.best_epoch - 1] if teacher.best_epoch else {}
     logger.info(
         "distillation teacher: SASRec in %.0f s, best epoch %d of %d (validation NDCG@10 %.4f)",
@@ -381,7 +384,8 @@ def with_teacher(
     ``RecommendationConfig`` with ``distill_weight > 0``). The teacher and its targets come from
     ``<args.output_dir>/teacher/`` when it holds them for these inputs and settings; else SASRec is fitted
     (``distill_epochs``, seeded by ``args.seed``) and both are written there, unless that folder vouches for
-    other targets of a run already under way there (then they are kept, and the run's manifest decides)."""
+    other targets of a run already under way there (then they are kept, and the run's manifest decides). The
+    fit shows its epochs on stderr, as the training does (not with ``args.disable_tqdm``; the main process)."""
     from accelerate import PartialState
 
     dataset = build(tokenizer)
@@ -398,7 +402,8 @@ def with_teacher(
         else:
             teacher = None if folder is None else _load_teacher(folder, record, keys[0])
             fitted = teacher is None
-            teacher = teacher or fit_teacher(split, index, epochs, seed)
+            show = not getattr(args, "disable_tqdm", False) and PartialState().is_local_main_process
+            teacher = teacher or fit_teacher(split, index, epochs, seed, show_progress=show)
             targets = teacher_targets(teacher, rows, index, tokenizer, top_k)
             # never replace what vouches for another run's targets in its own folder
             writable = folder is not None and (record is None or not _holds_a_run(output_dir))
