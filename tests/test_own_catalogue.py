@@ -266,3 +266,27 @@ def test_evaluate_says_what_it_served_on_screen_and_in_its_files(shop, tmp_path,
     assert code == 0 and "served: the model's lists alone" in out, err
     alone = json.loads((tmp_path / "e2" / "metrics.json").read_text())["valid"]["decoding"]["served"]
     assert alone == {"lists": "model alone"}
+
+
+def test_a_grown_index_reads_its_build_catalogue_with_the_new_items_added(shop, tmp_path, capsys):
+    """add-items records where the new items were read; the grown index's own catalogue is the build's plus
+    them, and a catalogue given must hold every item it has."""
+    new = tmp_path / "new.jsonl"
+    write_jsonl(new, [{"item_id": f"n{i}", "title": f"The New Western Story {i}"} for i in range(3)])
+    code, _, _ = run_cli(capsys, "add-items", "--sid_index", shop["sids"], "--catalogue", new,
+                         "--encoder", f"lm:{shop['base']}", "--no-progress", "--output_dir", tmp_path / "v2")  # fmt: skip
+    assert code == 0
+    grown = SIDIndex.load(tmp_path / "v2")
+    assert grown.build_config["added_catalogues"][0]["path"] == str(new)
+    own = index_catalogue(grown)
+    assert set(own.items) == set(grown.item_ids) and own.sequences == shop["catalogue"].sequences
+    assert own.items["n1"].title == "The New Western Story 1"
+    assert index_catalogue(grown, own) is own  # a catalogue holding every item of a grown index is taken
+    assert (
+        index_catalogue(grown, shop["catalogue"]).items.keys() == shop["catalogue"].items.keys()
+    )  # the build's
+    with pytest.raises(CatalogueMismatchError, match="not the one SID index"):
+        index_catalogue(grown, load_catalogue("movielens-100k"))
+    new.unlink()
+    with pytest.raises(CatalogueMismatchError, match=rf"{new} \(not there\)"):
+        index_catalogue(grown)

@@ -239,6 +239,9 @@ def grow_adapter_into(
     if interactions is not None:  # fitted before the model loads: a bad file fails fast
         from ..new_items.rule import NewItemRule
         from ..serving import read_histories
+        from ..sids.catalogue_source import catalogue_at_hand
+
+        catalogue = catalogue_at_hand(child, catalogue, needed=False)  # given: checked; else the index's own
 
         logged = read_histories(interactions)[1]
         rule = NewItemRule.fit(child, logged, new_items=new_item_ids(parent, child), catalogue=catalogue)

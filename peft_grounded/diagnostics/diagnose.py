@@ -87,6 +87,7 @@ def diagnose(
     ``out_dir`` is locked from that check to the last write.
     """
     from peft_grounded import checks
+    from peft_grounded.sids.catalogue_source import catalogue_at_hand
     from peft_grounded.sids.index import SIDIndex
 
     check_report_output(out_dir)  # before the (slow) loading of the adapters and the base
@@ -108,7 +109,7 @@ def diagnose(
         points, loaded = _drop_duplicates(points, loaded, notes)
 
     vocabulary = _vocabulary(base_model, tokenizer, loaded, matrix, notes)
-    catalogue = _index_catalogue(sid_index, catalogue, notes)
+    catalogue = catalogue_at_hand(sid_index, catalogue, needed=False, notes=notes)
     shared: dict[str, Any] = {
         "reference": _reference(sid_index, reference, notes),
         "frequencies": _frequencies(sid_index, frequencies, catalogue, split, notes),
@@ -410,18 +411,3 @@ def majority_labels(
 def level0_labels(index: SIDIndex, depth: int = 0) -> list[str | None]:
     """Majority category label of each level-0 token (for neighbourhood-purity diagnostics)."""
     return [label for label, _ in majority_labels(index, 0, depth=depth)]
-
-
-def _index_catalogue(index: Any, catalogue: Any, notes: list[str]) -> Any:
-    """The catalogue given (checked against the index's record), else the index's own when it is at hand."""
-    from peft_grounded.sids.catalogue_source import CatalogueMismatchError, index_catalogue, source_of
-
-    if catalogue is not None:
-        return index_catalogue(index, catalogue)
-    if source_of(index) is None:
-        return None
-    try:
-        return index_catalogue(index)
-    except CatalogueMismatchError as err:
-        notes.append(f"No catalogue: {err}")
-        return None

@@ -303,10 +303,14 @@ def add_items(
         checks.check_device(device)
     report = report if report is not None else GrowthReport()
     counts: Mapping[str, int] = {}
+    read_from = None  # where the new items were read: the grown index records it beside its build catalogue
     if isinstance(catalogue, (str, Path)):
+        from ..sids.catalogue_source import CatalogueSource
         from ..sids.loaders import load_catalogue
 
+        path = catalogue
         catalogue = load_catalogue(catalogue, format=catalogue_format, **(catalogue_options or {}))
+        read_from = CatalogueSource.of(catalogue, path, catalogue_format, dict(catalogue_options or {}))
     if isinstance(catalogue, Catalogue):
         items = list(catalogue.items.values())
         counts = catalogue.item_counts()
@@ -347,6 +351,11 @@ def add_items(
         report=report,
     )
     child.quality["growth"][-1]["encode_seconds"] = round(report.encode_seconds, 3)
+    if read_from is not None:
+        from ..sids.catalogue_source import ADDED_KEY
+
+        added = [*child.build_config.get(ADDED_KEY, []), read_from.to_dict()]
+        child.build_config = child.build_config | {ADDED_KEY: added}
     return child
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from ..new_items.beams import choose_new_item_beams
 from ..new_items.rule import RULE_FILES, NewItemRule
 from ..sids import as_catalogue
+from ..sids.catalogue_source import catalogue_at_hand
 from .loading import (
     SERVING_FORMAT,
     SERVING_RECORD,
@@ -76,23 +77,6 @@ class Request:
     histories: list[list[str]]
     unknown: list[list[str]]
     groups: list[tuple[Any, list[int]]]
-
-
-def titles_catalogue(index: Any, catalogue: Any, needed: bool) -> Any:
-    """The catalogue of the items' titles: ``catalogue`` checked against the index's record, else the index's
-    own. Serving needs none unless the prompts carry titles (``needed``), so an index whose catalogue is not
-    at hand (one pulled from the Hub) serves without titles."""
-    from ..sids.catalogue_source import CatalogueMismatchError, index_catalogue
-
-    if catalogue is not None:
-        return index_catalogue(index, catalogue)
-    try:
-        return index_catalogue(index)
-    except CatalogueMismatchError:
-        if needed:
-            raise
-        logger.info("serving without titles: the SID index's catalogue is not at hand")
-        return None
 
 
 class GroundedRecommender:
@@ -221,7 +205,7 @@ class GroundedRecommender:
             tokenizer,
             index,
             fmt,
-            catalogue=titles_catalogue(index, catalogue, needed=fmt is not None and fmt.with_titles),
+            catalogue=catalogue_at_hand(index, catalogue, needed=fmt is not None and fmt.with_titles),
             new_item_rule=rule,
             peer_fusion=fusion,
             num_beams=num_beams,

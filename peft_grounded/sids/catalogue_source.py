@@ -10,6 +10,8 @@ stage reads its catalogue through :func:`index_catalogue`:
    too, so ids alone prove nothing);
 2. none given: the recorded path, else the same path relative to the index folder (an index and its data
    moved together), each accepted only on its fingerprint; none found is an error that says where it was.
+   An index grown by ``add-items`` also records the catalogues its new items were read from
+   (``build_config["added_catalogues"]``); its own catalogue is the build's with their items added.
 
 An index pushed to the Hub keeps the name and the fingerprint, never a local path (:meth:`CatalogueSource.public`).
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -26,8 +29,10 @@ from typing import Any
 from .catalogue import Catalogue, CatalogueError
 
 RECORD_KEY = "catalogue_source"
+ADDED_KEY = "added_catalogues"  # the catalogues add-items read new items from, oldest first
 PATH_OPTIONS = ("reviews", "interactions")  # reader options that name a file (stored absolute)
 BUILTIN = ("movielens-100k",)
+logger = logging.getLogger(__name__)
 
 
 class CatalogueMismatchError(CatalogueError):
@@ -233,6 +238,25 @@ class CatalogueSource:
         )
 
 
+def added_sources(index: Any) -> list[CatalogueSource]:
+    """The catalogues ``add-items`` read the index's new items from, oldest first."""
+    return [
+        CatalogueSource.from_dict(r, _where(index)) for r in (index.build_config or {}).get(ADDED_KEY, [])
+    ]
+
+
+def _with_added(catalogue: Catalogue, index: Any, flag: str) -> Catalogue:
+    """``catalogue`` (the build's) with the items, and any users, of the catalogues the index grew from."""
+    items, sequences = dict(catalogue.items), dict(catalogue.sequences)
+    for source in added_sources(index):
+        added = source.find(None, _where(index), flag)
+        items |= {i: it for i, it in added.items.items() if i not in items}
+        sequences |= {u: s for u, s in added.sequences.items() if u not in sequences}
+    if len(items) == len(catalogue.items) and len(sequences) == len(catalogue.sequences):
+        return catalogue
+    return Catalogue(catalogue.name, items, sequences, catalogue.report)
+
+
 def source_of(index: Any) -> CatalogueSource | None:
     """The :class:`CatalogueSource` recorded in ``index``, None when it records none."""
     record = (index.build_config or {}).get(RECORD_KEY)
@@ -260,7 +284,8 @@ def index_catalogue(
                 f"SID index {where} does not record the catalogue it was built from; pass it ({flag} PATH), or "
                 "rebuild the index with peft-grounded build-sids, which records it"
             )
-        return source.cored(source.find(getattr(index, "folder", None), where, flag))
+        found = source.cored(source.find(getattr(index, "folder", None), where, flag))
+        return _with_added(found, index, flag)
     if isinstance(catalogue, Catalogue):
         loaded, given = catalogue, f"given ({catalogue.name!r})"
     else:
@@ -277,9 +302,36 @@ def index_catalogue(
     return source.cored(loaded)
 
 
+def catalogue_at_hand(
+    index: Any,
+    catalogue: Catalogue | str | Path | None = None,
+    *,
+    needed: bool,
+    notes: list[str] | None = None,
+) -> Catalogue | None:
+    """:func:`index_catalogue` for a step that can go without the catalogue unless ``needed`` (serving's titles, a
+    report's categories): the one given, checked; else the index's own where it is found, else None (the reason
+    appended to ``notes`` and logged)."""
+    if catalogue is not None:
+        return index_catalogue(index, catalogue)
+    if source_of(index) is None and not needed:
+        return None
+    try:
+        return index_catalogue(index)
+    except CatalogueMismatchError as err:
+        if needed:
+            raise
+        logger.info("going on without the catalogue: %s", err)
+        if notes is not None:
+            notes.append(f"No catalogue: {err}")
+        return None
+
+
 __all__ = [
     "CatalogueMismatchError",
     "CatalogueSource",
+    "added_sources",
+    "catalogue_at_hand",
     "fingerprint_interactions",
     "fingerprint_items",
     "index_catalogue",
