@@ -117,9 +117,8 @@ def test_the_default_start_is_a_no_op(tokenizer, tiny_model_factory, arch, tied)
         started, new2 = base_with_tokens(tokenizer, tiny_model_factory, arch, tied)
         generator = torch.Generator().manual_seed(3)
         with torch.no_grad():
-            for weight in {
-                id(w): w for w in (started.get_input_embeddings().weight, started.get_output_embeddings().weight)
-            }.values():
+            matrices = (started.get_input_embeddings().weight, started.get_output_embeddings().weight)
+            for weight in {id(w): w for w in matrices}.values():
                 weight[new2] = torch.randn(len(new2), weight.shape[1], generator=generator)
         return started, new2
 
@@ -129,7 +128,7 @@ def test_the_default_start_is_a_no_op(tokenizer, tiny_model_factory, arch, tied)
     held = started.get_input_embeddings().weight[new2].clone()
     kept = get_peft_model(started, GroundedTokenConfig(token_indices=new2))  # keeps whatever the rows hold
     assert torch.equal(kept.get_input_embeddings().grounded_embedding["default"], held)
-    torch.testing.assert_close(logits(kept, new2), moved, rtol=1e-4, atol=1e-5)  # larger rows, larger rounding
+    torch.testing.assert_close(logits(kept, new2), moved, rtol=1e-4, atol=1e-5)  # larger rows: more rounding
     started, new2 = moved_rows()
     grounded = get_peft_model(started, GroundedTokenConfig(token_indices=new2, init="mean"))  # rewrites them
     torch.testing.assert_close(logits(grounded, new2), expected, rtol=1e-5, atol=1e-6)  # back at the mean

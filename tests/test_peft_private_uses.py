@@ -83,7 +83,8 @@ def found_by_reading() -> dict[str, set[str]]:
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     if _upstream(alias.name):
-                        aliases[alias.asname or alias.name.split(".")[0]] = alias.asname or alias.name.split(".")[0]
+                        local = alias.asname or alias.name.split(".")[0]
+                        aliases[local] = local if alias.asname is None else alias.name
                         if any(_private(p) for p in alias.name.split(".")):
                             uses[alias.name].add(_where(path))
         for node in ast.walk(tree):

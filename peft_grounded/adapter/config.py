@@ -263,8 +263,8 @@ class GroundedTokenConfig(PeftConfig):
                 raise ValueError(
                     f"token_strings has {len(self.token_strings)} entries for {len(self.token_indices)} token indices."
                 )
-        if self.init is None:
-            self.init = "keep"  # init_weights=True's start in PEFT; init_weights=False draws random rows anyway
+        if self.init is None:  # init_weights=True's start in PEFT (False draws random rows anyway)
+            self.init = "keep"
         check_choice("init", self.init, INITS)
         check_choice("centroid_projection", self.centroid_projection, PROJECTIONS)
         if self.tokens_are_new and self.original_vocab_size is not None:

@@ -59,7 +59,7 @@ class GroundedTokenLayer(nn.Module, BaseTunerLayer):
         self.grounded_head_original = BufferDict(persistent=False)
         self._head = [head]  # the model's own output layer: referenced, not owned (kept out of state_dict)
         self.num_embeddings = base_layer.weight.shape[0]
-        self.in_features, self.out_features = base_layer.weight.shape  # (rows, width), as PEFT's embedding layers
+        self.in_features, self.out_features = base_layer.weight.shape  # rows, width: as PEFT's embeddings
         self._active_adapter = adapter_name
         self.merged_adapters: list[str] = []
         self._lookup: dict[tuple[str, torch.device], torch.Tensor] = {}

@@ -62,9 +62,10 @@ class GrowAdapterArguments:
     catalogue: str | None = field(
         default=None,
         metadata={
-            "help": "With --interactions: every item's text (any format build-sids reads). On an index built from "
-            "behaviour the new-item rule ranks its items by their text, read from here; without it, it warns "
-            "and uses the index's text-mapped behaviour vectors."
+            "help": "With --interactions: every item's text (any format build-sids reads; it must hold every item "
+            "of --sid_index). On an index built from behaviour the new-item rule ranks its items by their text, "
+            "read from here. None: the index's own catalogue (its build's, with the items add-items read), when "
+            "it is at hand; else it warns and uses the index's text-mapped behaviour vectors."
         },
     )
     log_steps: int = field(

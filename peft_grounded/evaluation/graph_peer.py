@@ -178,6 +178,8 @@ class TransitionGraphPeer:
 
     def with_settings(self, settings: TGHSettings) -> TransitionGraphPeer:
         """The same graph and vectors ranked with other settings (nothing copied)."""
+        if not isinstance(settings, TGHSettings):
+            raise TypeError(f"settings must be a TGHSettings, got {type(settings).__name__}")
         other = object.__new__(type(self))
         other.__dict__.update(self.__dict__, settings=settings)
         return other
@@ -191,7 +193,7 @@ class TransitionGraphPeer:
 
     def _rings(self, row: int, max_ring: int) -> np.ndarray:
         indptr, indices = self._nbr
-        ring = np.zeros(len(self.item_ids), dtype=np.int64)
+        ring = np.zeros(len(self.item_ids), dtype=np.int32)
         seen = np.zeros(len(self.item_ids), dtype=bool)
         seen[row] = True
         frontier = np.array([row])
@@ -223,7 +225,7 @@ class TransitionGraphPeer:
         last = np.array([rows[-1] if rows else -1 for rows in seen], dtype=np.int64)
         n = len(self.item_ids)
         sims, counts = np.zeros((len(seen), n)), np.zeros((len(seen), n))
-        rings = np.zeros((len(seen), n), dtype=np.int64)
+        rings = np.zeros((len(seen), n), dtype=np.int32)
         known = last >= 0
         sims[known] = self.vectors[last[known]] @ self.vectors.T
         cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}

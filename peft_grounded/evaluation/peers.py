@@ -8,8 +8,8 @@ first) the ``k`` item ids it would show, best first. :func:`peer_records` scores
 table with paired bootstrap intervals (:func:`~peft_grounded.evaluation.compare_users`).
 
 :class:`TextKNN` (cosine neighbours in the SID index's own item-vector space, no training) follows; SASRec is
-:mod:`peft_grounded.sids.sasrec`, and PEFT's own default path
-(:func:`~peft_grounded.sids.model.peft_default_model`) is run by the experiment runner as strategy
+:mod:`peft_grounded.sids.sasrec`, TGH (the transition-graph heuristic) :mod:`.graph_peer`, and PEFT's own
+default path (:func:`~peft_grounded.sids.model.peft_default_model`) is run by the experiment runner as strategy
 ``peft_default``.
 """
 
