@@ -79,7 +79,7 @@ def attach_grounded(
     already read; else read here)."""
     from peft import PeftModel
 
-    check_weights(Path(folder) / ADAPTER_WEIGHTS)
+    check_readable(Path(folder) / ADAPTER_WEIGHTS)
     prepare_base(config, base_model, tokenizer, where=where)
     from .._quiet import peft_wrapping
     from ..sids.model import load_sid_record
@@ -140,7 +140,7 @@ def _no_index(where: str) -> GroundedHubError:
     )
 
 
-def check_weights(path: Path) -> None:
+def check_readable(path: Path) -> None:
     """Raise, naming ``path``, unless it opens as a whole safetensors file (a truncated download or copy
     fails here, before the base model is changed)."""
     from safetensors import SafetensorError, safe_open

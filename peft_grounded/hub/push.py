@@ -146,7 +146,7 @@ def stage_adapter(
         _save_model(model, stage, adapter_name)
         save_sid_record(model, stage, adapter_name)
     config = load_grounded_config(stage, "adapter")
-    check_weights(stage / ADAPTER_WEIGHTS, config)
+    check_rows_only(stage / ADAPTER_WEIGHTS, config)
     return config
 
 
@@ -170,7 +170,7 @@ def _save_model(model: PeftModel, stage: Path, adapter_name: str | None) -> None
     shutil.rmtree(saved)
 
 
-def check_weights(path: Path, config: GroundedTokenConfig) -> None:
+def check_rows_only(path: Path, config: GroundedTokenConfig) -> None:
     """Raise if the safetensors file holds base weights (e.g. the full embedding), or rows of the wrong count.
 
     A grounded adapter's file holds its new-token rows (``grounded_*``) and, when stacked, LoRA matrices
