@@ -476,3 +476,15 @@ def test_fuse_peer_refuses_a_reference_weight_that_is_not_a_positive_number():
     for bad in ("0", "-1", "inf"):
         with pytest.raises(ValueError, match="--reference_weight is a number > 0"):
             command("fuse-peer").parse(["--adapter", "a", "--sid_index", "s", "--reference_weight", bad])
+
+
+def test_a_command_parses_the_arguments_it_is_given_and_no_args_file(tmp_path, monkeypatch):
+    """transformers' parser would also read ``<the running program>.args`` (beside the user's script calling
+    ``main``, beside pytest's ``__main__.py``) and put its flags first: flags nobody gave, and an error where
+    that folder cannot be entered (a child running as another user, the repository in a 0700 folder)."""
+    script = tmp_path / "my_script.py"
+    script.write_text("")
+    (tmp_path / "my_script.args").write_text("--learning_rate 0.5 --no_such_flag 1\n")
+    monkeypatch.setattr(sys, "argv", [str(script)])
+    *_, config = sft.parse(["--sid-index", "s"])
+    assert config.learning_rate == RecommendationConfig.__dataclass_fields__["learning_rate"].default
