@@ -87,6 +87,7 @@ def run(args: EvaluateArguments, settings: EvalSettings) -> int:
         model_path=args.model_name_or_path,
         parts=tuple(args.splits),
         peer_fusion=args.peer_fusion,
+        show_progress=True,
     )
     print(markdown_table(evaluation.metrics, title=f"Evaluation of {args.adapter}"))
     print(describe_served(next(iter(evaluation.metrics.values()))["decoding"]["served"]))

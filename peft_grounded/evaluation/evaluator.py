@@ -59,8 +59,10 @@ def evaluate(
     sid_softmax: Any = None,
     new_item_rule: Any = None,
     peer_fusion: Any = None,
+    show_progress: bool = False,
 ) -> Evaluation:
-    """Rank (the served lists) and/or score (target NLL) the split's sampled users in one pass.
+    """Rank (the served lists) and/or score (target NLL) the split's sampled users in one pass (``show_progress``:
+    a bar over each part's decoding batches).
 
     ``sid_softmax`` (:data:`~peft_grounded.decoding.heads.SIDSoftmax`): the rows each step normalises over;
     None reads it from the model's adapter, so a plain model (a merged one) needs it given, as serving does.
@@ -119,6 +121,7 @@ def evaluate(
                     sid_softmax=sid_softmax,
                     batch_size=settings.decode_batch_size,
                     targets=target_ids if together else None,
+                    show_progress=show_progress,
                 )
                 for record, items, scores in zip(records, recs.items, recs.scores, strict=True):
                     record["rank"] = target_rank(items, record["target"])
@@ -195,6 +198,7 @@ def evaluate_adapter(
     parts: tuple[str, ...] = ("valid", "test"),
     likelihood: bool = True,
     peer_fusion: bool = True,
+    show_progress: bool = False,
 ) -> Evaluation:
     """Load a trained adapter onto its base (checked against ``index``) and :func:`evaluate` it as
     ``recommend`` serves it: with the prompt format recorded in the adapter (unless ``fmt`` is given) and the
@@ -229,6 +233,7 @@ def evaluate_adapter(
         likelihood=likelihood,
         new_item_rule=rule,
         peer_fusion=fusion,
+        show_progress=show_progress,
     )
 
 
