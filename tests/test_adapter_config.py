@@ -25,7 +25,8 @@ def fresh(tokenizer):
 
 def test_choices_are_literals():
     hints = typing.get_type_hints(GroundedTokenConfig)
-    assert typing.get_args(hints["init"]) == INITS
+    literal, none = typing.get_args(hints["init"])  # None: not given, the start init_weights picks
+    assert typing.get_args(literal) == INITS and none is type(None)
     assert typing.get_args(hints["centroid_projection"]) == PROJECTIONS
     json.dumps(GroundedTokenConfig(token_indices=[10, 11]).to_dict())  # JSON-able as it is
 

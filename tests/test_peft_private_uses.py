@@ -110,13 +110,10 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports_upstream(path: Path) -> bool:
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and _upstream(node.module):
-            return True
-        if isinstance(node, ast.Import) and any(_upstream(a.name) for a in node.names):
-            return True
-    return False
+def _may_subclass_upstream(path: Path) -> bool:
+    """Whether ``path`` defines a class with a base (an upstream class, or one of the package's that may have
+    one): the modules worth importing to look at their classes."""
+    return any(isinstance(n, ast.ClassDef) and n.bases for n in ast.parse(path.read_text()).body)
 
 
 @cache
@@ -145,7 +142,7 @@ def found_by_importing() -> dict[str, set[str]]:
     import peft_grounded.adapter  # noqa: F401  (registers the method: PEFT's namespaces as they are in use)
 
     uses: dict[str, set[str]] = defaultdict(set)
-    modules = [importlib.import_module(_module_name(p)) for p in _files() if _imports_upstream(p)]
+    modules = [importlib.import_module(_module_name(p)) for p in _files() if _may_subclass_upstream(p)]
     subclasses = {
         cls
         for module in modules

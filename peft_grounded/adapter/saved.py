@@ -153,7 +153,8 @@ def adapter_rows(
 
 
 # Make ``GROUNDED_TOKENS`` a PEFT method: a ``PeftType`` member (PEFT's enum has no public way to grow, and
-# ``register_peft_method`` needs one), PEFT's registries, and the save path.
+# ``register_peft_method`` needs one), PEFT's registries, and the save path. Both private uses here, and every
+# other of PEFT, TRL and transformers, are listed in docs/peft_trl_limitations.md (tests/test_peft_private_uses.py).
 
 
 def _extend_peft_type(member_name: str) -> PeftType:

@@ -18,19 +18,19 @@ A command is a :class:`Command`: its name, help, settings dataclasses and the fu
 This module imports nothing heavy (TRL's parser is imported when a command parses; it loads without torch or
 transformers), so ``--help`` of a command whose settings are light answers in a fraction of a second.
 
-Also here, for the commands and the benchmark scripts: the named recipes of ``sft --recipe`` and
-``build-sids --recipe`` (:data:`RECIPES`, :data:`SID_RECIPES`), and :func:`parse_script_args`, the
-``--dry-run`` of the scripts in ``benchmarks/``.
+``sft --recipe NAME`` and ``build-sids --recipe NAME`` take a named recipe's settings as defaults: the recipes
+are :mod:`peft_grounded.recipes`'s, checked against the command's dataclasses when its parser is built.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache, partial
-from types import MappingProxyType
 from typing import Any, Literal
+
+from .. import recipes
 
 CATALOGUE_FORMATS = ("auto", "lcrec", "amazon", "movielens", "recbole", "table")
 HELP_WIDTH = 100
@@ -64,6 +64,15 @@ def catalogue_field(purpose: str = "") -> Any:
             "help": f"{purpose}Catalogue path or 'movielens-100k'; None: the one the SID index was built from "
             "(recorded by build-sids, checked by its fingerprint). A catalogue that is not the index's is refused."
         },
+    )
+
+
+def recipe_field(command: str) -> Any:
+    """The ``--recipe NAME`` field of ``command``: its recipes' names and help, rendered from
+    :mod:`peft_grounded.recipes`."""
+    return field(
+        default=None,
+        metadata={"help": recipes.help_text(command), "choices": tuple(recipes.recipes_of(command))},
     )
 
 
@@ -125,17 +134,7 @@ class SFTArguments:
             "each new best is kept in OUTPUT_DIR/best, and the last weights are evaluated too."
         },
     )
-    recipe: Literal["cpu", "cpu_hour"] | None = field(
-        default=None,
-        metadata={
-            "help": "A named recipe's settings as defaults (the flags given and --config win): cpu = the recipe "
-            "chosen on validation per CPU minute, the demo's (--layers 8 --objective sequence --max_history 19 "
-            "--init centroid --init_scale 0.1 --lora_r 8 --lora_alpha 16 --learning_rate 3e-3 "
-            "--per_device_train_batch_size 8 --max_length 128 --distill_weight 0.5); cpu_hour = cpu for an hour "
-            "of one CPU thread (--max_minutes 60, --lora_dropout 0.1 --augment_views 1 --neftune_noise_alpha 5, "
-            "--eval_every 1000 --keep_best). peft_grounded.cli.common lists both."
-        },
-    )
+    recipe: str | None = recipe_field("sft")
 
     def __post_init__(self) -> None:
         from .. import checks
@@ -254,7 +253,9 @@ class Command:
     ``settings`` returns the dataclasses (importing heavy ones, e.g. an ``SFTConfig``, only when called);
     ``run`` takes one instance of each, in order. ``positionals`` are the command's operands, fields also given
     without their flag: (field, nargs) pairs (``push ADAPTER_DIR REPO_ID``, ``diagnose ADAPTER...``).
-    ``check`` validates the settings together (what one dataclass cannot see) before anything runs.
+    ``check`` validates the settings together (what one dataclass cannot see) before anything runs. The
+    command's recipes (``--recipe NAME``, or ``recipe: NAME`` in --config, sets their values as defaults) are
+    :func:`peft_grounded.recipes.recipes_of` its name.
     """
 
     name: str
@@ -264,15 +265,16 @@ class Command:
     run: Callable[..., int | None]
     positionals: tuple[tuple[str, str], ...] = ()
     check: Callable[..., None] | None = None
-    # name -> {flag destination: value}: ``--recipe NAME`` (or ``recipe: NAME`` in --config) sets those defaults
-    recipes: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None
 
     def parser(self) -> Any:
         """TRL's parser: one flag per field (``--sid_index`` or ``--sid-index``; no abbreviations), ``--config
         FILE.yaml`` for any of them; it reads the arguments it is given, nothing else (:func:`parser_class`)."""
         formatter = partial(argparse.ArgumentDefaultsHelpFormatter, width=HELP_WIDTH, max_help_position=36)
+        classes = self.settings()
+        for recipe in recipes.recipes_of(self.name).values():
+            recipe.check(classes)  # every part a field of these dataclasses, of its type
         parser = parser_class()(
-            self.settings(),
+            classes,
             prog=f"peft-grounded {self.name}",
             description=self.description,
             formatter_class=formatter,
@@ -290,14 +292,12 @@ class Command:
         """The settings objects from command-line arguments (and ``--config FILE.yaml``), checked."""
         argv = list(argv)
         parser = self.parser()
-        recipe = _recipe_named(argv) if self.recipes is not None else None
+        known = recipes.recipes_of(self.name)
+        recipe = _recipe_named(argv) if known else None
         if recipe is not None:
-            recipes = self.recipes()
-            if recipe not in recipes:
-                raise ValueError(
-                    f"{self.name}: --recipe {recipe!r} is unknown; choose one of {', '.join(recipes)}"
-                )
-            parser.set_defaults_with_config(**recipes[recipe])  # --config's values and the flags given win
+            if recipe not in known:
+                raise ValueError(f"{self.name}: --recipe {recipe!r} is unknown; choose one of {', '.join(known)}")
+            parser.set_defaults_with_config(**known[recipe].values())  # --config's values and the flags given win
         settings = tuple(parser.parse_args_and_config(argv))
         if self.check is not None:
             self.check(*settings)
@@ -350,56 +350,3 @@ def _summary(settings: Any) -> str:
         if value != default:
             shown.append(f"{f.name}={value!r}")
     return ", ".join(shown) or "defaults"
-
-
-# Named recipes for ``peft-grounded sft --recipe NAME``: defaults for the flags that the flags given (and a
-# ``--config`` file) override.
-#
-# ``cpu``: the recipe chosen on validation per CPU minute (BENCHMARKS.md, "A recipe chosen on validation"), the
-# demo's default preset: the first 8 of the base's decoder blocks, the sequence objective over 19 items of
-# history with the SID-only softmax (the default wherever it applies), the centroid start pulled to a tenth of its
-# spread around the vocabulary mean, a rank-8 LoRA, learning rate 3e-3, batches of 8 windows of at most 128
-# tokens, and distillation from a SASRec teacher at weight 0.5 (BENCHMARKS.md, "Distillation from SASRec on
-# Amazon Office"; the demo's 150 steps leave it out, as the teacher's fit would cost minutes there). The budget
-# (``--max_minutes`` or ``--max_steps``) stays the user's.
-#
-# ``cpu_hour``: ``cpu`` for an hour of one CPU thread (BENCHMARKS.md, "Distillation inside the hour"): the
-# levers that keep a run learning past its fourth epoch (LoRA dropout 0.1, one altered copy of every history,
-# NEFTune noise 5), the learning rate decaying to 0 at 60 minutes, and the adapter of the best validation Recall@10
-# of all validation users every 1,000 steps (``keep_best``). At the ``cpu`` recipe's two epochs these levers cost
-# step time for nothing, so ``cpu`` leaves them out.
-#
-# ``build-sids --recipe cpu``: the SIDs this recipe was chosen with, 3 levels of 64 codes, built from behaviour
-# (SASRec's item embeddings of the training split; the text map for items with few interactions), which beat
-# the text SIDs on validation (BENCHMARKS.md, "Levers against the peers").
-
-# flag destinations (the settings dataclasses' field names) -> values
-_CPU: dict[str, Any] = {
-    "layers": 8,
-    "objective": "sequence",
-    "max_history": 19,
-    "init": "centroid",
-    "init_scale": 0.1,
-    "lora_r": 8,
-    "lora_alpha": 16,
-    "learning_rate": 3e-3,
-    "per_device_train_batch_size": 8,
-    "max_length": 128,
-    "distill_weight": 0.5,
-}
-_HOUR_LEVERS: dict[str, Any] = {
-    "max_minutes": 60.0,
-    "lora_dropout": 0.1,
-    "augment_views": 1,
-    "neftune_noise_alpha": 5.0,
-    "eval_every": 1000,
-    "keep_best": True,
-}
-RECIPES: MappingProxyType[str, MappingProxyType[str, Any]] = MappingProxyType(
-    {"cpu": MappingProxyType(_CPU), "cpu_hour": MappingProxyType(_CPU | _HOUR_LEVERS)}
-)
-
-# build-sids: flag destinations -> values
-SID_RECIPES: MappingProxyType[str, MappingProxyType[str, Any]] = MappingProxyType(
-    {"cpu": MappingProxyType({"levels": 3, "codes": "64", "item_vectors": "behaviour"})}
-)

@@ -21,9 +21,7 @@ if TYPE_CHECKING:
 DESCRIPTION = (
     "Start the new rows from a grounded adapter (--grounded) or a fresh initialisation (--init), stack a LoRA, "
     "and train next-item SFT on the catalogue's leave-one-out training histories. Writes OUTPUT_DIR/adapter "
-    "(rows + LoRA, one artefact). --recipe cpu: the recipe chosen on validation per CPU minute (the demo's); "
-    "--recipe cpu_hour: the same for an hour of one CPU thread, with its levers against overfitting and "
-    "--keep_best. "
+    "(rows + LoRA, one artefact). --recipe NAME: a named recipe's settings as defaults (see --recipe). "
     "Every flag is a field of DataArguments, RowStart (how the new rows start), SFTArguments, ModelConfig "
     "(TRL's: the base model and the LoRA) or RecommendationConfig (TRL's SFTConfig)."
 )
@@ -35,12 +33,6 @@ def settings() -> tuple[type, ...]:
     from .model_config import LoraModelConfig
 
     return (DataArguments, RowStart, SFTArguments, LoraModelConfig, RecommendationConfig)
-
-
-def recipes() -> Any:
-    from .common import RECIPES
-
-    return RECIPES
 
 
 def run(data: DataArguments, start: RowStart, sft: SFTArguments, base: LoraModelConfig, config: Any) -> int:
@@ -104,7 +96,6 @@ COMMAND = Command(
     description=DESCRIPTION,
     settings=settings,
     run=run,
-    recipes=recipes,
 )
 
 

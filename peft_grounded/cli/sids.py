@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..sids.behaviour import ItemVectorsConfig
-from .common import CatalogueArguments, Command, EncodingArguments, column_mapping
+from .common import CatalogueArguments, Command, EncodingArguments, column_mapping, recipe_field
 
 
 @dataclass
@@ -76,14 +76,7 @@ class BuildSIDsArguments:
         default=None, metadata={"help": "Fit the codebooks on this many items, then code all."}
     )
     overwrite: bool = field(default=False, metadata={"help": "Replace an index already in --output_dir."})
-    recipe: Literal["cpu"] | None = field(
-        default=None,
-        metadata={
-            "help": "A named recipe's settings as defaults (the flags given and --config win): cpu = the SIDs "
-            "of sft's cpu recipe and the demo (--levels 3 --codes 64 --item_vectors behaviour; "
-            "peft_grounded.cli.common.SID_RECIPES)."
-        },
-    )
+    recipe: str | None = recipe_field("build-sids")
 
     def __post_init__(self) -> None:
         self.code_counts()  # a bad --codes fails here, before any encoding
@@ -161,11 +154,4 @@ COMMAND = Command(
     "and save the SID index (codes, codebooks, per-token centroids, quality figures).",
     settings=lambda: (BuildSIDsArguments, CatalogueArguments, EncodingArguments, ItemVectorsConfig),
     run=run,
-    recipes=lambda: _recipes(),
 )
-
-
-def _recipes():
-    from .common import SID_RECIPES
-
-    return SID_RECIPES
