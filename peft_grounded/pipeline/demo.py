@@ -17,6 +17,7 @@ from typing import Any
 from .._io import locks_output
 from ..evaluation.metrics import EvalSettings
 from ..prompts import PromptFormat
+from ..recipes import CPU, CPU_SIDS
 from ..sids.behaviour import ItemVectorsConfig
 from ..sids.model import RowStart
 from ..training import runs
@@ -63,6 +64,8 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
+    # the recipes' SIDs and settings (build-sids and sft --recipe cpu), but its distillation: the demo's 150 steps
+    # cannot pay for the teacher's fit
     "default": Preset(
         "default",
         ("mean", "centroid", "centroid_gti"),
@@ -70,9 +73,14 @@ PRESETS: dict[str, Preset] = {
             # step budgets, so that every strategy trains as much on any CPU (a time budget gave a busy
             # machine's strategies 70 to 160 steps); centroid_gti grounds 50 steps on top of its 150
             grounding=dict(max_steps=50, learning_rate=1e-3),
-            sft=dict(max_steps=150, learning_rate=3e-3, sid_softmax_loss=True),
-            training=dict(per_device_train_batch_size=8, max_length=128, save_steps=25, logging_steps=5),
-            lora=dict(r=8, lora_alpha=16),
+            sft=dict(max_steps=150, learning_rate=CPU["learning_rate"], sid_softmax=True),
+            training=dict(
+                per_device_train_batch_size=CPU["per_device_train_batch_size"],
+                max_length=CPU["max_length"],
+                save_steps=25,
+                logging_steps=5,
+            ),
+            lora=dict(r=CPU["lora_r"], lora_alpha=CPU["lora_alpha"]),
             evaluation=EvalSettings(users=None, num_beams=20),
             weights_dtype="bfloat16",  # under bf16 (float32 where the machine emulates it)
             eval_parts=("test",),
@@ -80,21 +88,23 @@ PRESETS: dict[str, Preset] = {
             curve_every=25,
             curve_users=40,
             max_grounding_examples=2000,
-            start=RowStart(init_scale=0.1),
+            start=RowStart(init_scale=CPU["init_scale"]),
         ),
-        fmt=PromptFormat(objective="sequence", max_history=19),
-        layers=8,
-        item_vectors=ItemVectorsConfig(item_vectors="behaviour"),
+        levels=CPU_SIDS["levels"],
+        codes=int(CPU_SIDS["codes"]),
+        fmt=PromptFormat(objective=CPU["objective"], max_history=CPU["max_history"]),
+        layers=CPU["layers"],
+        item_vectors=ItemVectorsConfig(**CPU_SIDS.of(ItemVectorsConfig)),
         bf16=True,
-        note="CPU-sized (2 cores): SIDs from behaviour "
-        "(SASRec's item embeddings of the training split, build-sids --recipe cpu), the first 8 of "
-        "SmolLM2's 30 blocks, the sequence objective (a user's history as SIDs, every item a target) with the "
-        "SID-only softmax, 150 SFT steps per strategy (centroid_gti grounds 50 steps first), the new rows pulled "
-        "to a tenth of their start's spread around the vocabulary mean (init_scale 0.1, so that no start "
-        "begins as a confident wrong prediction), bf16 where the CPU has native bf16, all 943 test users. That "
-        "is the very start of training: the learning curves show which start learns faster, and the intervals "
-        "say what 943 users can establish. benchmarks/bench_quality.py and benchmarks/compare_adapters.py run "
-        "longer comparisons.",
+        note=f"CPU-sized (2 cores): SIDs from {CPU_SIDS['item_vectors']} "
+        f"(SASRec's item embeddings of the training split, build-sids --recipe cpu), the first {CPU['layers']} of "
+        f"SmolLM2's 30 blocks, the {CPU['objective']} objective (a user's history as SIDs, every item a target) "
+        "with the SID-only softmax, 150 SFT steps per strategy (centroid_gti grounds 50 steps first), the new rows "
+        f"pulled toward the vocabulary mean (init_scale {CPU['init_scale']:g}, so that no start begins as a "
+        "confident wrong prediction), bf16 where the CPU has native bf16, all 943 test users. That is the very "
+        "start of training: the learning curves show which start learns faster, and the intervals say what 943 "
+        "users can establish. benchmarks/bench_quality.py and benchmarks/compare_adapters.py run longer "
+        "comparisons.",
     ),
     "full": Preset(
         "full",
@@ -243,11 +253,9 @@ def run_demo(
         "levels": spec.levels,
         "codes": spec.codes,
         "text_fields": list(spec.text_fields),
+        "balanced": spec.balanced,
+        "item_vectors": asdict(spec.item_vectors),
     }
-    if spec.balanced != "none":  # recorded only when set, so that the folders of earlier runs still match
-        manifest["balanced"] = spec.balanced
-    if spec.item_vectors.uses_behaviour:  # likewise
-        manifest["item_vectors"] = asdict(spec.item_vectors)
     runs.check_and_write(out, manifest, out if (out / runs.MANIFEST).is_file() else None)
     if spec.layers:
         from ..training.sft.trainer import shallow_base
@@ -258,7 +266,7 @@ def run_demo(
         index = SIDIndex.load(sid_dir)
     else:
         index = build_sids(
-            data,
+            catalogue,  # a name or path is recorded in the index, so later commands read the same catalogue
             sid_dir,
             levels=spec.levels,
             codes=spec.codes,
