@@ -7,7 +7,7 @@ Engines: ``generate`` (transformers' beam search, the path before), ``fast`` (de
 ``evaluation.evaluate`` does); ``--likelihood`` adds the separate teacher-forced likelihood pass
 (what an evaluation of rankings + likelihood cost before, on top of ``generate``); ``fast+sid`` is the fast
 search under the SID-only softmax (each step computes the head's SID rows only, as for an adapter trained
-with ``sid_softmax_loss``: its lists differ from the full head's by construction, the normalisation differs).
+with ``sid_softmax``: its lists differ from the full head's by construction, the normalisation differs).
 
 SIDs for MovieLens-100K (all-MiniLM-L6-v2 + RQ-KMeans 3 x 64 + a disambiguation level, cached under
 ``--output``), a fresh centroid-initialised adapter (mean init would tie every SID token) with a LoRA

@@ -1,10 +1,13 @@
 """The demo's default preset with one recipe changed: depth, softmax, start, budgets, learning rates, users.
 
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
-      python benchmarks/bench_demo_recipe.py --out runs/demo-full-head --no-sid-softmax
+      python benchmarks/bench_demo_recipe.py --out runs/demo-full-head --sft-set sid_softmax=false
 
 Runs ``peft_grounded.pipeline.demo.run_demo`` (SIDs, the strategies, peers, report) with the ``default``
 preset's settings except those given here, and prints the wall time; the report is ``<out>/report.md``.
+The package's settings dataclasses are parsed as they are: ``ItemVectorsConfig`` (what the SIDs and the
+centroid start are built from) and ``RowStart`` (``--init_scale``, ``--centroid_variant``), the preset's
+values their defaults; any field of SFT's ``RecommendationConfig`` is ``--sft-set FIELD=VALUE``.
 ``--dataset`` runs the same recipe on another catalogue (Amazon Office: ``--dataset
 ../shared/data/amazon-office``). Budgets are steps (``--sft-steps``; a busy machine cannot change them)
 or, with ``--sft-minutes`` / ``--grounding-minutes``, minutes. Every flag left out keeps the preset's value.
@@ -17,6 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 from peft_grounded.sids.behaviour import ItemVectorsConfig
+from peft_grounded.sids.model import RowStart
 
 try:
     from benchmarks._args import REPEATABLE, OnOff, ZeroOrMore, parse
@@ -27,7 +31,8 @@ except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the
 @dataclass
 class Settings:
     """The preset's settings this run changes: None (a flag left out) keeps the preset's value. What the SIDs
-    and the centroid start are built from: ItemVectorsConfig's fields, the preset's by default."""
+    and the centroid start are built from, and how the rows start: ItemVectorsConfig's and RowStart's fields,
+    the preset's by default; SFT's other settings: --sft-set."""
 
     out: str = field(metadata={"help": "the demo's output folder (resumed when it exists)"})
     dataset: str = field(
@@ -37,11 +42,6 @@ class Settings:
         },
     )
     layers: int | None = field(default=None, metadata={"help": "keep the base's first N blocks (0: all 30)"})
-    sid_softmax: bool | None = field(
-        default=None,
-        metadata={"help": "SFT with the SID-only softmax (--no-sid-softmax: the full head)", "action": OnOff},
-    )
-    init_scale: float | None = field(default=None, metadata={"help": "GroundedTokenConfig.init_scale"})
     lora_r: int | None = field(default=None, metadata={"help": "the stacked LoRA's rank (alpha: twice it)"})
     lora_dropout: float | None = field(default=None, metadata={"help": "the stacked LoRA's dropout"})
     block_lr: float | None = field(
@@ -49,14 +49,6 @@ class Settings:
         metadata={
             "help": "full fine-tuning of the kept blocks at this learning rate instead of the stacked LoRA (a "
             "reference row: decoded in place, so no --keep-best and no resume)"
-        },
-    )
-    weight_decay: float | None = field(default=None, metadata={"help": "AdamW weight decay of SFT"})
-    padding_free: bool | None = field(
-        default=None,
-        metadata={
-            "help": "SFT on padding-free batches (--no-padding-free: padded; None: the trainer's choice)",
-            "action": OnOff,
         },
     )
     codes: int | None = field(default=None, metadata={"help": "codes per SID level"})
@@ -102,7 +94,8 @@ class Settings:
         default_factory=list,
         metadata={
             "help": "FIELD=VALUE: any RecommendationConfig field of SFT (VALUE read as JSON, else as text), e.g. "
-            "augment_views=2, neftune_noise_alpha=5; repeatable"
+            "sid_softmax=false (the full head), weight_decay=0.05, padding_free=false, augment_views=2; "
+            "repeatable"
         }
         | REPEATABLE,
     )
@@ -116,17 +109,18 @@ class Settings:
     no_diagnostics: bool = field(default=False, metadata={"help": "skip the geometry report"})
 
 
-def parse_args(argv=None) -> tuple[Settings, ItemVectorsConfig]:
-    """The settings and the item vectors' config (the preset's unless changed)."""
+def parse_args(argv=None) -> tuple[Settings, ItemVectorsConfig, RowStart]:
+    """The settings, the item vectors' config and the rows' start (the preset's unless changed)."""
     from peft_grounded.pipeline.demo import PRESETS
 
+    default = PRESETS["default"]
     return parse(
-        (Settings, ItemVectorsConfig),
+        (Settings, ItemVectorsConfig, RowStart),
         argv,
         prog="bench_demo_recipe.py",
         description=__doc__,
         check=preset,
-        defaults=asdict(PRESETS["default"].item_vectors),
+        defaults=asdict(default.item_vectors) | asdict(default.budget.start),
     )
 
 
@@ -155,19 +149,17 @@ def _field_value(pair: str) -> tuple[str, object]:
         return name, value
 
 
-def preset(args: Settings, vectors: ItemVectorsConfig | None = None):
+def preset(args: Settings, vectors: ItemVectorsConfig | None = None, start: RowStart | None = None):
     """The ``default`` preset with the arguments' changes (built and checked before any work); ``vectors``:
-    the SIDs' item vectors (None: the preset's)."""
+    the SIDs' item vectors, ``start``: how the rows start (None: the preset's; its ``init`` is each
+    strategy's)."""
     from peft_grounded.pipeline.demo import PRESETS
 
     base = PRESETS["default"]
     old = base.budget
-    sft_changes = {} if args.sid_softmax is None else {"sid_softmax_loss": args.sid_softmax}
-    if args.weight_decay is not None:
-        sft_changes["weight_decay"] = args.weight_decay
-    if args.padding_free is not None:
-        sft_changes["padding_free"] = args.padding_free
-    sft_changes |= dict(_field_value(pair) for pair in args.sft_set)
+    if start is not None and start.init != old.start.init:
+        raise SystemExit(f"--init {start.init}: each strategy starts its rows its own way; choose --strategies")
+    sft_changes = dict(_field_value(pair) for pair in args.sft_set)
     lora = old.lora if args.lora_r is None else old.lora | {"r": args.lora_r, "lora_alpha": 2 * args.lora_r}
     if args.lora_dropout is not None:
         lora = lora | {"lora_dropout": args.lora_dropout}
@@ -187,7 +179,7 @@ def preset(args: Settings, vectors: ItemVectorsConfig | None = None):
         max_train_examples=old.max_train_examples
         if args.max_train_examples is None
         else args.max_train_examples,
-        start=old.start if args.init_scale is None else replace(old.start, init_scale=args.init_scale),
+        start=old.start if start is None else start,
         lora=lora,
         eval_parts=old.eval_parts if args.eval_parts is None else tuple(args.eval_parts),
     )
@@ -216,16 +208,16 @@ def preset(args: Settings, vectors: ItemVectorsConfig | None = None):
 def main(argv=None) -> None:
     from peft_grounded.pipeline.demo import run_demo
 
-    args, vectors = parse_args(argv)
+    args, vectors, start = parse_args(argv)
     started = time.perf_counter()
     run_demo(
-        preset(args, vectors),
+        preset(args, vectors, start),
         args.out,
         catalogue=args.dataset,
         precision=args.precision,
         diagnostics=not args.no_diagnostics,
     )
-    print(f"demo wall time: {time.perf_counter() - started:.1f} s ({vars(args)}, {vectors})")
+    print(f"demo wall time: {time.perf_counter() - started:.1f} s ({vars(args)}, {vectors}, {start})")
 
 
 if __name__ == "__main__":

@@ -401,7 +401,7 @@ def protocol_budget(args: Settings) -> Budget:
         if grounds
         else False,
         sft=dict(
-            max_steps=args.sft_steps, max_minutes=args.minutes or None, sid_softmax_loss=args.sid_softmax
+            max_steps=args.sft_steps, max_minutes=args.minutes or None, sid_softmax=args.sid_softmax
         ),
         lora=dict(r=args.lora_r, lora_alpha=args.lora_alpha, target_modules="all-linear"),
         evaluation=EvalSettings(

@@ -8,7 +8,7 @@ disambiguation level, cached under ``--output``) with a LoRA (r 8, all linear), 
 sequence-objective rows (20 items, every item after the first a target). A step is what the trainer runs:
 forward through TRL's fused head request with the compact path (labelled positions only), backward, AdamW;
 ``full`` normalises over the 49,152+ rows of the head, ``sid`` over the SID rows only
-(``sid_softmax_loss``). The two alternate step by step in one process after a warm-up step each, so a
+(``sid_softmax``). The two alternate step by step in one process after a warm-up step each, so a
 machine shared with other jobs slows both alike; the table gives the median step, item targets/s and the
 median of the per-round ratios, and the bytes of the float32 logits of the batch.
 

@@ -12,7 +12,7 @@ package install it around TRL's ``compute_loss`` with :func:`compact_head`; mode
 scaling, pre-shifted labels, and MoE forwards asked for router logits (whose load-balancing loss TRL reads from
 the output) keep TRL's own path. The loss lives here, not in the adapter: the adapter's forward is PEFT's.
 
-With ``sid_ids`` (``RecommendationConfig.sid_softmax_loss``) it is also the SID-only softmax: a SID target's
+With ``sid_ids`` (``RecommendationConfig.sid_softmax``) it is also the SID-only softmax: a SID target's
 logits are ``hidden @ W[sid_ids].T``, normalised over the SID rows only (:func:`head_rows` reads just those
 rows of the head, the grounded ones from the adapter), so a step never projects onto the text vocabulary.
 With ``sid_targets`` as well it returns the SID-only log-probabilities of given token ids at each SID target
@@ -219,7 +219,7 @@ def compact_head(
                 raise ValueError(
                     "the SID-only softmax scores TRL's fused head (fused_lm_head=True with labels) through the "
                     "SID rows; this call cannot: it has pre-shifted labels, MoE router logits, or the model "
-                    "scales or soft-caps its logits. Train such a model with sid_softmax_loss=False."
+                    "scales or soft-caps its logits. Train such a model with sid_softmax=False."
                 )
             return original(*args, **kwargs)
         kwargs.pop("fused_lm_head")

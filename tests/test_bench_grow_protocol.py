@@ -228,10 +228,10 @@ def test_two_protocol_runs_are_paired_per_user_and_group(tmp_path):
 def test_the_cpu_recipe_flags_reach_the_budget(protocol):
     args = protocol.parse_args(["--out", "x", "--layers", "8", "--sid-softmax", "--init-scale", "0.1"])
     budget = protocol.protocol_budget(args)
-    assert budget.sft.sid_softmax_loss and budget.start.init_scale == 0.1 and args.layers == 8
+    assert budget.sft.sid_softmax and budget.start.init_scale == 0.1 and args.layers == 8
     assert "the first 8 blocks, SID-only softmax, init_scale 0.1" in protocol.plan(args, grounds=False)
     plain = protocol.protocol_budget(protocol.parse_args(["--out", "x"]))
-    assert not plain.sft.sid_softmax_loss and plain.start.init_scale == 1.0
+    assert not plain.sft.sid_softmax and plain.start.init_scale == 1.0
     with pytest.raises((SystemExit, ValueError), match="init_scale"):
         protocol.protocol_budget(protocol.parse_args(["--out", "x", "--init-scale", "-1"]))
 

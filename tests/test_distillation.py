@@ -207,7 +207,7 @@ def test_weight_zero_is_the_plain_loss_bit_for_bit(toy, teacher, tokenizer, mode
         catalogue, index, _config(off, max_steps=1), model_path=model_dir, fmt=SEQ, lora=dict(r=2)
     )
     assert (off / "adapter").is_dir() and not (off / "teacher").exists()  # no teacher is fitted
-    assert "distillation" not in json.loads((off / "run.json").read_text())
+    assert json.loads((off / "run.json").read_text())["distillation"] is None
 
 
 def _reference(model, batch, w: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -305,7 +305,7 @@ def test_the_prompt_objective_distils_its_sid_tokens(toy, teacher, tokenizer, tm
         ({"distill_top_k": 2.5}, "distill_top_k"),
         ({"distill_epochs": 0}, "distill_epochs"),
         ({"distill_epochs": 1.5}, "distill_epochs"),
-        ({"distill_weight": 0.5, "sid_softmax_loss": False}, "distill_weight > 0 needs the SID-only softmax"),
+        ({"distill_weight": 0.5, "sid_softmax": False}, "distill_weight > 0 needs the SID-only softmax"),
         ({"distill_weight": 0.5, "packing": True}, "distill_weight > 0 needs unpacked rows"),
         ({"distill_weight": 0.5, "loss_type": "dft"}, "distill_weight > 0 mixes into the NLL loss"),
     ],

@@ -187,7 +187,7 @@ def test_compact_loss_reaches_the_model_with_or_without_a_task_type(
 ):
     """The trainer installs the compact head on the causal LM itself, so a plain PeftModel (no task_type)
     and a PeftModelForCausalLM both take it: one call per training step."""
-    import peft_grounded.training.steps as compact
+    import peft_grounded.sid_head as compact
 
     calls = []
     original = compact.compact_fused_forward

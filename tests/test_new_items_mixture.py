@@ -180,7 +180,7 @@ def test_reserved_places_go_to_the_new_items_whatever_pi(tmp_path):
     assert reserved.items[1] == plain.items[1]
     with pytest.raises(ValueError, match="min_places"):
         mixture.mix(recs, histories, k=4, mode="probability", min_places=1)
-    # the stored rule keeps the setting; a rule saved before it existed loads with none reserved
+    # the stored rule keeps the setting; a file without the field is refused, naming it
     rule = NewItemRule(mixture, "fingerprint", min_places=1)
     assert rule.apply(recs, histories, 2).items[0][-1] in new and "at least 1 places" in rule.describe()
     rule.save(tmp_path)
@@ -189,7 +189,8 @@ def test_reserved_places_go_to_the_new_items_whatever_pi(tmp_path):
     record = json.loads(path.read_text())
     record.pop("min_places")
     path.write_text(json.dumps(record))
-    assert NewItemRule.load(tmp_path).min_places == 0
+    with pytest.raises(NewItemRuleError, match=r"missing fields \['min_places'\]"):
+        NewItemRule.load(tmp_path)
     for bad, said in (
         (dict(min_places=-1), "integer >= 0"),
         (dict(min_places=1, mode="probability"), "share"),
@@ -277,7 +278,8 @@ def test_the_model_weight_is_fitted_by_the_likelihood_of_held_out_new_next_items
     record = json.loads(path.read_text())
     record.pop("model_weight")
     path.write_text(json.dumps(record))
-    assert NewItemRule.load(tmp_path).model_weight == 0.0
+    with pytest.raises(NewItemRuleError, match=r"missing fields \['model_weight'\]"):
+        NewItemRule.load(tmp_path)
     record["model_weight"] = -1
     path.write_text(json.dumps(record))
     with pytest.raises(NewItemRuleError, match="model_weight"):

@@ -244,7 +244,7 @@ def test_the_sid_softmax_temperature_divides_the_sid_logits_of_the_loss(
 
 def test_a_temperature_without_the_sid_softmax_is_refused(tmp_path):
     with pytest.raises(SettingsError, match="sid_softmax_temperature"):
-        _config(tmp_path, sid_softmax_temperature=0.5, sid_softmax_loss=False)
+        _config(tmp_path, sid_softmax_temperature=0.5, sid_softmax=False)
     with pytest.raises(SettingsError, match="sid_softmax_temperature"):
         _config(tmp_path, sid_softmax_temperature=0.0)
 

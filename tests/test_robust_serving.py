@@ -846,7 +846,7 @@ def test_a_finished_folder_rerun_with_changed_histories_decodes_those_users(
         (["--k", "4"], "k 3 then, 4 now"),
         (["--include_history"], "include_history False then, True now"),
         (["--num_beams", "4"], "num_beams 8 then, 4 now"),
-        (["--sid_softmax", "false"], "sid_softmax 'unset' then, False now"),
+        (["--sid_softmax", "false"], "sid_softmax None then, False now"),
     ],
     ids=["k", "include_history", "num_beams", "sid_softmax"],
 )

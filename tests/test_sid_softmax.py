@@ -168,7 +168,7 @@ def _config(out, **kw) -> RecommendationConfig:
         report_to="none",
         disable_tqdm=True,
         seed=0,
-        sid_softmax_loss=True,
+        sid_softmax=True,
     )
     return RecommendationConfig(**(base | kw))
 
@@ -215,7 +215,7 @@ def test_changing_it_on_resume_is_refused(toy, model_dir, tmp_path):
         train_recommender(
             catalogue,
             index,
-            _config(out, sid_softmax_loss=False, **args),
+            _config(out, sid_softmax=False, **args),
             model_path=model_dir,
             fmt=SEQ,
             lora=dict(r=2),
@@ -228,7 +228,7 @@ def test_full_softmax_is_recorded_as_false_and_the_prompt_objective_trains(toy, 
     model = train_recommender(
         catalogue,
         index,
-        _config(tmp_path / "full", max_steps=1, sid_softmax_loss=False),
+        _config(tmp_path / "full", max_steps=1, sid_softmax=False),
         model_path=model_dir,
         lora=dict(r=2),
     )
@@ -241,7 +241,7 @@ def test_full_softmax_is_recorded_as_false_and_the_prompt_objective_trains(toy, 
 
 def test_refused_where_it_cannot_apply(toy, model_dir, tmp_path):
     catalogue, index = toy
-    with pytest.raises(ValueError, match="sid_softmax_loss=True needs TRL's fused loss"):
+    with pytest.raises(ValueError, match="sid_softmax=True needs TRL's fused loss"):
         train_recommender(
             catalogue,
             index,
@@ -287,7 +287,7 @@ def test_trls_loop_without_the_compact_head_takes_the_same_loss(toy, model_dir, 
     trainers = {
         (compact, sid): RecommendationTrainer(
             model,
-            _config(tmp_path / f"c{compact}{sid}", max_steps=1, compact_loss=compact, sid_softmax_loss=sid),
+            _config(tmp_path / f"c{compact}{sid}", max_steps=1, compact_loss=compact, sid_softmax=sid),
             train_dataset=data,
             processing_class=tokenizer,
         )
@@ -301,24 +301,24 @@ def test_trls_loop_without_the_compact_head_takes_the_same_loss(toy, model_dir, 
 
 
 def test_the_default_applies_it_wherever_it_can(toy, model_dir, tmp_path):
-    """sid_softmax_loss=None (the default): the SID-only softmax on a grounded adapter, the full head where it
+    """sid_softmax=None (the default): the SID-only softmax on a grounded adapter, the full head where it
     cannot apply (label smoothing); the trainer's args and the adapter's record say which runs."""
     from peft_grounded.sids.model import RowStart, sid_model
     from peft_grounded.training.sft import RecommendationTrainer
 
     catalogue, index = toy
-    assert RecommendationConfig(output_dir=str(tmp_path / "d")).sid_softmax_loss is None
+    assert RecommendationConfig(output_dir=str(tmp_path / "d")).sid_softmax is None
     tokenizer, model = sid_model(model_dir, index, start=RowStart(init="centroid"), fmt=SEQ)
     add_lora(model, r=2, target_modules="all-linear")
     data = training_dataset(catalogue.leave_one_out(), index, catalogue, tokenizer, SEQ)
     for name, extra in (("auto", {}), ("smooth", {"label_smoothing_factor": 0.1})):
-        args = _config(tmp_path / name, max_steps=1, sid_softmax_loss=None, **extra)
+        args = _config(tmp_path / name, max_steps=1, sid_softmax=None, **extra)
         trainer = RecommendationTrainer(model, args, train_dataset=data, processing_class=tokenizer)
-        assert trainer.args.sid_softmax_loss is (name == "auto") and sid_softmax_of(model) is (name == "auto")
+        assert trainer.args.sid_softmax is (name == "auto") and sid_softmax_of(model) is (name == "auto")
     trained = train_recommender(
         catalogue,
         index,
-        _config(tmp_path / "run", max_steps=1, sid_softmax_loss=None),
+        _config(tmp_path / "run", max_steps=1, sid_softmax=None),
         model_path=model_dir,
         fmt=SEQ,
         lora=dict(r=2),

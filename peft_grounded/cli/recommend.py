@@ -118,11 +118,12 @@ class RecommendArguments:
             "interactions",
             "include_history",
             "skip_unknown",
+            "num_beams",
+            "dtype",
+            "revision",
+            "sid_softmax",
         )
-        keys += ("num_beams", "dtype")
-        # sid_softmax only when given: the folders of earlier runs recorded no such key
-        chosen = {} if self.sid_softmax is None else {"sid_softmax": self.sid_softmax}
-        return {key: getattr(self, key) for key in keys} | {"revision": self.revision} | chosen
+        return {key: getattr(self, key) for key in keys}
 
 
 def run(args: RecommendArguments) -> int:

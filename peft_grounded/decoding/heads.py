@@ -1,6 +1,6 @@
 """What a decoding step scores: the model's whole head, or its SID rows only (the SID-only softmax).
 
-A model trained with ``sid_softmax_loss`` (recorded in its adapter's SID record) learnt each SID token's
+A model trained with ``sid_softmax`` (recorded in its adapter's SID record) learnt each SID token's
 probability normalised over the SID tokens, so decoding and scoring normalise the same way: each step runs
 the backbone and ``hidden @ W[sid_ids].T`` through the head's SID rows (the grounded rows from the adapter),
 a few hundred columns instead of the 49,152-row head. Other models keep the full head.

@@ -109,7 +109,7 @@ def recommend(
         targets: optional, one complete SID (token ids) per prompt, also scored from the same prompt cache,
             in ``extra["target_nlls"]`` (one dict per prompt, as :func:`~.beam.target_nlls`).
         sid_softmax: normalise each step over the SID rows only (the SID-only softmax); None: as the
-            model's adapter was trained (``sid_softmax_loss``, recorded in its SID record), else the whole
+            model's adapter was trained (``sid_softmax``, recorded in its SID record), else the whole
             vocabulary; or the SID rows' token ids (a model whose adapter was merged away, see
             :data:`~.heads.SIDSoftmax`). Only the SID rows of the head are then computed.
         exclude: optional, one collection of item ids per prompt (e.g. the user's history) that the search
@@ -232,7 +232,7 @@ def model_beams(
     fmt: Any = None,
     catalogue: Any = None,
     trie: SIDTrie | None = None,
-    sid_softmax: Any = None,
+    sid_softmax: SIDSoftmax = None,
     batch_size: int = 32,
     exclude: Sequence[Sequence[str]] | None = None,
     targets: Sequence[Sequence[int]] | None = None,

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ..decoding.beam import target_nlls
-from ..decoding.heads import StepHead
+from ..decoding.heads import SIDSoftmax, StepHead
 from ..decoding.search import left_pad
 from ..decoding.trie import check_targets, item_token_ids
 from .metrics import rank_metrics, target_rank
@@ -56,7 +56,7 @@ def evaluate(
     *,
     ranking: bool = True,
     likelihood: bool = True,
-    sid_softmax: Any = None,
+    sid_softmax: SIDSoftmax = None,
     new_item_rule: Any = None,
     peer_fusion: Any = None,
     show_progress: bool = False,
@@ -344,7 +344,7 @@ def evaluate_adapter_into(
 # every step of training. Per user it is measured two ways:
 #
 # * ``nll``: ``-log p(SID | prompt)`` under the full vocabulary (format and item together), or under the
-#   SID rows only for a model trained with the SID-only softmax (``sid_softmax_loss``, recorded in its adapter);
+#   SID rows only for a model trained with the SID-only softmax (``sid_softmax``, recorded in its adapter);
 # * ``constrained_nll``: the same with each step's distribution renormalised over the tokens the SID trie
 #   allows, i.e. ``-log p(item)`` under the distribution the constrained beam search ranks by; its
 #   reference ``uniform_nll`` is the value of a model that spreads its mass evenly over the trie.
@@ -362,7 +362,7 @@ def target_log_likelihood(
     targets: Sequence[Sequence[int]],
     trie: Any,
     batch_size: int = 16,
-    sid_softmax: Any = None,
+    sid_softmax: SIDSoftmax = None,
 ) -> list[dict[str, float]]:
     """Per prompt, ``{"nll", "constrained_nll", "uniform_nll"}`` of its target token ids (in nats).
 

@@ -78,10 +78,6 @@ RULE_FIELDS = {  # field of new_item_rule.json -> (what it must be, its check)
         lambda v: _number(v) and 0 <= v <= MODEL_WEIGHT_MAX,
     ),
 }
-OPTIONAL_FIELDS = {
-    "min_places": 0,
-    "model_weight": 0.0,
-}  # fields a rule saved before them lacks, and their value then
 
 
 def _checked_record(record: Any, path: Path, fix: str) -> dict[str, Any]:
@@ -90,7 +86,6 @@ def _checked_record(record: Any, path: Path, fix: str) -> dict[str, Any]:
         raise NewItemRuleError(f"{path} holds a JSON {type(record).__name__}, not a new-item rule; {fix}")
     if "format" in record and record["format"] != FORMAT:
         raise NewItemRuleError(f"{path} is not a new-item rule of format {FORMAT}; {fix}")
-    record = OPTIONAL_FIELDS | record
     missing = [name for name in RULE_FIELDS if name not in record]
     extra = [name for name in record if name not in RULE_FIELDS]
     if missing or extra:

@@ -14,7 +14,10 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..decoding.heads import SIDSoftmax
 
 SERVING_RECORD = "grounded_serving.json"  # what a merged model folder records besides the model
 SERVING_FORMAT = 1
@@ -113,7 +116,7 @@ def load_adapter_parts(
     model_path: str | None,
     dtype: Any,
     merge: bool,
-    sid_softmax: Any,
+    sid_softmax: SIDSoftmax,
 ) -> tuple[Any, Any, Any, Any, Any]:
     """``(model, tokenizer, index, prompt format, rows)``: the rows each step normalises over are read from
     the adapter before a merge folds it away (``False``: the whole vocabulary). ``adapter_config.json`` is
@@ -144,7 +147,7 @@ def load_adapter_parts(
 
 
 def load_merged_parts(
-    folder: Path, where: str, sid_index: Any, dtype: Any, sid_softmax: Any
+    folder: Path, where: str, sid_index: Any, dtype: Any, sid_softmax: SIDSoftmax
 ) -> tuple[Any, Any, Any, Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -232,7 +235,7 @@ def read_serving_record(folder: Path, where: str) -> dict[str, Any] | None:
     return record
 
 
-def decoding_rows(model: Any, tokenizer: Any, index: Any, trie: Any, sid_softmax: Any) -> Any:
+def decoding_rows(model: Any, tokenizer: Any, index: Any, trie: Any, sid_softmax: SIDSoftmax) -> Any:
     """The sorted token ids each decoding step of ``model`` normalises over, or ``False`` for the whole
     vocabulary (see :class:`GroundedRecommender`); checked to cover every SID token of ``trie``."""
     import torch

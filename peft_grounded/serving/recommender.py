@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..new_items.beams import choose_new_item_beams
 from ..new_items.rule import RULE_FILES, NewItemRule
@@ -37,6 +37,9 @@ from .loading import (
 )
 from .peer_fusion import PeerFusion, stored_fix
 from .top_k import top_k_lists
+
+if TYPE_CHECKING:
+    from ..decoding.heads import SIDSoftmax
 
 DEFAULT_BEAMS = 20
 logger = logging.getLogger(__name__)
@@ -94,7 +97,7 @@ class GroundedRecommender:
         peer_fusion: PeerFusion | None = None,
         num_beams: int = DEFAULT_BEAMS,
         batch_size: int = 32,
-        sid_softmax: Any = None,
+        sid_softmax: SIDSoftmax = None,
     ) -> None:
         """``sid_softmax``: how each decoding step normalises, as the model was trained (see
         :data:`~peft_grounded.decoding.heads.SIDSoftmax`); ``None`` reads it from the model's grounded
@@ -147,7 +150,7 @@ class GroundedRecommender:
         merge: bool = True,
         num_beams: int = DEFAULT_BEAMS,
         batch_size: int = 32,
-        sid_softmax: Any = None,
+        sid_softmax: SIDSoftmax = None,
         peer_fusion: bool = True,
     ) -> GroundedRecommender:
         """Load a recommender from a folder or a Hub repo: a grounded adapter (with its ``sid_index/`` or

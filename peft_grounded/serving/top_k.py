@@ -31,6 +31,7 @@ from ..new_items.beams import new_item_beams
 
 if TYPE_CHECKING:
     from ..decoding import SIDTrie
+    from ..decoding.heads import SIDSoftmax
 
 
 def top_k_lists(
@@ -47,7 +48,7 @@ def top_k_lists(
     num_beams: int = 20,
     exclude_history: bool = True,
     trie: SIDTrie | None = None,
-    sid_softmax: Any = None,
+    sid_softmax: SIDSoftmax = None,
     batch_size: int = 32,
     targets: Sequence[Sequence[int]] | None = None,
     beams: Recommendations | None = None,

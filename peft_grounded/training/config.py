@@ -303,7 +303,7 @@ class RecommendationConfig(RunConfig):
     learning_rate: float = field(
         default=5e-4, metadata={"help": "Learning rate of the LoRA and the new rows."}
     )
-    sid_softmax_loss: bool | None = field(
+    sid_softmax: bool | None = field(
         default=None,
         metadata={
             "help": "SID-only softmax: normalise the loss of every SID target over the SID tokens only (the "
@@ -311,7 +311,7 @@ class RecommendationConfig(RunConfig):
             "(default): on wherever it applies (a grounded adapter, no logit soft-capping, label smoothing, MoE "
             "router loss, DeepSpeed or FSDP), else the full head; true: required; false: the full head. "
             "Recorded in the adapter (metadata sid_softmax), so decoding and evaluation normalise the same way.",
-            "nargs": "?",  # --sid_softmax_loss alone: true, as for a bool flag
+            "nargs": "?",  # --sid_softmax alone: true, as for a bool flag
             "const": True,
         },
     )
@@ -333,7 +333,7 @@ class RecommendationConfig(RunConfig):
             "help": "Weight of distillation from a SASRec teacher fitted on the same training split: each SID "
             "target's loss puts this weight on the soft cross-entropy against the teacher's next-item "
             "distribution (summed onto the SID trie level by level) and the rest on its own cross-entropy, "
-            "both under the SID-only softmax (sid_softmax_loss). Zero: off, no teacher is fitted."
+            "both under the SID-only softmax (sid_softmax). Zero: off, no teacher is fitted."
         },
     )
     distill_top_k: int = field(
@@ -380,8 +380,8 @@ class RecommendationConfig(RunConfig):
                     flag="--sid_softmax_temperature",
                 ),
                 None
-                if self.sid_softmax_temperature == 1.0 or self.sid_softmax_loss is not False
-                else "sid_softmax_temperature applies to the SID-only softmax: leave sid_softmax_loss on "
+                if self.sid_softmax_temperature == 1.0 or self.sid_softmax is not False
+                else "sid_softmax_temperature applies to the SID-only softmax: leave sid_softmax on "
                 "(or the temperature at 1)",
             ],
         )
@@ -397,10 +397,10 @@ def distillation_problems(config: RecommendationConfig) -> list[str | None]:
         checks.int_at_least("distill_epochs", config.distill_epochs, 1, flag="--distill_epochs"),
     ]
     if problems[0] is None and config.distill_weight > 0:
-        if config.sid_softmax_loss is False:
+        if config.sid_softmax is False:
             problems.append(
                 "distill_weight > 0 needs the SID-only softmax (the teacher's targets are distributions over "
-                "the SID tokens), got sid_softmax_loss=False (--sid_softmax_loss)"
+                "the SID tokens), got sid_softmax=False (--sid_softmax)"
             )
         if config.packing:
             problems.append("distill_weight > 0 needs unpacked rows, got packing=True (--packing)")

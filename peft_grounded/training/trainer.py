@@ -130,21 +130,21 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
         self._compact_loss = bool(getattr(self.args, "compact_loss", False)) and self.args.n_gpu <= 1
 
     def _resolve_sid_softmax(self) -> bool:
-        """Whether SID targets take the SID-only softmax: ``sid_softmax_loss`` True (refused, before any step,
+        """Whether SID targets take the SID-only softmax: ``sid_softmax`` True (refused, before any step,
         where the SID-only head cannot compute the loss), False, or None: on wherever it applies. The choice
         is written back into the args (the saved config says what ran) and handed to
         :meth:`record_sid_softmax`."""
-        requested = getattr(self.args, "sid_softmax_loss", False)
+        requested = getattr(self.args, "sid_softmax", False)
         problem = None if requested is False else self._sid_softmax_problem()
         if problem is not None and requested:
             raise ValueError(
-                f"sid_softmax_loss=True needs {problem}; set sid_softmax_loss=False (--sid_softmax_loss false)."
+                f"sid_softmax=True needs {problem}; set sid_softmax=False (--sid_softmax false)."
             )
         if problem is not None:
-            logger.info("sid_softmax_loss: the full head, since the SID-only softmax needs %s", problem)
+            logger.info("sid_softmax: the full head, since the SID-only softmax needs %s", problem)
         on = requested is not False and problem is None
         if requested is None:
-            self.args.sid_softmax_loss = on
+            self.args.sid_softmax = on
         self.record_sid_softmax(on)
         return on
 
@@ -279,7 +279,7 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """TRL's loss, with the fused head scoring only the labelled positions on every device (and with
-        ``sid_softmax_loss``, each SID target normalised over the SID rows only).
+        ``sid_softmax``, each SID target normalised over the SID rows only).
 
         PEFT's own trainable tokens on a tied head wrap ``lm_head`` in a ``TrainableTokensWrapper``, which
         TRL 1.16's fused head cannot read (it has no ``bias``: ``AttributeError``): such a model (the

@@ -265,7 +265,7 @@ def run_job(
             model,
             # the full head, set: sharded training cannot take the SID-only softmax (the default turns it
             # off there), and the one-process reference would otherwise take it
-            RecommendationConfig(**common, sid_softmax_loss=False),
+            RecommendationConfig(**common, sid_softmax=False),
             train_dataset=training_dataset(catalogue.leave_one_out(), index, catalogue, tokenizer),
             processing_class=tokenizer,
             callbacks=[Kill()],

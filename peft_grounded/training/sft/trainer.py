@@ -77,10 +77,10 @@ class RecommendationTrainer(RunTrainer):
         from .distillation import TeacherCollator
 
         if not self._sid_softmax:
-            problem = self._sid_softmax_problem() or "sid_softmax_loss on"
+            problem = self._sid_softmax_problem() or "sid_softmax on"
             raise ValueError(
                 f"distill_weight={self.args.distill_weight} scores the teacher's soft targets with the SID-only "
-                f"softmax (sid_softmax_loss), which this run cannot use: it needs {problem}. Set distill_weight=0."
+                f"softmax (sid_softmax), which this run cannot use: it needs {problem}. Set distill_weight=0."
             )
         sid_ids = self.model.base_model.grounded_token_ids().tolist()
         self.data_collator = TeacherCollator(self.data_collator, sid_ids, self.args.distill_top_k)
@@ -94,16 +94,13 @@ class RecommendationTrainer(RunTrainer):
 
     def build_manifest(self, data_fingerprint: str) -> dict:
         manifest = super().build_manifest(data_fingerprint)
-        if getattr(self, "_distill", False):  # absent without distillation: earlier runs' manifests hold
-            a = self.args
-            manifest["distillation"] = {
-                "weight": a.distill_weight,
-                "top_k": a.distill_top_k,
-                "epochs": a.distill_epochs,
-            }
-        temperature = getattr(self.args, "sid_softmax_temperature", 1.0)
-        if temperature != 1.0:  # likewise absent at 1
-            manifest["sid_softmax_temperature"] = temperature
+        a = self.args
+        manifest["distillation"] = (
+            {"weight": a.distill_weight, "top_k": a.distill_top_k, "epochs": a.distill_epochs}
+            if self._distill
+            else None
+        )
+        manifest["sid_softmax_temperature"] = getattr(a, "sid_softmax_temperature", 1.0)
         return manifest
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
