@@ -5,9 +5,13 @@
     python benchmarks/results_table.py --check  # exit 1, naming the file, where a committed table differs
 
 The JSON holds the table as data: its columns (header, users), its rows (model, training, the BENCHMARKS
-section that produced them) and each row's cells (value, 95% interval, note, bold; a cell's own ``source``
-where it came from another section than its row). Its ``views`` say which rows and columns each file shows:
-BENCHMARKS.md all of them, README.md a selection. Each file holds its table between the lines
+section that produced them; optionally ``short`` and ``short_training``, the shorter model name and training
+a compact view prints) and each row's cells (value, 95% interval, note, bold; a cell's own ``source`` where it
+came from another section than its row). Its ``views`` say which rows and columns each file shows, and how
+(``"cells"``: ``"full"``, the default, prints each cell's interval and note and each header's users;
+``"value"`` prints the value alone, in bold where the cell says so, the short names and the bare headers, a
+table a screen can hold): BENCHMARKS.md all of them in full, README.md a selection, compact. Each file holds its
+table between the lines
 ``<!-- comparison-table:start -->`` and ``<!-- comparison-table:end -->``; everything between them is
 replaced. To change a figure, edit the JSON and run this script; ``tests/test_results_table.py`` fails while a
 committed table differs from what the script writes.
@@ -26,6 +30,7 @@ DATA = Path("docs/results/comparison.json")
 START = "<!-- comparison-table:start -->"
 END = "<!-- comparison-table:end -->"
 NOTICE = "<!-- generated from docs/results/comparison.json by benchmarks/results_table.py -->"
+CELLS = ("full", "value")  # a view's cells: value [interval] (note), or the value alone
 
 
 def load(root: Path = ROOT) -> dict:
@@ -47,6 +52,11 @@ def load(root: Path = ROOT) -> dict:
             missing = set(view[name]) - set(known) if view[name] != "all" else set()
             if missing:
                 raise ValueError(f"{DATA}: the view of {file} names unknown {name} {sorted(missing)}")
+        unknown = set(view) - {"rows", "columns", "cells"}
+        if unknown:
+            raise ValueError(f"{DATA}: the view of {file} has unknown keys {sorted(unknown)}")
+        if view.get("cells", "full") not in CELLS:
+            raise ValueError(f"{DATA}: the view of {file} asks for cells {view['cells']!r}; one of {CELLS}")
     return data
 
 
@@ -55,31 +65,40 @@ def number(value: int | float, decimals: int) -> str:
     return str(value) if isinstance(value, int) else f"{value:.{decimals}f}"
 
 
-def cell_text(cell: dict | None, decimals: int) -> str:
-    """``value [low, high]``, in bold where the cell says so, then `` (note)``; empty without a cell."""
+def cell_text(cell: dict | None, decimals: int, cells: str = "full") -> str:
+    """``value [low, high]``, in bold where the cell says so, then `` (note)``; with ``cells="value"`` the value
+    alone (in bold where the cell says so); empty without a cell."""
     if not cell:
         return ""
     text = number(cell["value"], decimals)
-    if "ci" in cell:
+    if "ci" in cell and cells == "full":
         low, high = cell["ci"]
         text += f" [{number(low, decimals)}, {number(high, decimals)}]"
     if cell.get("bold"):
         text = f"**{text}**"
-    if cell.get("note"):
+    if cell.get("note") and cells == "full":
         text += f" ({cell['note']})"
     return text
 
 
 def render(data: dict, file: str) -> str:
-    """The markdown table of ``file``'s view: its rows and columns in the order the view lists them."""
+    """The markdown table of ``file``'s view: its rows and columns in the order the view lists them; each cell in
+    full, or its value alone where the view is compact (``"cells": "value"``)."""
     view = data["views"][file]
     columns, rows = (_pick(data[name], view[name]) for name in ("columns", "rows"))
     decimals = data.get("decimals", 3)
-    headers = ["model", *(f"{c['header']} ({c['users']})" for c in columns), "training"]
+    full = view.get("cells", "full") == "full"
+    headers = [
+        "model",
+        *(f"{c['header']} ({c['users']})" if full else c["header"] for c in columns),
+        "training",
+    ]
     lines = [line(headers), "|" + "---|" * len(headers)]
     for row in rows:
-        cells = [cell_text(row["cells"].get(c["id"]), decimals) for c in columns]
-        lines.append(line([row["model"], *cells, row["training"]]))
+        cells = [cell_text(row["cells"].get(c["id"]), decimals, "full" if full else "value") for c in columns]
+        model = row["model"] if full else row.get("short", row["model"])
+        training = row["training"] if full else row.get("short_training", row["training"])
+        lines.append(line([model, *cells, training]))
     return "\n".join(lines)
 
 
