@@ -158,7 +158,9 @@ def preset(args: Settings, vectors: ItemVectorsConfig | None = None, start: RowS
     base = PRESETS["default"]
     old = base.budget
     if start is not None and start.init != old.start.init:
-        raise SystemExit(f"--init {start.init}: each strategy starts its rows its own way; choose --strategies")
+        raise SystemExit(
+            f"--init {start.init}: each strategy starts its rows its own way; choose --strategies"
+        )
     sft_changes = dict(_field_value(pair) for pair in args.sft_set)
     lora = old.lora if args.lora_r is None else old.lora | {"r": args.lora_r, "lora_alpha": 2 * args.lora_r}
     if args.lora_dropout is not None:

@@ -247,25 +247,12 @@ class Settings(Precision):
     max_length: int | None = field(
         default=None, metadata={"help": "token cap per row (None: 128 sequence, 256 prompt)"}
     )
-    item_vectors: Literal["text", "behaviour", "mix"] = field(
-        default="text",
-        metadata={
-            "help": "what the SIDs (and the centroid start) are built from: the items' text, their behaviour "
-            "(SASRec on the old items' training interactions; new items through the text map) or a mix"
-        },
-    )
-    layers: int = field(
-        default=0,
-        metadata={"help": "keep the base's first N decoder blocks (0: all 30; the cpu recipe: 8)"},
-    )
+    layers: int = field(default=0, metadata={"help": "keep the base's first N decoder blocks (0: all 30)"})
     sid_softmax: bool = field(
         default=False,
-        metadata={"help": "train with the SID-only softmax (the cpu recipe's); decoding follows the adapter"},
-    )
-    init_scale: float = field(
-        default=1.0,
         metadata={
-            "help": "the new rows' start pulled to this share of its spread around the mean (recipe: 0.1)"
+            "help": "train with the SID-only softmax (RecommendationConfig.sid_softmax; off: the full head); "
+            "decoding follows the adapter"
         },
     )
     levels: int = field(default=3, metadata={"help": "RQ-KMeans levels of the SIDs"})
@@ -354,10 +341,24 @@ class Settings(Precision):
     k: int = field(default=10, metadata={"help": "the cut-off K of Recall@K and NDCG@K"})
     rounds: int = field(default=2000, metadata={"help": "bootstrap resamples"})
     seed: int = field(default=0, metadata={"help": "training seed (and of the samples)"})
+    # the package's settings dataclasses, parsed beside these (parse_args): how the rows start beyond the
+    # strategy's init (--init_scale, --centroid_variant) and what the SIDs and the centroid start are built from
+    # (--item_vectors text|behaviour|mix: the old items' training interactions; new items through the text map)
+    start: RowStart = field(init=False, default_factory=RowStart)
+    vectors: ItemVectorsConfig = field(init=False, default_factory=ItemVectorsConfig)
 
 
-def settle(args: Settings) -> Budget:
-    """Defaults that follow other arguments, the checks, and the budget: all before any work."""
+def settle(args: Settings, start: RowStart | None = None, vectors: ItemVectorsConfig | None = None) -> Budget:
+    """Defaults that follow other arguments, the checks, and the budget: all before any work; ``start`` and
+    ``vectors``, the package's settings parsed beside ``args``, are set on it."""
+    if start is not None:
+        args.start = start
+    if vectors is not None:
+        args.vectors = vectors
+    if args.start.init != RowStart().init:
+        raise SystemExit(
+            f"--init {args.start.init}: the strategy starts the rows (--strategy {args.strategy})"
+        )
     if args.smoke:
         for key, value in SMOKE.items():
             setattr(args, key, value)
@@ -376,7 +377,16 @@ def settle(args: Settings) -> Budget:
 
 
 def parse_args(argv=None) -> Settings:
-    return parse(Settings, argv, prog="bench_grow_protocol.py", description=__doc__, check=settle)
+    """The settings, with the package's :class:`RowStart` and :class:`ItemVectorsConfig` parsed beside them
+    (``args.start``, ``args.vectors``)."""
+    args, _, _ = parse(
+        (Settings, RowStart, ItemVectorsConfig),
+        argv,
+        prog="bench_grow_protocol.py",
+        description=__doc__,
+        check=settle,
+    )
+    return args
 
 
 def protocol_budget(args: Settings) -> Budget:
@@ -400,9 +410,7 @@ def protocol_budget(args: Settings) -> Budget:
         grounding=dict(max_steps=args.grounding_steps, max_minutes=args.grounding_minutes)
         if grounds
         else False,
-        sft=dict(
-            max_steps=args.sft_steps, max_minutes=args.minutes or None, sid_softmax=args.sid_softmax
-        ),
+        sft=dict(max_steps=args.sft_steps, max_minutes=args.minutes or None, sid_softmax=args.sid_softmax),
         lora=dict(r=args.lora_r, lora_alpha=args.lora_alpha, target_modules="all-linear"),
         evaluation=EvalSettings(
             users=args.run_eval_users, num_beams=args.k, ks=(args.k,), seed=args.seed, bf16=bf16
@@ -410,7 +418,7 @@ def protocol_budget(args: Settings) -> Budget:
         weights_dtype="bfloat16" if bf16 else "float32",
         max_train_examples=args.max_examples or None,
         max_grounding_examples=args.max_examples or None,
-        start=RowStart(init_scale=args.init_scale),
+        start=args.start,
     )
     return budget
 
@@ -422,8 +430,8 @@ def plan(args, grounds: bool) -> str:
         f"  objective {args.objective} (max_history {args.max_history}, max_length {args.max_length}), "
         f"strategy {args.strategy}, LoRA r {args.lora_r}/alpha {args.lora_alpha} all-linear, lr {args.lr}, "
         f"{f'the first {args.layers} blocks' if args.layers else 'all blocks'}, "
-        f"{'SID-only softmax' if args.sid_softmax else 'full softmax'}, init_scale {args.init_scale:g}, "
-        f"SIDs from {args.item_vectors}, "
+        f"{'SID-only softmax' if args.sid_softmax else 'full softmax'}, init_scale {args.start.init_scale:g}, "
+        f"SIDs from {args.vectors.item_vectors}, "
         f"batch {args.batch_size}, {'float32' if args.fp32 else 'bf16 base + bf16 autocast'}, "
         f"examples {'all' if not args.max_examples else args.max_examples}",
         "  1. encode the catalogue (MiniLM), build SIDs on the old items and on the full catalogue, add the "
@@ -461,7 +469,7 @@ def protocol_indices(
         text_template=TextTemplate(),
         show_progress=False,
         encoder_fingerprint=encoder_fingerprint,
-        item_vectors=ItemVectorsConfig(item_vectors=args.item_vectors),
+        item_vectors=args.vectors,
     )
     parent = build_sids(old_catalogue, vectors=vectors[[row[i] for i in old_catalogue.items]], **settings)
     start = time.perf_counter()
@@ -811,7 +819,7 @@ def main(argv=None) -> None:
         "smoke": args.smoke,
         "add_items_seconds": round(add_seconds, 3),
         "new_tokens": child.n_tokens - parent.n_tokens,
-        "sids": {"item_vectors": args.item_vectors, "old_items": parent.quality},
+        "sids": {"item_vectors": args.vectors.item_vectors, "old_items": parent.quality},
         "format": {"objective": fmt.objective, "max_history": fmt.max_history},
         "budget": vars(args),
         "timings": timings,
@@ -834,7 +842,7 @@ def main(argv=None) -> None:
     scored = f"all {len(pool)}" if len(examples) == len(pool) else f"{len(examples)} of {len(pool)}"
     lines = [
         f"## New items on {catalogue.name}: {n_new} newest items held out, {scored} users with a new-item "
-        f"{where} scored ({fmt.objective} objective, SIDs from {args.item_vectors}, {args.minutes:g} min SFT"
+        f"{where} scored ({fmt.objective} objective, SIDs from {args.vectors.item_vectors}, {args.minutes:g} min SFT"
         + (f" + {args.grounding_minutes:g} min grounding" if grounds else "")
         + f" per trained model{', SMOKE' if args.smoke else ''})",
         "",

@@ -7,7 +7,7 @@ file win: :class:`~peft_grounded.cli.common.Command`), which checks every part a
 dataclasses (the class is one of them, each field is one of its fields, each value fits the field's type)
 whenever it builds its parser. The ``--recipe`` help and the table of docs/cli.md are rendered from here
 (:func:`help_text`, :func:`markdown`; ``python -m peft_grounded.recipes docs/cli.md`` writes the table), and
-the demo's ``default`` preset and the benchmarks read their values from here.
+the demo's ``default`` preset (which ``benchmarks/bench_demo_recipe.py`` varies) reads its values from here.
 
 This module imports nothing of the package: the dataclasses are named, not imported, so that every layer (the
 demo's preset below the command line) reads a recipe without importing the command line.
@@ -66,7 +66,9 @@ class Recipe:
 
     def __getitem__(self, key: str) -> Any:
         if key not in self._values:
-            raise KeyError(f"recipe {self.name!r} ({self.command}) sets no {key!r}; it sets {list(self._values)}")
+            raise KeyError(
+                f"recipe {self.name!r} ({self.command}) sets no {key!r}; it sets {list(self._values)}"
+            )
         return self._values[key]
 
     def of(self, settings: str | type) -> dict[str, Any]:
@@ -76,9 +78,7 @@ class Recipe:
     def flags(self, own: bool = False) -> str:
         """The recipe as the command's flags (``--layers 8 --objective sequence ...``); ``own``: only the values
         it adds to its base."""
-        values = (
-            {k: v for part in self.settings.values() for k, v in part.items()} if own else self._values
-        )
+        values = {k: v for part in self.settings.values() for k, v in part.items()} if own else self._values
         return " ".join(_flag(key, value) for key, value in values.items())
 
     def check(self, classes: Iterable[type]) -> None:
@@ -189,6 +189,12 @@ def _described(recipe: Recipe) -> str:
     return f"--recipe {recipe.base.name} + {recipe.flags(own=True)}"
 
 
+def _spans(recipe: Recipe) -> str:
+    if recipe.base is None:
+        return f"`{recipe.flags()}`"
+    return f"`--recipe {recipe.base.name}` + `{recipe.flags(own=True)}`"
+
+
 def help_text(command: str) -> str:
     """The help of ``command``'s ``--recipe`` flag, rendered from its recipes."""
     listed = "; ".join(f"{r.name} = {r.why} ({_described(r)})" for r in recipes_of(command).values())
@@ -202,10 +208,7 @@ def markdown() -> str:
         "",
         "| recipe | sets | what for |",
         "|---|---|---|",
-        *(
-            f"| `{r.command} --recipe {r.name}` | `{_described(r)}` | {r.why.replace('|', '/')} |"
-            for r in RECIPES
-        ),
+        *(f"| `{r.command} --recipe {r.name}` | {_spans(r)} | {r.why.replace('|', '/')} |" for r in RECIPES),
         "",
         END,
     ]

@@ -234,6 +234,16 @@ def test_the_cpu_recipe_flags_reach_the_budget(protocol):
     assert not plain.sft.sid_softmax and plain.start.init_scale == 1.0
     with pytest.raises((SystemExit, ValueError), match="init_scale"):
         protocol.protocol_budget(protocol.parse_args(["--out", "x", "--init-scale", "-1"]))
+    # RowStart and ItemVectorsConfig are the package's, parsed as they are; the strategy chooses the init
+    mixed = protocol.parse_args(["--out", "x", "--centroid-variant", "codebook", "--item-vectors", "mix"])
+    assert protocol.protocol_budget(mixed).start.centroid_variant == "codebook"
+    assert (
+        mixed.vectors.item_vectors,
+        plain.start,
+        protocol.parse_args(["--out", "x"]).vectors.item_vectors,
+    ) == ("mix", protocol.RowStart(), "text")
+    with pytest.raises(SystemExit, match="--init centroid: the strategy starts the rows"):
+        protocol.parse_args(["--out", "x", "--init", "centroid"])
 
 
 def test_pool_pairs_the_arms_with_the_controls_and_weighs_all_users_by_their_shares(pooling, tmp_path):

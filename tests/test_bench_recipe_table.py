@@ -90,7 +90,7 @@ def test_demo_recipe_flags_change_only_what_they_name():
     assert kept.budget.keep_best and not spec.budget.keep_best and not default.budget.keep_best
     with pytest.raises(ValueError, match="keep_best needs validation points"):  # before any work
         bench_demo_recipe.parse_args(["--out", "x", "--keep-best"])
-    levers = ["--out", "x", "--codes", "128", "--lora-dropout", "0.1", "--weight-decay", "0.05"]
+    levers = ["--out", "x", "--codes", "128", "--lora-dropout", "0.1", "--sft-set", "weight_decay=0.05"]
     spec = bench_demo_recipe.preset(*bench_demo_recipe.parse_args([*levers, "--balanced", "all"]))
     assert spec.codes == 128 and default.codes == 64
     assert spec.balanced == "all" and default.balanced == "none"
@@ -100,7 +100,9 @@ def test_demo_recipe_flags_change_only_what_they_name():
         bench_demo_recipe.parse_args([*curves, "--keep-best", "--block-lr", "1e-4"])
     assert spec.budget.lora == default.budget.lora | {"lora_dropout": 0.1}
     assert spec.budget.sft == replace(default.budget.sft, weight_decay=0.05)
-    padded = bench_demo_recipe.preset(*bench_demo_recipe.parse_args(["--out", "x", "--no-padding-free"]))
+    padded = bench_demo_recipe.preset(
+        *bench_demo_recipe.parse_args(["--out", "x", "--sft-set", "padding_free=false"])
+    )
     assert padded.budget.sft == replace(default.budget.sft, padding_free=False)
     assert default.budget.sft.padding_free is None  # the trainer's choice
     assert (
@@ -109,3 +111,17 @@ def test_demo_recipe_flags_change_only_what_they_name():
     )
     with pytest.raises(ValueError, match="lora_dropout"):  # the LoRA's own check, before any work
         bench_demo_recipe.parse_args(["--out", "x", "--lora-dropout", "1.5"])
+    # the package's RowStart, parsed as it is, the preset's start its default; the strategies choose the init
+    start = bench_demo_recipe.preset(*bench_demo_recipe.parse_args(["--out", "x", "--init-scale", "1"]))
+    assert start.budget == replace(default.budget, start=replace(default.budget.start, init_scale=1.0))
+    with pytest.raises(ValueError, match="init_scale"):
+        bench_demo_recipe.parse_args(["--out", "x", "--init_scale", "0"])
+    with pytest.raises(SystemExit, match="--init centroid: each strategy starts its rows"):
+        bench_demo_recipe.parse_args(["--out", "x", "--init", "centroid"])
+    full_head = bench_demo_recipe.preset(
+        *bench_demo_recipe.parse_args(["--out", "x", "--sft-set", "sid_softmax=false"])
+    )
+    assert (
+        full_head.budget.sft == replace(default.budget.sft, sid_softmax=False)
+        and default.budget.sft.sid_softmax
+    )

@@ -337,11 +337,13 @@ def test_every_command_names_its_output_folder_output_dir(name, required):
 
 
 def test_the_cpu_recipe_sets_defaults_that_the_flags_given_and_config_override(tmp_path):
-    from peft_grounded.cli.common import RECIPES
+    from peft_grounded.recipes import CPU
 
     settings = sft.parse(["--sid-index", "s", "--recipe", "cpu"])
+    for part in settings:  # each dataclass holds the recipe's partial instance of it
+        assert {k: getattr(part, k) for k in CPU.of(type(part))} == CPU.of(type(part))
     values = {k: v for s in settings for k, v in vars(s).items()}
-    assert {k: values[k] for k in RECIPES["cpu"]} == dict(RECIPES["cpu"]) and values["recipe"] == "cpu"
+    assert {k: values[k] for k in CPU.values()} == dict(CPU.values()) and values["recipe"] == "cpu"
     plain = {k: v for s in sft.parse(["--sid-index", "s"]) for k, v in vars(s).items()}
     assert plain["objective"] == "prompt" and plain["layers"] == 0 and plain["init"] == "mean"  # no recipe
     given = sft.parse(["--sid-index", "s", "--recipe=cpu", "--learning_rate", "1e-3", "--layers", "4"])
@@ -356,10 +358,10 @@ def test_the_cpu_recipe_sets_defaults_that_the_flags_given_and_config_override(t
 
 def test_the_cpu_recipe_is_the_demos_default_preset():
     """One recipe: `sft --recipe cpu` trains as the demo does (its budget and the distillation teacher aside)."""
-    from peft_grounded.cli.common import RECIPES
     from peft_grounded.pipeline import PRESETS
+    from peft_grounded.recipes import CPU
 
-    recipe, demo = RECIPES["cpu"], PRESETS["default"]
+    recipe, demo = CPU, PRESETS["default"]
     b, fmt = demo.budget, demo.prompt_format()
     assert (demo.layers, fmt.objective, fmt.max_history, b.start.init_scale) == (
         recipe["layers"],
@@ -376,15 +378,12 @@ def test_the_cpu_recipe_is_the_demos_default_preset():
     assert recipe["init"] in demo.strategies
     # the recipe distils from SASRec; the demo's 150 steps do not fit a teacher
     assert recipe["distill_weight"] == 0.5 and b.sft.distill_weight == 0
-    from dataclasses import fields
-
-    from peft_grounded.cli.common import SID_RECIPES
+    from peft_grounded.recipes import CPU_SIDS
     from peft_grounded.sids.behaviour import ItemVectorsConfig
 
-    sids = SID_RECIPES["cpu"]  # and the SIDs it trains on are build-sids --recipe cpu's
+    sids = CPU_SIDS  # and the SIDs it trains on are build-sids --recipe cpu's
     assert (demo.levels, str(demo.codes)) == (sids["levels"], sids["codes"])
-    vector_fields = {f.name for f in fields(ItemVectorsConfig)}
-    assert demo.item_vectors == ItemVectorsConfig(**{k: v for k, v in sids.items() if k in vector_fields})
+    assert demo.item_vectors == ItemVectorsConfig(**sids.of(ItemVectorsConfig))
 
 
 def test_sft_layers_trains_on_the_first_blocks_of_the_base(tmp_path, stage_data, capsys):
@@ -412,9 +411,9 @@ def test_sft_layers_trains_on_the_first_blocks_of_the_base(tmp_path, stage_data,
 
 
 def test_the_hour_recipe_is_the_cpu_recipe_with_the_hours_levers():
-    from peft_grounded.cli.common import RECIPES
+    from peft_grounded.recipes import CPU, CPU_HOUR
 
-    hour, cpu = RECIPES["cpu_hour"], RECIPES["cpu"]
+    hour, cpu = CPU_HOUR.values(), CPU.values()
     assert {k: hour[k] for k in cpu} == dict(cpu)  # everything of cpu, untouched
     _, _, args, base, config = sft.parse(["--sid-index", "s", "--recipe", "cpu_hour"])
     assert (config.max_minutes, config.max_steps, base.lora_dropout) == (60.0, -1, 0.1)
@@ -458,16 +457,75 @@ def test_sft_keep_best_decodes_validation_and_ends_on_the_best_adapter(tmp_path,
 
 
 def test_build_sids_recipe_cpu_builds_from_behaviour_and_flags_win():
-    from peft_grounded.cli.common import SID_RECIPES
+    from peft_grounded.recipes import CPU_SIDS
 
     parsed = command("build-sids").parse(["--output_dir", "s", "--recipe", "cpu"])
     values = {k: v for s in parsed for k, v in vars(s).items()}
-    assert {k: values[k] for k in SID_RECIPES["cpu"]} == dict(SID_RECIPES["cpu"])
+    assert {k: values[k] for k in CPU_SIDS.values()} == dict(CPU_SIDS.values())
     plain = {k: v for s in command("build-sids").parse(["--output_dir", "s"]) for k, v in vars(s).items()}
     assert plain["item_vectors"] == "text" and plain["codes"] == "256"
     given = {k: v for s in command("build-sids").parse(["--output_dir", "s", "--recipe", "cpu", "--item_vectors", "mix"])
              for k, v in vars(s).items()}  # fmt: skip
     assert (given["item_vectors"], given["codes"]) == ("mix", "64")
+
+
+def test_every_recipe_is_a_partial_instance_of_its_commands_settings():
+    """A recipe names its command's dataclasses, their fields and values of their types; anything else is refused
+    when the command builds its parser (and so before any parse, --help included)."""
+    from peft_grounded import recipes
+    from peft_grounded.recipes import CPU, Recipe
+
+    assert {(r.command, r.name) for r in recipes.RECIPES} == {
+        ("build-sids", "cpu"),
+        ("sft", "cpu"),
+        ("sft", "cpu_hour"),
+    }
+    for recipe in recipes.RECIPES:
+        recipe.check(command(recipe.command).settings())
+    classes = sft.settings()
+    for bad, said in (
+        ({"RowStrat": {"init_scale": 0.1}}, "RowStrat is not a settings dataclass of it"),
+        ({"RowStart": {"init_scal": 0.1}}, "RowStart has no field 'init_scal'"),
+        ({"RowStart": {"init_scale": "0.1"}}, r"RowStart.init_scale='0.1' is not a"),
+        ({"RowStart": {"init": "centre"}}, "RowStart.init='centre' is not a"),
+        ({"SFTArguments": {"keep_best": 1}}, "SFTArguments.keep_best=1 is not a"),
+    ):
+        with pytest.raises(ValueError, match=said):
+            Recipe("bad", "sft", "a typo", bad).check(classes)
+    with pytest.raises(ValueError, match="is set for RowStart and SFTArguments"):
+        Recipe(
+            "twice",
+            "sft",
+            "one flag, two fields",
+            {"RowStart": {"init": "mean"}, "SFTArguments": {"init": 1}},
+        )
+    with pytest.raises(ValueError, match="extends 'cpu' of sft"):
+        Recipe("other", "build-sids", "", {}, base=CPU)
+    assert CPU["init_scale"] == 0.1 and CPU.of(RowStart) == {"init": "centroid", "init_scale": 0.1}
+    with pytest.raises(KeyError, match="sets no 'seed'"):
+        CPU["seed"]
+
+
+def test_the_recipes_help_and_docs_are_rendered_from_the_recipes(capsys):
+    """The --recipe help of each command and docs/cli.md's table are the recipes' own rendering: a recipe's
+    values are written once, in peft_grounded.recipes."""
+    from pathlib import Path
+
+    from peft_grounded import recipes
+
+    docs = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
+    text = docs.read_text(encoding="utf-8")
+    assert recipes.render_into(text) == text, "run: python -m peft_grounded.recipes docs/cli.md"
+    assert recipes.markdown() in text
+    for recipe in recipes.RECIPES:
+        assert recipe.flags(own=recipe.base is not None) in recipes.markdown()
+    help_of = {name: command(name).parser().format_help() for name in ("sft", "build-sids")}
+    flat = {name: " ".join(text.split()) for name, text in help_of.items()}
+    assert "cpu = chosen on validation per CPU minute" in flat["sft"]
+    assert "--init_scale 0.1" in flat["sft"] and "--recipe cpu + --max_minutes 60" in flat["sft"]
+    assert "--levels 3 --codes 64 --item_vectors behaviour" in flat["build-sids"]
+    with pytest.raises(ValueError, match="--recipe 'cpu_hour' is unknown; choose one of cpu"):
+        command("build-sids").parse(["--output_dir", "s", "--recipe", "cpu_hour"])  # an sft recipe only
 
 
 def test_fuse_peer_refuses_a_reference_weight_that_is_not_a_positive_number():

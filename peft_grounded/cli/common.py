@@ -296,8 +296,11 @@ class Command:
         recipe = _recipe_named(argv) if known else None
         if recipe is not None:
             if recipe not in known:
-                raise ValueError(f"{self.name}: --recipe {recipe!r} is unknown; choose one of {', '.join(known)}")
-            parser.set_defaults_with_config(**known[recipe].values())  # --config's values and the flags given win
+                raise ValueError(
+                    f"{self.name}: --recipe {recipe!r} is unknown; choose one of {', '.join(known)}"
+                )
+            # defaults: --config's values and the flags given win
+            parser.set_defaults_with_config(**known[recipe].values())
         settings = tuple(parser.parse_args_and_config(argv))
         if self.check is not None:
             self.check(*settings)
