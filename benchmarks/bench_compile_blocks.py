@@ -28,9 +28,9 @@ from peft_grounded.adapter import add_lora
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.sid_head import compact_head
 from peft_grounded.sids import load_catalogue
-from peft_grounded.sids.model import RowStart, sid_model
+from peft_grounded.sids.extended_base import RowStart, sid_model
 from peft_grounded.training.sft import training_dataset
-from peft_grounded.training.sft.trainer import shallow_base
+from peft_grounded.training.sft.recommendation_trainer import shallow_base
 from peft_grounded.training.steps import compiled_blocks, compiled_parts, training_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also under runpy

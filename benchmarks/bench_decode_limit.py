@@ -32,7 +32,7 @@ from peft_grounded.precision import choose_precision
 from peft_grounded.prompts import inference_prompts
 from peft_grounded.serving import GroundedRecommender
 from peft_grounded.sids import load_catalogue
-from peft_grounded.training.sft.trainer import shallow_base
+from peft_grounded.training.sft.recommendation_trainer import shallow_base
 
 try:
     from benchmarks._args import parse

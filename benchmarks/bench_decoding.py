@@ -36,8 +36,8 @@ from peft_grounded.decoding import SIDTrie, recommend
 from peft_grounded.evaluation import item_token_ids
 from peft_grounded.prompts import PromptFormat, inference_prompts
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
+from peft_grounded.sids.extended_base import RowStart, sid_model
 from peft_grounded.sids.index import JSON_NAME
-from peft_grounded.sids.model import RowStart, sid_model
 
 try:
     from benchmarks._args import Precision, parse

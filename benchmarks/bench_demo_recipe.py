@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 from peft_grounded.sids.behaviour import ItemVectorsConfig
-from peft_grounded.sids.model import RowStart
+from peft_grounded.sids.extended_base import RowStart
 
 try:
     from benchmarks._args import REPEATABLE, OnOff, ZeroOrMore, parse

@@ -79,8 +79,8 @@ from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.behaviour import ItemVectorsConfig
 from peft_grounded.sids.catalogue import TextTemplate
 from peft_grounded.sids.encoders import encode_texts, load_encoder
-from peft_grounded.sids.model import RowStart, sid_model
-from peft_grounded.training.sft.trainer import shallow_base
+from peft_grounded.sids.extended_base import RowStart, sid_model
+from peft_grounded.training.sft.recommendation_trainer import shallow_base
 
 try:
     from benchmarks._args import Precision, ZeroOrMore, parse

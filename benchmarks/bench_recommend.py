@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 python benchmarks/bench_recommend.py --blocks 8 30 --users 12 --batch-users 32
 
-For each base (the first ``--blocks`` decoder blocks of SmolLM2-135M, ``training/sft/trainer.py``): a
+For each base (the first ``--blocks`` decoder blocks of SmolLM2-135M, ``training/sft/recommendation_trainer.py``): a
 centroid-initialised grounded adapter with a LoRA (r 8), recorded as trained under the SID-only softmax as
 ``sft`` trains by default (``--full-vocabulary``: decoded over the whole vocabulary), on SIDs of ML-100K (seeded Gaussian item vectors
 through RQ-KMeans 3 x 64 + a disambiguation level: 4 tokens per SID, 1,682 items; the speed does not depend
@@ -46,8 +46,8 @@ from peft_grounded.decoding.search import left_pad
 from peft_grounded.prompts import inference_prompts
 from peft_grounded.serving import GroundedRecommender
 from peft_grounded.sids import SIDIndex, load_catalogue
-from peft_grounded.sids.model import SID_RECORD, RowStart, save_sid_record, sid_model
-from peft_grounded.training.sft.trainer import record_sid_softmax, shallow_base
+from peft_grounded.sids.extended_base import SID_RECORD, RowStart, save_sid_record, sid_model
+from peft_grounded.training.sft.recommendation_trainer import record_sid_softmax, shallow_base
 
 try:
     from benchmarks._args import parse

@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 python benchmarks/bench_sid_softmax.py --layers 8 30 [--fp32 | --bf16] [--rounds 4]
 
-SmolLM2-135M cut to ``--layers`` decoder blocks (peft_grounded.training.sft.trainer.shallow_base; 30 = the whole
+SmolLM2-135M cut to ``--layers`` decoder blocks (peft_grounded.training.sft.recommendation_trainer.shallow_base; 30 = the whole
 model), a centroid-initialised adapter for MovieLens-100K SIDs (all-MiniLM-L6-v2 + RQ-KMeans 3 x 64 + a
 disambiguation level, cached under ``--output``) with a LoRA (r 8, all linear), one batch of ``--batch-size``
 sequence-objective rows (20 items, every item after the first a target). A step is what the trainer runs:
@@ -34,10 +34,10 @@ from peft_grounded.adapter import add_lora
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.sid_head import compact_head
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
+from peft_grounded.sids.extended_base import RowStart, sid_model
 from peft_grounded.sids.index import JSON_NAME
-from peft_grounded.sids.model import RowStart, sid_model
 from peft_grounded.training.sft import training_dataset
-from peft_grounded.training.sft.trainer import shallow_base
+from peft_grounded.training.sft.recommendation_trainer import shallow_base
 from peft_grounded.training.steps import count_targets
 
 try:

@@ -63,7 +63,7 @@ def main(argv=None) -> None:
     from peft_grounded.pipeline.demo import PRESETS
     from peft_grounded.pipeline.runner import _evaluate
     from peft_grounded.sids import SIDIndex, load_catalogue
-    from peft_grounded.sids.model import RowStart, sid_model
+    from peft_grounded.sids.extended_base import RowStart, sid_model
 
     args = parse_args(argv)
     base, index = base_of(args), SIDIndex.load(args.demo_dir / "sids")

@@ -43,11 +43,11 @@ from peft_grounded.precision import choose_precision
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.sid_head import compact_head
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
+from peft_grounded.sids.extended_base import RowStart, sid_model
 from peft_grounded.sids.index import JSON_NAME
-from peft_grounded.sids.model import RowStart, sid_model
 from peft_grounded.training.fused_lora import fused_lora
 from peft_grounded.training.sft import training_dataset
-from peft_grounded.training.sft.trainer import shallow_base
+from peft_grounded.training.sft.recommendation_trainer import shallow_base
 from peft_grounded.training.steps import (
     compile_problem,
     compiled_blocks,

@@ -5,7 +5,7 @@ reference arm, on the part each decoded (validation for the ablations of issue 4
 
 The first arm is the reference. Each arm's folder holds one strategy run (``strategies/<name>-seed<N>/
 metrics.json``, the runner's per-user records) or is a ``peft-grounded evaluate`` output (``users.json``); an
-arm may also be a peer's file of ``benchmarks/side_by_side.py`` (``<out>/peers/seed<N>/sasrec.json``: test users
+arm may also be a peer's file of ``benchmarks/bench_side_by_side.py`` (``<out>/peers/seed<N>/sasrec.json``: test users
 only, no likelihood, so the NLL columns are left out). Arms given as ``NAME=DIR1,DIR2`` pool seeds (users
 resampled within each seed, ``evaluation.reports.paired_intervals``); ``--subset warm`` / ``cold`` keeps the
 users whose target is a warm / cold item.

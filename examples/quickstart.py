@@ -23,11 +23,11 @@ from peft import PeftModel, get_peft_model
 import peft_grounded
 from peft_grounded import assets
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
+from peft_grounded.sids.extended_base import load_base
 from peft_grounded.sids.index import JSON_NAME
-from peft_grounded.sids.model import load_base
 from peft_grounded.training import sample_rows
-from peft_grounded.training.config import GroundingConfig
 from peft_grounded.training.grounding import GroundingTrainer, grounding_dataset
+from peft_grounded.training.stage_config import GroundingConfig
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ only where the package's call causes it; a notice that the user's own code cause
 * :func:`peft_wrapping`: PEFT's ``PeftModel`` reads the base model's ``is_gradient_checkpointing``, which
   transformers 5 deprecates with a ``FutureWarning`` at every read; wrap the package's ``get_peft_model`` and
   ``PeftModel.from_pretrained`` calls in it. (The package's training settings do not set transformers'
-  deprecated ``gradient_checkpointing`` alias, see :class:`~peft_grounded.training.config.RunConfig`, so that
+  deprecated ``gradient_checkpointing`` alias, see :class:`~peft_grounded.training.stage_config.RunConfig`, so that
   warning is not triggered at all.)
 * :func:`quiet_deepspeed_cpu_notice`: where DeepSpeed is installed, accelerate imports it to unwrap a model
   (every ``save_pretrained``, TRL's trainer), and DeepSpeed's accelerator detection then logs "Setting

@@ -12,7 +12,7 @@ import peft_grounded
 from peft_grounded.decoding import recommend, sid_token_ids
 from peft_grounded.new_items import add_items, grow_adapter
 from peft_grounded.sids import Item
-from peft_grounded.sids.model import sid_record
+from peft_grounded.sids.extended_base import sid_record
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from helpers.toy_catalogue import toy_catalogue, toy_index
 from safetensors.torch import load_file
 
 from peft_grounded.new_items import rows_used
-from peft_grounded.sids.model import sid_model, sid_record
+from peft_grounded.sids.extended_base import sid_model, sid_record
 
 WEIGHTS = "adapter_model.safetensors"
 

@@ -13,7 +13,7 @@ from torch import nn
 import peft_grounded
 from peft_grounded import GroundedTokenConfig
 from peft_grounded.adapter import GroundedHead, GroundedTiedEmbedding, GroundedTokenLayer
-from peft_grounded.sids.model import record_sid_facts, sid_record
+from peft_grounded.sids.extended_base import record_sid_facts, sid_record
 
 # transformers 5 always ties T5's head (T5Config forces tie_word_embeddings=True); BART can be untied
 CASES = [("t5", True), ("bart", True), ("bart", False)]

@@ -14,10 +14,10 @@ from peft_grounded.evaluation import EvalSettings
 from peft_grounded.pipeline import Budget, Experiment, run_strategy
 from peft_grounded.pipeline.runner import BlockLearningRate, decoder_blocks, unfreeze_blocks
 from peft_grounded.prompts import PromptFormat
-from peft_grounded.sids.model import RowStart, sid_model
+from peft_grounded.sids.extended_base import RowStart, sid_model
 from peft_grounded.training.runs import RunMismatchError
 from peft_grounded.training.sft import RecommendationConfig
-from peft_grounded.training.sft.trainer import train_recommender
+from peft_grounded.training.sft.recommendation_trainer import train_recommender
 
 
 class _Rates(TrainerCallback):

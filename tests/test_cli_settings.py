@@ -15,9 +15,9 @@ from helpers.toy_catalogue import toy_catalogue, toy_index
 from peft_grounded.cli import COMMANDS, command, ground, main, sft
 from peft_grounded.cli.common import DataArguments, SFTArguments
 from peft_grounded.cli.model_config import GroundedModelConfig, LoraModelConfig
-from peft_grounded.sids.model import RowStart
-from peft_grounded.training.config import GroundingConfig
+from peft_grounded.sids.extended_base import RowStart
 from peft_grounded.training.sft import RecommendationConfig
+from peft_grounded.training.stage_config import GroundingConfig
 
 
 def _as_dict(settings) -> list[dict]:
@@ -145,7 +145,7 @@ def test_the_parsed_row_start_reaches_sid_model_as_it_is(stage, tmp_path, monkey
     import torch
 
     import peft_grounded.cli.common as common
-    import peft_grounded.sids.model as sid_models
+    import peft_grounded.sids.extended_base as sid_models
 
     catalogue = toy_catalogue()
     monkeypatch.setattr(common, "load_data", lambda *_: (catalogue, toy_index(catalogue)))

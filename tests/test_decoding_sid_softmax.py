@@ -13,7 +13,7 @@ from peft_grounded import GroundedTokenConfig
 from peft_grounded.decoding import SIDTrie, recommend
 from peft_grounded.decoding.heads import StepHead
 from peft_grounded.evaluation import target_log_likelihood
-from peft_grounded.training.sft.trainer import record_sid_softmax
+from peft_grounded.training.sft.recommendation_trainer import record_sid_softmax
 
 
 def grounded(tokenizer, factory, arch, tied, sid_softmax=True):

@@ -13,7 +13,7 @@ from helpers.toy_catalogue import toy_catalogue, toy_index
 from safetensors.torch import load_file
 
 from peft_grounded.prompts import PromptFormat
-from peft_grounded.sids.model import RowStart
+from peft_grounded.sids.extended_base import RowStart
 from peft_grounded.training.sft import RecommendationConfig, train_recommender
 
 SEQ = PromptFormat(objective="sequence", max_history=3)

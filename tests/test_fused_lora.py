@@ -12,8 +12,8 @@ import torch
 from conftest import build_tiny_model
 from helpers.lora_models import lora_model, nudged
 
-from peft_grounded.training.config import RecommendationConfig
 from peft_grounded.training.fused_lora import fused_lora, lora_layers, unfusable
+from peft_grounded.training.stage_config import RecommendationConfig
 from peft_grounded.training.steps import wants_fused_lora
 
 IDS = torch.randint(3, 500, (2, 24), generator=torch.Generator().manual_seed(0))

@@ -12,9 +12,9 @@ import torch
 from helpers.toy_catalogue import toy_catalogue, toy_index
 
 import peft_grounded
-from peft_grounded.training.config import GroundingConfig
 from peft_grounded.training.grounding import GroundingTrainer, grounding_dataset, grounding_examples
 from peft_grounded.training.runs import RunMismatchError
+from peft_grounded.training.stage_config import GroundingConfig
 
 SCRIPT = Path(__file__).parent / "helpers" / "grounding_run.py"
 

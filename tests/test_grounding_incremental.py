@@ -77,7 +77,7 @@ def test_runs_through_the_grounding_trainer_with_a_grounding_config(tokenizer, t
     """A GroundingConfig drives it: with output_dir the run leaves the grounding stage's manifest, loss log and
     adapter there, and a resume of the finished run takes no step."""
     from peft_grounded.new_items import IncrementalGroundingConfig
-    from peft_grounded.training.config import GroundingConfig
+    from peft_grounded.training.stage_config import GroundingConfig
 
     parent, child = grown_indices()
     grown = grow_adapter(
@@ -132,7 +132,7 @@ def test_tuning_on_the_log_trains_the_new_items_rows_alone(
 
     from peft_grounded.new_items import tune_new_items_on_log
     from peft_grounded.prompts import PromptFormat
-    from peft_grounded.sids.model import record_sid_facts
+    from peft_grounded.sids.extended_base import record_sid_facts
 
     parent, child = grown_indices()
     model = trained(tokenizer, tiny_model_factory, parent, "llama", tied, lora)

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from peft_grounded.hub import GroundedHubError, load_grounded, load_sid_index, push_grounded
 from peft_grounded.new_items import grow_adapter
-from peft_grounded.sids.model import sid_record
+from peft_grounded.sids.extended_base import sid_record
 
 FACTS = {"base_model": "org/tiny-base"}
 

@@ -143,7 +143,7 @@ def test_padding_free_by_default_where_padding_would_dominate(toy, tokenizer):
     for rows of similar length and for rows not yet tokenised."""
     from datasets import Dataset
 
-    from peft_grounded.training.config import padding_free_ratio, wants_padding_free
+    from peft_grounded.training.stage_config import padding_free_ratio, wants_padding_free
 
     even = Dataset.from_dict({"input_ids": [[1] * 40 for _ in range(64)]})
     uneven = Dataset.from_dict({"input_ids": [[1] * (100 if i % 8 == 0 else 10) for i in range(64)]})

@@ -119,7 +119,7 @@ def test_peft_default_path_trains_through_the_runner(model_dir, tmp_path):
 
 
 def test_peft_default_rows_start_at_the_vocabulary_mean(model_dir):
-    from peft_grounded.sids.model import is_peft_default, peft_default_model
+    from peft_grounded.sids.extended_base import is_peft_default, peft_default_model
 
     catalogue = toy_catalogue()
     index = toy_index(catalogue)

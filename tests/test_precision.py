@@ -186,7 +186,7 @@ def test_an_explicit_bf16_on_an_emulating_cpu_warns_with_the_measured_ratio():
 
 
 def test_run_config_leaves_an_unset_bf16_to_the_machine(tmp_path, monkeypatch):
-    from peft_grounded.training.config import GroundingConfig
+    from peft_grounded.training.stage_config import GroundingConfig
 
     unset = GroundingConfig(output_dir=str(tmp_path), max_steps=1, use_cpu=True)
     assert unset.bf16 is choose_precision("cpu").bf16  # TRL alone would turn bf16 on everywhere

@@ -14,9 +14,9 @@ import pytest
 import torch
 from helpers.toy_catalogue import toy_catalogue, toy_index
 
-from peft_grounded.sids.model import sid_model
-from peft_grounded.training.config import GroundingConfig
+from peft_grounded.sids.extended_base import sid_model
 from peft_grounded.training.sft import RecommendationConfig
+from peft_grounded.training.stage_config import GroundingConfig
 
 
 def _caught(fn, *args, **kwargs):
@@ -62,7 +62,7 @@ import logging
 import sys
 
 import peft_grounded
-from peft_grounded.training.sft.trainer import shallow_base
+from peft_grounded.training.sft.recommendation_trainer import shallow_base
 
 shallow_base(sys.argv[1], 1, sys.argv[2])  # loads and saves the base: accelerate imports DeepSpeed to unwrap it
 assert "deepspeed" in sys.modules

@@ -13,7 +13,7 @@ from peft_grounded.evaluation import EvalSettings
 from peft_grounded.pipeline import Budget, Experiment, run_strategy
 from peft_grounded.pipeline.side_by_side import strategy_curve
 from peft_grounded.prompts import HistoryError, PromptFormat, inference_prompts
-from peft_grounded.sids.model import RowStart, read_sid_record
+from peft_grounded.sids.extended_base import RowStart, read_sid_record
 from peft_grounded.training.runs import RunMismatchError
 from peft_grounded.training.sft import recommendation_examples, training_dataset
 
@@ -180,7 +180,7 @@ def test_base_models_load_from_safetensors_only(tmp_path, tiny_model_factory, to
     """As the README promises: a checkpoint with pickled weights only is refused, never unpickled."""
     import torch
 
-    from peft_grounded.sids.model import load_base
+    from peft_grounded.sids.extended_base import load_base
 
     path = tmp_path / "pickled"
     model = tiny_model_factory("llama", True)
@@ -192,7 +192,7 @@ def test_base_models_load_from_safetensors_only(tmp_path, tiny_model_factory, to
 
 
 def test_a_live_model_needs_its_tokenizer():
-    from peft_grounded.sids.model import model_for
+    from peft_grounded.sids.extended_base import model_for
 
     with pytest.raises(ValueError, match=r"ground\(model=\.\.\.\) needs the model's tokenizer"):
         model_for(object(), model=object(), tokenizer=None, caller="ground")
@@ -225,7 +225,7 @@ def test_a_budget_record_holds_each_part_and_changes_with_any_setting():
 
 
 def test_runner_starts_every_strategy_at_the_budgets_init_scale(toy, model_dir, tmp_path):
-    from peft_grounded.sids.model import sid_model
+    from peft_grounded.sids.extended_base import sid_model
 
     catalogue, index = toy
     budget = Budget.from_training(

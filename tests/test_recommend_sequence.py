@@ -14,7 +14,7 @@ from helpers.toy_catalogue import toy_catalogue, toy_index
 
 from peft_grounded.pipeline import Budget
 from peft_grounded.prompts import PromptFormat, inference_prompts
-from peft_grounded.sids.model import read_sid_record
+from peft_grounded.sids.extended_base import read_sid_record
 from peft_grounded.training.callbacks import learning_curve, time_schedule
 from peft_grounded.training.runs import RunMismatchError
 from peft_grounded.training.sft import RecommendationConfig, train_recommender, training_dataset
@@ -141,7 +141,7 @@ def _config(out, **kw) -> RecommendationConfig:
 
 
 def _rows_loss(model_dir, index, catalogue, adapter: str | None = None) -> float:
-    from peft_grounded.sids.model import sid_model
+    from peft_grounded.sids.extended_base import sid_model
 
     tokenizer, model = sid_model(model_dir, index, adapter=adapter, is_trainable=False)
     data = training_dataset(catalogue.leave_one_out(), index, catalogue, tokenizer, SEQ)
@@ -156,7 +156,7 @@ def _rows_loss(model_dir, index, catalogue, adapter: str | None = None) -> float
 
 def test_sequence_training_lowers_the_loss_and_records_its_format(toy, model_dir, tmp_path):
 
-    from peft_grounded.sids.model import prompt_format_of, sid_model
+    from peft_grounded.sids.extended_base import prompt_format_of, sid_model
 
     catalogue, index = toy
     out = tmp_path / "seq"
@@ -292,7 +292,7 @@ def test_the_bf16_path_resumes_to_the_uninterrupted_run(toy, model_dir, tmp_path
 
 def test_cli_objective_minutes_and_dtype():
     from peft_grounded.cli import ground, sft
-    from peft_grounded.training.config import GroundingConfig
+    from peft_grounded.training.stage_config import GroundingConfig
 
     _, _, args, _, config = sft.parse(
         ["--sid-index", "s", "--output_dir", "o", "--objective", "sequence", "--max_minutes", "15"]
@@ -338,7 +338,7 @@ def test_a_timed_run_resumes_with_its_clock_and_counts(toy, model_dir, tmp_path)
 def test_compact_loss_equals_trls_head_on_sequence_rows(toy, model_dir, tmp_path):
     """The compact head (labelled positions only) gives TRL's loss on the sequence objective's masks."""
     from peft_grounded.adapter import add_lora
-    from peft_grounded.sids.model import RowStart, sid_model
+    from peft_grounded.sids.extended_base import RowStart, sid_model
     from peft_grounded.training.sft import RecommendationTrainer
 
     catalogue, index = toy

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from peft_grounded.training.sft.trainer import shallow_base
+from peft_grounded.training.sft.recommendation_trainer import shallow_base
 
 
 def test_the_first_blocks_are_kept_bit_for_bit_and_the_model_runs(tmp_path, save_tiny_model):

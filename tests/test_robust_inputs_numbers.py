@@ -260,7 +260,7 @@ def test_the_python_api_refuses_the_same_values():
     from peft_grounded.evaluation import EvalSettings
     from peft_grounded.pipeline import Budget
     from peft_grounded.sids.quantizers import QuantizationError, RQKMeansConfig
-    from peft_grounded.training.config import GroundingConfig
+    from peft_grounded.training.stage_config import GroundingConfig
 
     with pytest.raises(SettingsError, match=r"max_steps .* got -5"):
         GroundingConfig(output_dir="unused", max_steps=-5, use_cpu=True)

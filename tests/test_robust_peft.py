@@ -193,8 +193,8 @@ def test_trls_chat_template_path_fails_with_a_grounded_config_as_documented(chat
 
 
 def test_the_packages_trainers_refuse_it_with_the_workaround(chat_source):
-    from peft_grounded.training.config import GroundingConfig
     from peft_grounded.training.grounding import GroundingTrainer
+    from peft_grounded.training.stage_config import GroundingConfig
 
     model, tokenizer, new, data = grounding_setup()
     args = GroundingConfig(
@@ -212,8 +212,8 @@ def test_the_packages_trainers_refuse_it_with_the_workaround(chat_source):
 
 @pytest.mark.parametrize("workaround", ["jinja file", "tokens added with the SIDs"])
 def test_the_documented_workarounds_train(chat_source, workaround):
-    from peft_grounded.training.config import GroundingConfig
     from peft_grounded.training.grounding import GroundingTrainer
+    from peft_grounded.training.stage_config import GroundingConfig
 
     extra = ["<|turn|>"] if workaround == "tokens added with the SIDs" else []
     model, tokenizer, new, data = grounding_setup(extra)

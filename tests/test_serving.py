@@ -43,7 +43,7 @@ def recommender(world):
 def test_recommend_from_a_folder_matches_the_decoder_on_the_peft_model(world, recommender):
     from peft_grounded.decoding import recommend
     from peft_grounded.prompts import inference_prompts
-    from peft_grounded.sids.model import prompt_format_of, sid_model
+    from peft_grounded.sids.extended_base import prompt_format_of, sid_model
 
     out = recommender.recommend(list(HISTORIES.values()), k=5, users=list(HISTORIES))
     assert [r.user for r in out] == list(HISTORIES)

@@ -12,7 +12,7 @@ import sys
 import pytest
 from helpers.growth_fixtures import grown_indices
 
-from peft_grounded.sids.model import save_sid_record
+from peft_grounded.sids.extended_base import save_sid_record
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,7 @@ def grown_folder(tmp_path_factory):
     from peft_grounded import assets
     from peft_grounded.new_items import grow_adapter
     from peft_grounded.serving import NewItemRule
-    from peft_grounded.sids.model import RowStart, sid_model
+    from peft_grounded.sids.extended_base import RowStart, sid_model
 
     root = tmp_path_factory.mktemp("smollm2-serving")
     parent, child = grown_indices()
@@ -105,8 +105,8 @@ def test_served_recall_is_the_evaluated_recall_on_smollm2(tmp_path):
     from peft_grounded.evaluation import EvalSettings
     from peft_grounded.evaluation.evaluator import evaluate_adapter
     from peft_grounded.evaluation.metrics import target_rank
-    from peft_grounded.sids.model import RowStart, sid_model
-    from peft_grounded.training.sft.trainer import record_sid_softmax
+    from peft_grounded.sids.extended_base import RowStart, sid_model
+    from peft_grounded.training.sft.recommendation_trainer import record_sid_softmax
 
     catalogue = toy_catalogue()
     index = toy_index(catalogue)

@@ -19,7 +19,7 @@ from peft_grounded import GroundedTokenConfig
 from peft_grounded.adapter import add_lora
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.sid_head import compact_fused_forward, compact_head
-from peft_grounded.sids.model import read_sid_record, sid_record, sid_softmax_of
+from peft_grounded.sids.extended_base import read_sid_record, sid_record, sid_softmax_of
 from peft_grounded.training.sft import RecommendationConfig, train_recommender, training_dataset
 
 CASES = [("llama", True), ("llama", False), ("qwen3", True), ("qwen3", False)]
@@ -266,7 +266,7 @@ def test_the_compact_head_refuses_a_fused_call_it_cannot_score(tokenizer, tiny_m
 
 
 def test_copying_a_model_keeps_its_record(tokenizer, tiny_model_factory):
-    from peft_grounded.training.sft.trainer import record_sid_softmax
+    from peft_grounded.training.sft.recommendation_trainer import record_sid_softmax
 
     model, _ = setup(tokenizer, tiny_model_factory, "llama", False)
     record_sid_softmax(model, True)
@@ -277,7 +277,7 @@ def test_copying_a_model_keeps_its_record(tokenizer, tiny_model_factory):
 
 def test_trls_loop_without_the_compact_head_takes_the_same_loss(toy, model_dir, tmp_path):
     """compact_loss=False (TRL's own fused head for the full softmax) still gets the SID-only loss."""
-    from peft_grounded.sids.model import RowStart, sid_model
+    from peft_grounded.sids.extended_base import RowStart, sid_model
     from peft_grounded.training.sft import RecommendationTrainer
 
     catalogue, index = toy
@@ -303,7 +303,7 @@ def test_trls_loop_without_the_compact_head_takes_the_same_loss(toy, model_dir, 
 def test_the_default_applies_it_wherever_it_can(toy, model_dir, tmp_path):
     """sid_softmax=None (the default): the SID-only softmax on a grounded adapter, the full head where it
     cannot apply (label smoothing); the trainer's args and the adapter's record say which runs."""
-    from peft_grounded.sids.model import RowStart, sid_model
+    from peft_grounded.sids.extended_base import RowStart, sid_model
     from peft_grounded.training.sft import RecommendationTrainer
 
     catalogue, index = toy
@@ -330,8 +330,8 @@ def test_the_default_applies_it_wherever_it_can(toy, model_dir, tmp_path):
 def test_a_folder_without_its_record_decodes_the_whole_vocabulary_and_says_so(toy, model_dir, tmp_path):
     """PEFT's own save writes no SID record: such an adapter decodes over the whole vocabulary (what any other
     trainer taught it), with a warning naming the folder; the package's save keeps the record."""
-    from peft_grounded.sids.model import RowStart, save_sid_record, sid_model
-    from peft_grounded.training.sft.trainer import record_sid_softmax
+    from peft_grounded.sids.extended_base import RowStart, save_sid_record, sid_model
+    from peft_grounded.training.sft.recommendation_trainer import record_sid_softmax
 
     _, index = toy
     _, model = sid_model(model_dir, index, start=RowStart(init="centroid"), fmt=SEQ)

@@ -11,7 +11,7 @@ lives here or beside its command:
 * :class:`SFTArguments`: the recommendation stage's grounded start and prompt format.
 
 How the new rows start (``--init``, ``--centroid_variant``, ``--init_scale``) is
-:class:`peft_grounded.sids.model.RowStart`, a settings dataclass of ``ground`` and ``sft`` passed down as it is
+:class:`peft_grounded.sids.extended_base.RowStart`, a settings dataclass of ``ground`` and ``sft`` passed down as it is
 to the model it starts.
 
 A command is a :class:`Command`: its name, help, settings dataclasses and the function that runs on them.

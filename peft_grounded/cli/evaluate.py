@@ -195,7 +195,7 @@ def run_fuse(args: FusePeerArguments, settings: EvalSettings) -> int:
     from ..evaluation.peers import fit_peer_fusion
     from ..new_items.rule import RULE_FILES
     from ..serving.peer_fusion import PeerFusionError, item_difference
-    from ..sids.model import base_model_path, sid_model
+    from ..sids.extended_base import base_model_path, sid_model
     from ..sids.sasrec import SASRecConfig, SASRecRecommender
     from ..sids.sasrec_cache import shared_fit
     from .common import load_data

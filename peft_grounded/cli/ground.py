@@ -1,8 +1,8 @@
 """``peft-grounded ground``: the grounding stage from the command line (:func:`peft_grounded.training.grounding.ground`).
 
-The flags are the fields of :class:`~.common.DataArguments`, :class:`~peft_grounded.sids.model.RowStart` (how
+The flags are the fields of :class:`~.common.DataArguments`, :class:`~peft_grounded.sids.extended_base.RowStart` (how
 the new rows start), :class:`~.model_config.GroundedModelConfig` (TRL's ``ModelConfig``) and
-:class:`~peft_grounded.training.config.GroundingConfig` (TRL's ``SFTConfig``), parsed by TRL's parser;
+:class:`~peft_grounded.training.stage_config.GroundingConfig` (TRL's ``SFTConfig``), parsed by TRL's parser;
 ``--config ground.yaml`` gives any of them. The parsed ``RowStart`` is passed down as it is, to the model it
 starts.
 """
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .common import Command, DataArguments
 
 if TYPE_CHECKING:
-    from ..sids.model import RowStart
+    from ..sids.extended_base import RowStart
     from .model_config import GroundedModelConfig
 
 DESCRIPTION = (
@@ -26,8 +26,8 @@ DESCRIPTION = (
 
 
 def settings() -> tuple[type, ...]:
-    from ..sids.model import RowStart
-    from ..training.config import GroundingConfig
+    from ..sids.extended_base import RowStart
+    from ..training.stage_config import GroundingConfig
     from .model_config import GroundedModelConfig
 
     return (DataArguments, RowStart, GroundedModelConfig, GroundingConfig)

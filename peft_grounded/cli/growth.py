@@ -214,7 +214,7 @@ def grow_adapter_into(
         new_item_ids,
     )
     from ..sids import SIDIndex, load_catalogue
-    from ..sids.model import base_model_path, sid_model
+    from ..sids.extended_base import base_model_path, sid_model
 
     output, adapter = Path(output), Path(adapter)
     checks.raise_problems(
@@ -313,7 +313,7 @@ def grow_adapter_into(
         }
     if rule is not None:  # whose beams the rule mixes: the grown model's, or text KNN where that wins
         from ..serving import GroundedRecommender
-        from ..sids.model import prompt_format_of
+        from ..sids.extended_base import prompt_format_of
 
         GroundedRecommender(grown, tokenizer, child, prompt_format_of(grown)).choose_new_item_beams(
             rule, choice_log

@@ -73,7 +73,7 @@ class GroundedModelConfig(ModelConfig):
         if not self.layers:
             return self.model_name_or_path
         from .. import assets
-        from ..training.sft.trainer import shallow_base
+        from ..training.sft.recommendation_trainer import shallow_base
 
         source = self.model_name_or_path or assets.smollm2()
         return str(shallow_base(source, self.layers, Path(output_dir) / f"base-{self.layers}-blocks"))

@@ -222,7 +222,7 @@ def _check_model_files(args: RecommendArguments) -> None:
 
     model = args.model_name_or_path
     if model is not None and (model.startswith((".", "/", "~")) or Path(model).expanduser().exists()):
-        from ..sids.model import check_model_dir
+        from ..sids.extended_base import check_model_dir
 
         check_model_dir(model, "--model_name_or_path")
     folder = Path(args.adapter).expanduser()

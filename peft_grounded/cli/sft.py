@@ -1,7 +1,7 @@
 """``peft-grounded sft``: recommendation SFT (LoRA + the new rows) from the command line
 (:func:`peft_grounded.training.sft.train_recommender`).
 
-The flags are the fields of :class:`~.common.DataArguments`, :class:`~peft_grounded.sids.model.RowStart` (how
+The flags are the fields of :class:`~.common.DataArguments`, :class:`~peft_grounded.sids.extended_base.RowStart` (how
 the new rows start), :class:`~.common.SFTArguments`, :class:`~.model_config.LoraModelConfig` (TRL's
 ``ModelConfig``: the base model and the LoRA) and :class:`~peft_grounded.training.sft.RecommendationConfig`
 (TRL's ``SFTConfig``), parsed by TRL's parser; ``--config sft.yaml`` gives any of them. The parsed ``RowStart``
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .common import Command, DataArguments, SFTArguments
 
 if TYPE_CHECKING:
-    from ..sids.model import RowStart
+    from ..sids.extended_base import RowStart
     from .model_config import LoraModelConfig
 
 DESCRIPTION = (
@@ -28,8 +28,8 @@ DESCRIPTION = (
 
 
 def settings() -> tuple[type, ...]:
-    from ..sids.model import RowStart
-    from ..training.config import RecommendationConfig
+    from ..sids.extended_base import RowStart
+    from ..training.stage_config import RecommendationConfig
     from .model_config import LoraModelConfig
 
     return (DataArguments, RowStart, SFTArguments, LoraModelConfig, RecommendationConfig)
@@ -37,7 +37,7 @@ def settings() -> tuple[type, ...]:
 
 def run(data: DataArguments, start: RowStart, sft: SFTArguments, base: LoraModelConfig, config: Any) -> int:
     """Train the recommender as the settings say; the same call serves the command line, YAML and Python."""
-    from ..training.sft.trainer import train_recommender
+    from ..training.sft.recommendation_trainer import train_recommender
 
     catalogue, index = data.load()
     fmt, split = sft.prompt_format(), catalogue.leave_one_out()  # one split: training and its validation

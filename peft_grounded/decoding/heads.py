@@ -40,7 +40,7 @@ def wants_sid_softmax(model: Any, sid_softmax: bool | None) -> bool:
     """``sid_softmax``, or when None what ``model``'s adapter recorded (False without a record)."""
     if sid_softmax is not None:
         return bool(sid_softmax)
-    from ..sids.model import sid_softmax_of
+    from ..sids.extended_base import sid_softmax_of
 
     return sid_softmax_of(model)
 

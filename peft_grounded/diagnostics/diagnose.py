@@ -37,7 +37,7 @@ from peft_grounded.diagnostics.rows import (
     load_sid_rows,
 )
 from peft_grounded.diagnostics.snapshot import GeometrySnapshot
-from peft_grounded.sids.model import FINGERPRINT_KEY, read_sid_record
+from peft_grounded.sids.extended_base import FINGERPRINT_KEY, read_sid_record
 
 if TYPE_CHECKING:
     from ..sids.index import SIDIndex

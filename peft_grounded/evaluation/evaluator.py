@@ -207,7 +207,7 @@ def evaluate_adapter(
     from ..new_items.rule import NewItemRule
     from ..serving.peer_fusion import PeerFusion, stored_fix
     from ..sids.catalogue_source import index_catalogue
-    from ..sids.model import base_model_path, prompt_format_of, sid_model
+    from ..sids.extended_base import base_model_path, prompt_format_of, sid_model
 
     catalogue = index_catalogue(index, catalogue, flag="catalogue=")  # None: the index's own
     settings = settings or EvalSettings()

@@ -9,7 +9,7 @@ table with paired bootstrap intervals (:func:`~peft_grounded.evaluation.compare_
 
 :class:`TextKNN` (cosine neighbours in the SID index's own item-vector space, no training) follows; SASRec is
 :mod:`peft_grounded.sids.sasrec`, TGH (the transition-graph heuristic) :mod:`.graph_peer`, and PEFT's own
-default path (:func:`~peft_grounded.sids.model.peft_default_model`) is run by the experiment runner as strategy
+default path (:func:`~peft_grounded.sids.extended_base.peft_default_model`) is run by the experiment runner as strategy
 ``peft_default``.
 """
 
@@ -276,7 +276,7 @@ def fit_peer_fusion(
     validation users: the sample ``settings`` (:class:`~peft_grounded.evaluation.EvalSettings`) names, decoded
     as ``evaluate`` decodes them (its beams, bf16 and batch size), their whole history left out."""
     from ..decoding.search import model_beams, sid_trie
-    from ..sids.model import prompt_format_of
+    from ..sids.extended_base import prompt_format_of
 
     settings = settings or EvalSettings()
     fingerprint = index.fingerprint()

@@ -82,7 +82,7 @@ def attach_grounded(
     check_readable(Path(folder) / ADAPTER_WEIGHTS)
     prepare_base(config, base_model, tokenizer, where=where)
     from .._quiet import peft_wrapping
-    from ..sids.model import load_sid_record
+    from ..sids.extended_base import load_sid_record
 
     with peft_wrapping():
         model = PeftModel.from_pretrained(
@@ -104,7 +104,7 @@ def load_sid_index(
     folder = source.fetch((f"{SID_INDEX_DIR}/*",))
     recorded = None
     if ADAPTER_CONFIG in source.files:  # the index must be the version the adapter was trained or grown on
-        from ..sids.model import FINGERPRINT_KEY, SID_RECORD, read_sid_record
+        from ..sids.extended_base import FINGERPRINT_KEY, SID_RECORD, read_sid_record
 
         record = read_sid_record(source.fetch((SID_RECORD,))) if SID_RECORD in source.files else {}
         recorded = record.get(FINGERPRINT_KEY)

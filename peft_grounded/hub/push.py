@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from huggingface_hub.constants import REPOCARD_NAME
 
-from ..sids.model import FINGERPRINT_KEY, SID_RECORD, read_sid_record, save_sid_record
+from ..sids.extended_base import FINGERPRINT_KEY, SID_RECORD, read_sid_record, save_sid_record
 from .repo import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,

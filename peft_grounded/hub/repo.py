@@ -205,7 +205,7 @@ def fetch_adapter(
     source = open_source(repo_id_or_path, revision=revision, token=token)
     check_adapter_files(list(source.files), source.where)
     config = load_grounded_config(source.fetch((ADAPTER_CONFIG,)), source.where)
-    from ..sids.model import SID_RECORD
+    from ..sids.extended_base import SID_RECORD
 
     wanted = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, *((SID_RECORD,) if SID_RECORD in source.files else ()))
     return source, source.fetch(wanted), config

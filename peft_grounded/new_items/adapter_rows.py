@@ -29,7 +29,7 @@ from ..adapter.initialize import add_tokens, check_tokenizer, initializer_range
 from ..adapter.layer import GroundedTokenLayer
 from ..adapter.starts import InitData, initial_rows
 from ..hub.repo import FUSION_FILES, RULE_FILES
-from ..sids.model import FINGERPRINT_KEY, record_sid_facts, sid_record
+from ..sids.extended_base import FINGERPRINT_KEY, record_sid_facts, sid_record
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -258,7 +258,7 @@ def owned_by_adapter(path: Path) -> bool:
     """Whether ``path`` in an adapter folder is the adapter's own (replaced by a new save): its config,
     weights, new-item rule, peer fusion and PEFT's model card; anything else (a README of the user's, notes,
     data) is kept."""
-    from ..sids.model import SID_RECORD
+    from ..sids.extended_base import SID_RECORD
 
     if path.name in ADAPTER_FILES or path.name == SID_RECORD:
         return True
@@ -274,7 +274,7 @@ def save_adapter_keeping_others(model, output: Path) -> list[str]:
 
     tmp = make_temp_dir(output)
     try:
-        from ..sids.model import save_sid_record
+        from ..sids.extended_base import save_sid_record
 
         model.save_pretrained(tmp)
         save_sid_record(model, tmp)

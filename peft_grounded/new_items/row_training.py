@@ -6,7 +6,7 @@ on it).
 Incremental grounding: GTI pairs of the new items only, training only the rows their SIDs use. After
 :func:`~peft_grounded.new_items.grow_adapter`, :func:`ground_new_items` runs a few steps of the grounding
 stage's own trainer (:class:`~peft_grounded.training.grounding.GroundingTrainer`, settings an
-:class:`IncrementalGroundingConfig`, a :class:`~peft_grounded.training.config.GroundingConfig` with the defaults of a
+:class:`IncrementalGroundingConfig`, a :class:`~peft_grounded.training.stage_config.GroundingConfig` with the defaults of a
 few seconds' top-up) on the grounding pairs (text -> SID, SID -> text) of the items the child index added.
 Every other weight is frozen, and the trainer's row mask (``GroundingTrainer(rows=...)``) keeps every row
 outside the trained ones bit-identical (a zero gradient from the first step gives AdamW without weight decay a
@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from ..sids.model import FINGERPRINT_KEY, sid_record
-from ..training.config import GroundingConfig
+from ..sids.extended_base import FINGERPRINT_KEY, sid_record
 from ..training.grounding import GroundingData, grounding_dataset
+from ..training.stage_config import GroundingConfig
 
 if TYPE_CHECKING:
     from ..sids.index import SIDIndex
@@ -233,10 +233,10 @@ def tune_new_items_on_log(
     positions before them).
     """
     from ..sids.catalogue import LeaveOneOut, UserSplit
-    from ..sids.model import prompt_format_of
-    from ..training.config import RecommendationConfig
+    from ..sids.extended_base import prompt_format_of
     from ..training.grounding import rows_only
-    from ..training.sft.trainer import train_recommender
+    from ..training.sft.recommendation_trainer import train_recommender
+    from ..training.stage_config import RecommendationConfig
 
     name = model.active_adapter
     child_index.check_adapter(model.peft_config[name], recorded=sid_record(model, name).get(FINGERPRINT_KEY))

@@ -1,6 +1,6 @@
 """What a strategy comparison runs with: each stage's own settings object, and what only the runner decides.
 
-A :class:`Budget` holds the grounding stage's :class:`~peft_grounded.training.config.GroundingConfig`, the SFT stage's
+A :class:`Budget` holds the grounding stage's :class:`~peft_grounded.training.stage_config.GroundingConfig`, the SFT stage's
 :class:`~peft_grounded.training.sft.RecommendationConfig` (both TRL ``SFTConfig``\\ s: the objects the stages take,
 so no setting is translated twice), the stacked LoRA as ``peft.LoraConfig`` keyword arguments (what
 ``GroundedTokenConfig.lora`` records), the final evaluation's
@@ -22,9 +22,9 @@ from .. import checks
 from ..adapter.lora import checked_lora
 from ..evaluation.metrics import EvalSettings
 from ..prompts import PromptFormat
-from ..sids.model import RowStart
+from ..sids.extended_base import RowStart
 from ..training.grounding import GroundingConfig
-from ..training.sft.trainer import RecommendationConfig
+from ..training.sft.recommendation_trainer import RecommendationConfig
 
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 PARTS = ("valid", "test")

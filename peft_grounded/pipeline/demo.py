@@ -19,7 +19,7 @@ from ..evaluation.metrics import EvalSettings
 from ..prompts import PromptFormat
 from ..recipes import CPU, CPU_SIDS
 from ..sids.behaviour import ItemVectorsConfig
-from ..sids.model import RowStart
+from ..sids.extended_base import RowStart
 from ..training import runs
 from .budget import STRATEGIES, Budget, Experiment
 from .runner import run_strategy
@@ -258,7 +258,7 @@ def run_demo(
     }
     runs.check_and_write(out, manifest, out if (out / runs.MANIFEST).is_file() else None)
     if spec.layers:
-        from ..training.sft.trainer import shallow_base
+        from ..training.sft.recommendation_trainer import shallow_base
 
         model_path = str(shallow_base(model_path, spec.layers, out / f"base-{spec.layers}-blocks"))
         print(f"[demo] base: its first {spec.layers} decoder blocks, {model_path}", flush=True)

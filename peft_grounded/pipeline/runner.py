@@ -30,7 +30,7 @@ from .._io import locks_output, read_json
 from ..adapter.saved import ADAPTER_WEIGHTS
 from ..decoding.trie import item_token_ids
 from ..evaluation.evaluator import evaluate
-from ..sids.model import sid_model
+from ..sids.extended_base import sid_model
 from ..training import runs
 from ..training.runs import (
     ADAPTER_DIR,
@@ -82,7 +82,7 @@ def run_strategy(
     from ..decoding import SIDTrie
     from ..training.callbacks import LogHistory, ValidationLikelihood, ValidationRecall, learning_curve
     from ..training.grounding import ground
-    from ..training.sft.trainer import train_recommender
+    from ..training.sft.recommendation_trainer import train_recommender
 
     spec = strategy(name)
     grounding = budget.grounding_config() if spec.ground else None  # refused before any work
@@ -100,7 +100,7 @@ def run_strategy(
     started = time.perf_counter()
     torch.manual_seed(budget.seed)
     if spec.adapter == "peft":
-        from ..sids.model import peft_default_model
+        from ..sids.extended_base import peft_default_model
 
         tokenizer, model = peft_default_model(
             experiment.model_path, experiment.index, budget.lora, dtype=budget.dtype

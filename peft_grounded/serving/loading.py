@@ -101,7 +101,7 @@ def index_for(sid_index: Any, folder: Path, where: str, recorded: str | None = N
 
 
 def base_path_for(config: Any, folder: Path) -> str:
-    from ..sids.model import base_model_path
+    from ..sids.extended_base import base_model_path
 
     try:
         return base_model_path(str(folder), config.base_model_name_or_path or "")
@@ -126,7 +126,7 @@ def load_adapter_parts(
     from ..decoding.heads import sid_rows
     from ..hub.load import attach_grounded
     from ..hub.repo import load_grounded_config
-    from ..sids.model import FINGERPRINT_KEY, check_model_dir, prompt_format_of, read_sid_record
+    from ..sids.extended_base import FINGERPRINT_KEY, check_model_dir, prompt_format_of, read_sid_record
 
     config = load_grounded_config(folder, where)
     record = read_sid_record(folder)
@@ -152,7 +152,7 @@ def load_merged_parts(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..prompts import PromptFormat
-    from ..sids.model import check_model_dir
+    from ..sids.extended_base import check_model_dir
 
     check_model_dir(folder, "path_or_hub_id")
     index = index_for(sid_index, folder, where)

@@ -37,7 +37,7 @@ _LAZY = {  # module: the names it exports
     "quantizers": "RQKMeansConfig fit_rqkmeans RQVAEConfig fit_rqvae",
     "kmeans": "QuantizationError kmeans",
     "index": "SIDIndex IndexFileError EncoderMismatchError",
-    "model": "RowStart",
+    "extended_base": "RowStart",
 }
 
 __getattr__, __dir__, _lazy_names = lazy_exports(__name__, _LAZY)

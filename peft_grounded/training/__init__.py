@@ -15,7 +15,7 @@ from __future__ import annotations
 from .._imports import lazy_exports
 
 _LAZY = {  # module: the names it exports
-    "config": "RunConfig check_max_examples check_run_config",
+    "stage_config": "RunConfig check_max_examples check_run_config",
     "trainer": "RunTrainer",
     "steps": "upcast_trainable",
     "runs": "save_adapter_atomic load_adapter_weights RunMismatchError sample_rows",

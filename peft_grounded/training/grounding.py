@@ -28,8 +28,8 @@ from .._quiet import peft_wrapping
 from ..adapter import GroundedTokenConfig
 from ..prompts import DEFAULT_SYSTEM_PROMPT
 from ..sids.catalogue_source import index_catalogue
-from ..sids.model import RowStart
-from .config import GroundingConfig
+from ..sids.extended_base import RowStart
+from .stage_config import GroundingConfig
 from .trainer import RunTrainer, StageRun, run_stage
 
 
@@ -144,7 +144,7 @@ def ground(
     None: the one the index was built from, see :func:`~peft_grounded.sids.catalogue_source.index_catalogue`).
 
     A fresh base model (``model_path``, default: the packaged SmolLM2-135M, loaded in ``dtype``) gets the tokens
-    and ``start`` (a :class:`~peft_grounded.sids.model.RowStart`; None: its defaults) starts their rows; or
+    and ``start`` (a :class:`~peft_grounded.sids.extended_base.RowStart`; None: its defaults) starts their rows; or
     ``model`` (with its ``tokenizer``), a model already wrapped for ``index``, is grounded in place (the
     strategy runner's path). Only the rows train, on the six GTI templates; the adapter lands in
     ``<args.output_dir>/adapter``. The output folder is locked from the start, before the model is loaded.

@@ -36,7 +36,7 @@ from .._io import (
 )
 from ..adapter.layer import wrapped_keys
 from ..adapter.saved import ADAPTER_WEIGHTS
-from ..sids.model import save_sid_record
+from ..sids.extended_base import save_sid_record
 
 # The layout of a run's folder (every stage and tool names its files from here)
 MANIFEST = "run.json"  # what the run is (checked on resume)
@@ -161,7 +161,7 @@ def check_run(output_dir: str | Path, manifest: dict, resume_from: str | Path | 
 
 def sample_rows(dataset, n: int | None, seed: int):
     """A seeded sample of ``n`` rows (all rows when ``n`` is None or larger than the dataset)."""
-    from .config import check_max_examples
+    from .stage_config import check_max_examples
 
     check_max_examples(n)
     if n is None or n >= len(dataset):

@@ -41,7 +41,6 @@ from trl import SFTTrainer
 from .._io import DiskFullError, is_disk_full, output_lock, read_json
 from . import runs
 from .callbacks import TimeProgressCallback, TrainingClock, time_schedule
-from .config import check_max_examples, wants_padding_free
 from .runs import (
     ADAPTER_DIR,
     LOG_FILE,
@@ -56,11 +55,12 @@ from .runs import (
     stopped,
     train_loss,
 )
+from .stage_config import check_max_examples, wants_padding_free
 from .steps import count_targets, training_kernels, upcast_trainable
 
 if TYPE_CHECKING:
     from ..prompts import PromptFormat
-    from ..sids.model import RowStart
+    from ..sids.extended_base import RowStart
 
 logger = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class RunTrainer(SafeCheckpoints, SFTTrainer):
         return problem
 
     def build_manifest(self, data_fingerprint: str) -> dict:
-        from ..sids.model import sid_record
+        from ..sids.extended_base import sid_record
 
         a = self.args
         config = (
@@ -461,13 +461,13 @@ def run_stage(
     dtype: torch.dtype = torch.float32,
 ):
     """The body of a stage's entry point (``ground``, ``train_recommender``): check ``run.max_examples``, take
-    ``run.model`` or load one for ``index`` (:func:`~peft_grounded.sids.model.model_for`: ``model_path`` in
+    ``run.model`` or load one for ``index`` (:func:`~peft_grounded.sids.extended_base.model_for`: ``model_path`` in
     ``dtype``, its rows started as ``start`` says or loaded from ``adapter``, ``fmt`` recorded, the run's seed),
     ``prepare`` it, then train a ``trainer_cls`` built from ``args`` on ``dataset(tokenizer)``, from the run's
     last checkpoint when ``run.resume``. Returns the model. Every random start follows ``args.seed``: the model
     and what ``prepare`` adds (a stacked LoRA) are drawn under :func:`seeded`, the Trainer seeds data order,
     dropout and NEFTune's noise, the dataset its augmentation and teacher."""
-    from ..sids.model import model_for
+    from ..sids.extended_base import model_for
 
     check_max_examples(run.max_examples)
     with seeded(args.seed):  # the model is built (a LoRA drawn) before the Trainer seeds the process

@@ -33,8 +33,8 @@ def main() -> None:
     import peft_grounded
     from helpers.toy_catalogue import toy_catalogue, toy_index
     from peft_grounded import assets
-    from peft_grounded.training.config import GroundingConfig
     from peft_grounded.training.grounding import GroundingTrainer, grounding_dataset
+    from peft_grounded.training.stage_config import GroundingConfig
 
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(assets.smollm2())

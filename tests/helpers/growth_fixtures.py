@@ -12,7 +12,7 @@ from peft_grounded import GroundedTokenConfig
 from peft_grounded.cli import main
 from peft_grounded.new_items import add_items, grow_adapter
 from peft_grounded.sids import Item
-from peft_grounded.sids.model import record_sid_facts, save_sid_record
+from peft_grounded.sids.extended_base import record_sid_facts, save_sid_record
 
 
 def grown_indices():

@@ -53,8 +53,8 @@ def fresh_tokenizer():
 def grounding_trainer(output_dir, *, max_steps: int = 6, save_steps: int = 2, seed: int = 0, callbacks=()):
     """A tiny untied model's grounding run (the toy catalogue, batch 4): a few seconds end to end."""
     import peft_grounded
-    from peft_grounded.training.config import GroundingConfig
     from peft_grounded.training.grounding import GroundingTrainer, grounding_dataset
+    from peft_grounded.training.stage_config import GroundingConfig
 
     torch.manual_seed(0)
     tokenizer = fresh_tokenizer()

@@ -16,7 +16,7 @@ from conftest import build_tiny_model
 
 from helpers.toy_catalogue import toy_catalogue, toy_index
 from peft_grounded.cli import main
-from peft_grounded.sids.model import save_sid_record
+from peft_grounded.sids.extended_base import save_sid_record
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -73,7 +73,7 @@ def world(tmp_path_factory, smollm2_dir):
     from transformers import AutoTokenizer
 
     from peft_grounded.adapter import add_lora
-    from peft_grounded.sids.model import RowStart, sid_model
+    from peft_grounded.sids.extended_base import RowStart, sid_model
 
     root = tmp_path_factory.mktemp("user")
     base = root / "base"

@@ -15,8 +15,8 @@ from helpers.growth_fixtures import grown_indices, saved_adapter
 from helpers.toy_catalogue import toy_catalogue, toy_index
 from peft_grounded import GroundedTokenConfig
 from peft_grounded.new_items import grow_adapter
-from peft_grounded.sids.model import save_sid_record
-from peft_grounded.training.sft.trainer import record_sid_softmax
+from peft_grounded.sids.extended_base import save_sid_record
+from peft_grounded.training.sft.recommendation_trainer import record_sid_softmax
 
 
 def serving_world(root: Path, tokenizer, tiny_model_factory) -> dict:

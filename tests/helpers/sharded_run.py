@@ -211,10 +211,10 @@ def run_job(
 
     import peft_grounded
     from peft_grounded import assets
-    from peft_grounded.training.config import GroundingConfig
     from peft_grounded.training.grounding import GroundingTrainer, grounding_dataset
     from peft_grounded.training.sft import RecommendationConfig, RecommendationTrainer
     from peft_grounded.training.sft.data import training_dataset
+    from peft_grounded.training.stage_config import GroundingConfig
 
     stage, model_name, tied = parse_job(job)
     directory = job_dir(out, job)

@@ -56,7 +56,7 @@ def sid_training(
 
 def trainer_args(output_dir: Path, **changes: Any) -> Any:
     """RecommendationConfig for a 3-step float32 CPU run in ``output_dir`` (``changes`` override)."""
-    from peft_grounded.training.config import RecommendationConfig
+    from peft_grounded.training.stage_config import RecommendationConfig
 
     settings = dict(
         output_dir=str(output_dir), per_device_train_batch_size=4, max_steps=3, use_cpu=True, report_to="none",

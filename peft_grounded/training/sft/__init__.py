@@ -1,6 +1,6 @@
 """Recommendation SFT, the second training stage: next-item data (prompt or sequence objective), the trainer,
 and distillation from a peer. Its settings (``RecommendationConfig``) live with every stage's in
-:mod:`peft_grounded.training.config`, its callbacks in :mod:`peft_grounded.training.callbacks`.
+:mod:`peft_grounded.training.stage_config`, its callbacks in :mod:`peft_grounded.training.callbacks`.
 
 Names load on first use (:mod:`peft_grounded._imports`), so that the settings parse without the trainer.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from ..._imports import lazy_exports
 
 _LAZY = {  # module: the names it exports
-    ".config": "RecommendationConfig",
-    "trainer": "RecommendationTrainer train_recommender",
+    ".stage_config": "RecommendationConfig",
+    "recommendation_trainer": "RecommendationTrainer train_recommender",
     ".callbacks": "ValidationLikelihood ValidationRecall learning_curve",
     "data": "recommendation_examples training_dataset sequence_dataset",
 }

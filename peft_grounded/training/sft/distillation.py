@@ -14,7 +14,7 @@ The targets travel as two dataset columns, :data:`TEACHER_COLUMNS`: per row, one
 SID token, in the row's order. :class:`TeacherCollator` concatenates a batch's rows into ``[N, top_k]`` tensors,
 ``N`` = the batch's labelled SID tokens in row-major order, which is the order the compact head scores them in,
 padded and padding-free alike. The loss itself is the trainer's
-(:meth:`~peft_grounded.training.sft.trainer.RecommendationTrainer.compute_loss`).
+(:meth:`~peft_grounded.training.sft.recommendation_trainer.RecommendationTrainer.compute_loss`).
 
 :func:`with_teacher` caches the teacher and its targets in ``<output_dir>/teacher/`` (each file written
 atomically, the JSON that vouches for them last), so that a resumed run trains on the very same targets: a

@@ -1,10 +1,10 @@
 """Peers and grounded-LLM strategies side by side on one split, one sample of users, one table.
 
-    OMP_NUM_THREADS=1 python benchmarks/side_by_side.py --dataset movielens-100k --out runs/sbs-ml100k
-    OMP_NUM_THREADS=1 python benchmarks/side_by_side.py --dataset ../shared/data/amazon-office --out runs/sbs-office
-    python benchmarks/side_by_side.py --out runs/sbs-smoke --smoke        # a path check, seconds of training
+    OMP_NUM_THREADS=1 python benchmarks/bench_side_by_side.py --dataset movielens-100k --out runs/sbs-ml100k
+    OMP_NUM_THREADS=1 python benchmarks/bench_side_by_side.py --dataset ../shared/data/amazon-office --out runs/sbs-office
+    python benchmarks/bench_side_by_side.py --out runs/sbs-smoke --smoke        # a path check, seconds of training
     # the peers alone on every test user, SASRec trained to its patience (cached), TGH beside it:
-    OMP_NUM_THREADS=1 python benchmarks/side_by_side.py --dataset movielens-100k --out runs/tgh-ml100k \
+    OMP_NUM_THREADS=1 python benchmarks/bench_side_by_side.py --dataset movielens-100k --out runs/tgh-ml100k \
         --strategies --peers popularity knn_last sasrec tgh --sasrec-minutes 0
 
 Builds the SIDs (MiniLM, 3 x 64 + disambiguation; cached in ``<out>/sids``), scores the peers
@@ -183,7 +183,7 @@ def main(argv=None) -> int:
     fmt = PromptFormat(objective="sequence", max_history=19)
     model_path = str(assets.smollm2())
     if args.layers:
-        from peft_grounded.training.sft.trainer import shallow_base
+        from peft_grounded.training.sft.recommendation_trainer import shallow_base
 
         model_path = str(shallow_base(model_path, args.layers, out / f"base-{args.layers}-blocks"))
     experiment = Experiment(model_path, catalogue, index, fmt=fmt)
@@ -247,7 +247,7 @@ def main(argv=None) -> int:
             subsets=subsets,
         )
     header = (
-        f"# Side by side: {catalogue.name}\n\nCommand: `python benchmarks/side_by_side.py "
+        f"# Side by side: {catalogue.name}\n\nCommand: `python benchmarks/bench_side_by_side.py "
         f"{' '.join(sys.argv[1:] if argv is None else argv)}`; precision {'bf16' if bf16 else 'fp32'}; "
         f"LLM rows: {args.minutes:g} min SFT each (grounding strategies +{args.grounding_minutes:g}).\n\n"
     )

@@ -17,9 +17,9 @@ from ..._io import locks_output, make_temp_dir
 from ...adapter import GroundedTokenConfig
 from ...prompts import PromptFormat
 from ...sids.catalogue_source import index_catalogue
-from ...sids.model import SID_SOFTMAX_KEY, RowStart, record_sid_facts
+from ...sids.extended_base import SID_SOFTMAX_KEY, RowStart, record_sid_facts
 from ..callbacks import ValidationRecall
-from ..config import RecommendationConfig
+from ..stage_config import RecommendationConfig
 from ..trainer import RunTrainer, StageRun, run_stage
 
 __all__ = [
@@ -37,7 +37,7 @@ class RecommendationTrainer(RunTrainer):
     stage = "recommendation"
 
     def __init__(self, model, args: RecommendationConfig | None = None, **kwargs) -> None:
-        from ...sids.model import is_peft_default
+        from ...sids.extended_base import is_peft_default
 
         grounded = isinstance(model, PeftModel) and isinstance(
             model.peft_config.get(model.active_adapter), GroundedTokenConfig
@@ -183,7 +183,7 @@ def train_recommender(
     """Next-item SFT with a LoRA stacked on the new rows (the ``sft`` command).
 
     The rows start from the grounded adapter at ``grounded`` (checked against ``index``) or as ``start`` says
-    (a :class:`~peft_grounded.sids.model.RowStart`; None: its defaults) on a fresh base (``model_path`` loaded
+    (a :class:`~peft_grounded.sids.extended_base.RowStart`; None: its defaults) on a fresh base (``model_path`` loaded
     in ``dtype``); or ``model`` (with its ``tokenizer``), a model already wrapped for ``index`` (the strategy
     runner's path), trains in place. ``lora`` holds
     :func:`~peft_grounded.add_lora`'s arguments (False: no LoRA; the rows, and any weight the caller made
