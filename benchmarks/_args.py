@@ -1,9 +1,12 @@
 """The benchmark scripts' settings: dataclasses, parsed as the package's commands parse theirs, and ``--dry-run``.
 
-A script declares each setting once, as a dataclass field with ``metadata={"help": ...}`` (reusing the package's
-dataclasses where it exposes the same setting), and calls :func:`parse`, which parses them with TRL's parser
+A script declares each setting once, as a dataclass field with ``metadata={"help": ...}``, and calls :func:`parse`, which parses them with TRL's parser
 through the package's :class:`~peft_grounded.cli.common.Command`: one flag per field (``--foo_bar`` and
-``--foo-bar``), ``--config FILE.yaml`` for any of them, positional fields as the command's ``positionals``.
+``--foo-bar``), ``--config FILE.yaml`` for any of them, positional fields as the command's ``positionals``. A
+setting the package declares is never declared again here: the script parses the package's dataclass (``RowStart``)
+or the fields it sets of one (:func:`package_fields`), under the package's flags, its own default of such a field
+given to :func:`parse` (``defaults``), from the package's object where one holds it (a recipe, the demo's preset);
+tests/test_bench_settings_declared_once.py holds the scripts to it.
 ``check`` builds what the run would build from the settings (configs, budgets), so that a bad setting fails in
 seconds, not after the long work, and ``--dry-run`` stops there: the test of the documented commands
 (tests/test_documented_commands.py) runs every ``python benchmarks/...`` command of the docs this way.
@@ -15,8 +18,11 @@ as a file (``python benchmarks/NAME.py``: its folder on ``sys.path``), as ``_arg
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
-from collections.abc import Callable, Sequence
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +67,73 @@ class Script(Command):
         parser.prog = self.name
         parser.formatter_class = _Formatter
         return parser
+
+
+def package_fields(
+    settings: type, *names: str, parser: Mapping[str, Mapping[str, Any]] | None = None
+) -> type:
+    """The fields ``names`` of the package's settings dataclass ``settings``, as it declares them (type, default,
+    help), as a dataclass of their own for :func:`parse`: a script that sets some fields of a package dataclass
+    (not all of them, or not one whose other fields would clash with its own) parses the package's declaration of
+    each under the package's flag (``--learning_rate`` / ``--learning-rate``) instead of declaring the setting
+    again. The script's own default of such a field goes to :func:`parse`'s ``defaults``; ``parser``: how the
+    script's parser reads a field beyond its declaration (``{"peers": {"action": ZeroOrMore}}``). A tuple field
+    (``tuple[str, ...]``) is parsed as a list. The class names its source (``__settings_of__``); its instance's
+    values are the package's field values (``dataclasses.asdict``)."""
+    declared = {f.name: f for f in dataclasses.fields(settings)}
+    hints = typing.get_type_hints(settings)
+    extra = dict(parser or {})
+    unknown = [n for n in (*names, *extra) if n not in declared or not declared[n].init]
+    if unknown or not names:
+        raise ValueError(f"{settings.__name__} has no field(s) {unknown} to parse (names: {names})")
+    if set(extra) - set(names):
+        raise ValueError(f"parser settings of fields not taken: {sorted(set(extra) - set(names))}")
+    specs = []
+    for name in names:
+        source = declared[name]
+        if "help" not in source.metadata:
+            raise ValueError(f"{settings.__name__}.{name} declares no help (metadata={{'help': ...}})")
+        metadata = {**source.metadata, **extra.get(name, {})}
+        if source.default is not dataclasses.MISSING:
+            value = source.default
+            spec = (
+                field(default_factory=lambda value=value: list(value), metadata=metadata)
+                if isinstance(value, tuple)
+                else field(default=value, metadata=metadata)
+            )
+        elif source.default_factory is not dataclasses.MISSING:
+            spec = field(default_factory=source.default_factory, metadata=metadata)
+        else:
+            spec = field(metadata=metadata)
+        specs.append((name, _listed(hints[name]), spec))
+    view = dataclasses.make_dataclass(f"{settings.__name__}Fields", specs)
+    view.__module__ = settings.__module__
+    view.__doc__ = (
+        f"{', '.join(names)}: fields of {settings.__module__}.{settings.__qualname__}, as it declares them."
+    )
+    view.__settings_of__ = settings
+    return view
+
+
+def _listed(hint: Any) -> Any:
+    """``hint`` with ``tuple[X, ...]`` as ``list[X]`` (TRL's parser reads lists), in a union too."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return list[args[0]]
+    if origin in (typing.Union, types.UnionType) and any(typing.get_origin(a) is tuple for a in args):
+        return typing.Union[tuple(_listed(a) for a in args)]  # noqa: UP007 (built from a tuple of types)
+    return hint
+
+
+def field_default(settings: type, name: str) -> Any:
+    """The default the package's dataclass ``settings`` declares for its field ``name`` (a script's own default of
+    another field taken from it)."""
+    found = {f.name: f for f in dataclasses.fields(settings)}[name]
+    if found.default_factory is not dataclasses.MISSING:
+        return found.default_factory()
+    if found.default is dataclasses.MISSING:
+        raise ValueError(f"{settings.__name__}.{name} has no default")
+    return found.default
 
 
 def _no_run(*settings: Any) -> None:

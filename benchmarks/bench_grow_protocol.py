@@ -3,12 +3,15 @@
     OMP_NUM_THREADS=1 python benchmarks/bench_grow_protocol.py --out runs/grow-ml100k          # ~30 min
     OMP_NUM_THREADS=1 python benchmarks/bench_grow_protocol.py --out runs/grow-smoke --smoke   # ~1-2 min
 
-Defaults (one CPU thread, SmolLM2-135M): the ``sequence`` objective (SID-only chunks of 20 items,
-every item a target; ``max_length`` 128), LoRA r 8 / alpha 16 on all linear layers + the new rows, lr
-1e-3, batch 8, a bfloat16 base under bf16 autocast, and a *time* budget: ``--minutes`` of SFT (and
+Defaults (one CPU thread, SmolLM2-135M): the ``cpu`` recipe's ``sequence`` objective (SID-only chunks of 20
+items, every item a target; ``max_length`` 128), LoRA r 8 / alpha 16 on all linear layers + the new rows and
+batch 8, and SIDs (3 x 64); the full head, a learning rate of 1e-3 (the grounding stage's default) for both
+stages, a bfloat16 base under bf16 autocast, and a *time* budget: ``--minutes`` of SFT (and
 ``--grounding-minutes`` of grounding for a grounding strategy) for each of the two trained models, so the
 old-catalogue model and the full-catalogue reference get the same wall-clock. The plan (what runs, for
-how long) is printed first.
+how long) is printed first. A setting the package declares is parsed from its dataclass under its flag
+(``--learning_rate``, ``--per_device_train_batch_size``, ``--lora_r``, ``--levels``, ``--objective``, ...; also
+with dashes), the protocol's defaults of those in :data:`DEFAULTS`.
 
 1. Hold out the catalogue's newest ``--share`` of items (by first interaction: RecBole timestamps when
    the catalogue has them, else the earliest relative position in a user's sequence).
@@ -48,7 +51,7 @@ import random
 import time
 from collections import Counter
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
@@ -56,6 +59,9 @@ import numpy as np
 import torch
 
 from peft_grounded import assets
+from peft_grounded.cli.common import DataArguments, SFTArguments
+from peft_grounded.cli.model_config import LoraModelConfig
+from peft_grounded.cli.sids import BuildSIDsArguments
 from peft_grounded.decoding import Recommendations
 from peft_grounded.decoding.search import model_beams
 from peft_grounded.evaluation import EvalSettings
@@ -74,16 +80,17 @@ from peft_grounded.new_items import (
 )
 from peft_grounded.pipeline import Budget, Experiment, run_strategy, strategy
 from peft_grounded.prompts import PromptFormat
+from peft_grounded.recipes import CPU, CPU_SIDS
 from peft_grounded.serving.top_k import top_k_lists
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.behaviour import ItemVectorsConfig
 from peft_grounded.sids.catalogue import TextTemplate
 from peft_grounded.sids.encoders import encode_texts, load_encoder
 from peft_grounded.sids.extended_base import RowStart, sid_model
-from peft_grounded.training.sft.recommendation_trainer import shallow_base
+from peft_grounded.training.stage_config import GroundingConfig, RecommendationConfig
 
 try:
-    from benchmarks._args import Precision, ZeroOrMore, parse
+    from benchmarks._args import Precision, ZeroOrMore, field_default, package_fields, parse
     from benchmarks.new_item_protocol import (
         P_TEXT,
         TEXT_ONLY,
@@ -98,7 +105,7 @@ try:
         random_slots,
     )
 except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
-    from _args import Precision, ZeroOrMore, parse
+    from _args import Precision, ZeroOrMore, field_default, package_fields, parse
     from new_item_protocol import (
         P_TEXT,
         TEXT_ONLY,
@@ -238,25 +245,6 @@ class Settings(Precision):
         },
     )
     strategy: str = field(default="centroid", metadata={"help": "centroid | centroid_gti | gti | mean ..."})
-    objective: Literal["sequence", "prompt"] = field(
-        default="sequence", metadata={"help": "training objective"}
-    )
-    max_history: int | None = field(
-        default=None, metadata={"help": "items of history (None: 19 sequence, 10 prompt)"}
-    )
-    max_length: int | None = field(
-        default=None, metadata={"help": "token cap per row (None: 128 sequence, 256 prompt)"}
-    )
-    layers: int = field(default=0, metadata={"help": "keep the base's first N decoder blocks (0: all 30)"})
-    sid_softmax: bool = field(
-        default=False,
-        metadata={
-            "help": "train with the SID-only softmax (RecommendationConfig.sid_softmax; off: the full head); "
-            "decoding follows the adapter"
-        },
-    )
-    levels: int = field(default=3, metadata={"help": "RQ-KMeans levels of the SIDs"})
-    codes: int = field(default=64, metadata={"help": "codes per SID level"})
     minutes: float = field(default=12.0, metadata={"help": "SFT minutes per trained model"})
     grounding_minutes: float = field(
         default=2.0,
@@ -266,10 +254,6 @@ class Settings(Precision):
     )
     sft_steps: int = field(default=0, metadata={"help": "step cap on SFT (0: the time alone)"})
     grounding_steps: int = field(default=0, metadata={"help": "step cap on grounding (0: time)"})
-    batch_size: int = field(default=8, metadata={"help": "rows per step"})
-    lr: float = field(default=1e-3, metadata={"help": "SFT and grounding learning rate"})
-    lora_r: int = field(default=8, metadata={"help": "the stacked LoRA's rank"})
-    lora_alpha: int = field(default=16, metadata={"help": "the stacked LoRA's alpha"})
     choice_users: int = field(
         default=500,
         metadata={
@@ -279,7 +263,7 @@ class Settings(Precision):
     )
     incremental_steps: int = field(default=30, metadata={"help": "incremental grounding steps per variant"})
     incremental_lr: float | None = field(
-        default=None, metadata={"help": "incremental grounding's learning rate (None: --lr)"}
+        default=None, metadata={"help": "incremental grounding's learning rate (None: --learning_rate)"}
     )
     replay: list[float] = field(
         default_factory=lambda: [0.0, 1.0],
@@ -299,7 +283,7 @@ class Settings(Precision):
         },
     )
     log_lr: float | None = field(
-        default=None, metadata={"help": "the log tuning's learning rate (None: --lr)"}
+        default=None, metadata={"help": "the log tuning's learning rate (None: --learning_rate)"}
     )
     new_item_share: list[float] = field(
         default_factory=lambda: [0.1, 0.2],
@@ -328,7 +312,6 @@ class Settings(Precision):
             "them)"
         },
     )
-    max_examples: int = field(default=0, metadata={"help": "sample of SFT and grounding examples (0: all)"})
     users: int = field(
         default=0, metadata={"help": "cap on new-item-target test users scored (0: all of them)"}
     )
@@ -340,53 +323,119 @@ class Settings(Precision):
     )
     k: int = field(default=10, metadata={"help": "the cut-off K of Recall@K and NDCG@K"})
     rounds: int = field(default=2000, metadata={"help": "bootstrap resamples"})
-    seed: int = field(default=0, metadata={"help": "training seed (and of the samples)"})
-    # the package's settings dataclasses, parsed beside these (parse_args): how the rows start beyond the
-    # strategy's init (--init_scale, --centroid_variant) and what the SIDs and the centroid start are built from
-    # (--item_vectors text|behaviour|mix: the old items' training interactions; new items through the text map)
+    # the package's settings, parsed beside these (parse_args) under the package's flags, set here by settle:
+    # the prompt format (--objective, --max_history), the base and its LoRA (--layers, --lora_r, --lora_alpha),
+    # the SIDs (--levels, --codes), both stages' training (--learning_rate, --per_device_train_batch_size,
+    # --max_length, --seed: the run's, and the samples'; --sid_softmax: SFT's), the examples (--max_examples), how
+    # the rows start beyond the strategy's init (--init_scale, --centroid_variant) and what the SIDs and the
+    # centroid start are built from (--item_vectors text|behaviour|mix: the old items' training interactions; new
+    # items through the text map)
+    prompt: PromptFields = field(init=False, default_factory=lambda: PromptFields())
+    model: ModelFields = field(init=False, default_factory=lambda: ModelFields())
+    sids: SIDFields = field(init=False, default_factory=lambda: SIDFields())
+    training: TrainingFields = field(init=False, default_factory=lambda: TrainingFields())
+    data: DataFields = field(init=False, default_factory=lambda: DataFields())
     start: RowStart = field(init=False, default_factory=RowStart)
     vectors: ItemVectorsConfig = field(init=False, default_factory=ItemVectorsConfig)
 
+    def parts(self) -> tuple:
+        """The package's settings parsed beside the protocol's own, in :data:`PARTS`' order."""
+        return tuple(getattr(self, name) for name in PARTS)
 
-def settle(args: Settings, start: RowStart | None = None, vectors: ItemVectorsConfig | None = None) -> Budget:
-    """Defaults that follow other arguments, the checks, and the budget: all before any work; ``start`` and
-    ``vectors``, the package's settings parsed beside ``args``, are set on it."""
-    if start is not None:
-        args.start = start
-    if vectors is not None:
-        args.vectors = vectors
+
+# the fields of the package's settings dataclasses the protocol sets, as the package declares them
+PromptFields = package_fields(SFTArguments, "objective", "max_history")
+ModelFields = package_fields(LoraModelConfig, "layers", "lora_r", "lora_alpha")
+SIDFields = package_fields(BuildSIDsArguments, "levels", "codes")
+TrainingFields = package_fields(
+    RecommendationConfig, "learning_rate", "per_device_train_batch_size", "max_length", "sid_softmax", "seed"
+)
+DataFields = package_fields(DataArguments, "max_examples")
+PARTS = {  # Settings' attributes holding them, in the order they are parsed beside Settings
+    "prompt": PromptFields,
+    "model": ModelFields,
+    "sids": SIDFields,
+    "training": TrainingFields,
+    "data": DataFields,
+    "start": RowStart,
+    "vectors": ItemVectorsConfig,
+}
+DEFAULTS = {  # the protocol's defaults of the package's fields (the flags given win)
+    # the cpu recipe's (peft_grounded.recipes): the objective, the LoRA, the batch, the SIDs
+    "objective": CPU["objective"],
+    "lora_r": CPU["lora_r"],
+    "lora_alpha": CPU["lora_alpha"],
+    "per_device_train_batch_size": CPU["per_device_train_batch_size"],
+    "levels": CPU_SIDS["levels"],
+    "codes": CPU_SIDS["codes"],
+    # the protocol's own: both stages at the grounding stage's rate, the full head unless asked, and a row cap
+    # that follows the objective (None: the cpu recipe's with its objective, RecommendationConfig's with the other)
+    "learning_rate": field_default(GroundingConfig, "learning_rate"),
+    "sid_softmax": False,
+    "max_length": None,
+}
+
+
+def settle(args: Settings, *parts) -> Budget:
+    """Defaults that follow other arguments, the checks, and the budget: all before any work; ``parts``, the
+    package's settings parsed beside ``args`` (in :data:`PARTS`' order), are set on it."""
+    for name, part in zip(PARTS, parts, strict=True):
+        setattr(args, name, part)
     if args.start.init != RowStart().init:
         raise SystemExit(
             f"--init {args.start.init}: the strategy starts the rows (--strategy {args.strategy})"
         )
     if args.smoke:
         for key, value in SMOKE.items():
-            setattr(args, key, value)
+            setattr(next(p for p in (args, *args.parts()) if hasattr(p, key)), key, value)
     if args.num_beams < args.k:
         raise SystemExit(
             f"--num-beams {args.num_beams} is below --k {args.k}: beam search returns num_beams items"
         )
     if any(not 0 <= s <= 1 for s in args.new_item_share):
         raise SystemExit(f"--new-item-share takes fractions of k between 0 and 1, got {args.new_item_share}")
-    if args.max_history is None:
-        args.max_history = 19 if args.objective == "sequence" else 10
-    if args.max_length is None:
-        args.max_length = 128 if args.objective == "sequence" else 256
+    args.prompt.max_history = prompt_format(args).max_history  # None: the package's for the objective
+    if args.training.max_length is None:
+        recipe = args.prompt.objective == CPU["objective"]
+        args.training.max_length = (
+            CPU["max_length"] if recipe else field_default(RecommendationConfig, "max_length")
+        )
     args.fp32 = not args.choice().bf16
     return protocol_budget(args)
 
 
 def parse_args(argv=None) -> Settings:
-    """The settings, with the package's :class:`RowStart` and :class:`ItemVectorsConfig` parsed beside them
-    (``args.start``, ``args.vectors``)."""
-    args, _, _ = parse(
-        (Settings, RowStart, ItemVectorsConfig),
+    """The settings, with the package's settings parsed beside them and set on it (``args.prompt``,
+    ``args.model``, ``args.sids``, ``args.training``, ``args.data``, ``args.start``, ``args.vectors``)."""
+    args, *_ = parse(
+        (Settings, *PARTS.values()),
         argv,
         prog="bench_grow_protocol.py",
         description=__doc__,
         check=settle,
+        defaults=DEFAULTS,
     )
     return args
+
+
+def prompt_format(args: Settings) -> PromptFormat:
+    """The prompt format of training and scoring (``SFTArguments.prompt_format``: None history, the objective's)."""
+    return SFTArguments(objective=args.prompt.objective, max_history=args.prompt.max_history).prompt_format()
+
+
+def model_config(args: Settings) -> LoraModelConfig:
+    """The base and its stacked LoRA, as ``sft`` reads them (checked: ``--layers`` at least 0)."""
+    return LoraModelConfig(**asdict(args.model))
+
+
+def record(args: Settings) -> dict:
+    """The settings as ``protocol.json`` records them (``budget``): the protocol's own and the package's parsed
+    beside them, one flat mapping of flag names (``pool_grow_protocol`` reads its ``seed``, ``compare_grow_protocol``
+    its ``out``)."""
+    own = {f.name: getattr(args, f.name) for f in fields(args) if f.init}
+    for part in args.parts():
+        own |= asdict(part)
+    return own
 
 
 def protocol_budget(args: Settings) -> Budget:
@@ -394,15 +443,9 @@ def protocol_budget(args: Settings) -> Budget:
     does not ground gets no grounding stage, whatever --grounding-steps and --grounding-minutes say."""
     grounds = strategy(args.strategy).ground
     bf16 = not args.fp32
-    training = dict(
-        per_device_train_batch_size=args.batch_size,
-        learning_rate=args.lr,
-        max_length=args.max_length,
-        bf16=bf16,
-        seed=args.seed,
-        save_steps=200,
-        disable_tqdm=True,
-    )
+    training = asdict(args.training)
+    sid_softmax = training.pop("sid_softmax")  # SFT's alone
+    training |= dict(bf16=bf16, save_steps=200, disable_tqdm=True)
     budget = Budget.from_training(
         training,
         # a strategy that does not ground has no grounding stage (a GroundingConfig of 0 steps and no
@@ -410,14 +453,14 @@ def protocol_budget(args: Settings) -> Budget:
         grounding=dict(max_steps=args.grounding_steps, max_minutes=args.grounding_minutes)
         if grounds
         else False,
-        sft=dict(max_steps=args.sft_steps, max_minutes=args.minutes or None, sid_softmax=args.sid_softmax),
-        lora=dict(r=args.lora_r, lora_alpha=args.lora_alpha, target_modules="all-linear"),
+        sft=dict(max_steps=args.sft_steps, max_minutes=args.minutes or None, sid_softmax=sid_softmax),
+        lora=model_config(args).lora(),
         evaluation=EvalSettings(
-            users=args.run_eval_users, num_beams=args.k, ks=(args.k,), seed=args.seed, bf16=bf16
+            users=args.run_eval_users, num_beams=args.k, ks=(args.k,), seed=args.training.seed, bf16=bf16
         ),
         weights_dtype="bfloat16" if bf16 else "float32",
-        max_train_examples=args.max_examples or None,
-        max_grounding_examples=args.max_examples or None,
+        max_train_examples=args.data.max_examples or None,
+        max_grounding_examples=args.data.max_examples or None,
         start=args.start,
     )
     return budget
@@ -427,13 +470,14 @@ def plan(args, grounds: bool) -> str:
     per_model = args.minutes + (args.grounding_minutes if grounds else 0.0)
     lines = [
         f"Plan ({'SMOKE: a path check, not a measurement' if args.smoke else 'full protocol'}):",
-        f"  objective {args.objective} (max_history {args.max_history}, max_length {args.max_length}), "
-        f"strategy {args.strategy}, LoRA r {args.lora_r}/alpha {args.lora_alpha} all-linear, lr {args.lr}, "
-        f"{f'the first {args.layers} blocks' if args.layers else 'all blocks'}, "
-        f"{'SID-only softmax' if args.sid_softmax else 'full softmax'}, init_scale {args.start.init_scale:g}, "
-        f"SIDs from {args.vectors.item_vectors}, "
-        f"batch {args.batch_size}, {'float32' if args.fp32 else 'bf16 base + bf16 autocast'}, "
-        f"examples {'all' if not args.max_examples else args.max_examples}",
+        f"  objective {args.prompt.objective} (max_history {args.prompt.max_history}, max_length "
+        f"{args.training.max_length}), strategy {args.strategy}, LoRA r {args.model.lora_r}/alpha "
+        f"{args.model.lora_alpha} all-linear, lr {args.training.learning_rate}, "
+        f"{f'the first {args.model.layers} blocks' if args.model.layers else 'all blocks'}, "
+        f"{'SID-only softmax' if args.training.sid_softmax else 'full softmax'}, init_scale "
+        f"{args.start.init_scale:g}, SIDs from {args.vectors.item_vectors} ({args.sids.levels} x {args.sids.codes}), "
+        f"batch {args.training.per_device_train_batch_size}, {'float32' if args.fp32 else 'bf16 base + bf16 autocast'}, "
+        f"examples {'all' if not args.data.max_examples else args.data.max_examples}",
         "  1. encode the catalogue (MiniLM), build SIDs on the old items and on the full catalogue, add the "
         "new items (~1-2 min)",
         "  2. train the old-catalogue model: "
@@ -464,8 +508,8 @@ def protocol_indices(
     training seed, so the seeds of one protocol share their codes."""
     row = {i: r for r, i in enumerate(catalogue.items)}
     settings = dict(
-        levels=args.levels,
-        codes=args.codes,
+        levels=args.sids.levels,
+        codes=BuildSIDsArguments.code_counts(args.sids),  # the package's reading of --codes
         text_template=TextTemplate(),
         show_progress=False,
         encoder_fingerprint=encoder_fingerprint,
@@ -486,15 +530,15 @@ def protocol_indices(
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    seed = args.training.seed  # the run's, and that of the samples and the bootstrap
     budget = protocol_budget(args)  # checked before the SIDs are built (parse_args built it once already)
     grounds = strategy(args.strategy).ground
     print(plan(args, grounds), flush=True)
     started = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model_path = str(assets.smollm2())
-    if args.layers:
-        model_path = str(shallow_base(model_path, args.layers, out / f"base-{args.layers}-blocks"))
+    # the packaged base, or with --layers its first N blocks written once to OUT/base-N-blocks
+    model_path = model_config(args).model_path(out) or str(assets.smollm2())
     bf16 = not args.fp32
 
     catalogue = load_catalogue(args.dataset)
@@ -504,16 +548,16 @@ def main(argv=None) -> None:
     old_ids, new_ids = order[:-n_new], order[-n_new:]
     new = set(new_ids)
     old_catalogue = catalogue.subset(old_ids)
-    fmt = PromptFormat(objective=args.objective, max_history=args.max_history)
+    fmt = prompt_format(args)
     split = catalogue.leave_one_out()
     pool = new_item_examples(split, new, fmt.max_history, args.positions)
-    examples = random.Random(args.seed).sample(pool, min(args.users, len(pool))) if args.users else list(pool)
+    examples = random.Random(seed).sample(pool, min(args.users, len(pool))) if args.users else list(pool)
     targets = [e[2] for e in examples]
     scored_users = {e[0] for e in pool}
     old_pool = [
         e for e in split.test_examples(fmt.max_history) if e[2] not in new and e[0] not in scored_users
     ]
-    old_examples = random.Random(args.seed).sample(old_pool, min(args.old_users, len(old_pool)))
+    old_examples = random.Random(seed).sample(old_pool, min(args.old_users, len(old_pool)))
     old_targets = [e[2] for e in old_examples]
     where = "test target" if args.positions == "test" else "test or validation target"
     print(
@@ -615,14 +659,14 @@ def main(argv=None) -> None:
                     )
             for share in args.new_item_share:
                 variants[f"grown + random new-item slots (share {share:g}, control)"] = (
-                    lambda recs, part, share=share: random_slots(recs, new_ids, share, args.k, args.seed)
+                    lambda recs, part, share=share: random_slots(recs, new_ids, share, args.k, seed)
                 )
             variants["grown + semantic mixture"] = lambda recs, part: (
                 mixture.mix(recs, histories[part], args.k).items
             )
             variants[SERVED] = lambda recs, part: route(recs, part, NewItemRule(mixture, index.fingerprint()))
             if args.choice_users:
-                sample = random.Random(args.seed).sample(logged, min(args.choice_users, len(logged)))
+                sample = random.Random(seed).sample(logged, min(args.choice_users, len(logged)))
                 logged_examples = [(f"log-{i}-{t}", list(h), t) for i, (h, t) in enumerate(sample)]
                 logged_beams = cached_decode(
                     out / "beams-grown-logged.json",
@@ -672,9 +716,9 @@ def main(argv=None) -> None:
                 catalogue,
                 tuning_pairs,
                 max_steps=args.log_steps,
-                learning_rate=args.log_lr or args.lr,
-                batch_size=args.batch_size,
-                seed=args.seed,
+                learning_rate=args.log_lr or args.training.learning_rate,
+                batch_size=args.training.per_device_train_batch_size,
+                seed=seed,
                 bf16=bf16,
             )
             incremental[name] = {
@@ -693,9 +737,9 @@ def main(argv=None) -> None:
                 catalogue,
                 replay=replay,
                 max_steps=args.incremental_steps,
-                per_device_train_batch_size=args.batch_size,
-                learning_rate=args.incremental_lr or args.lr,
-                seed=args.seed,
+                per_device_train_batch_size=args.training.per_device_train_batch_size,
+                learning_rate=args.incremental_lr or args.training.learning_rate,
+                seed=seed,
                 bf16=bf16,
             )
             incremental[name] = {
@@ -770,13 +814,16 @@ def main(argv=None) -> None:
     for label, (a, b) in old_pairs.items():
         m = f"recall@{args.k}"
         diff = old_results[a]["per_user"][m] - old_results[b]["per_user"][m]
-        old_differences[label] = {m: float(diff.mean()), f"{m}_ci95": interval(diff, args.seed, args.rounds)}
+        old_differences[label] = {
+            m: float(diff.mean()),
+            f"{m}_ci95": interval(diff, seed, args.rounds),
+        }
     for name, r in results.items():
         for m in metrics:
-            r[f"{m}_ci95"] = interval(arrays[(name, m)], args.seed, args.rounds)
+            r[f"{m}_ci95"] = interval(arrays[(name, m)], seed, args.rounds)
     differences = {  # paired: the interval of the per-user differences resamples the same users for both
         label: {m: float(arrays[(label, m)].mean()) if len(targets) else float("nan") for m in metrics}
-        | {f"{m}_ci95": interval(arrays[(label, m)], args.seed, args.rounds) for m in metrics}
+        | {f"{m}_ci95": interval(arrays[(label, m)], seed, args.rounds) for m in metrics}
         for label in pairs
     }
     weight = len(pool) / (len(pool) + len(old_pool))  # the new-item users' share of the population
@@ -788,7 +835,7 @@ def main(argv=None) -> None:
         }
         rules = [SERVED, *([CHOSEN] if CHOSEN in both else []), *tuned]
         for name in (*rules, TEXT_ONLY, P_TEXT, "grown", "text KNN (last item)", "popularity"):
-            everyone[name] = blended(*both[name], weight, args.seed, args.rounds)
+            everyone[name] = blended(*both[name], weight, seed, args.rounds)
         for rule_name in rules:
             controls = (TEXT_ONLY, P_TEXT, "grown", "text KNN (last item)")
             for control in (*controls, SERVED) if rule_name in tuned else controls:
@@ -797,7 +844,7 @@ def main(argv=None) -> None:
                 label = (
                     f"{'served' if rule_name == SERVED else rule_name.removeprefix('grown + ')} - {control}"
                 )
-                everyone[label] = blended(new_diff, old_diff, weight, args.seed, args.rounds)
+                everyone[label] = blended(new_diff, old_diff, weight, seed, args.rounds)
     timings["total_s"] = round(time.perf_counter() - started, 1)
 
     per_user_ranks = {
@@ -821,7 +868,7 @@ def main(argv=None) -> None:
         "new_tokens": child.n_tokens - parent.n_tokens,
         "sids": {"item_vectors": args.vectors.item_vectors, "old_items": parent.quality},
         "format": {"objective": fmt.objective, "max_history": fmt.max_history},
-        "budget": vars(args),
+        "budget": record(args),
         "timings": timings,
         "results": results,
         "old_item_users": {
@@ -881,10 +928,10 @@ def main(argv=None) -> None:
         "",
         f"Semantic mixture calibrated on the position before the scored one: {mixture_fit}.",
         f"Served rule's beams chosen on a seeded sample of those logged pairs (NewItemRule.choose_beams): {choice}.",
-        f"Intervals: percentile bootstrap over users ({args.rounds} resamples, seed {args.seed}; the paired "
+        f"Intervals: percentile bootstrap over users ({args.rounds} resamples, seed {seed}; the paired "
         "rows resample the same users for both models).",
         f"add_items: {add_seconds:.3f} s, {summary['new_tokens']} new tokens; incremental grounding "
-        f"({args.incremental_steps} steps, lr {args.incremental_lr or args.lr:g}): {incremental}. New items are {len(new_ids) / len(order):.0%} of the "
+        f"({args.incremental_steps} steps, lr {args.incremental_lr or args.training.learning_rate:g}): {incremental}. New items are {len(new_ids) / len(order):.0%} of the "
         f"catalogue and the {where}s of {len(pool) / (len(pool) + len(old_pool)):.1%} of the users. "
         f"Timings (s): {timings}.",
     ]

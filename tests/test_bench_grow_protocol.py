@@ -26,11 +26,14 @@ def test_defaults_are_the_cpu_protocol(protocol, monkeypatch):
     from peft_grounded.precision import choose_precision
 
     args = protocol.parse_args(["--out", "x"])
-    assert (args.objective, args.max_history, args.max_length) == ("sequence", 19, 128)
-    assert (args.lora_r, args.lora_alpha, args.lr, args.batch_size) == (8, 16, 1e-3, 8)
+    assert (args.prompt.objective, args.prompt.max_history, args.training.max_length) == ("sequence", 19, 128)
+    training = args.training
+    assert (args.model.lora_r, args.model.lora_alpha) == (8, 16) and not training.sid_softmax
+    assert (training.learning_rate, training.per_device_train_batch_size, training.seed) == (1e-3, 8, 0)
+    assert (args.sids.levels, args.sids.codes, args.model.layers) == (3, "64", 0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     assert args.fp32 == (not choose_precision(device).bf16)  # the machine's choice, whatever the CPU
-    assert args.users == 0 and args.max_examples == 0  # all users, all rows
+    assert args.users == 0 and args.data.max_examples is None  # all users, all rows
     assert args.minutes > 0 and not args.smoke
     assert args.replay == [0.0, 1.0] and args.old_users == 200  # with and without old items' pairs
     assert args.new_item_share == [0.1, 0.2] and args.match_levels is None and args.num_beams == 20
@@ -39,9 +42,10 @@ def test_defaults_are_the_cpu_protocol(protocol, monkeypatch):
         with pytest.raises(SystemExit):
             protocol.parse_args(["--out", "x", *bad])
     prompt = protocol.parse_args(["--out", "x", "--objective", "prompt"])
-    assert (prompt.max_history, prompt.max_length) == (10, 256)
+    assert (prompt.prompt.max_history, prompt.training.max_length) == (10, 256)
     smoke = protocol.parse_args(["--out", "x", "--smoke"])
     assert smoke.minutes < 1 and smoke.users > 0 and 0 < smoke.old_users < args.old_users
+    assert smoke.data.max_examples == 64 and protocol.protocol_budget(smoke).max_train_examples == 64
     assert "SMOKE" in protocol.plan(smoke, grounds=False)
     for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):  # an AVX2 CPU
         monkeypatch.setenv(name, "avx2")
@@ -228,7 +232,7 @@ def test_two_protocol_runs_are_paired_per_user_and_group(tmp_path):
 def test_the_cpu_recipe_flags_reach_the_budget(protocol):
     args = protocol.parse_args(["--out", "x", "--layers", "8", "--sid-softmax", "--init-scale", "0.1"])
     budget = protocol.protocol_budget(args)
-    assert budget.sft.sid_softmax and budget.start.init_scale == 0.1 and args.layers == 8
+    assert budget.sft.sid_softmax and budget.start.init_scale == 0.1 and args.model.layers == 8
     assert "the first 8 blocks, SID-only softmax, init_scale 0.1" in protocol.plan(args, grounds=False)
     plain = protocol.protocol_budget(protocol.parse_args(["--out", "x"]))
     assert not plain.sft.sid_softmax and plain.start.init_scale == 1.0
@@ -244,6 +248,38 @@ def test_the_cpu_recipe_flags_reach_the_budget(protocol):
     ) == ("mix", protocol.RowStart(), "text")
     with pytest.raises(SystemExit, match="--init centroid: the strategy starts the rows"):
         protocol.parse_args(["--out", "x", "--init", "centroid"])
+
+
+def test_the_package_flags_reach_the_budget_and_the_record(protocol):
+    """The package's fields, parsed under the package's flags (BENCHMARKS' recipe commands give
+    ``--learning-rate 3e-3``), reach both stages; ``protocol.json`` records every setting flat under its flag's
+    name, JSON as it is (the pooling and comparing scripts read its ``seed`` and ``out``)."""
+    argv = ["--out", "x", "--strategy", "centroid_gti", "--learning-rate", "3e-3", "--seed", "2"]
+    argv += [
+        "--per-device-train-batch-size",
+        "4",
+        "--lora-r",
+        "4",
+        "--lora-alpha",
+        "8",
+        "--max-examples",
+        "32",
+    ]
+    args = protocol.parse_args(argv)
+    budget = protocol.protocol_budget(args)
+    assert budget.sft.learning_rate == budget.grounding.learning_rate == 3e-3 and budget.seed == 2
+    assert budget.sft.per_device_train_batch_size == budget.grounding.per_device_train_batch_size == 4
+    assert (budget.lora["r"], budget.lora["lora_alpha"], budget.max_grounding_examples) == (4, 8, 32)
+    record = json.loads(json.dumps(protocol.record(args)))
+    assert (record["seed"], record["out"], record["learning_rate"], record["init_scale"]) == (
+        2,
+        "x",
+        3e-3,
+        1.0,
+    )
+    assert record["item_vectors"] == "text" and record["max_history"] == 19 and record["codes"] == "64"
+    with pytest.raises(ValueError, match="--lr"):  # the flag the script once declared: the package's now
+        protocol.parse_args(["--out", "x", "--lr", "3e-3"])
 
 
 def test_pool_pairs_the_arms_with_the_controls_and_weighs_all_users_by_their_shares(pooling, tmp_path):

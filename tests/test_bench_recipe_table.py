@@ -63,7 +63,7 @@ def test_demo_recipe_flags_change_only_what_they_name():
         "x",
         "--lora-r",
         "32",
-        "--history",
+        "--max-history",
         "9",
         "--peers",
         "popularity",
@@ -74,7 +74,11 @@ def test_demo_recipe_flags_change_only_what_they_name():
     spec = bench_demo_recipe.preset(*bench_demo_recipe.parse_args(args))
     assert spec.budget.lora == default.budget.lora | {"r": 32, "lora_alpha": 64}
     assert spec.prompt_format() == replace(default.prompt_format(), max_history=9)
-    assert spec.peers == ("popularity",) and spec.budget.parts == ("valid",)
+    assert (
+        spec.peers == ("popularity",)
+        and spec.budget.parts == ("valid",)
+        and spec.budget.eval_parts == ("valid",)
+    )
     assert spec.budget.sft.max_minutes == 30 and spec.budget.sft.max_steps <= 0
     assert spec.budget.sft.learning_rate == default.budget.sft.learning_rate
     assert spec.budget.grounding == default.budget.grounding and spec.layers == default.layers
@@ -125,3 +129,18 @@ def test_demo_recipe_flags_change_only_what_they_name():
         full_head.budget.sft == replace(default.budget.sft, sid_softmax=False)
         and default.budget.sft.sid_softmax
     )
+    # the stages' learning rates through the setters; the run's seed and strategies through the package's flags
+    argv = ["--out", "x", "--sft-set", "learning_rate=1e-3", "--grounding-set", "learning_rate=3e-3"]
+    rates = bench_demo_recipe.preset(*bench_demo_recipe.parse_args([*argv, "--seed", "1"]))
+    assert rates.budget.sft == replace(default.budget.sft, learning_rate=1e-3) and rates.seeds == (1,)
+    assert rates.budget.grounding == replace(default.budget.grounding, learning_rate=3e-3)
+    with pytest.raises(SystemExit, match="give --seed"):
+        bench_demo_recipe.parse_args(["--out", "x", "--sft-set", "seed=1"])
+    chosen = bench_demo_recipe.preset(
+        *bench_demo_recipe.parse_args(["--out", "x", "--strategies", "mean,centroid"])
+    )
+    assert chosen.strategies == ("mean", "centroid") and default.strategies != chosen.strategies
+    with pytest.raises(ValueError, match="nonesuch"):  # DemoArguments' own check, before any work
+        bench_demo_recipe.parse_args(["--out", "x", "--strategies", "nonesuch"])
+    alpha = bench_demo_recipe.preset(*bench_demo_recipe.parse_args(["--out", "x", "--lora-alpha", "8"]))
+    assert alpha.budget.lora == default.budget.lora | {"lora_alpha": 8}

@@ -51,23 +51,47 @@ class Budget:
     weights_dtype: str = "float32"
     # how every strategy's rows start beyond its own init: the centroid variant and init_scale (row_start)
     start: RowStart = field(default_factory=RowStart)
-    eval_parts: tuple[str, ...] | None = None  # the parts decoded at the end (None: valid and test)
-    eval_every: int = 0  # validation Recall during SFT every N steps (0: off)
-    # end SFT with the adapter of the best validation Recall@10 (early stopping; needs eval_every)
-    keep_best: bool = False
-    # the validation users of the Recall points keep_best picks by (None: all of them, so that the pick is
-    # not the noise of a small sample; the curves keep curve_users)
-    keep_best_users: int | None = None
-    # full fine-tuning of the base's decoder blocks at this learning rate instead of the stacked LoRA (None:
-    # the LoRA); a reference row: the blocks are not in the adapter, so the run neither resumes nor keeps
-    # the best (pipeline.block_tuning)
-    block_lr: float | None = None
-    curve_every: int | None = (
-        None  # validation NLL during SFT every N steps, for the learning curve (None/0: off)
+    # the runner's own settings (their help is what benchmarks/bench_demo_recipe.py's flags show)
+    eval_parts: tuple[str, ...] | None = field(
+        default=None, metadata={"help": "The parts decoded at the end: valid and/or test (None: both)."}
     )
-    curve_users: int = 100  # the fixed seeded validation users of both
-    max_train_examples: int | None = None  # sample of the SFT examples (None: all sliding windows)
-    max_grounding_examples: int | None = None  # sample of the grounding pairs (None: all)
+    eval_every: int = field(
+        default=0, metadata={"help": "Validation Recall@10 during SFT every N steps (0: off)."}
+    )
+    keep_best: bool = field(
+        default=False,
+        metadata={
+            "help": "End SFT with the adapter of the best validation Recall@10 (early stopping; needs eval_every)."
+        },
+    )
+    keep_best_users: int | None = field(
+        default=None,
+        metadata={
+            "help": "The validation users of the Recall points keep_best picks by (None: all of them, so that "
+            "the pick is not the noise of a small sample; the curves keep curve_users)."
+        },
+    )
+    block_lr: float | None = field(
+        default=None,
+        metadata={
+            "help": "Full fine-tuning of the base's decoder blocks at this learning rate instead of the stacked "
+            "LoRA (None: the LoRA); a reference row: the blocks are not in the adapter, so the run neither "
+            "resumes nor keeps the best (pipeline.block_tuning)."
+        },
+    )
+    curve_every: int | None = field(
+        default=None,
+        metadata={"help": "Validation NLL during SFT every N steps, for the learning curve (None/0: off)."},
+    )
+    curve_users: int = field(
+        default=100, metadata={"help": "The fixed seeded validation users of both curves."}
+    )
+    max_train_examples: int | None = field(
+        default=None, metadata={"help": "A seeded sample of the SFT examples (None: all sliding windows)."}
+    )
+    max_grounding_examples: int | None = field(
+        default=None, metadata={"help": "A seeded sample of the grounding pairs (None: all)."}
+    )
 
     def __post_init__(self) -> None:
         name = DTYPE_ALIASES.get(self.weights_dtype, self.weights_dtype)

@@ -50,8 +50,13 @@ class Preset:
     extra: dict[str, Any] = field(default_factory=dict)
     # the prompt format, objective included (None: built from max_history and with_titles)
     fmt: PromptFormat | None = None
-    # the recommenders a shop could run without this package, scored on the same users (pipeline.side_by_side)
-    peers: tuple[str, ...] = ("popularity", "knn_last", "sasrec")
+    peers: tuple[str, ...] = field(
+        default=("popularity", "knn_last", "sasrec"),
+        metadata={
+            "help": "The recommenders a shop could run without this package, scored on the same users "
+            "(pipeline.side_by_side)."
+        },
+    )
     # SASRecConfig's fields; the defaults train to the best validation epoch, the fit the behaviour SIDs use
     sasrec: dict[str, Any] = field(default_factory=dict)
     # bf16 autocast where the machine runs it natively (machine_precision decides per run); the budget's stages
