@@ -9,6 +9,10 @@ popularity alone (every prefix shared length 0) is its control. Paired per user 
 
     python benchmarks/bench_item_vectors.py --dataset movielens-100k
     python benchmarks/bench_item_vectors.py --dataset ../shared/data/amazon-office
+
+The index's settings are parsed from the package's declarations under their flags: ``ItemVectorsConfig``
+(the behaviour and mix sources' settings) and, of ``build-sids``' ``BuildSIDsArguments``, ``--levels``,
+``--codes`` and ``--seed``, the demo preset's levels and codes their defaults.
 """
 
 from __future__ import annotations
@@ -19,25 +23,46 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from peft_grounded.cli.sids import BuildSIDsArguments
 from peft_grounded.intervals import bootstrap_interval
+from peft_grounded.pipeline.demo import PRESETS
 from peft_grounded.sids.behaviour import ItemVectorsConfig
 
 try:
-    from benchmarks._args import parse
+    from benchmarks._args import package_fields, parse
 except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
-    from _args import parse
+    from _args import package_fields, parse
 
 
 @dataclass
 class BenchArguments:
+    """The catalogue, the sources compared and the rule's list length; the index's settings are the package's
+    (:data:`SIDFields`, ``ItemVectorsConfig``), parsed beside."""
+
     dataset: str = field(default="movielens-100k", metadata={"help": "A catalogue load_catalogue reads."})
     sources: str = field(
         default="text,behaviour,mix", metadata={"help": "Comma-separated item-vector sources."}
     )
-    codes: int = field(default=64, metadata={"help": "Codes per SID level."})
-    levels: int = field(default=3, metadata={"help": "k-means levels."})
     k: int = field(default=10, metadata={"help": "List length of the prefix rule."})
-    seed: int = field(default=0, metadata={"help": "Seed of the k-means and of SASRec."})
+
+
+# the fields of build-sids' settings set here, as the package declares them; the demo preset's SIDs by default
+SIDFields = package_fields(BuildSIDsArguments, "levels", "codes", "seed")
+DEFAULTS = {"levels": PRESETS["default"].levels, "codes": str(PRESETS["default"].codes)}
+
+
+def parse_args(argv=None) -> tuple:
+    """The settings and the package's parsed beside them: ``args, sids, vector_args``."""
+    return parse(
+        (BenchArguments, SIDFields, ItemVectorsConfig),
+        argv,
+        prog="bench_item_vectors.py",
+        description=__doc__,
+        check=lambda args, sids, vector_args: (
+            f"{args}\n{sids} (codes per level: {BuildSIDsArguments.code_counts(sids)})\n{vector_args}"
+        ),
+        defaults=DEFAULTS,
+    )
 
 
 def prefix_rule_hits(index, split, k: int, use_codes: bool = True) -> dict[str, float]:
@@ -67,16 +92,9 @@ def prefix_rule_hits(index, split, k: int, use_codes: bool = True) -> dict[str, 
 
 
 def main(argv=None) -> None:
-    from peft_grounded.pipeline.demo import PRESETS
     from peft_grounded.sids import build_sids, load_catalogue
 
-    args, vector_args = parse(
-        (BenchArguments, ItemVectorsConfig),
-        argv,
-        prog="bench_item_vectors.py",
-        description=__doc__,
-        check=lambda args, vector_args: f"{args}\n{vector_args}",
-    )
+    args, sids, vector_args = parse_args(argv)
     catalogue = load_catalogue(args.dataset)
     split = catalogue.leave_one_out()
     fields = list(PRESETS["default"].text_fields)
@@ -85,10 +103,10 @@ def main(argv=None) -> None:
         start = time.perf_counter()
         index = build_sids(
             catalogue,
-            levels=args.levels,
-            codes=args.codes,
+            levels=sids.levels,
+            codes=BuildSIDsArguments.code_counts(sids),  # the package's reading of --codes
             text_template=fields,
-            seed=args.seed,
+            seed=sids.seed,
             item_vectors=replace(vector_args, item_vectors=source),
             show_progress=False,
         )
@@ -110,7 +128,7 @@ def main(argv=None) -> None:
         )
     popularity = prefix_rule_hits(index, split, args.k, use_codes=False)
     print(
-        f"catalogue {catalogue.name}: {len(catalogue)} items, {len(split.users)} validation users, seed {args.seed}"
+        f"catalogue {catalogue.name}: {len(catalogue)} items, {len(split.users)} validation users, seed {sids.seed}"
     )
     print(
         "| vectors | dim | colliding items before dedup | max items per SID | level-1 codes used | map R^2 (held out) "
@@ -133,7 +151,7 @@ def main(argv=None) -> None:
             if reference is None or reference is values:
                 cells.append("")
                 continue
-            ci = bootstrap_interval([values - reference], seed=args.seed)
+            ci = bootstrap_interval([values - reference], seed=sids.seed)
             cells.append(f"{ci['difference']:+.4f} [{ci['low']:+.4f}, {ci['high']:+.4f}]")
         print(f"| prefix of {source} SIDs | {values.mean():.4f} | {cells[0]} | {cells[1]} |")
 

@@ -8,6 +8,11 @@ markdown table (and, with ``--json``, to a file).
     python benchmarks/bench_rqkmeans.py --balanced all --sample-size 65536
     python benchmarks/bench_rqkmeans.py --office              # the Amazon Office catalogue (MiniLM vectors)
     python benchmarks/bench_rqkmeans.py --faiss               # the same with faiss.Kmeans (if installed)
+
+The index's settings are ``build-sids``' own, parsed from ``BuildSIDsArguments`` under its flags and with its
+defaults: ``--levels`` (None: 3, or the length of ``--codes``), ``--codes`` (one number or a list),
+``--balanced``, ``--sample_size``, ``--normalize_residuals`` and ``--seed`` (the k-means'; the random
+vectors are always seed 0's).
 """
 
 from __future__ import annotations
@@ -20,12 +25,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+
+from peft_grounded.cli.sids import BuildSIDsArguments
 
 try:
-    from benchmarks._args import parse
+    from benchmarks._args import package_fields, parse
 except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
-    from _args import parse
+    from _args import package_fields, parse
 
 OFFICE = Path(__file__).resolve().parents[2] / "shared" / "data" / "amazon-office"
 
@@ -84,7 +90,7 @@ def worker(spec: dict) -> dict:
     from peft_grounded.sids.quantizers import RQKMeansConfig, fit_rqkmeans
 
     x = _vectors(spec)
-    levels = tuple(spec["codes"] for _ in range(spec["levels"]))
+    levels = tuple(spec["codes_per_level"])
     base_rss = _rss_mb()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     if spec["impl"] == "faiss":
@@ -96,7 +102,7 @@ def worker(spec: dict) -> dict:
             balanced=spec["balanced"],
             sample_size=spec["sample_size"],
             seed=spec["seed"],
-            normalize_residuals=spec["normalize"],
+            normalize_residuals=spec["normalize_residuals"],
         )
         fit = fit_rqkmeans(x, cfg)
         codes, residual = fit.codes.numpy(), fit.residual.numpy()
@@ -132,6 +138,13 @@ def run(spec: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def levels_by_codes(per_level: list[int]) -> str:
+    """``3 x 256``, or ``256/256/512`` where the levels differ."""
+    if len(set(per_level)) == 1:
+        return f"{len(per_level)} x {per_level[0]}"
+    return "/".join(map(str, per_level))
+
+
 def table(rows: list[dict]) -> str:
     head = (
         "| data | n x d | levels x K | impl | balanced | sample | wall s | CPU s | iters/level | "
@@ -140,7 +153,7 @@ def table(rows: list[dict]) -> str:
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         lines.append(
-            f"| {r['data']} | {r['n']:,} x {r['dim']} | {r['levels']} x {r['codes']} | {r['impl']} | "
+            f"| {r['data']} | {r['n']:,} x {r['dim']} | {levels_by_codes(r['codes_per_level'])} | {r['impl']} | "
             f"{r['balanced'] if r['impl'] == 'torch' else '-'} | {r['sample_size'] or 'all'} | {r['wall_s']} | "
             f"{r['cpu_s']} | {'/'.join(map(str, r['iterations']))} | {r['peak_rss_mb']:.0f} "
             f"({r['peak_above_input_mb']:.0f}) | {r['relative_error']:.3f} | {r['collision_rate']:.2%} | "
@@ -151,18 +164,10 @@ def table(rows: list[dict]) -> str:
 
 @dataclass
 class Settings:
+    """The vectors and the runs; the index's settings are ``build-sids``' (:data:`SIDFields`), parsed beside."""
+
     n: int = field(default=100_000, metadata={"help": "random vectors"})
     dim: int = field(default=384, metadata={"help": "their dimension"})
-    levels: int = field(default=3, metadata={"help": "RQ-KMeans levels"})
-    codes: int = field(default=256, metadata={"help": "codes per level"})
-    balanced: Literal["none", "last", "all"] = field(
-        default="none", metadata={"help": "balanced levels (RQKMeansConfig.balanced)"}
-    )
-    sample_size: int | None = field(
-        default=None, metadata={"help": "fit the codebooks on this many vectors, then code all"}
-    )
-    normalize: bool = field(default=False, metadata={"help": "L2-normalise the residual before each level"})
-    seed: int = field(default=0, metadata={"help": "seed of the vectors and of the k-means"})
     scaling: bool = field(default=False, metadata={"help": "also 25k and 50k items (memory vs n)"})
     office: bool = field(
         default=False, metadata={"help": "the Amazon Office catalogue instead of random vectors"}
@@ -175,6 +180,33 @@ class Settings:
     json: str | None = field(default=None, metadata={"help": "also write the rows to this JSON file"})
 
 
+# the fields of build-sids' settings the runs set, as the package declares them (its defaults too)
+SIDFields = package_fields(
+    BuildSIDsArguments, "levels", "codes", "balanced", "sample_size", "normalize_residuals", "seed"
+)
+
+
+def codes_per_level(sids) -> list[int]:
+    """``--levels`` and ``--codes`` as ``build_sids`` reads them: the codes of each level."""
+    counts = BuildSIDsArguments.code_counts(sids)  # the package's reading of --codes
+    if isinstance(counts, int):
+        return [counts] * (3 if sids.levels is None else sids.levels)
+    if sids.levels is not None and sids.levels != len(counts):
+        raise SystemExit(f"--levels {sids.levels} but --codes lists {len(counts)} levels ({sids.codes})")
+    return counts
+
+
+def parse_args(argv=None) -> tuple:
+    """The settings and build-sids' settings parsed beside them (``args, sids``)."""
+    return parse(
+        (Settings, SIDFields),
+        argv,
+        prog="bench_rqkmeans.py",
+        description=__doc__,
+        check=lambda args, sids: codes_per_level(sids),
+    )
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     # the subprocesses: no parser imported, so that their peak memory is the quantiser's (or the encoder's)
@@ -184,18 +216,17 @@ def main(argv=None) -> None:
     if argv[:1] == ["--encode-office"]:
         encode_office(*argv[1:3])
         return
-    args = parse(Settings, argv, prog="bench_rqkmeans.py", description=__doc__)
+    args, sids = parse_args(argv)
     spec = {
         "data": "office" if args.office else "random",
         "office": args.office_dir,
         "n": args.n,
         "dim": args.dim,
-        "levels": args.levels,
-        "codes": args.codes,
-        "balanced": args.balanced,
-        "sample_size": args.sample_size,
-        "normalize": args.normalize,
-        "seed": args.seed,
+        "codes_per_level": codes_per_level(sids),
+        "balanced": sids.balanced,
+        "sample_size": sids.sample_size,
+        "normalize_residuals": sids.normalize_residuals,
+        "seed": sids.seed,
         "impl": "torch",
         "faiss_niter": args.faiss_niter,
     }

@@ -16,6 +16,10 @@ bf16 only on a CPU with native bf16), then prints and writes
 paired differences against ``--reference``, training minutes and threads per row; with several LLM rows,
 their target NLL; with ``--eval-every N``, learning curves (SASRec's epochs and the LLM's validation points
 against training minutes). Everything resumes; ``--report-only`` rebuilds the tables from finished runs.
+A setting the package declares is parsed from its declaration under its flag: of ``DemoArguments``
+``--strategies`` (here none given: the peers alone) and ``--seeds``, of the demo's ``Preset`` ``--peers`` (none
+given: no peers), of ``LoraModelConfig`` ``--layers``, of the runner's ``Budget`` ``--eval_every`` and
+``--curve_users``; this table's defaults of those in :data:`DEFAULTS`.
 """
 
 from __future__ import annotations
@@ -26,8 +30,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from peft_grounded import assets
+from peft_grounded.cli.demo import DemoArguments
+from peft_grounded.cli.model_config import LoraModelConfig
 from peft_grounded.evaluation import EvalSettings
 from peft_grounded.pipeline import Budget, Experiment, run_strategy
+from peft_grounded.pipeline.demo import Preset
 from peft_grounded.pipeline.side_by_side import (
     PEER_LABELS,
     PEERS,
@@ -45,9 +52,9 @@ from peft_grounded.sids.index import JSON_NAME
 from peft_grounded.training.runs import write_json_atomic
 
 try:
-    from benchmarks._args import Precision, ZeroOrMore, parse
+    from benchmarks._args import Precision, ZeroOrMore, field_default, package_fields, parse
 except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
-    from _args import Precision, ZeroOrMore, parse
+    from _args import Precision, ZeroOrMore, field_default, package_fields, parse
 
 
 @dataclass(kw_only=True)
@@ -57,15 +64,6 @@ class Settings(Precision):
 
     out: str = field(metadata={"help": "the SIDs, the runs and the tables go here (resumed)"})
     dataset: str = field(default="movielens-100k", metadata={"help": "the catalogue (a name or a folder)"})
-    strategies: list[str] = field(
-        default_factory=lambda: ["centroid", "peft_default"],
-        metadata={"help": "the LLM rows (none: peers only)", "action": ZeroOrMore},
-    )
-    peers: list[str] = field(
-        default_factory=lambda: list(PEERS),
-        metadata={"help": "the peer rows (none: no peers)", "choices": PEERS, "action": ZeroOrMore},
-    )
-    seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "training seeds of the LLM rows"})
     minutes: float = field(
         default=12.0, metadata={"help": "SFT minutes per LLM row (0: --sft-steps alone, cosine schedule)"}
     )
@@ -83,16 +81,8 @@ class Settings(Precision):
     reference: str = field(
         default="sasrec", metadata={"help": "row the paired differences are taken against"}
     )
-    layers: int = field(default=0, metadata={"help": "keep the base's first N decoder blocks (0: all)"})
     keep_history: bool = field(default=False, metadata={"help": "let the LLM rows recommend history items"})
     sft_steps: int = field(default=0, metadata={"help": "step cap on SFT (0: the time alone)"})
-    eval_every: int = field(
-        default=0,
-        metadata={
-            "help": "validation Recall@10 of the LLM rows every N SFT steps, for the learning curve (0: off)"
-        },
-    )
-    curve_users: int = field(default=100, metadata={"help": "validation users of those points"})
     also: list[str] = field(
         default_factory=list,
         metadata={"help": "more ranking metrics, one table each (recall@5 ...)", "action": ZeroOrMore},
@@ -106,8 +96,32 @@ class Settings(Precision):
     smoke: bool = field(default=False, metadata={"help": "a path check: seconds of training, a few users"})
 
 
+# the fields of the package's settings dataclasses this table sets, as the package declares them
+DemoFields = package_fields(
+    DemoArguments, "strategies", "seeds", parser={"strategies": {"action": ZeroOrMore}}
+)
+PeerFields = package_fields(Preset, "peers", parser={"peers": {"action": ZeroOrMore, "choices": PEERS}})
+ModelFields = package_fields(LoraModelConfig, "layers")
+CurveFields = package_fields(Budget, "eval_every", "curve_users")
+PARTS = (DemoFields, PeerFields, ModelFields, CurveFields)
+DEFAULTS = {  # this table's defaults of the package's fields (the flags given win)
+    "strategies": ["centroid", "peft_default"],  # the LLM rows: none given, the peers alone
+    "seeds": list(field_default(Preset, "seeds")),  # the demo's
+    "peers": list(PEERS),  # every peer pipeline.side_by_side scores, TGH included
+}
+
+
 def parse_args(argv=None) -> Settings:
-    return parse(Settings, argv, prog="side_by_side.py", description=__doc__)
+    """The settings, the package's parsed beside them (:data:`PARTS`) set on them as attributes of the same
+    names (``args.strategies``, ``args.peers``, ``args.seeds``, ``args.layers``, ``args.eval_every``,
+    ``args.curve_users``)."""
+    args, *parts = parse(
+        (Settings, *PARTS), argv, prog="bench_side_by_side.py", description=__doc__, defaults=DEFAULTS
+    )
+    for part in parts:
+        for name, value in vars(part).items():
+            setattr(args, name, value)
+    return args
 
 
 def finished_record(folder: Path, name: str) -> dict:

@@ -14,7 +14,16 @@ import pytest
 
 from benchmarks import _args
 
-SCRIPTS = ("bench_grow_protocol", "bench_demo_recipe")
+SCRIPTS = (
+    "bench_grow_protocol",
+    "bench_demo_recipe",
+    "bench_side_by_side",
+    "bench_rqkmeans",
+    "bench_item_vectors",
+)
+
+# the arguments a script's parse_args is checked with (its required ones): --out unless listed here
+ARGV = {"bench_rqkmeans": [], "bench_item_vectors": []}
 
 # name -> why the script's field of that name is not the package's setting of that name
 ALLOWED = {
@@ -73,7 +82,7 @@ def parsed_classes(name: str, monkeypatch) -> list[type]:
         return _args.parse(settings, *args, **kwargs)
 
     monkeypatch.setattr(script, "parse", spy)
-    script.parse_args(["--out", "x"])
+    script.parse_args(ARGV.get(name, ["--out", "x"]))
     return seen
 
 
