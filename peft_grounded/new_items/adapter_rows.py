@@ -202,8 +202,14 @@ def grow_adapter(
     if child_config.provenance is not None:
         child_config.provenance = replace(child_config.provenance, num_embeddings=None, init_data=None)
     child_config.inference_mode = False
+    # PEFT renames the config's base to the model's own name (and warns when they differ): give it that name,
+    # then keep the parent's record of its base, which loads the grown adapter as it loaded the parent
+    child_config.base_model_name_or_path = base.__dict__.get("name_or_path") or None
     with peft_wrapping():
         grown_model = get_peft_model(base, child_config, adapter_name=name)
+    grown_model.peft_config[name].base_model_name_or_path = (
+        config.base_model_name_or_path or grown_model.peft_config[name].base_model_name_or_path
+    )
     record_sid_facts(
         grown_model, name, **{**sid_record(model, name), FINGERPRINT_KEY: child_index.fingerprint()}
     )
