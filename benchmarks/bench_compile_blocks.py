@@ -7,7 +7,8 @@ seeded padding-free batches of ``--dataset``, attention per sequence as the trai
 under bf16). ``--parts mlp`` compiles what the trainer's ``compile_blocks`` compiles (each block's MLP and norms,
 ``training.steps.compiled_blocks``); ``--parts blocks`` whole blocks (``nn.Module.compile(dynamic=True)``). The
 compiled and eager steps alternate, so a busy machine slows both alike. Prints the compile time, the median
-steps, their median ratio and the largest loss gap.
+steps, their median ratio and the largest loss gap. ``--precision`` is the demo's (``DemoArguments``): fp32 here
+by default; auto: the machine's choice (bf16 where it runs natively).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 
 from peft_grounded import assets
 from peft_grounded.adapter import add_lora
+from peft_grounded.cli.demo import DemoArguments
 from peft_grounded.prompts import PromptFormat
 from peft_grounded.sid_head import compact_head
 from peft_grounded.sids import load_catalogue
@@ -37,14 +39,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also un
 from bench_step_limit import BATCH, HISTORY, collate, index_for
 
 try:
-    from benchmarks._args import parse
+    from benchmarks._args import package_fields, parse
 except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
-    from _args import parse
+    from _args import package_fields, parse
 
 
 @dataclass
 class Settings:
-    precision: Literal["fp32", "bf16"] = field(default="fp32", metadata={"help": "the blocks' precision"})
     parts: Literal["mlp", "blocks"] = field(
         default="mlp",
         metadata={"help": "mlp: each block's MLP and norms (the trainer's); blocks: whole blocks"},
@@ -55,10 +56,38 @@ class Settings:
     )
 
 
+# the blocks' precision, as the package declares it (the demo's --precision); float32 here by default
+PrecisionFields = package_fields(DemoArguments, "precision")
+DEFAULTS = {"precision": "fp32"}
+
+
+def blocks_bf16(precision: str) -> bool:
+    """``--precision`` read: bf16 or fp32 forced, auto the machine's choice."""
+    from peft_grounded.precision import script_precision
+
+    return precision == "bf16" or (precision == "auto" and script_precision().bf16)
+
+
+def parse_args(argv=None) -> Settings:
+    """The settings, the package's precision set on them (``args.precision``: fp32 or bf16, auto resolved)."""
+    args, chosen = parse(
+        (Settings, PrecisionFields),
+        argv,
+        prog="bench_compile_blocks.py",
+        description=__doc__,
+        check=lambda args, chosen: (
+            f"{args}\n{chosen} (blocks in {'bf16' if blocks_bf16(chosen.precision) else 'fp32'})"
+        ),
+        defaults=DEFAULTS,
+    )
+    args.precision = "bf16" if blocks_bf16(chosen.precision) else "fp32"
+    return args
+
+
 def main(argv=None) -> None:
     from trl.trainer.utils import add_fused_lm_head
 
-    args = parse(Settings, argv, prog="bench_compile_blocks.py", description=__doc__)
+    args = parse_args(argv)
     bf16 = args.precision == "bf16"
     catalogue = load_catalogue(args.dataset)
     index = index_for(catalogue, args.output / f"sids-{Path(args.dataset).name}")

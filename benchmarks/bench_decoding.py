@@ -15,7 +15,8 @@ SIDs for MovieLens-100K (all-MiniLM-L6-v2 + RQ-KMeans 3 x 64 + a disambiguation 
 same users; the table gives seconds per user (wall, best of the interleaved rounds, and the process's CPU
 time, which other jobs on a shared machine disturb less) and the share of users whose top-20 list equals
 the first engine's. bf16 weights and autocast where the CPU runs bf16 natively, else float32 (as the demo and the quality
-benchmark; ``--fp32`` / ``--bf16`` force one).
+benchmark; ``--fp32`` / ``--bf16`` force one). ``--max_history`` is the package's (``SFTArguments``), 8 items
+here by default.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch
 
 from peft_grounded import assets
 from peft_grounded.adapter import add_lora
+from peft_grounded.cli.common import SFTArguments
 from peft_grounded.decoding import SIDTrie, recommend
 from peft_grounded.evaluation import item_token_ids
 from peft_grounded.prompts import PromptFormat, inference_prompts
@@ -40,9 +42,9 @@ from peft_grounded.sids.extended_base import RowStart, sid_model
 from peft_grounded.sids.index import JSON_NAME
 
 try:
-    from benchmarks._args import Precision, parse
+    from benchmarks._args import Precision, package_fields, parse
 except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
-    from _args import Precision, parse
+    from _args import Precision, package_fields, parse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the generate reference
 from helpers.generate_reference import generate_recommend
@@ -59,7 +61,6 @@ class Settings(Precision):
     )
     batch_size: int = field(default=16, metadata={"help": "prompts per decoding batch"})
     beams: int = field(default=20, metadata={"help": "beams of the search"})
-    max_history: int = field(default=8, metadata={"help": "items of history per prompt"})
     likelihood: bool = field(default=False, metadata={"help": "also time target_log_likelihood"})
     rounds: int = field(default=2, metadata={"help": "timed rounds per engine, interleaved"})
     fp32_reference: bool = field(
@@ -70,8 +71,30 @@ class Settings(Precision):
     )
 
 
+# the prompt's history, as the package declares it (SFTArguments); this benchmark's default 8 items
+PromptFields = package_fields(SFTArguments, "max_history")
+DEFAULTS = {"max_history": 8}
+
+
+def prompt_format(prompt) -> PromptFormat:
+    """The prompts' format: ``--max_history`` read as the package reads it (None: its default)."""
+    return PromptFormat(max_history=SFTArguments(max_history=prompt.max_history).prompt_format().max_history)
+
+
+def parse_args(argv=None) -> tuple:
+    """The settings and the package's prompt field parsed beside them: ``args, prompt``."""
+    return parse(
+        (Settings, PromptFields),
+        argv,
+        prog="bench_decoding.py",
+        description=__doc__,
+        check=lambda args, prompt: f"{args}\n{prompt} ({prompt_format(prompt)})",
+        defaults=DEFAULTS,
+    )
+
+
 def main(argv=None) -> None:
-    args = parse(Settings, argv, prog="bench_decoding.py", description=__doc__)
+    args, prompt = parse_args(argv)
     args.fp32 = not args.choice().bf16
 
     catalogue = load_catalogue("movielens-100k")
@@ -91,7 +114,7 @@ def main(argv=None) -> None:
     add_lora(model, r=8, lora_alpha=16)
     model.eval()
     split = catalogue.leave_one_out()
-    fmt = PromptFormat(max_history=args.max_history)
+    fmt = prompt_format(prompt)
     examples = list(split.test_examples(fmt.max_history))
     examples = random.Random(0).sample(examples, min(args.users, len(examples)))
     _, prompts, targets = inference_prompts(examples, index, tokenizer, catalogue, fmt)

@@ -20,7 +20,8 @@ validation users) and a ``peft-grounded evaluate`` output (``--test``), one of e
   NDCG@10), then read on test.
 
 Each arm's per-user records go to ``<out>/<part>/<arm>-s<seed>/users.json`` (``pool_arms.py`` reads them); the
-tables pair every arm per user against SASRec, seeds pooled (users resampled within seed).
+tables pair every arm per user against SASRec, seeds pooled (users resampled within seed). ``--seeds`` is the
+demo's (``DemoArguments``: the runs' seeds, each one's LLM run and SASRec fit), 0 and 1 here by default.
 """
 
 from __future__ import annotations
@@ -33,15 +34,16 @@ from typing import Literal
 
 import numpy as np
 
+from peft_grounded.cli.demo import DemoArguments
 from peft_grounded.serving.peer_fusion import product_of_experts
 from peft_grounded.training.runs import write_json_atomic
 
 try:
     from benchmarks import pool_arms
-    from benchmarks._args import parse
+    from benchmarks._args import package_fields, parse
 except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
     import pool_arms
-    from _args import parse
+    from _args import package_fields, parse
 
 ARMS = ("sasrec", "llm", "sasrec2", "llm+sasrec", "sasrec+sasrec2", "llm*sasrec", "sasrec*sasrec2")
 PARTS = ("valid", "test")
@@ -79,7 +81,6 @@ class Settings:
         metadata={"help": "the LLM's peft-grounded evaluate outputs (test), one per seed"},
     )
     sids: list[str] = field(default_factory=list, metadata={"help": "each seed's SID index (its item ids)"})
-    seeds: list[int] = field(default_factory=lambda: [0, 1], metadata={"help": "the seeds, in that order"})
     partners: list[int] = field(
         default_factory=list,
         metadata={"help": "the control SASRec's seed, one per seed (none: each seed + 100)"},
@@ -101,23 +102,46 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
-        if not (len(self.valid) == len(self.test) == len(self.sids) == len(self.seeds) > 0):
-            raise SystemExit(
-                "give one --valid folder, one --test output and one --sids index per seed: "
-                f"{len(self.valid)}, {len(self.test)}, {len(self.sids)} for {len(self.seeds)} seeds"
-            )
-        self.partners = self.partners or [seed + 100 for seed in self.seeds]
-        if len(self.partners) != len(self.seeds):
-            raise SystemExit(
-                f"give one --partners seed per seed: {len(self.partners)} for {len(self.seeds)} seeds"
-            )
-        same = [seed for seed, partner in zip(self.seeds, self.partners, strict=True) if seed == partner]
-        if same:
-            raise SystemExit(f"--partners: seed {same[0]} would fuse SASRec with itself; give another seed")
         if self.depth < 10:
             raise SystemExit(f"--depth {self.depth}: the fused lists are scored at 10, so depth >= 10")
         if not self.weights or any(not (w > 0 and math.isfinite(w)) for w in self.weights):
             raise SystemExit(f"--weights are positive numbers, got {self.weights}")
+
+
+# the runs' seeds, as the package declares them (the demo's --seeds); 0 and 1 here by default
+SeedFields = package_fields(DemoArguments, "seeds")
+DEFAULTS = {"seeds": [0, 1]}
+
+
+def settle(args: Settings, seeds: list[int]) -> Settings:
+    """``args`` with the runs' ``seeds`` set (``args.seeds``) and checked against the folders given, and the
+    control's seeds settled (``--partners``; none: each seed + 100)."""
+    if not (len(args.valid) == len(args.test) == len(args.sids) == len(seeds) > 0):
+        raise SystemExit(
+            "give one --valid folder, one --test output and one --sids index per seed: "
+            f"{len(args.valid)}, {len(args.test)}, {len(args.sids)} for {len(seeds)} seeds"
+        )
+    args.seeds = list(seeds)
+    args.partners = args.partners or [seed + 100 for seed in seeds]
+    if len(args.partners) != len(seeds):
+        raise SystemExit(f"give one --partners seed per seed: {len(args.partners)} for {len(seeds)} seeds")
+    same = [seed for seed, partner in zip(seeds, args.partners, strict=True) if seed == partner]
+    if same:
+        raise SystemExit(f"--partners: seed {same[0]} would fuse SASRec with itself; give another seed")
+    return args
+
+
+def parse_args(argv=None) -> Settings:
+    """The settings, the package's seeds set on them (``args.seeds``) and the partners settled."""
+    args, _ = parse(
+        (Settings, SeedFields),
+        argv,
+        prog="bench_fusion.py",
+        description=__doc__,
+        check=lambda args, runs: f"{settle(args, runs.seeds)}\n{runs}",
+        defaults=DEFAULTS,
+    )
+    return args
 
 
 def _records(llm: dict[str, dict], lists: Sequence[Sequence[str]]) -> list[dict]:
@@ -254,7 +278,7 @@ def _rank10(record: dict) -> int | None:
 def main(argv=None) -> None:
     from peft_grounded.sids import SIDIndex, load_catalogue
 
-    args = parse(Settings, argv, prog="bench_fusion.py", description=__doc__)
+    args = parse_args(argv)
     out = Path(args.out)
     split = load_catalogue(args.dataset).leave_one_out()
     for valid, test, sids, seed, partner in zip(

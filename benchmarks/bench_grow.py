@@ -8,6 +8,9 @@ vectors are existing items' vectors plus small noise (so many join existing SID 
 disambiguation level grows: the hardest case for coding). Reported apart: the encoder's own speed on
 the catalogue's texts (items/s, cache off). Memory: the peak Python allocation (tracemalloc) of
 ``add_vectors`` for several batch sizes, per added item (linear when flat).
+
+The parent index's settings are ``build-sids``' own, parsed from ``BuildSIDsArguments`` under its flags:
+``--levels`` and ``--codes`` (one number or a list), the demo preset's levels and codes their defaults.
 """
 
 from __future__ import annotations
@@ -20,15 +23,17 @@ from pathlib import Path
 
 import numpy as np
 
+from peft_grounded.cli.sids import BuildSIDsArguments
 from peft_grounded.new_items.grow_index import GrowthReport, add_vectors
+from peft_grounded.pipeline.demo import PRESETS
 from peft_grounded.sids import build_sids, load_catalogue
 from peft_grounded.sids.catalogue import TextTemplate
 from peft_grounded.sids.encoders import encode_texts, load_encoder
 
 try:
-    from benchmarks._args import parse
+    from benchmarks._args import package_fields, parse
 except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
-    from _args import parse
+    from _args import package_fields, parse
 
 
 def new_vectors(index, vectors: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
@@ -41,14 +46,29 @@ def new_vectors(index, vectors: np.ndarray, n: int, seed: int = 0) -> np.ndarray
 class Settings:
     dataset: str = field(default="movielens-100k", metadata={"help": "the catalogue (a name or a folder)"})
     add: int = field(default=1000, metadata={"help": "items to add"})
-    codes: int = field(default=64, metadata={"help": "codes per SID level of the parent index"})
-    levels: int = field(default=3, metadata={"help": "SID levels of the parent index"})
     encoder_sample: int = field(default=128, metadata={"help": "texts timed through the encoder"})
     repeats: int = field(default=3, metadata={"help": "timed additions (the best kept)"})
 
 
+# the parent index's fields of build-sids' settings, as the package declares them; the demo preset's by default
+SIDFields = package_fields(BuildSIDsArguments, "levels", "codes")
+DEFAULTS = {"levels": PRESETS["default"].levels, "codes": str(PRESETS["default"].codes)}
+
+
+def parse_args(argv=None) -> tuple:
+    """The settings and the parent index's (the package's) parsed beside them: ``args, sids``."""
+    return parse(
+        (Settings, SIDFields),
+        argv,
+        prog="bench_grow.py",
+        description=__doc__,
+        check=lambda args, sids: f"{args}\n{sids} (codes per level: {BuildSIDsArguments.code_counts(sids)})",
+        defaults=DEFAULTS,
+    )
+
+
 def main(argv=None) -> None:
-    args = parse(Settings, argv, prog="bench_grow.py", description=__doc__)
+    args, sids = parse_args(argv)
 
     catalogue = load_catalogue(args.dataset)
     encoder = load_encoder("minilm")
@@ -59,8 +79,8 @@ def main(argv=None) -> None:
         catalogue,
         vectors=vectors,
         encoder_fingerprint=encoder.fingerprint(),
-        levels=args.levels,
-        codes=args.codes,
+        levels=sids.levels,
+        codes=BuildSIDsArguments.code_counts(sids),  # the package's reading of --codes
         text_template=template,
         show_progress=False,
     )

@@ -11,8 +11,8 @@ kill into the set-up. It checks that the last resume succeeds, stops at the step
 checkpoint complete and no temporary file or lock behind, and that the adapter equals the uninterrupted
 run's. A markdown table goes to stdout; the exit code is 1 if any iteration failed.
 
-    python benchmarks/bench_kill_resume.py                      # 20 iterations, 2 kills each, seed 0
-    python benchmarks/bench_kill_resume.py -n 50 --kills 3 --steps 10 --seed 1
+    python benchmarks/bench_kill_resume.py                      # 20 iterations, 2 kills each, kill seed 0
+    python benchmarks/bench_kill_resume.py -n 50 --kills 3 --steps 10 --kill-seed 1
     python benchmarks/bench_kill_resume.py --subprocess         # fresh interpreters instead of forks
 
 By default each attempt is a fork of this process with everything imported (the command starts at
@@ -218,15 +218,21 @@ class Settings:
     iterations: int = field(default=20, metadata={"help": "kill-and-resume iterations", "aliases": ["-n"]})
     kills: int = field(default=2, metadata={"help": "killed attempts per iteration before the last resume"})
     steps: int = field(default=8, metadata={"help": "training steps (a checkpoint after each)"})
-    seed: int = field(default=0, metadata={"help": "seed of the kill points"})
+    kill_seed: int = field(  # not the run's --seed (RecommendationConfig's): the training run's is fixed
+        default=0, metadata={"help": "seed of the kill points (not of the training run)"}
+    )
     subprocess: bool = field(default=False, metadata={"help": "fresh interpreters instead of forks"})
     workdir: str | None = field(
         default=None, metadata={"help": "keep the runs here (None: a temporary folder)"}
     )
 
 
+def parse_args(argv: list[str] | None = None) -> Settings:
+    return parse(Settings, argv, prog="bench_kill_resume.py", description=__doc__)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse(Settings, argv, prog="bench_kill_resume.py", description=__doc__)
+    args = parse_args(argv)
 
     started = time.perf_counter()
     root = Path(args.workdir or tempfile.mkdtemp(prefix="bench_kill_resume-"))
@@ -256,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     first_checkpoint = first_checkpoint or 0.0
     step = (duration - first_checkpoint) / args.steps
     reference = adapter_rows(root / "straight")
-    rng = random.Random(args.seed)
+    rng = random.Random(args.kill_seed)
     print(f"uninterrupted run: {duration:.1f} s ({args.steps} steps of {step:.2f} s, a checkpoint each; the "
           f"first checkpoint at {first_checkpoint:.1f} s); {args.iterations} iterations x {args.kills} "
           "kills\n")  # fmt: skip

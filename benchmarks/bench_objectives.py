@@ -20,14 +20,14 @@ from pathlib import Path
 import torch
 
 from peft_grounded import assets
+from peft_grounded.cli.common import DataArguments, load_data
 from peft_grounded.prompts import PromptFormat
-from peft_grounded.sids import SIDIndex, load_catalogue
 from peft_grounded.training.sft import RecommendationConfig, train_recommender
 
 try:
-    from benchmarks._args import Precision, parse
+    from benchmarks._args import Precision, package_fields, parse
 except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
-    from _args import Precision, parse
+    from _args import Precision, package_fields, parse
 
 
 def measure(objective: str, catalogue, index, steps: int, batch_size: int, bf16: bool) -> dict:
@@ -68,22 +68,27 @@ def measure(objective: str, catalogue, index, steps: int, batch_size: int, bf16:
 
 @dataclass(kw_only=True)
 class Settings(Precision):
-    """The SID index and catalogue trained on, and the steps of each objective (``--fp32``/``--no-bf16``,
-    ``--bf16``: the precision)."""
+    """The steps of each objective (``--fp32``/``--no-bf16``, ``--bf16``: the precision); the SID index and
+    catalogue trained on: the package's ``DataArguments`` fields (:data:`DataFields`)."""
 
-    sid_index: str = field(metadata={"help": "SID index directory (from `peft-grounded build-sids`)"})
-    catalogue: str = field(
-        default="movielens-100k", metadata={"help": "the catalogue the index was built from"}
-    )
     steps: int = field(default=6, metadata={"help": "training steps of each objective"})
     batch_size: int = field(default=8, metadata={"help": "rows per step"})
 
 
+# --sid_index and --catalogue (None: the one the index records), as the package's commands declare them
+DataFields = package_fields(DataArguments, "sid_index", "catalogue")
+
+
+def parse_args(argv=None) -> tuple:
+    """The settings and the SID index and catalogue parsed beside them (``a, data``)."""
+    return parse((Settings, DataFields), argv, prog="bench_objectives.py", description=__doc__)
+
+
 def main(argv=None) -> None:
-    a = parse(Settings, argv, prog="bench_objectives.py", description=__doc__)
+    a, data = parse_args(argv)
     bf16 = a.choice().bf16
     torch.set_num_threads(torch.get_num_threads())
-    catalogue, index = load_catalogue(a.catalogue), SIDIndex.load(a.sid_index)
+    catalogue, index = load_data(data.catalogue, data.sid_index)
     rows = [measure(o, catalogue, index, a.steps, a.batch_size, bf16) for o in ("prompt", "sequence")]
     print("| objective | steps | item targets | seconds | targets/s |\n|---|---|---|---|---|")
     for r in rows:

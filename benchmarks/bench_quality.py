@@ -14,6 +14,15 @@ finished ones are read back. The script then prints (and writes to ``results.md`
 * paired bootstrap 95% intervals of every strategy against mean init and against the most-popular ranking
   (R@K, N@K, constrained NLL; test users, all and cold; users resampled within each seed), from the
   per-user results each run records.
+
+Settings the package declares are parsed from its dataclasses, under its flags: ``--strategies`` / ``--seeds``
+(the demo's ``DemoArguments``; here every strategy and seeds 0 1 2 unless given), ``--levels`` / ``--codes``
+(``build-sids``' ``BuildSIDsArguments``; here 3 x 64), ``--objective`` / ``--max_history`` (``sft``'s
+``SFTArguments``; here the sequence objective, and ``--max_history`` None is 19 for sequence but 8 for prompt,
+not the package's 10, as the runs of BENCHMARKS.md had), ``--max_length`` (``RecommendationConfig``'s, for both
+stages; here 512) and ``--eval_every`` / ``--curve_every`` / ``--curve_users`` / ``--max_train_examples``
+(the runner's ``Budget``; here 25 / 0 / 100 / 5000). ``--sample_users`` (also ``--users``, ``--eval-users``) is
+the seeded sample of users decoded per part (``EvalSettings.users``), not ``sft``'s ``--eval_users``.
 """
 
 from __future__ import annotations
@@ -21,9 +30,11 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from peft_grounded import assets
+from peft_grounded.cli.common import SFTArguments
+from peft_grounded.cli.demo import DemoArguments
+from peft_grounded.cli.sids import BuildSIDsArguments
 from peft_grounded.evaluation import (
     LIKELIHOOD_METRICS,
     POPULARITY_LABEL,
@@ -38,11 +49,12 @@ from peft_grounded.prompts import PromptFormat
 from peft_grounded.sids import SIDIndex, build_sids, load_catalogue
 from peft_grounded.sids.index import JSON_NAME
 from peft_grounded.training import runs
+from peft_grounded.training.stage_config import RecommendationConfig
 
 try:
-    from benchmarks._args import Precision, parse
+    from benchmarks._args import Precision, package_fields, parse
 except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
-    from _args import Precision, parse
+    from _args import Precision, package_fields, parse
 
 METRICS = ("recall@5", "recall@10", "recall@20", "ndcg@5", "ndcg@10", "ndcg@20")
 CLAIMS = (  # (strategy, baseline, metric, subset, the papers' figure)
@@ -199,22 +211,15 @@ class Settings(Precision):
 
     dataset: str = field(default="movielens-100k", metadata={"help": "'movielens-100k' or a catalogue path"})
     output: Path | None = field(default=None, metadata={"help": "None: runs/bench_quality/<dataset name>"})
-    strategies: list[str] = field(
-        default_factory=lambda: list(STRATEGIES), metadata={"help": "strategies run"}
-    )
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "training seeds"})
-    levels: int = field(default=3, metadata={"help": "RQ-KMeans levels of the SIDs"})
-    codes: int = field(default=64, metadata={"help": "codes per SID level"})
     grounding_steps: int = field(default=60, metadata={"help": "grounding steps of gti / centroid_gti"})
     sft_steps: int = field(default=150, metadata={"help": "SFT steps"})
     batch_size: int = field(default=8, metadata={"help": "rows per step of both stages"})
-    eval_users: int = field(
-        default=200, metadata={"help": "seeded evaluation sample per part", "aliases": ["--users"]}
-    )
-    objective: Literal["prompt", "sequence"] = field(
-        default="sequence",
+    # the users decoded per part (EvalSettings.users); --eval-users: benchmarks/gpu/gpu_run.py's flag of it
+    sample_users: int = field(
+        default=200,
         metadata={
-            "help": "sequence: the history as SIDs, every item a target; prompt: the papers' instruction prompt"
+            "help": "seeded sample of the users decoded per part (valid and test)",
+            "aliases": ["--users", "--eval-users", "--eval_users"],
         },
     )
     minutes: float | None = field(
@@ -223,28 +228,67 @@ class Settings(Precision):
     grounding_minutes: float | None = field(
         default=None, metadata={"help": "grounding minutes of gti / centroid_gti"}
     )
-    max_length: int = field(
-        default=512,
-        metadata={"help": "longest training row in tokens (rows beyond it are refused, never cut)"},
-    )
-    curve_every: int = field(
-        default=0, metadata={"help": "validation NLL every N SFT steps (learning curves)"}
-    )
     resamples: int = field(default=10_000, metadata={"help": "bootstrap resamples of the intervals"})
-    eval_every: int = field(default=25, metadata={"help": "validation Recall every N SFT steps"})
-    curve_users: int = field(default=100, metadata={"help": "the validation users of the curves"})
-    max_history: int | None = field(
-        default=None, metadata={"help": "None: 19 for sequence (chunks of 20), 8 for prompt"}
-    )
-    max_train_examples: int = field(
-        default=5000,
-        metadata={"help": "seeded sample of the SFT sliding windows (tokenising all of them costs minutes)"},
+
+
+# the settings the package declares, parsed under its flags (the script's own defaults: DEFAULTS)
+DemoFields = package_fields(DemoArguments, "strategies", "seeds")
+SIDFields = package_fields(BuildSIDsArguments, "levels", "codes")
+SFTFields = package_fields(SFTArguments, "objective", "max_history")
+StageFields = package_fields(RecommendationConfig, "max_length")
+BudgetFields = package_fields(Budget, "eval_every", "curve_every", "curve_users", "max_train_examples")
+DEFAULTS = {
+    "strategies": list(STRATEGIES),
+    "seeds": [0, 1, 2],
+    "codes": "64",
+    "objective": "sequence",
+    "max_length": 512,
+    "eval_every": 25,
+    "curve_every": 0,
+    "max_train_examples": 5000,
+}
+PROMPT_HISTORY = 8  # --max_history None with the prompt objective, here (the package's None: 10)
+
+
+def strategies_of(demo) -> list[str]:
+    """``--strategies`` as the demo reads it (spaces or commas), each a known strategy."""
+    names = [name for given in demo.strategies for name in given.split(",") if name]
+    unknown = sorted(set(names) - set(STRATEGIES))
+    if unknown or not names:
+        raise SystemExit(f"--strategies {demo.strategies}: give some of {' '.join(STRATEGIES)}")
+    return names
+
+
+def max_history_of(sft) -> int:
+    """``--max_history``, None resolved as here: 19 for sequence (chunks of 20), 8 for prompt."""
+    if sft.max_history is not None:
+        return sft.max_history
+    return 19 if sft.objective == "sequence" else PROMPT_HISTORY
+
+
+def check(args, demo, sids, sft, stage, budget) -> dict:
+    codes = BuildSIDsArguments.code_counts(sids)
+    if not isinstance(codes, int) and sids.levels is not None and sids.levels != len(codes):
+        raise SystemExit(f"--levels {sids.levels} but --codes lists {len(codes)} levels ({sids.codes})")
+    return {"strategies": strategies_of(demo), "seeds": demo.seeds, "max_history": max_history_of(sft)}
+
+
+def parse_args(argv=None) -> tuple:
+    """``args, demo, sids, sft, stage, budget``: the script's settings and the package's parsed beside them."""
+    return parse(
+        (Settings, DemoFields, SIDFields, SFTFields, StageFields, BudgetFields),
+        argv,
+        prog="bench_quality.py",
+        description=__doc__,
+        check=check,
+        defaults=DEFAULTS,
     )
 
 
 def main(argv=None) -> None:
-    args = parse(Settings, argv, prog="bench_quality.py", description=__doc__)
+    args, demo, sids, sft, stage, budget_fields = parse_args(argv)
     bf16 = args.choice().bf16
+    strategies = strategies_of(demo)
 
     name = Path(args.dataset).name or args.dataset
     out = args.output or Path("runs/bench_quality") / name
@@ -255,14 +299,14 @@ def main(argv=None) -> None:
         index = build_sids(
             catalogue,
             out / "sids",
-            levels=args.levels,
-            codes=args.codes,
+            levels=sids.levels,
+            codes=BuildSIDsArguments.code_counts(sids),
             text_template=["title", "brand", "categories", "release_year", "description"],
         )
     print(index.summary(), flush=True)
     training = dict(
         per_device_train_batch_size=args.batch_size,
-        max_length=args.max_length,
+        max_length=stage.max_length,
         bf16=bf16,
         save_steps=max(args.sft_steps // 2, 1),
         logging_steps=10,
@@ -274,50 +318,52 @@ def main(argv=None) -> None:
         ),
         sft=dict(max_steps=args.sft_steps, learning_rate=1e-3, max_minutes=args.minutes),
         lora=dict(r=8, lora_alpha=16),
-        evaluation=EvalSettings(users=args.eval_users, bf16=bf16),
+        evaluation=EvalSettings(users=args.sample_users, bf16=bf16),
         weights_dtype="bfloat16" if bf16 else "float32",
-        eval_every=args.eval_every,
-        curve_every=args.curve_every,
-        curve_users=args.curve_users,
-        max_train_examples=args.max_train_examples,
+        eval_every=budget_fields.eval_every,
+        curve_every=budget_fields.curve_every,
+        curve_users=budget_fields.curve_users,
+        max_train_examples=budget_fields.max_train_examples,
         max_grounding_examples=None,
     )
-    max_history = args.max_history or (19 if args.objective == "sequence" else 8)
-    fmt = PromptFormat(objective=args.objective, max_history=max_history)
+    fmt = PromptFormat(objective=sft.objective, max_history=max_history_of(sft))
     experiment = Experiment(str(assets.smollm2()), catalogue, index, fmt=fmt)
     records: dict[str, list[dict]] = {}
-    for seed in args.seeds:
-        for strategy in args.strategies:
+    for seed in demo.seeds:
+        for strategy in strategies:
             run_dir = out / f"{strategy}-seed{seed}"
             if not (run_dir / "metrics.json").is_file():
                 print(f"[bench] {name}: {strategy} seed {seed}", flush=True)
             # finished runs are read back (and given the likelihoods if they predate them)
             record = run_strategy(strategy, experiment, budget.with_seed(seed), run_dir, resume=True)
             records.setdefault(strategy, []).append(record)
-    settings = {seed: budget.with_seed(seed).eval_settings() for seed in args.seeds}
+    settings = {seed: budget.with_seed(seed).eval_settings() for seed in demo.seeds}
     reference = [
         evaluate_popularity(experiment.split, settings=settings[seed], items=index.item_ids)
-        for seed in args.seeds
+        for seed in demo.seeds
     ]
     reference_users = [
         popularity_users(experiment.split, settings=settings[seed], items=index.item_ids)
-        for seed in args.seeds
+        for seed in demo.seeds
     ]
     text, table = summarise(records, reference)
     interval_text, interval_rows = intervals(records, reference_users, args.resamples)
     text += "\n\n" + interval_text
     plot_curves(records, out / "validation_recall5.png")
     header = (
-        f"## {name}: SmolLM2-135M, {len(args.seeds)} seeds, grounding {args.grounding_steps} + SFT "
+        f"## {name}: SmolLM2-135M, {len(demo.seeds)} seeds, grounding {args.grounding_steps} + SFT "
         f"{args.sft_steps} steps at batch {args.batch_size}"
-        f"{f', {args.minutes} min' if args.minutes else ''}, objective {args.objective}, "
-        f"{args.eval_users} test users\n\n"
+        f"{f', {args.minutes} min' if args.minutes else ''}, objective {sft.objective}, "
+        f"{args.sample_users} test users\n\n"
     )
     (out / "results.md").write_text(header + text + "\n")
-    runs.write_json_atomic(
-        out / "results.json",
-        {"table": table, "intervals": interval_rows, "args": asdict(args) | {"output": str(out)}},
-    )
+    # every setting of the run, the package's parsed beside the script's (max_history as resolved); the sample's
+    # old key eval_users kept for readers of earlier results
+    stored = asdict(args) | {"eval_users": args.sample_users, "output": str(out)}
+    for parsed in (demo, sids, sft, stage, budget_fields):
+        stored |= asdict(parsed)
+    stored |= {"strategies": strategies, "max_history": max_history_of(sft)}
+    runs.write_json_atomic(out / "results.json", {"table": table, "intervals": interval_rows, "args": stored})
     print(header + text)
 
 

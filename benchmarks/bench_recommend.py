@@ -22,7 +22,8 @@ Both see the same prompts (the adapter's prompt format, seeded ML-100K test hist
 each user decoded alone, the engines alternating user by user (per-user latency p50 / p95). Batch 32: the
 same ``--batch-users`` users in one call per engine, alternating over ``--rounds`` rounds (users per
 second, best round). The top-10 lists are compared user by user (identical, and the mean overlap).
-Other jobs on the machine slow both engines alike within a round; the load average is printed.
+Other jobs on the machine slow both engines alike within a round; the load average is printed. ``--dtype`` is
+``peft-grounded recommend``'s (``RecommendArguments``: the loaded model's weights), float32 here by default.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
@@ -42,6 +42,7 @@ from transformers import LogitsProcessorList
 
 from peft_grounded import assets
 from peft_grounded.adapter import add_lora
+from peft_grounded.cli.recommend import RecommendArguments
 from peft_grounded.decoding.search import left_pad
 from peft_grounded.prompts import inference_prompts
 from peft_grounded.serving import GroundedRecommender
@@ -50,10 +51,10 @@ from peft_grounded.sids.extended_base import SID_RECORD, RowStart, save_sid_reco
 from peft_grounded.training.sft.recommendation_trainer import record_sid_softmax, shallow_base
 
 try:
-    from benchmarks._args import parse
+    from benchmarks._args import package_fields, parse
     from benchmarks.bench_step_limit import index_for
 except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
-    from _args import parse
+    from _args import package_fields, parse
     from bench_step_limit import index_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the generate reference
@@ -70,9 +71,6 @@ class Settings:
     rounds: int = field(default=2, metadata={"help": "batched rounds per engine, alternating"})
     beams: int = field(default=20, metadata={"help": "beams of both engines"})
     k: int = field(default=10, metadata={"help": "items per list"})
-    dtype: Literal["auto", "float32", "bfloat16"] = field(
-        default="float32", metadata={"help": "the loaded model's dtype"}
-    )
     full_vocabulary: bool = field(
         default=False, metadata={"help": "an adapter decoded over the whole vocabulary"}
     )
@@ -82,8 +80,18 @@ class Settings:
     )
 
 
+# the loaded model's dtype, as the package's recommend command declares it; float32 here by default
+ServingFields = package_fields(RecommendArguments, "dtype")
+DEFAULTS = {"dtype": "float32"}
+
+
 def parse_args(argv=None) -> Settings:
-    return parse(Settings, argv, prog="bench_recommend.py", description=__doc__)
+    """The settings, the package's dtype set on them (``args.dtype``)."""
+    args, serving = parse(
+        (Settings, ServingFields), argv, prog="bench_recommend.py", description=__doc__, defaults=DEFAULTS
+    )
+    args.dtype = serving.dtype
+    return args
 
 
 def adapter_for(base: Path, index: SIDIndex, folder: Path, sid_softmax: bool) -> Path:

@@ -1,9 +1,10 @@
 """Training step time and item targets/s with the full head vs the SID-only softmax, at equal batch.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_sid_softmax.py --layers 8 30 [--fp32 | --bf16] [--rounds 4]
+    OMP_NUM_THREADS=1 python benchmarks/bench_sid_softmax.py --depths 8 30 [--fp32 | --bf16] [--rounds 4]
 
-SmolLM2-135M cut to ``--layers`` decoder blocks (peft_grounded.training.sft.recommendation_trainer.shallow_base; 30 = the whole
-model), a centroid-initialised adapter for MovieLens-100K SIDs (all-MiniLM-L6-v2 + RQ-KMeans 3 x 64 + a
+SmolLM2-135M cut to each of ``--depths`` decoder blocks (each a value of the package's ``--layers``,
+``LoraModelConfig.layers``, through the same peft_grounded.training.sft.recommendation_trainer.shallow_base; 30 or 0 =
+the whole model), a centroid-initialised adapter for MovieLens-100K SIDs (all-MiniLM-L6-v2 + RQ-KMeans 3 x 64 + a
 disambiguation level, cached under ``--output``) with a LoRA (r 8, all linear), one batch of ``--batch-size``
 sequence-objective rows (20 items, every item after the first a target). A step is what the trainer runs:
 forward through TRL's fused head request with the compact path (labelled positions only), backward, AdamW;
@@ -50,8 +51,12 @@ except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the
 class Settings(Precision):
     """The depths and batch timed (``--fp32`` / ``--bf16``: float32, or bf16 autocast)."""
 
-    layers: list[int] = field(
-        default_factory=lambda: [8, 30], metadata={"help": "decoder blocks kept (30: the whole model)"}
+    # the sweep: values of the package's --layers (LoraModelConfig.layers, one per run), not that setting itself
+    depths: list[int] = field(
+        default_factory=lambda: [8, 30],
+        metadata={
+            "help": "the decoder blocks kept, one timed run each (a value of --layers; 30 or 0: the whole model)"
+        },
     )
     batch_size: int = field(default=8, metadata={"help": "sequence rows per batch"})
     rounds: int = field(default=4, metadata={"help": "timed steps per head, alternating"})
@@ -137,16 +142,20 @@ def measure(base: str, catalogue, index, args, bf16: bool) -> dict:
     }
 
 
+def parse_args(argv=None) -> Settings:
+    return parse(Settings, argv, prog="bench_sid_softmax.py", description=__doc__)
+
+
 def main(argv=None) -> None:
-    args = parse(Settings, argv, prog="bench_sid_softmax.py", description=__doc__)
+    args = parse_args(argv)
     bf16 = args.choice().bf16
     catalogue = load_catalogue("movielens-100k")
     index = ml100k_index(catalogue, args.output)
     load = os.getloadavg()[0]
     results = []
-    for layers in args.layers:
+    for layers in args.depths:
         base = str(assets.smollm2())
-        if layers < 30:
+        if 0 < layers < 30:
             base = str(shallow_base(base, layers, args.output / f"base-{layers}"))
         results.append(measure(base, catalogue, index, args, bf16))
     isa = os.environ.get("ATEN_CPU_CAPABILITY", "default")

@@ -7,6 +7,7 @@ Reads a demo folder (``peft-grounded demo`` or ``benchmarks/bench_demo_recipe.py
 also pulled toward the vocabulary mean by ``--scales`` (``GroundedTokenConfig.init_scale``; 1 is the
 norm-matched start; the centroid rows' own mean is the vocabulary mean, so this is a shrink around it), then scores the validation users' next items under the SID trie (the constrained NLL that
 beam search ranks by; uniform: every SID equally likely). Issue 28, item 4: why centroid starts high.
+``--seed`` is the run's (``RecommendationConfig``'s: the rows' initialisation), the user sample's seed + 1.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 try:
-    from benchmarks._args import parse
+    from benchmarks._args import package_fields, parse
 except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
-    from _args import parse
+    from _args import package_fields, parse
+
+from peft_grounded.training.stage_config import RecommendationConfig
 
 
 @dataclass
@@ -32,17 +35,26 @@ class Settings:
         metadata={"help": "init_scale values of the centroid start, fractions in (0, 1]"},
     )
     users: int = field(default=200, metadata={"help": "validation users scored"})
-    seed: int = field(default=0, metadata={"help": "seed of the starts and of the user sample"})
+
+
+# the run's seed (the rows' start; the user sample's is seed + 1), as the package declares it
+SeedFields = package_fields(RecommendationConfig, "seed")
 
 
 def parse_args(argv=None) -> Settings:
-    return parse(Settings, argv, prog="bench_start_nll.py", description=__doc__, check=check)
+    """The settings, the package's seed set on them (``args.seed``)."""
+    args, seeds = parse(
+        (Settings, SeedFields), argv, prog="bench_start_nll.py", description=__doc__, check=check
+    )
+    args.seed = seeds.seed
+    return args
 
 
-def check(args: Settings) -> dict:
+def check(args: Settings, seeds=None) -> dict:
     if any(not 0 < s <= 1 for s in args.scales):
         raise SystemExit(f"--scales are fractions in (0, 1], got {args.scales}")
-    return {"sids": args.demo_dir / "sids", "base": base_of(args)}
+    found = {"sids": args.demo_dir / "sids", "base": base_of(args)}
+    return found if seeds is None else {**found, "seed": seeds.seed}
 
 
 def base_of(args: Settings) -> str:

@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from peft_grounded.cli.common import DataArguments, load_data
 from peft_grounded.evaluation import (
     POPULARITY_LABEL,
     EvalSettings,
@@ -33,13 +34,12 @@ from peft_grounded.evaluation import (
     rank_metrics,
 )
 from peft_grounded.precision import script_precision
-from peft_grounded.sids import SIDIndex, load_catalogue
 from peft_grounded.training import runs
 
 try:
-    from benchmarks._args import REPEATABLE, parse
+    from benchmarks._args import REPEATABLE, package_fields, parse
 except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
-    from _args import REPEATABLE, parse
+    from _args import REPEATABLE, package_fields, parse
 
 METRICS = ("recall@5", "recall@10", "recall@20", "ndcg@10", "constrained_nll")
 
@@ -88,15 +88,12 @@ def _in(records: list[dict], subset: str) -> list[dict]:
 
 @dataclass
 class Settings:
-    """The adapters compared and the table's settings; how the users are evaluated: EvalSettings' fields."""
+    """The adapters compared and the table's settings; the SID index and catalogue: the package's
+    ``DataArguments`` fields (:data:`DataFields`); how the users are evaluated: EvalSettings' fields."""
 
-    sid_index: str = field(metadata={"help": "SID index directory the adapters were trained on"})
     out: Path = field(metadata={"help": "results (one JSON per adapter, read back on a rerun) and the table"})
     adapter: list[str] = field(
         metadata={"help": "NAME=DIRECTORY or NAME@SEED=DIRECTORY; repeatable"} | REPEATABLE
-    )
-    catalogue: str = field(
-        default="movielens-100k", metadata={"help": "the catalogue the index was built from"}
     )
     reference: str = field(default="mean", metadata={"help": "the adapter name the others are compared with"})
     fp32: bool = field(
@@ -117,25 +114,35 @@ class Settings:
         self.adapters = _named(self.adapter)
 
 
-def check(args: Settings, settings: EvalSettings) -> None:
+# --sid_index (the index the adapters were trained on) and --catalogue (None: the one the index records), as the
+# package's commands declare them
+DataFields = package_fields(DataArguments, "sid_index", "catalogue")
+
+
+def check(args: Settings, data: DataFields, settings: EvalSettings) -> None:
     if not {5, 10, 20} <= set(settings.ks):
         raise SystemExit(f"--ks must hold 5, 10 and 20 (the table's columns), got {settings.ks}")
 
 
-def main(argv=None) -> None:
-    args, settings = parse(
-        (Settings, EvalSettings),
+def parse_args(argv=None) -> tuple:
+    """The settings, the SID index and catalogue, and the evaluation settings (``args, data, settings``)."""
+    return parse(
+        (Settings, DataFields, EvalSettings),
         argv,
         prog="compare_adapters.py",
         description=__doc__,
         check=check,
         defaults={"ks": [5, 10, 20]},
     )
+
+
+def main(argv=None) -> None:
+    args, data, settings = parse_args(argv)
     # --bf16 (EvalSettings.bf16) and --fp32 force one; neither: the machine's choice
     bf16 = script_precision(args.fp32, settings.bf16).bf16
     settings = replace(settings, bf16=bf16)
     adapters = args.adapters
-    catalogue, index = load_catalogue(args.catalogue), SIDIndex.load(args.sid_index)
+    catalogue, index = load_data(data.catalogue, data.sid_index)
     args.out.mkdir(parents=True, exist_ok=True)
     users: dict[str, dict[int, list[dict]]] = {}
     seconds: dict[str, float] = {}
@@ -226,7 +233,7 @@ def main(argv=None) -> None:
         {
             "intervals": rows,
             "seconds": seconds,
-            "args": asdict(args) | {"out": str(args.out)} | asdict(settings),
+            "args": asdict(args) | asdict(data) | {"out": str(args.out)} | asdict(settings),
         },
     )
     print(text)

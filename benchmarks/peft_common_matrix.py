@@ -305,13 +305,12 @@ def _check_folder(folder: Path) -> None:
         )
 
 
+def parse_args(argv: list[str] | None = None) -> Settings:
+    return parse(Settings, argv, prog="peft_common_matrix.py", description=__doc__)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse(
-        Settings,
-        argv,
-        prog="peft_common_matrix.py",
-        description=__doc__,
-    )
+    args = parse_args(argv)
     _check_folder(Path(args.peft_tests))  # after --dry-run: the docs name the folder by a placeholder
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -29,11 +29,12 @@ from typing import Literal
 import numpy as np
 
 from peft_grounded.evaluation.reports import paired_intervals, user_values
+from peft_grounded.pipeline.demo import Preset
 
 try:
-    from benchmarks._args import ZeroOrMore, parse
+    from benchmarks._args import ZeroOrMore, package_fields, parse
 except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the repository
-    from _args import ZeroOrMore, parse
+    from _args import ZeroOrMore, package_fields, parse
 
 METRICS = ("recall@10", "ndcg@10", "constrained_nll")
 
@@ -49,10 +50,6 @@ class Settings:
     )
     reference: str = field(default="mean", metadata={"help": "the strategy every other one is compared with"})
     part: str = field(default="test", metadata={"help": "the part whose users are compared"})
-    peers: list[str] = field(
-        default_factory=list,
-        metadata={"help": "peers of the runs (peers/<name>.json) added as rows", "action": ZeroOrMore},
-    )
     evaluated: list[str] = field(
         default_factory=list,
         metadata={
@@ -70,8 +67,21 @@ class Settings:
             raise SystemExit("give the demo runs: RUN [RUN ...] (one seed each)")
 
 
-def parse_args(argv=None) -> Settings:
-    return parse(Settings, argv, prog="pool_demo_runs.py", description=__doc__, positionals=(("runs", "*"),))
+# --peers: the demo's peers (Preset.peers), those of them the runs scored (peers/<name>.json) added as rows; none
+# unless named here (the script's default), ``--peers`` alone none either
+PeerFields = package_fields(Preset, "peers", parser={"peers": {"action": ZeroOrMore}})
+
+
+def parse_args(argv=None) -> tuple[Settings, PeerFields]:
+    """The settings and the peers parsed beside them under the demo's flag (``args, peers``)."""
+    return parse(
+        (Settings, PeerFields),
+        argv,
+        prog="pool_demo_runs.py",
+        description=__doc__,
+        positionals=(("runs", "*"),),
+        defaults={"peers": []},
+    )
 
 
 def evaluated_records(spec: str, runs: list[str], part: str) -> tuple[str, list[list[dict]]]:
@@ -139,8 +149,8 @@ def in_subset(users: list[dict], subset: str) -> list[dict]:
 
 
 def main(argv=None) -> None:
-    args = parse_args(argv)
-    found = records(args.runs, args.part, args.peers, args.evaluated)
+    args, peers = parse_args(argv)
+    found = records(args.runs, args.part, peers.peers, args.evaluated)
     found = {n: [in_subset(run, args.subset) for run in runs] for n, runs in found.items()}
     if args.reference not in found:
         raise SystemExit(f"--reference {args.reference!r} is not in every run; found {sorted(found)}")

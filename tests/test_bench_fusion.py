@@ -77,7 +77,7 @@ def test_arms_on_a_planted_catalogue(planted, monkeypatch):
     monkeypatch.setenv("PEFT_GROUNDED_CACHE", str(cache))
     config = SASRecConfig(**SMALL_SASREC, max_epochs=6, patience=2)
     llm = {part: _llm(split, items, part) for part in ("valid", "test")}
-    args = bench_fusion.Settings(out="o", valid=["v"], test=["t"], sids=["s"], seeds=[3], weights=[0.5, 2.0])
+    args = bench_fusion.Settings(out="o", valid=["v"], test=["t"], sids=["s"], weights=[0.5, 2.0])
     arms, chosen = bench_fusion.fused_arms(llm, split, items, 3, 103, args, config)
     assert set(chosen) == {"llm*sasrec", "sasrec*sasrec2"} and set(chosen.values()) <= {0.5, 2.0}
     for part in ("valid", "test"):
@@ -97,8 +97,7 @@ def test_arms_on_a_planted_catalogue(planted, monkeypatch):
     w = chosen["llm*sasrec"]
     other = 2.0 if w == 0.5 else 0.5
     args_w, args_other = (
-        bench_fusion.Settings(out="o", valid=["v"], test=["t"], sids=["s"], seeds=[3], weights=[x])
-        for x in (w, other)
+        bench_fusion.Settings(out="o", valid=["v"], test=["t"], sids=["s"], weights=[x]) for x in (w, other)
     )
     kept = bench_fusion._score(
         bench_fusion.fused_arms(llm, split, items, 3, 103, args_w, config)[0]["valid"]["llm*sasrec"]
@@ -119,10 +118,9 @@ def test_arms_on_a_planted_catalogue(planted, monkeypatch):
 def test_settings_and_outputs_are_checked(tmp_path):
     from benchmarks import bench_fusion
 
-    def settings(**changes):
-        return bench_fusion.Settings(
-            **{"out": "o", "valid": ["v"], "test": ["t"], "sids": ["s"], "seeds": [0], **changes}
-        )
+    def settings(seeds=(0,), **changes):  # as parse_args settles them: the package's --seeds apart
+        given = bench_fusion.Settings(**{"out": "o", "valid": ["v"], "test": ["t"], "sids": ["s"], **changes})
+        return bench_fusion.settle(given, list(seeds))
 
     assert settings(valid=["v", "w"], test=["t", "u"], sids=["s", "r"], seeds=[0, 1]).partners == [100, 101]
     with pytest.raises(

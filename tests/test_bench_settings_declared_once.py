@@ -20,10 +20,39 @@ SCRIPTS = (
     "bench_side_by_side",
     "bench_rqkmeans",
     "bench_item_vectors",
+    "bench_quality",
+    "bench_sid_softmax",
+    "bench_objectives",
+    "compare_adapters",
+    "pool_demo_runs",
+    "bench_step_limit",  # its Variant is a row type of the runs, not parsed
+    "peft_common_matrix",  # its Column is a row type of the table, not parsed
+    "bench_grow",
+    "bench_decoding",
+    "bench_fusion",
+    "bench_kill_resume",
+    "bench_start_nll",
+    "bench_compile_blocks",
 )
 
 # the arguments a script's parse_args is checked with (its required ones): --out unless listed here
-ARGV = {"bench_rqkmeans": [], "bench_item_vectors": []}
+ARGV = {
+    "bench_rqkmeans": [],
+    "bench_item_vectors": [],
+    "bench_quality": [],
+    "bench_sid_softmax": [],
+    "bench_objectives": ["--sid_index", "sids"],
+    "compare_adapters": ["--sid_index", "sids", "--out", "x", "--adapter", "mean=a"],
+    "pool_demo_runs": ["runs/demo"],
+    "bench_step_limit": [],
+    "peft_common_matrix": ["--peft_tests", "tests"],
+    "bench_grow": [],
+    "bench_decoding": [],
+    "bench_fusion": ["--out", "x", "--valid", "v", "--test", "t", "--sids", "s", "--seeds", "0"],
+    "bench_kill_resume": [],
+    "bench_start_nll": ["--demo-dir", "x"],
+    "bench_compile_blocks": [],
+}
 
 # name -> why the script's field of that name is not the package's setting of that name
 ALLOWED = {
