@@ -134,7 +134,7 @@ def test_movielens_for_an_index_of_another_catalogue_is_refused_before_anything_
     assert "--catalogue movielens-100k is 'ml-100k' (1682 items, 943 users" in line
     assert f"not the one SID index {shop['sids']} was built from" in line
     assert "(16 items, 12 users, fingerprint" in line and f"read from {shop['items']}" in line
-    assert "leave --catalogue out" in line
+    assert "leave --catalogue out" in line and "add-items" not in line  # another catalogue, not a grown one
     assert not out.exists() and snapshot(shop["root"]) == before
 
 

@@ -169,16 +169,15 @@ class CatalogueSource:
         if self.matches(catalogue):
             return
         unknown = [i for i in catalogue.items if i not in index]
-        if index.parent is not None:
-            missing = [i for i in index.item_ids if i not in catalogue.items]
-            if not missing:
-                return
+        missing = [i for i in index.item_ids if i not in catalogue.items]
+        if index.parent is not None and not missing:
+            return
         other = CatalogueSource.of(catalogue)
         recorded = f" read from {self.path}" if self.path else ""
         extra = (
             f" It holds {len(unknown)} item{'s' if len(unknown) > 1 else ''} the SID index lacks (e.g. "
             f"{unknown[:3]}): new items join an index through peft-grounded add-items."
-            if unknown and len(unknown) < len(catalogue.items)
+            if unknown and not missing  # the index's catalogue and more: items to add, not another catalogue
             else ""
         )
         raise CatalogueMismatchError(
