@@ -375,7 +375,10 @@ def test_the_cpu_recipe_is_the_demos_default_preset():
         recipe["per_device_train_batch_size"],
         recipe["max_length"],
     )
-    assert recipe["init"] in demo.strategies
+    # the demo's headline strategy starts the rows as the recipe does (then grounds them)
+    from peft_grounded.pipeline.budget import strategy
+
+    assert strategy(demo.headline).init == recipe["init"] and demo.headline in demo.strategies
     # the recipe distils from SASRec; the demo's 150 steps do not fit a teacher
     assert recipe["distill_weight"] == 0.5 and b.sft.distill_weight == 0
     from peft_grounded.recipes import CPU_SIDS

@@ -53,6 +53,17 @@ def test_smoke_demo_runs_every_stage_and_resumes(tmp_path, model_dir):
             name = "Recall@10" if row["metric"] == "recall@10" else "held-out NLL"
             said = f"{name} not established" if row["holds_zero"] else f"{name} {row['claim']}, "
             assert said in bullet and (row["claim"] == "not established") == row["holds_zero"]
+    # the headline: the preset's strategy against mean init in held-out NLL, the answer's first claim
+    lead = summary["headline"]
+    assert (lead["strategy"], lead["reference"], lead["metric"]) == (
+        "centroid_gti",
+        "mean init",
+        "constrained_nll",
+    )
+    assert report.splitlines()[4] == lead["sentence"]
+    assert lead["sentence"].startswith("**Headline** (centroid_gti against mean init, ")
+    assert ("not established" in lead["sentence"]) == lead["holds_zero"]
+    assert f"[{lead['low']:+.3f}, {lead['high']:+.3f}]" in lead["sentence"]
     users = json.loads((out / "strategies" / "mean-seed0" / "metrics.json").read_text())["users"]["test"]
     assert {"user", "target", "rank", "constrained_nll", "all", "cold"} <= set(users[0])
     assert (out / "sids" / "sid_index.json").is_file()
@@ -336,6 +347,32 @@ def test_an_interval_that_holds_0_says_not_established_never_a_direction():
     assert claim(above, "Recall@10") == "Recall@10 higher, better (+0.010, 95% interval [+0.001, +0.020])"
     worse_nll = {"metric": "constrained_nll", "difference": 0.2, "low": 0.1, "high": 0.3, "holds_zero": False}
     assert claim(worse_nll, "NLL", "nats") == "NLL higher, worse (+0.200 nats, 95% interval [+0.100, +0.300])"
+
+
+def test_the_headline_is_one_sentence_from_its_nll_interval():
+    """The demo's headline: established with its direction, or "not established" and no direction."""
+    from peft_grounded.pipeline.side_by_side import headline, headline_claim
+
+    n = 120
+    records = {
+        "mean": [_run([None] * n, [8.0, 8.4] * (n // 2))],
+        "centroid_gti": [_run([None] * n, [7.6, 8.0] * (n // 2))],  # 0.4 nats lower for every user
+        "centroid": [_run([None] * n, [8.4, 8.0] * (n // 2))],  # the same mean, swapped per user
+    }
+    _, rows = headline(records, None, (10,), resamples=2000)
+    sentence, row = headline_claim(rows, "centroid_gti")
+    assert sentence == (
+        f"**Headline** (centroid_gti against mean init, {n} test users): held-out NLL lower, better "
+        f"(-0.400 nats per item, 95% interval [{row['low']:+.3f}, {row['high']:+.3f}])."
+    )
+    assert row["high"] < 0 and row["claim"] == "lower"
+    sentence, row = headline_claim(rows, "centroid")
+    assert "held-out NLL not established" in sentence and "holds 0" in sentence and row["holds_zero"]
+    assert not any(word in sentence for word in DIRECTIONS)
+    assert headline_claim(rows, "gaussian") is None  # not run: no headline, never another's figure
+    pooled = {name: recs * 2 for name, recs in records.items()}  # two seeds: said in the sentence
+    _, rows = headline(pooled, None, (10,), resamples=500)
+    assert f", {n} test users x 2 seeds)" in headline_claim(rows, "centroid_gti")[0]
 
 
 def test_the_answer_without_intervals_claims_nothing():

@@ -345,6 +345,24 @@ def claim(row: Mapping[str, Any], name: str, unit: str = "", digits: int = 3) ->
     return f"{name} {verdict}, {'better' if better else 'worse'} ({span})"
 
 
+def headline_claim(
+    rows: Sequence[Mapping[str, Any]], strategy: str, reference: str = "mean init", part: str = "test"
+) -> tuple[str, dict[str, Any]] | None:
+    """The run's one headline sentence: ``strategy`` against ``reference`` in held-out NLL, from its paired
+    interval row among ``rows`` (:func:`headline`'s), and that row; ``None`` where the run has no such row."""
+    row = next(
+        (r for r in rows if (r["strategy"], r["reference"], r["metric"]) == (strategy, reference, NLL)), None
+    )
+    if row is None:
+        return None
+    seeds = row["seeds"]
+    who = f"{row['users'] // seeds} {part} users" + (f" x {seeds} seeds" if seeds > 1 else "")
+    sentence = f"**Headline** ({strategy} against {reference}, {who}): " + claim(
+        row, "held-out NLL", "nats per item"
+    )
+    return sentence + ".", dict(row)
+
+
 def _zero_hits(records: Mapping[str, Sequence[Mapping[str, Any]]], metric: str, part: str) -> bool:
     """Whether every run of every strategy reports ``metric`` 0 on ``part``'s users."""
     values = [r["metrics"][part]["all"].get(metric) for recs in records.values() for r in recs]
