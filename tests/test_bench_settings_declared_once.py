@@ -33,6 +33,7 @@ SCRIPTS = (
     "bench_kill_resume",
     "bench_start_nll",
     "bench_compile_blocks",
+    "bench_graph_expert",
 )
 
 # the arguments a script's parse_args is checked with (its required ones): --out unless listed here
@@ -52,6 +53,7 @@ ARGV = {
     "bench_kill_resume": [],
     "bench_start_nll": ["--demo-dir", "x"],
     "bench_compile_blocks": [],
+    "bench_graph_expert": ["--sid_index", "sids"],
 }
 
 # name -> why the script's field of that name is not the package's setting of that name
