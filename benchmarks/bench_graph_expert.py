@@ -56,7 +56,9 @@ class Settings:
             raise SystemExit(f"--graph_weights are positive numbers, got {self.graph_weights}")
 
 
-def fused_hits(sasrec: np.ndarray, graph: np.ndarray, targets: np.ndarray, weight: float, k: int = 10) -> np.ndarray:
+def fused_hits(
+    sasrec: np.ndarray, graph: np.ndarray, targets: np.ndarray, weight: float, k: int = 10
+) -> np.ndarray:
     """Per user, whether the target is among the ``k`` best of ``sasrec + weight * graph`` (log-probabilities
     ``[users, items]``, the history at -inf in both; a tie counts against the target)."""
     fused = sasrec + weight * graph if weight else sasrec

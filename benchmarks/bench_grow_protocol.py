@@ -61,6 +61,7 @@ import torch
 from peft_grounded import assets
 from peft_grounded.cli.common import DataArguments, SFTArguments
 from peft_grounded.cli.model_config import LoraModelConfig
+from peft_grounded.cli.recommend import RecommendArguments
 from peft_grounded.cli.sids import BuildSIDsArguments
 from peft_grounded.decoding import Recommendations
 from peft_grounded.decoding.search import model_beams
@@ -300,7 +301,6 @@ class Settings(Precision):
             "levels but the last, and one fewer)"
         },
     )
-    num_beams: int = field(default=20, metadata={"help": "beams per user (the top --k are scored)"})
     no_retrained: bool = field(
         default=False,
         metadata={"help": "skip the full-catalogue reference model (its training and decoding)"},
@@ -321,7 +321,6 @@ class Settings(Precision):
             "help": "users the strategy runner itself decodes for its valid/test metrics (not the protocol's)"
         },
     )
-    k: int = field(default=10, metadata={"help": "the cut-off K of Recall@K and NDCG@K"})
     rounds: int = field(default=2000, metadata={"help": "bootstrap resamples"})
     # the package's settings, parsed beside these (parse_args) under the package's flags, set here by settle:
     # the prompt format (--objective, --max_history), the base and its LoRA (--layers, --lora_r, --lora_alpha),
@@ -351,12 +350,15 @@ TrainingFields = package_fields(
     RecommendationConfig, "learning_rate", "per_device_train_batch_size", "max_length", "sid_softmax", "seed"
 )
 DataFields = package_fields(DataArguments, "max_examples")
+# the lists as recommend serves them: their length k (the cut-off of Recall@K and NDCG@K) and the beams per user
+ServingFields = package_fields(RecommendArguments, "k", "num_beams")
 PARTS = {  # Settings' attributes holding them, in the order they are parsed beside Settings
     "prompt": PromptFields,
     "model": ModelFields,
     "sids": SIDFields,
     "training": TrainingFields,
     "data": DataFields,
+    "serving": ServingFields,
     "start": RowStart,
     "vectors": ItemVectorsConfig,
 }
@@ -388,9 +390,9 @@ def settle(args: Settings, *parts) -> Budget:
     if args.smoke:
         for key, value in SMOKE.items():
             setattr(next(p for p in (args, *args.parts()) if hasattr(p, key)), key, value)
-    if args.num_beams < args.k:
+    if args.serving.num_beams < args.serving.k:
         raise SystemExit(
-            f"--num-beams {args.num_beams} is below --k {args.k}: beam search returns num_beams items"
+            f"--num-beams {args.serving.num_beams} is below --k {args.serving.k}: beam search returns num_beams items"
         )
     if any(not 0 <= s <= 1 for s in args.new_item_share):
         raise SystemExit(f"--new-item-share takes fractions of k between 0 and 1, got {args.new_item_share}")
@@ -456,7 +458,11 @@ def protocol_budget(args: Settings) -> Budget:
         sft=dict(max_steps=args.sft_steps, max_minutes=args.minutes or None, sid_softmax=sid_softmax),
         lora=model_config(args).lora(),
         evaluation=EvalSettings(
-            users=args.run_eval_users, num_beams=args.k, ks=(args.k,), seed=args.training.seed, bf16=bf16
+            users=args.run_eval_users,
+            num_beams=args.serving.k,
+            ks=(args.serving.k,),
+            seed=args.training.seed,
+            bf16=bf16,
         ),
         weights_dtype="bfloat16" if bf16 else "float32",
         max_train_examples=args.data.max_examples or None,
@@ -484,7 +490,7 @@ def plan(args, grounds: bool) -> str:
         + (f"{args.grounding_minutes:g} min grounding + " if grounds else "")
         + f"{args.minutes:g} min SFT (+ model loading and the runner's {args.run_eval_users}-user eval)",
         f"  3. train the full-catalogue reference at the same budget: {per_model:g} min (+ the same overheads)",
-        f"  4. grow, decode the scored new-item test users (grown, {args.num_beams} beams; new-item slots "
+        f"  4. grow, decode the scored new-item test users (grown, {args.serving.num_beams} beams; new-item slots "
         f"{args.new_item_share} re-rank its beams), {args.incremental_steps} incremental grounding steps per "
         f"replay {args.replay}, decode again; decode with the reference; popularity; bootstrap ({args.rounds} rounds)",
         f"  training {2 * per_model:g} min in all; expected total ~{2 * per_model + (1 if args.smoke else 5):.0f} "
@@ -611,17 +617,19 @@ def main(argv=None) -> None:
                 out / f"beams-{slug}-{part}.json",
                 adapter,
                 lambda part=part: decode(
-                    model, tokenizer, histories[part], index, catalogue, fmt, args.num_beams, bf16
+                    model, tokenizer, histories[part], index, catalogue, fmt, args.serving.num_beams, bf16
                 ),
                 chosen,
-                args.num_beams,
+                args.serving.num_beams,
             )
             for part, chosen in (("new", examples), ("old", old_examples))
         }
         timings[f"decode_{name}_s"] = round(time.perf_counter() - t, 1)
 
         def route(recs, part, rule=None):  # what `recommend` and `evaluate` serve, these beams first
-            return served(model, tokenizer, histories[part], index, catalogue, fmt, recs, args.k, bf16, rule)
+            return served(
+                model, tokenizer, histories[part], index, catalogue, fmt, recs, args.serving.k, bf16, rule
+            )
 
         variants = {name: route}
         if name.startswith("grown + tuned on the log"):  # its beams under the served rule
@@ -637,7 +645,7 @@ def main(argv=None) -> None:
                     index,
                     held,
                     new_ids,
-                    args.num_beams,
+                    args.serving.num_beams,
                     fmt=fmt,
                     catalogue=catalogue,
                     batch_size=8,
@@ -653,16 +661,16 @@ def main(argv=None) -> None:
                     variants[f"grown + new-item slots (share {share:g}, {levels} codes)"] = (
                         lambda recs, part, rule=(share, levels): (
                             mix_new_items(
-                                recs, index, new_ids, share=rule[0], match_levels=rule[1], k=args.k
+                                recs, index, new_ids, share=rule[0], match_levels=rule[1], k=args.serving.k
                             ).items
                         )
                     )
             for share in args.new_item_share:
                 variants[f"grown + random new-item slots (share {share:g}, control)"] = (
-                    lambda recs, part, share=share: random_slots(recs, new_ids, share, args.k, seed)
+                    lambda recs, part, share=share: random_slots(recs, new_ids, share, args.serving.k, seed)
                 )
             variants["grown + semantic mixture"] = lambda recs, part: (
-                mixture.mix(recs, histories[part], args.k).items
+                mixture.mix(recs, histories[part], args.serving.k).items
             )
             variants[SERVED] = lambda recs, part: route(recs, part, NewItemRule(mixture, index.fingerprint()))
             if args.choice_users:
@@ -678,23 +686,26 @@ def main(argv=None) -> None:
                         index,
                         catalogue,
                         fmt,
-                        args.num_beams,
+                        args.serving.num_beams,
                         bf16,
                     ),
                     logged_examples,
-                    args.num_beams,
+                    args.serving.num_beams,
                 )
                 log_rule = NewItemRule(mixture, index.fingerprint())
                 choice.update(
                     log_rule.choose_beams(
-                        logged_beams, [e[1] for e in logged_examples], [e[2] for e in logged_examples], args.k
+                        logged_beams,
+                        [e[1] for e in logged_examples],
+                        [e[2] for e in logged_examples],
+                        args.serving.k,
                     )
                 )
                 print(f"served rule's beams chosen on {len(sample)} logged pairs: {choice}", flush=True)
                 variants[CHOSEN] = lambda recs, part: route(recs, part, log_rule)  # model or text beams
         for label, rule in variants.items():
             for part, table, wanted in (("new", results, targets), ("old", old_results, old_targets)):
-                table[label] = score(rule(lists[part], part), wanted, new, args.k)
+                table[label] = score(rule(lists[part], part), wanted, new, args.serving.k)
 
     incremental: dict[str, dict] = {}
     weight_choice: dict = {}
@@ -757,18 +768,24 @@ def main(argv=None) -> None:
         )
         score_both("retrained (full catalogue)", full, full_index, out / "full" / "sft" / "adapter")
     for part, table, wanted in (("new", results, targets), ("old", old_results, old_targets)):
-        for name, lists in control_lists(mixture, histories[part], args.k, args.num_beams, "share").items():
-            table[name] = score(lists, wanted, new, args.k)
+        for name, lists in control_lists(
+            mixture, histories[part], args.serving.k, args.serving.num_beams, "share"
+        ).items():
+            table[name] = score(lists, wanted, new, args.serving.k)
     for profile in ("last", "recency"):  # the peers a shop has without any model: no training at all
         knn = TextKNN(item_ids, vectors, profile=profile)
-        results[knn.name] = score(knn.recommend(histories["new"], args.k), targets, new, args.k)
-        old_results[knn.name] = score(knn.recommend(histories["old"], args.k), old_targets, new, args.k)
+        results[knn.name] = score(
+            knn.recommend(histories["new"], args.serving.k), targets, new, args.serving.k
+        )
+        old_results[knn.name] = score(
+            knn.recommend(histories["old"], args.serving.k), old_targets, new, args.serving.k
+        )
     counts = Counter(old_catalogue.leave_one_out().training_target_counts())
-    top = [i for i, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: args.k]]
-    results["popularity"] = score([top] * len(targets), targets, new, args.k)
-    old_results["popularity"] = score([top] * len(old_targets), old_targets, new, args.k)
+    top = [i for i, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: args.serving.k]]
+    results["popularity"] = score([top] * len(targets), targets, new, args.serving.k)
+    old_results["popularity"] = score([top] * len(old_targets), old_targets, new, args.serving.k)
 
-    k = args.k
+    k = args.serving.k
     metrics = (f"recall@{k}", f"ndcg@{k}")
     arrays = {(name, m): r["per_user"][m].astype(np.float64) for name, r in results.items() for m in metrics}
     pairs = {} if args.no_retrained else {"grown - retrained": ("grown", "retrained (full catalogue)")}
@@ -812,7 +829,7 @@ def main(argv=None) -> None:
     old_pairs |= {f"{t.removeprefix('grown + ')} - {c}": (t, c) for t in tuned for c in (TEXT_ONLY, SERVED)}
     old_differences = {}
     for label, (a, b) in old_pairs.items():
-        m = f"recall@{args.k}"
+        m = f"recall@{args.serving.k}"
         diff = old_results[a]["per_user"][m] - old_results[b]["per_user"][m]
         old_differences[label] = {
             m: float(diff.mean()),
@@ -827,7 +844,7 @@ def main(argv=None) -> None:
         for label in pairs
     }
     weight = len(pool) / (len(pool) + len(old_pool))  # the new-item users' share of the population
-    m = f"recall@{args.k}"
+    m = f"recall@{args.serving.k}"
     everyone = {}
     if len(targets) and len(old_targets):
         both = {

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from peft_grounded.cli.recommend import RecommendArguments
 from peft_grounded.cli.sids import BuildSIDsArguments
 from peft_grounded.intervals import bootstrap_interval
 from peft_grounded.pipeline.demo import PRESETS
@@ -36,33 +37,37 @@ except ModuleNotFoundError:  # run as a file: its folder is on sys.path, not the
 
 @dataclass
 class BenchArguments:
-    """The catalogue, the sources compared and the rule's list length; the index's settings are the package's
-    (:data:`SIDFields`, ``ItemVectorsConfig``), parsed beside."""
+    """The catalogue and the sources compared; the index's settings (:data:`SIDFields`, ``ItemVectorsConfig``) and
+    the rule's list length (``recommend``'s ``k``) are the package's, parsed beside."""
 
     dataset: str = field(default="movielens-100k", metadata={"help": "A catalogue load_catalogue reads."})
     sources: str = field(
         default="text,behaviour,mix", metadata={"help": "Comma-separated item-vector sources."}
     )
-    k: int = field(default=10, metadata={"help": "List length of the prefix rule."})
 
 
 # the fields of build-sids' settings set here, as the package declares them; the demo preset's SIDs by default
 SIDFields = package_fields(BuildSIDsArguments, "levels", "codes", "seed")
+ListFields = package_fields(RecommendArguments, "k")  # the prefix rule's list length, as recommend's lists
 DEFAULTS = {"levels": PRESETS["default"].levels, "codes": str(PRESETS["default"].codes)}
 
 
 def parse_args(argv=None) -> tuple:
-    """The settings and the package's parsed beside them: ``args, sids, vector_args``."""
-    return parse(
-        (BenchArguments, SIDFields, ItemVectorsConfig),
+    """The settings and the package's parsed beside them: ``args, sids, vector_args`` (the list length set on
+    ``args.k``)."""
+    args, sids, vector_args, lists = parse(
+        (BenchArguments, SIDFields, ItemVectorsConfig, ListFields),
         argv,
         prog="bench_item_vectors.py",
         description=__doc__,
-        check=lambda args, sids, vector_args: (
-            f"{args}\n{sids} (codes per level: {BuildSIDsArguments.code_counts(sids)})\n{vector_args}"
+        check=lambda args, sids, vector_args, lists: (
+            f"{args} (k {lists.k})\n{sids} (codes per level: {BuildSIDsArguments.code_counts(sids)})\n"
+            f"{vector_args}"
         ),
         defaults=DEFAULTS,
     )
+    args.k = lists.k
+    return args, sids, vector_args
 
 
 def prefix_rule_hits(index, split, k: int, use_codes: bool = True) -> dict[str, float]:

@@ -70,7 +70,6 @@ class Settings:
     batch_users: int = field(default=32, metadata={"help": "users in the batched call"})
     rounds: int = field(default=2, metadata={"help": "batched rounds per engine, alternating"})
     beams: int = field(default=20, metadata={"help": "beams of both engines"})
-    k: int = field(default=10, metadata={"help": "items per list"})
     full_vocabulary: bool = field(
         default=False, metadata={"help": "an adapter decoded over the whole vocabulary"}
     )
@@ -80,17 +79,17 @@ class Settings:
     )
 
 
-# the loaded model's dtype, as the package's recommend command declares it; float32 here by default
-ServingFields = package_fields(RecommendArguments, "dtype")
+# the loaded model's dtype and the lists' length, as the package's recommend command declares them; float32 here
+ServingFields = package_fields(RecommendArguments, "dtype", "k")
 DEFAULTS = {"dtype": "float32"}
 
 
 def parse_args(argv=None) -> Settings:
-    """The settings, the package's dtype set on them (``args.dtype``)."""
+    """The settings, the package's dtype and list length set on them (``args.dtype``, ``args.k``)."""
     args, serving = parse(
         (Settings, ServingFields), argv, prog="bench_recommend.py", description=__doc__, defaults=DEFAULTS
     )
-    args.dtype = serving.dtype
+    args.dtype, args.k = serving.dtype, serving.k
     return args
 
 

@@ -36,7 +36,7 @@ def test_defaults_are_the_cpu_protocol(protocol, monkeypatch):
     assert args.users == 0 and args.data.max_examples is None  # all users, all rows
     assert args.minutes > 0 and not args.smoke
     assert args.replay == [0.0, 1.0] and args.old_users == 200  # with and without old items' pairs
-    assert args.new_item_share == [0.1, 0.2] and args.match_levels is None and args.num_beams == 20
+    assert args.new_item_share == [0.1, 0.2] and args.match_levels is None and args.serving.num_beams == 20
     assert protocol.parse_args(["--out", "x", "--replay"]).replay == []  # no incremental grounding
     for bad in (["--num-beams", "5"], ["--new-item-share", "1.5"]):
         with pytest.raises(SystemExit):
