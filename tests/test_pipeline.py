@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from helpers.toy_catalogue import toy_catalogue, toy_index
 
@@ -53,15 +54,12 @@ def test_smoke_demo_runs_every_stage_and_resumes(tmp_path, model_dir):
             name = "Recall@10" if row["metric"] == "recall@10" else "held-out NLL"
             said = f"{name} not established" if row["holds_zero"] else f"{name} {row['claim']}, "
             assert said in bullet and (row["claim"] == "not established") == row["holds_zero"]
-    # the headline: the preset's strategy against mean init in held-out NLL, the answer's first claim
+    # the headline: how fast the preset's strategy learns against mean init, the answer's first claim
     lead = summary["headline"]
-    assert (lead["strategy"], lead["reference"], lead["metric"]) == (
-        "centroid_gti",
-        "mean init",
-        "constrained_nll",
-    )
+    assert (lead["strategy"], lead["reference"]) == ("centroid_gti", "mean init")
+    assert lead["metric"] == "progressive_nll" and lead["windows"] == 2  # smoke: 2 steps, each a window
     assert report.splitlines()[4] == lead["sentence"]
-    assert lead["sentence"].startswith("**Headline** (centroid_gti against mean init, ")
+    assert lead["sentence"].startswith("**Headline: how fast each start learns** (centroid_gti against mean")
     assert ("not established" in lead["sentence"]) == lead["holds_zero"]
     assert f"[{lead['low']:+.3f}, {lead['high']:+.3f}]" in lead["sentence"]
     users = json.loads((out / "strategies" / "mean-seed0" / "metrics.json").read_text())["users"]["test"]
@@ -349,30 +347,65 @@ def test_an_interval_that_holds_0_says_not_established_never_a_direction():
     assert claim(worse_nll, "NLL", "nats") == "NLL higher, worse (+0.200 nats, 95% interval [+0.100, +0.300])"
 
 
-def test_the_headline_is_one_sentence_from_its_nll_interval():
-    """The demo's headline: established with its direction, or "not established" and no direction."""
-    from peft_grounded.pipeline.side_by_side import headline, headline_claim
+def _curve(folder, item_nlls, items_per_window=40, epoch_per_window=0.01) -> None:
+    """A strategy run's curve.json: one logged window per value, every 5 steps."""
+    folder.mkdir(parents=True, exist_ok=True)
+    train = [
+        {"step": 5 * (w + 1), "items_seen": items_per_window * (w + 1), "item_nll": float(v), "loss": v / 4,
+         "epoch": epoch_per_window * (w + 1), "progressive": epoch_per_window * (w + 1) <= 1.0}
+        for w, v in enumerate(item_nlls)
+    ]  # fmt: skip
+    (folder / "curve.json").write_text(json.dumps({"sft": {"train": train, "valid": []}}))
 
-    n = 120
-    records = {
-        "mean": [_run([None] * n, [8.0, 8.4] * (n // 2))],
-        "centroid_gti": [_run([None] * n, [7.6, 8.0] * (n // 2))],  # 0.4 nats lower for every user
-        "centroid": [_run([None] * n, [8.4, 8.0] * (n // 2))],  # the same mean, swapped per user
-    }
-    _, rows = headline(records, None, (10,), resamples=2000)
-    sentence, row = headline_claim(rows, "centroid_gti")
-    assert sentence == (
-        f"**Headline** (centroid_gti against mean init, {n} test users): held-out NLL lower, better "
-        f"(-0.400 nats per item, 95% interval [{row['low']:+.3f}, {row['high']:+.3f}])."
+
+def test_the_headline_is_how_fast_a_start_learns_on_the_same_batches(tmp_path):
+    """The demo's headline: the paired difference of two runs' progressive NLL (window by window, the same
+    batches), established with its direction, or "not established" with no direction."""
+    from peft_grounded.pipeline.side_by_side import learning_speed, learning_speed_sentence
+
+    rng = np.random.default_rng(0)
+    base = 9.0 - np.linspace(0, 3, 30)  # a falling curve
+    _curve(tmp_path / "mean-seed0", base)
+    _curve(tmp_path / "gti-seed0", base - 0.5 + rng.normal(0, 0.05, 30))  # 0.5 nats faster, every window
+    _curve(tmp_path / "gauss-seed0", base + rng.normal(0, 0.3, 30))  # level, noisy
+    dirs = {name: [tmp_path / f"{name}-seed0"] for name in ("mean", "gti", "gauss")}
+    row = learning_speed(dirs, "gti")
+    assert row["difference"] == pytest.approx(-0.5, abs=0.03) and row["high"] < 0 and row["claim"] == "lower"
+    assert (row["windows"], row["steps"], row["seeds"], row["reference"]) == (30, 150, 1, "mean init")
+    sentence = learning_speed_sentence(row)
+    assert sentence.startswith("**Headline: how fast each start learns** (gti against mean init; ")
+    assert "30 logged windows of its first 150 SFT steps" in sentence
+    assert sentence.endswith(
+        f"progressive NLL lower, better ({row['difference']:+.3f} nats per item, 95% interval "
+        f"[{row['low']:+.3f}, {row['high']:+.3f}])."
     )
-    assert row["high"] < 0 and row["claim"] == "lower"
-    sentence, row = headline_claim(rows, "centroid")
-    assert "held-out NLL not established" in sentence and "holds 0" in sentence and row["holds_zero"]
-    assert not any(word in sentence for word in DIRECTIONS)
-    assert headline_claim(rows, "gaussian") is None  # not run: no headline, never another's figure
-    pooled = {name: recs * 2 for name, recs in records.items()}  # two seeds: said in the sentence
-    _, rows = headline(pooled, None, (10,), resamples=500)
-    assert f", {n} test users x 2 seeds)" in headline_claim(rows, "centroid_gti")[0]
+    level = learning_speed(dirs, "gauss")
+    assert level["holds_zero"] and level["claim"] == "not established"
+    said = learning_speed_sentence(level)
+    assert "progressive NLL not established" in said and "holds 0" in said
+    assert not any(word in said.split("):", 1)[1] for word in DIRECTIONS)
+    # two seeds pool, resampled within each
+    _curve(tmp_path / "mean-seed1", base)
+    _curve(tmp_path / "gti-seed1", base - 0.3)
+    pooled = {n: [tmp_path / f"{n}-seed0", tmp_path / f"{n}-seed1"] for n in ("mean", "gti")}
+    row = learning_speed(pooled, "gti")
+    assert row["seeds"] == 2 and row["difference"] == pytest.approx(-0.4, abs=0.03)
+    assert "30 logged windows of its first 150 SFT steps x 2 seeds" in learning_speed_sentence(row)
+
+
+def test_the_headline_refuses_runs_it_cannot_pair(tmp_path):
+    from peft_grounded.pipeline.side_by_side import learning_speed
+
+    _curve(tmp_path / "mean-seed0", [8.0, 7.0, 6.0])
+    _curve(tmp_path / "gti-seed0", [7.0, 6.0, 5.0], items_per_window=41)  # other batches
+    dirs = {name: [tmp_path / f"{name}-seed0"] for name in ("mean", "gti")}
+    with pytest.raises(ValueError, match=r"trained on other batches .* cannot be paired"):
+        learning_speed(dirs, "gti")
+    # past the first epoch a window's targets were trained on: not a progressive window, so no headline
+    _curve(tmp_path / "mean-seed0", [8.0, 7.0, 6.0], epoch_per_window=2.0)
+    _curve(tmp_path / "gti-seed0", [7.0, 6.0, 5.0], epoch_per_window=2.0)
+    assert learning_speed(dirs, "gti") is None
+    assert learning_speed({"mean": [tmp_path / "none"], "gti": [tmp_path / "none2"]}, "gti") is None
 
 
 def test_the_answer_without_intervals_claims_nothing():

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .._io import read_json
 from ..evaluation import POPULARITY_LABEL, compare_users, intervals_table
 from ..evaluation.reports import EvalSettings, popularity_users, user_value
 from ..intervals import bootstrap_interval
@@ -345,22 +346,75 @@ def claim(row: Mapping[str, Any], name: str, unit: str = "", digits: int = 3) ->
     return f"{name} {verdict}, {'better' if better else 'worse'} ({span})"
 
 
-def headline_claim(
-    rows: Sequence[Mapping[str, Any]], strategy: str, reference: str = "mean init", part: str = "test"
-) -> tuple[str, dict[str, Any]] | None:
-    """The run's one headline sentence: ``strategy`` against ``reference`` in held-out NLL, from its paired
-    interval row among ``rows`` (:func:`headline`'s), and that row; ``None`` where the run has no such row."""
-    row = next(
-        (r for r in rows if (r["strategy"], r["reference"], r["metric"]) == (strategy, reference, NLL)), None
-    )
-    if row is None:
-        return None
+PROGRESSIVE = "progressive_nll"  # the headline's metric: a run's items predicted before it trained on them
+
+
+def progressive_windows(run_dir: str | Path, stage: str = "sft") -> dict[int, tuple[int, float]]:
+    """``{step: (items_seen, item_nll)}`` of a strategy run's logged windows in its first epoch (their targets
+    not yet trained on: :func:`~peft_grounded.training.callbacks.learning_curve`); empty when it logged none."""
+    path = Path(run_dir) / runs.CURVE_FILE
+    if not path.is_file():
+        return {}
+    data = read_json(path)
+    points = (data.get(stage) or {}).get("train", []) if isinstance(data, dict) else []
+    return {
+        int(p["step"]): (int(p["items_seen"]), float(p["item_nll"]))
+        for p in points
+        if p.get("progressive")
+        and isinstance(p.get("item_nll"), (int, float))
+        and p.get("items_seen") is not None
+    }
+
+
+def learning_speed(
+    run_dirs: Mapping[str, Sequence[str | Path]], strategy: str, reference: str = "mean"
+) -> dict[str, Any] | None:
+    """How much faster ``strategy`` learnt than ``reference``: the paired difference of their progressive NLL
+    (nats per item target, each logged window's targets predicted before the run trained on them), window by
+    window on the same batches, resampled over the windows within each seed (:func:`bootstrap_interval`).
+
+    ``run_dirs``: strategy -> one run folder per seed, in the same seed order. ``None`` where a run logged no
+    first-epoch window. Raises ``ValueError`` where the two runs of a seed trained on other batches (their
+    ``items_seen`` differ), which no pairing could compare."""
+    differences = []
+    steps = 0
+    for mine, theirs in zip(run_dirs[strategy], run_dirs[reference], strict=True):
+        a, b = progressive_windows(mine), progressive_windows(theirs)
+        shared = sorted(set(a) & set(b))
+        if not shared:
+            return None
+        unpaired = [s for s in shared if a[s][0] != b[s][0]]
+        if unpaired:
+            raise ValueError(
+                f"{mine} and {theirs} trained on other batches (items seen at step {unpaired[0]}: "
+                f"{a[unpaired[0]][0]} and {b[unpaired[0]][0]}); their learning curves cannot be paired"
+            )
+        differences.append([a[s][1] - b[s][1] for s in shared])
+        steps = max(steps, shared[-1])
+    row = bootstrap_interval(differences)
+    return row | {
+        "strategy": strategy,
+        "reference": f"{reference} init" if reference == "mean" else reference,
+        "metric": PROGRESSIVE,
+        "windows": sum(len(d) for d in differences),
+        "steps": steps,
+        "claim": established(row),
+    }
+
+
+def learning_speed_sentence(row: Mapping[str, Any]) -> str:
+    """The report's headline from a :func:`learning_speed` row: its direction where the interval excludes 0,
+    "not established" where it holds 0."""
     seeds = row["seeds"]
-    who = f"{row['users'] // seeds} {part} users" + (f" x {seeds} seeds" if seeds > 1 else "")
-    sentence = f"**Headline** ({strategy} against {reference}, {who}): " + claim(
-        row, "held-out NLL", "nats per item"
+    who = f"{row['windows'] // seeds} logged windows of its first {row['steps']} SFT steps" + (
+        f" x {seeds} seeds" if seeds > 1 else ""
     )
-    return sentence + ".", dict(row)
+    text = claim(row, "progressive NLL", "nats per item")
+    return (
+        f"**Headline: how fast each start learns** ({row['strategy']} against {row['reference']}; the items of "
+        f"each training batch predicted before the run trained on them, the same batches for both, {who}): "
+        f"{text}."
+    )
 
 
 def _zero_hits(records: Mapping[str, Sequence[Mapping[str, Any]]], metric: str, part: str) -> bool:
