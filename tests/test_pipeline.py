@@ -446,3 +446,22 @@ def test_demo_diagnostics_import_error_is_explained(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "peft_grounded.diagnostics", None)  # makes the import fail
     text = _diagnostics(tmp_path, None, None, None, "model")
     assert "Skipped: the diagnostics could not be imported" in text and "peft_grounded.diagnostics" in text
+
+
+def test_the_headline_of_a_damaged_curve_says_what_to_fix(tmp_path):
+    """A curve.json that is not the runner's gives an error naming the file, and the demo reports no headline
+    with that reason instead of stopping after its runs trained."""
+    from peft_grounded.pipeline.demo import PRESETS, _headline
+    from peft_grounded.pipeline.side_by_side import learning_speed
+
+    _curve(tmp_path / "mean-seed0", [8.0, 7.0, 6.0])
+    (tmp_path / "centroid_gti-seed0").mkdir()
+    (tmp_path / "centroid_gti-seed0" / "curve.json").write_text('{"sft": [1, 2]}')
+    dirs = {name: [tmp_path / f"{name}-seed0"] for name in ("mean", "centroid_gti")}
+    with pytest.raises(ValueError, match=r"curve\.json: expected .* as the strategy runner writes it"):
+        learning_speed(dirs, "centroid_gti")
+    lead = _headline(PRESETS["default"], dirs)
+    assert lead["claim"] is None and lead["sentence"].startswith("**No headline**: ")
+    assert "strategy runner writes it" in lead["sentence"]
+    (tmp_path / "centroid_gti-seed0" / "curve.json").write_text("{not json")
+    assert "No headline" in _headline(PRESETS["default"], dirs)["sentence"]

@@ -179,9 +179,9 @@ PANELS = (
 )
 
 
-def read_curve(run_dir: str | Path, stage: str = "sft") -> dict[str, dict[int, float]] | None:
-    """``{panel: {step: value}}`` of a strategy run's ``curve.json`` (see
-    :func:`peft_grounded.training.callbacks.learning_curve`), or ``None`` when it wrote none."""
+def curve_stage(run_dir: str | Path, stage: str = "sft") -> dict[str, list] | None:
+    """``{"train": [...], "valid": [...]}`` of one stage of a strategy run's ``curve.json`` (see
+    :func:`peft_grounded.training.callbacks.learning_curve`), checked; ``None`` when the run wrote none."""
     path = Path(run_dir) / CURVE_FILE
     if not path.is_file():
         return None
@@ -192,6 +192,15 @@ def read_curve(run_dir: str | Path, stage: str = "sft") -> dict[str, dict[int, f
             f"{path}: expected {{{stage!r}: {{'train': [...], 'valid': [...]}}}} as the strategy runner writes "
             "it; was the file written by another tool?"
         )
+    return part
+
+
+def read_curve(run_dir: str | Path, stage: str = "sft") -> dict[str, dict[int, float]] | None:
+    """``{panel: {step: value}}`` of a strategy run's ``curve.json`` (:func:`curve_stage`), or ``None`` when it
+    wrote none."""
+    part = curve_stage(run_dir, stage)
+    if part is None:
+        return None
     series: dict[str, dict[int, float]] = {}
     for name, _, which, key in PANELS:
         rows = [r for r in part.get(which, []) if isinstance(r, dict) and "step" in r]

@@ -393,13 +393,17 @@ def run_demo(
 def _headline(spec: Preset, run_dirs: dict[str, list[Path]]) -> dict[str, Any] | None:
     """The preset's headline strategy (or the first other than mean init) against mean init in how fast it
     learns (:func:`~.side_by_side.learning_speed`), its sentence under ``"sentence"``; ``None`` where mean init
-    was not run or no run logged its first-epoch windows."""
+    was not run or no run logged its first-epoch windows. Runs that cannot be paired (other batches, a damaged
+    curve) give no headline and a sentence saying why: the report of the trained runs is still written."""
     from .side_by_side import learning_speed, learning_speed_sentence
 
     others = [name for name in run_dirs if name != "mean"]
     if "mean" not in run_dirs or not others:
         return None
-    row = learning_speed(run_dirs, spec.headline if spec.headline in others else others[0])
+    try:
+        row = learning_speed(run_dirs, spec.headline if spec.headline in others else others[0])
+    except ValueError as err:
+        return {"claim": None, "sentence": f"**No headline**: {err}."}
     return None if row is None else row | {"sentence": learning_speed_sentence(row)}
 
 

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from .._io import read_json
 from ..evaluation import POPULARITY_LABEL, compare_users, intervals_table
 from ..evaluation.reports import EvalSettings, popularity_users, user_value
 from ..intervals import bootstrap_interval
@@ -352,17 +351,17 @@ PROGRESSIVE = "progressive_nll"  # the headline's metric: a run's items predicte
 def progressive_windows(run_dir: str | Path, stage: str = "sft") -> dict[int, tuple[int, float]]:
     """``{step: (items_seen, item_nll)}`` of a strategy run's logged windows in its first epoch (their targets
     not yet trained on: :func:`~peft_grounded.training.callbacks.learning_curve`); empty when it logged none."""
-    path = Path(run_dir) / runs.CURVE_FILE
-    if not path.is_file():
-        return {}
-    data = read_json(path)
-    points = (data.get(stage) or {}).get("train", []) if isinstance(data, dict) else []
+    from ..diagnostics.plots import curve_stage
+
+    part = curve_stage(run_dir, stage)
     return {
         int(p["step"]): (int(p["items_seen"]), float(p["item_nll"]))
-        for p in points
-        if p.get("progressive")
+        for p in (part or {}).get("train", [])
+        if isinstance(p, dict)
+        and p.get("progressive")
+        and isinstance(p.get("step"), int)
+        and isinstance(p.get("items_seen"), int)
         and isinstance(p.get("item_nll"), (int, float))
-        and p.get("items_seen") is not None
     }
 
 
