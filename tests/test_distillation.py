@@ -292,6 +292,102 @@ def test_the_prompt_objective_distils_its_sid_tokens(toy, teacher, tokenizer, tm
     assert torch.isfinite(trainer.compute_loss(model, batch))
 
 
+# ------------------------------------------------------------------------------------------------ the confident share
+
+
+def test_the_confident_share_keeps_the_teacher_where_it_is_surest():
+    codes = torch.arange(4 * 2 * 3).reshape(4, 2, 3)
+    probs = torch.full((4, 2, 3), 1 / 3)
+    true = torch.tensor([[7, 8], [9, 10], [11, 12], [13, 14]])
+    confidence = torch.tensor([0.1, 0.9, 0.5, 0.5], dtype=torch.float64)
+    kept_codes, kept_probs = codes.clone(), probs.clone()
+    dist.keep_confident(kept_codes, kept_probs, true, confidence, 0.5)  # two of four: 0.9, then the first 0.5
+    for t in (1, 2):
+        assert torch.equal(kept_codes[t], codes[t]) and torch.equal(kept_probs[t], probs[t])
+    for t in (0, 3):  # one-hot on the target's own code at every level
+        assert kept_codes[t].tolist() == [[true[t, 0].item()] * 3, [true[t, 1].item()] * 3]
+        assert kept_probs[t].tolist() == [[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]
+    untouched_codes, untouched_probs = codes.clone(), probs.clone()
+    dist.keep_confident(untouched_codes, untouched_probs, true, confidence, 1.0)
+    assert torch.equal(untouched_codes, codes) and torch.equal(untouched_probs, probs)
+
+
+def _shared(toy, teacher, tokenizer, share: float):
+    catalogue, index = toy
+    tokenizer.add_tokens(index.token_strings)
+    split = catalogue.leave_one_out()
+    rows = dist.training_rows(split, SEQ)
+    return dist.teacher_targets(teacher, rows, index, tokenizer, TOP_K, share), rows
+
+
+def test_the_teacher_s_confidence_picks_the_distilled_targets(toy, teacher, tokenizer):
+    _, index = toy
+    whole, rows = _shared(toy, teacher, tokenizer, 1.0)
+    half, _ = _shared(toy, teacher, tokenizer, 0.5)
+    plain = half.probs[:, :, 0].eq(1).all(1) & half.probs[:, :, 1:].eq(0).all((1, 2))
+    n = len(whole.ids)
+    assert int((~plain).sum()) >= round(0.5 * n) > 0  # the kept half (a kept one-hot counts once too)
+    distilled = torch.equal(half.ids[~plain], whole.ids[~plain]) and torch.equal(
+        half.probs[~plain], whole.probs[~plain]
+    )
+    assert distilled
+    # the others: the one-hot target is the item's own SID, as the rows label it
+    token_ids = dist.level_token_ids(index, tokenizer)
+    items = [row.items[t] for row in rows for t in range(row.first, len(row.items))]
+    own = torch.tensor(
+        [
+            [token_ids[lv][index.codes[index.row_of(i)][lv]].item() for lv in range(index.n_levels)]
+            for i in items
+        ]
+    )
+    assert torch.equal(half.ids[plain][:, :, 0].long(), own[plain])
+    # the teacher's confidence, recomputed: every kept target is at least as sure as every one-hot target
+    teacher_index = {item: k + 1 for k, item in enumerate(teacher.item_ids)}
+    prefixes = [
+        [teacher_index[i] for i in row.items[:t]] for row in rows for t in range(row.first, len(row.items))
+    ]
+    sure = torch.softmax(teacher._item_scores(prefixes).double(), -1).max(1).values
+    changed = ~(half.probs.eq(whole.probs).all((1, 2)))
+    assert changed.any() and sure[changed].max() <= sure[~plain].min() + 1e-12
+
+
+def test_targets_left_out_of_distillation_train_on_their_own_cross_entropy(toy, teacher, tokenizer, tmp_path):
+    model = _model(toy, tokenizer)
+    catalogue, index = toy
+    split = catalogue.leave_one_out()
+    rows = dist.training_rows(split, SEQ)
+    none = dist.teacher_targets(teacher, rows, index, tokenizer, TOP_K, 1e-9)  # no target distilled
+    data = dist.add_teacher_columns(
+        training_dataset(split, index, catalogue, tokenizer, SEQ), none, rows, index, tokenizer
+    )
+    results = []
+    for w in (0.0, 0.7):
+        trainer, batch = _batch(
+            model, _config(tmp_path / f"w{w}", max_steps=1, distill_weight=w), data, tokenizer
+        )
+        model.train()
+        model.zero_grad()
+        loss = trainer.compute_loss(model, batch)
+        loss.backward()
+        results.append(
+            (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        )
+    (plain, plain_grads), (mixed, mixed_grads) = results
+    torch.testing.assert_close(mixed, plain, rtol=1e-5, atol=1e-6)
+    assert set(mixed_grads) == set(plain_grads) and plain_grads
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(mixed_grads[name], grad, rtol=1e-4, atol=1e-6)
+
+
+def test_the_confident_share_is_part_of_the_cached_targets_key(toy, tokenizer):
+    catalogue, index = toy
+    tokenizer.add_tokens(index.token_strings)
+    split = catalogue.leave_one_out()
+    keys = [dist._keys(split, index, tokenizer, SEQ, None, TOP_K, 3, 0, share) for share in (1.0, 0.5)]
+    assert keys[0][0] == keys[1][0]  # the same teacher
+    assert keys[0][1] != keys[1][1]  # other targets
+
+
 # ------------------------------------------------------------------------------------------------ settings
 
 
@@ -304,6 +400,9 @@ def test_the_prompt_objective_distils_its_sid_tokens(toy, teacher, tokenizer, tm
         ({"distill_top_k": 0}, "distill_top_k"),
         ({"distill_top_k": 2.5}, "distill_top_k"),
         ({"distill_epochs": 0}, "distill_epochs"),
+        ({"distill_confident_share": 0.0}, "distill_confident_share"),
+        ({"distill_confident_share": 1.5}, "distill_confident_share"),
+        ({"distill_confident_share": float("nan")}, "distill_confident_share"),
         ({"distill_epochs": 1.5}, "distill_epochs"),
         ({"distill_weight": 0.5, "sid_softmax": False}, "distill_weight > 0 needs the SID-only softmax"),
         ({"distill_weight": 0.5, "packing": True}, "distill_weight > 0 needs unpacked rows"),
@@ -333,7 +432,7 @@ def test_the_trainer_refuses_distillation_it_cannot_do(toy, teacher, tokenizer, 
 def test_a_distilled_run_logs_its_soft_loss_and_resumes_on_the_same_targets(toy, model_dir, tmp_path, caplog):
     catalogue, index = toy
     args = dict(max_steps=4, save_steps=2, learning_rate=0.1, warmup_ratio=0.0, lr_scheduler_type="constant")
-    args |= dict(optim="sgd", distill_weight=0.5, distill_epochs=2)
+    args |= dict(optim="sgd", distill_weight=0.5, distill_epochs=2, distill_confident_share=0.6)
     out = tmp_path / "run"
 
     def run(resume: bool = False) -> dict[str, torch.Tensor]:
@@ -353,7 +452,8 @@ def test_a_distilled_run_logs_its_soft_loss_and_resumes_on_the_same_targets(toy,
     teacher_dir = out / "teacher"
     files = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in teacher_dir.iterdir()}
     assert {"teacher.json", "targets.safetensors", "sasrec.json", "sasrec.safetensors"} <= set(files)
-    assert json.loads((out / "run.json").read_text())["distillation"]["weight"] == 0.5
+    distillation = json.loads((out / "run.json").read_text())["distillation"]
+    assert distillation["weight"] == 0.5 and distillation["confident_share"] == 0.6
     shutil.rmtree(out / "checkpoint-4")
     shutil.rmtree(out / "adapter")  # as if killed after the checkpoint at step 2
     caplog.clear()

@@ -342,6 +342,15 @@ class RecommendationConfig(RunConfig):
             "help": "Teacher probabilities kept per SID level and target (the most likely codes, renormalised)."
         },
     )
+    distill_confident_share: float = field(
+        default=1.0,
+        metadata={
+            "help": "Share of the SID targets distilled: those where the teacher's most likely next item is "
+            "most likely (its confidence); the rest train on their own cross-entropy alone, so the student "
+            "learns its own answer where the teacher is unsure, which is where a fused list needs it. "
+            "1: every target. Choose it by the fused validation Recall (fuse-peer)."
+        },
+    )
     distill_epochs: int = field(
         default=200,
         metadata={
@@ -394,6 +403,14 @@ def distillation_problems(config: RecommendationConfig) -> list[str | None]:
     problems = [
         checks.number_in("distill_weight", config.distill_weight, 0, 1, flag="--distill_weight"),
         checks.int_at_least("distill_top_k", config.distill_top_k, 1, flag="--distill_top_k"),
+        checks.number_in(
+            "distill_confident_share",
+            config.distill_confident_share,
+            0,
+            1,
+            low_open=True,
+            flag="--distill_confident_share",
+        ),
         checks.int_at_least("distill_epochs", config.distill_epochs, 1, flag="--distill_epochs"),
     ]
     if problems[0] is None and config.distill_weight > 0:

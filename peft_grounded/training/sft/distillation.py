@@ -83,6 +83,28 @@ def trie_distributions(
     return out_codes, out_probs
 
 
+def keep_confident(
+    out_codes: torch.Tensor,
+    out_probs: torch.Tensor,
+    true: torch.Tensor,
+    confidence: torch.Tensor,
+    share: float,
+) -> None:
+    """In place: keep the teacher's distributions (``[N, levels, top_k]`` codes and probabilities) on the
+    ``share`` of the ``N`` targets of highest ``confidence`` (ties: the earlier target), and give the others
+    their true codes ``true`` ``[N, levels]`` as one-hot targets, under which the soft cross-entropy is the
+    target's own cross-entropy: those targets are not distilled."""
+    n = confidence.numel()
+    kept = round(share * n)
+    if kept >= n:
+        return
+    order = torch.sort(-confidence, stable=True).indices
+    plain = order[kept:]
+    out_codes[plain] = true[plain, :, None].expand(-1, -1, out_codes.shape[2])
+    out_probs[plain] = 0.0
+    out_probs[plain, :, 0] = 1.0
+
+
 def level_token_ids(index, tokenizer) -> list[torch.Tensor]:
     """Per level, the token id of each code (``index.token_strings`` under ``tokenizer``)."""
     strings = index.token_strings
@@ -167,9 +189,13 @@ class TeacherTargets:
         }
 
 
-def teacher_targets(teacher, rows: Sequence[Row], index, tokenizer, top_k: int) -> TeacherTargets:
+def teacher_targets(
+    teacher, rows: Sequence[Row], index, tokenizer, top_k: int, confident_share: float = 1.0
+) -> TeacherTargets:
     """``teacher``'s (a :class:`~peft_grounded.sids.sasrec.SASRecRecommender`) soft targets for ``rows``:
-    each target read after at most ``max_length`` items, the distributions summed onto ``index``'s trie."""
+    each target read after at most ``max_length`` items, the distributions summed onto ``index``'s trie.
+    ``confident_share`` < 1 keeps them on that share of the targets where the teacher's top item is most
+    likely (:func:`keep_confident`); the others get their own SID as a one-hot target."""
     teacher_index = {item: i + 1 for i, item in enumerate(teacher.item_ids)}
     missing = sorted({i for row in rows for i in row.items if i not in teacher_index})
     if missing:
@@ -189,6 +215,7 @@ def teacher_targets(teacher, rows: Sequence[Row], index, tokenizer, top_k: int) 
     n, levels = len(prefixes), index.n_levels
     out_codes = torch.zeros(n, levels, top_k, dtype=torch.long)
     out_probs = torch.zeros(n, levels, top_k, dtype=torch.float32)
+    confidence = torch.zeros(n, dtype=torch.float64)
     order = sorted(range(n), key=lambda j: len(prefixes[j]))  # batches of alike lengths pad little
     for start in range(0, n, _BATCH):
         chunk = order[start : start + _BATCH]
@@ -202,6 +229,8 @@ def teacher_targets(teacher, rows: Sequence[Row], index, tokenizer, top_k: int) 
         at = torch.tensor(chunk)
         out_codes[at], kept = trie_distributions(probs, wanted[at], codes, index.codes_per_level, top_k)
         out_probs[at] = kept.float()
+        confidence[at] = probs.max(dim=1).values
+    keep_confident(out_codes, out_probs, codes[wanted], confidence, confident_share)
     token_ids = level_token_ids(index, tokenizer)
     ids = torch.stack([token_ids[level][out_codes[:, level]] for level in range(levels)], dim=1).int()
     counts = torch.tensor([row.targets for row in rows], dtype=torch.long)
@@ -287,7 +316,9 @@ def fit_teacher(split, index, epochs: int, seed: int, *, show_progress: bool = F
     return teacher
 
 
-def _keys(split, index, tokenizer, fmt: PromptFormat, augment, top_k: int, epochs: int, seed: int):
+def _keys(
+    split, index, tokenizer, fmt: PromptFormat, augment, top_k: int, epochs: int, seed: int, share: float
+):
     from .. import runs
 
     teacher = runs.fingerprint(
@@ -307,6 +338,7 @@ def _keys(split, index, tokenizer, fmt: PromptFormat, augment, top_k: int, epoch
             "format": asdict(fmt),
             "augment": None if augment is None else asdict(augment),
             "top_k": top_k,
+            "confident_share": share,
         }
     )
     return teacher, targets
@@ -391,7 +423,8 @@ def with_teacher(
     dataset = build(tokenizer)
     rows = training_rows(split, fmt, augment)
     epochs, seed, top_k = args.distill_epochs, args.seed, args.distill_top_k
-    keys = _keys(split, index, tokenizer, fmt, augment, top_k, epochs, seed)
+    share = args.distill_confident_share
+    keys = _keys(split, index, tokenizer, fmt, augment, top_k, epochs, seed, share)
     output_dir = Path(args.output_dir) if args.output_dir else None
     folder = None if output_dir is None else output_dir / TEACHER_DIR
     with PartialState().main_process_first():  # the main process fits and writes; the others read
@@ -404,7 +437,7 @@ def with_teacher(
             fitted = teacher is None
             show = not getattr(args, "disable_tqdm", False) and PartialState().is_local_main_process
             teacher = teacher or fit_teacher(split, index, epochs, seed, show_progress=show)
-            targets = teacher_targets(teacher, rows, index, tokenizer, top_k)
+            targets = teacher_targets(teacher, rows, index, tokenizer, top_k, share)
             # never replace what vouches for another run's targets in its own folder
             writable = folder is not None and (record is None or not _holds_a_run(output_dir))
             if writable and PartialState().is_main_process:
@@ -468,6 +501,7 @@ __all__ = [
     "TeacherTargets",
     "add_teacher_columns",
     "fit_teacher",
+    "keep_confident",
     "soft_cross_entropy",
     "teacher_targets",
     "training_rows",

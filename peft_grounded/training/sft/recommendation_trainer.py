@@ -96,7 +96,12 @@ class RecommendationTrainer(RunTrainer):
         manifest = super().build_manifest(data_fingerprint)
         a = self.args
         manifest["distillation"] = (
-            {"weight": a.distill_weight, "top_k": a.distill_top_k, "epochs": a.distill_epochs}
+            {
+                "weight": a.distill_weight,
+                "top_k": a.distill_top_k,
+                "epochs": a.distill_epochs,
+                "confident_share": a.distill_confident_share,
+            }
             if self._distill
             else None
         )
@@ -107,7 +112,8 @@ class RecommendationTrainer(RunTrainer):
         """The loss of :class:`~peft_grounded.training.trainer.RunTrainer`; with ``distill_weight`` w > 0 and the
         teacher's columns in the batch, each SID target's term is ``(1 - w) * CE + w * softCE``: softCE =
         ``-sum_k q_k log p(id_k)`` against the teacher's ``q`` over its ``top_k`` ids, ``p`` the same SID-only
-        softmax as the hard term's. Logs ``distill_loss`` (the mean softCE of the SID targets)."""
+        softmax as the hard term's (a target left out by ``distill_confident_share`` has a one-hot ``q`` on its own
+        code, so its softCE is its CE). Logs ``distill_loss`` (the mean softCE of the SID targets)."""
         from .distillation import TEACHER_COLUMNS
 
         teacher = [inputs.get(name) for name in TEACHER_COLUMNS]
