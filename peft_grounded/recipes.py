@@ -149,10 +149,11 @@ CPU_SIDS = Recipe(
 CPU = Recipe(
     "cpu",
     "sft",
-    why="chosen on validation per CPU minute; the demo's default preset, less the distillation",
+    why="chosen on validation per CPU minute; the demo's default preset, less the distillation; the epochs a "
+    "budget allows chosen on the validation users",
     settings={
         "LoraModelConfig": {"layers": 8, "lora_r": 8, "lora_alpha": 16},
-        "SFTArguments": {"objective": "sequence", "max_history": 19},
+        "SFTArguments": {"objective": "sequence", "max_history": 19, "eval_per_epoch": 1, "keep_best": True},
         "RowStart": {"init": "centroid", "init_scale": 0.1},
         "RecommendationConfig": {
             "learning_rate": 3e-3,
@@ -166,12 +167,11 @@ CPU = Recipe(
 CPU_HOUR = Recipe(
     "cpu_hour",
     "sft",
-    why="cpu for an hour of one CPU thread: levers against overfitting, and the best validation adapter",
+    why="cpu for an hour of one CPU thread, with levers against overfitting",
     base=CPU,
     settings={
         "RecommendationConfig": {"max_minutes": 60.0, "augment_views": 1, "neftune_noise_alpha": 5.0},
         "LoraModelConfig": {"lora_dropout": 0.1},
-        "SFTArguments": {"eval_every": 1000, "keep_best": True},
     },
 )
 

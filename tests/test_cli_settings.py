@@ -421,9 +421,18 @@ def test_the_hour_recipe_is_the_cpu_recipe_with_the_hours_levers():
     _, _, args, base, config = sft.parse(["--sid-index", "s", "--recipe", "cpu_hour"])
     assert (config.max_minutes, config.max_steps, base.lora_dropout) == (60.0, -1, 0.1)
     assert (config.augment_views, config.neftune_noise_alpha, config.distill_weight) == (1, 5.0, 0.5)
-    assert (args.eval_every, args.keep_best, args.eval_users) == (1000, True, None)
-    _, _, given, _, _ = sft.parse(["--sid-index", "s", "--recipe", "cpu_hour", "--eval_every", "500"])
-    assert given.eval_every == 500 and given.keep_best
+    assert (args.eval_every, args.eval_per_epoch, args.keep_best, args.eval_users) == (0, 1, True, None)
+    _, _, given, _, _ = sft.parse(
+        ["--sid-index", "s", "--recipe", "cpu_hour", "--eval_every", "500", "--eval_per_epoch", "0"]
+    )
+    assert (given.eval_every, given.eval_per_epoch) == (500, 0) and given.keep_best
+
+
+def test_the_cpu_recipe_chooses_its_epochs_on_validation():
+    _, _, args, _, _ = sft.parse(["--sid-index", "s", "--recipe", "cpu", "--max_minutes", "30"])
+    assert (args.eval_per_epoch, args.keep_best, args.eval_every) == (1, True, 0)
+    with pytest.raises(ValueError, match=r"over a recipe's --eval_per_epoch, add --eval_per_epoch 0"):
+        sft.parse(["--sid-index", "s", "--recipe", "cpu", "--eval_every", "500"])
 
 
 def test_keep_best_without_validation_points_is_refused():
@@ -433,6 +442,59 @@ def test_keep_best_without_validation_points_is_refused():
         sft.parse(["--sid-index", "s", "--eval_every", "-1"])
     with pytest.raises(ValueError, match="eval_users"):
         sft.parse(["--sid-index", "s", "--eval_every", "2", "--eval_users", "0"])
+    with pytest.raises(ValueError, match="eval_per_epoch"):
+        sft.parse(["--sid-index", "s", "--eval_per_epoch", "-1"])
+    with pytest.raises(ValueError, match="--eval_every counts steps and --eval_per_epoch epochs: give one"):
+        sft.parse(["--sid-index", "s", "--eval_every", "5", "--eval_per_epoch", "1"])
+    _, _, args, _, _ = sft.parse(["--sid-index", "s", "--eval_per_epoch", "2", "--keep_best"])
+    assert (args.eval_per_epoch, args.keep_best) == (2, True)
+
+
+def test_sft_keep_best_over_epochs_decodes_validation_at_each_epoch_s_end(tmp_path, stage_data):
+    """`sft --eval_per_epoch 1 --keep_best` over two epochs: a validation point at each epoch's last step, the
+    adapter of the better one written."""
+    out = tmp_path / "s"
+    flags = [f"--{k}={v}" for k, v in stage_data.items()]
+    flags += ["--output_dir", str(out), "--max_steps", "-1", "--num_train_epochs", "2"]
+    flags += ["--per_device_train_batch_size", "4", "--max_length", "96", "--objective", "sequence"]
+    flags += [
+        "--learning_rate",
+        "0.05",
+        "--eval_per_epoch",
+        "1",
+        "--eval_users",
+        "5",
+        "--keep_best",
+        "--logging_steps",
+        "1",
+    ]
+    assert main(["sft", *flags]) == 0
+    log = json.loads((out / "log_history.json").read_text())
+    last = max(e["step"] for e in log)
+    epochs = {e["step"]: e["epoch"] for e in log if "loss" in e}
+    points = [e for e in log if "eval_recall@10" in e]
+    assert last % 2 == 0 and [p["step"] for p in points] == [last // 2, last]
+    assert epochs[last // 2] == pytest.approx(1.0) and epochs[last] == pytest.approx(2.0)
+    (restored,) = [e for e in log if "restored_best_step" in e]
+    assert restored["restored_best_step"] == max(points, key=lambda p: p["eval_recall@10"])["step"]
+
+
+@pytest.mark.parametrize(
+    "batches, accumulation, per_epoch, every", [(10, 1, 1, 10), (10, 2, 1, 5), (11, 2, 2, 3), (3, 1, 4, 1)]
+)
+def test_points_per_epoch_count_the_epoch_s_optimisation_steps(batches, accumulation, per_epoch, every):
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl, TrainerState
+
+    from peft_grounded.training.callbacks import ValidationRecall
+
+    callback = ValidationRecall(lambda model: {}, 0, per_epoch=per_epoch)
+    args = SimpleNamespace(gradient_accumulation_steps=accumulation)
+    callback.on_train_begin(args, TrainerState(), TrainerControl(), train_dataloader=range(batches))
+    assert callback.every == every
+    with pytest.raises(ValueError, match="one of them"):
+        ValidationRecall(lambda model: {}, 5, per_epoch=1)
 
 
 def test_sft_keep_best_decodes_validation_and_ends_on_the_best_adapter(tmp_path, stage_data):

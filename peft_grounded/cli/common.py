@@ -121,6 +121,14 @@ class SFTArguments:
             "and log their Recall@5/10 and NDCG@5/10 (eval_recall@10...). 0: off."
         },
     )
+    eval_per_epoch: int = field(
+        default=0,
+        metadata={
+            "help": "Instead of --eval_every's steps: decode the validation users this many times an epoch, at "
+            "equal steps (1: each epoch's end), so that a recipe carries to a catalogue of another size; with "
+            "--keep_best and --max_minutes the epochs the budget allows are chosen on validation. 0: off."
+        },
+    )
     eval_users: int | None = field(
         default=None,
         metadata={
@@ -130,7 +138,8 @@ class SFTArguments:
     keep_best: bool = field(
         default=False,
         metadata={
-            "help": "End with the adapter of the best validation Recall@10 (early stopping; needs --eval_every): "
+            "help": "End with the adapter of the best validation Recall@10 (early stopping; needs --eval_every "
+            "or --eval_per_epoch): "
             "each new best is kept in OUTPUT_DIR/best, and the last weights are evaluated too."
         },
     )
@@ -143,11 +152,16 @@ class SFTArguments:
             "SFTArguments",
             [
                 checks.int_at_least("eval_every", self.eval_every, 0, flag="--eval_every"),
+                checks.int_at_least("eval_per_epoch", self.eval_per_epoch, 0, flag="--eval_per_epoch"),
+                "--eval_every counts steps and --eval_per_epoch epochs: give one of them (over a recipe's "
+                "--eval_per_epoch, add --eval_per_epoch 0)"
+                if self.eval_every and self.eval_per_epoch
+                else None,
                 None
                 if self.eval_users is None
                 else checks.int_at_least("eval_users", self.eval_users, 1, flag="--eval_users"),
-                "--keep_best picks among validation points: give --eval_every N (N >= 1)"
-                if self.keep_best and not self.eval_every
+                "--keep_best picks among validation points: give --eval_every N or --eval_per_epoch M (>= 1)"
+                if self.keep_best and not self.eval_every and not self.eval_per_epoch
                 else None,
             ],
         )

@@ -62,9 +62,10 @@ def run(data: DataArguments, start: RowStart, sft: SFTArguments, base: LoraModel
 def validation_callbacks(
     catalogue: Any, index: Any, split: Any, fmt: Any, sft: SFTArguments, config: Any
 ) -> list:
-    """``--eval_every`` / ``--keep_best``: the validation users decoded during training as ``evaluate`` decodes
-    them (the served route, the history left out), every ``eval_every`` steps; none when it is 0."""
-    if not sft.eval_every:
+    """``--eval_every`` / ``--eval_per_epoch`` / ``--keep_best``: the validation users decoded during training as
+    ``evaluate`` decodes them (the served route, the history left out), every ``eval_every`` steps or
+    ``eval_per_epoch`` times an epoch; none when both are 0."""
+    if not sft.eval_every and not sft.eval_per_epoch:
         return []
     from pathlib import Path
 
@@ -86,6 +87,7 @@ def validation_callbacks(
             keep_best="recall@10" if sft.keep_best else None,
             directory=Path(config.output_dir) / "best",
             with_tokenizer=True,
+            per_epoch=sft.eval_per_epoch,
         )
     ]
 

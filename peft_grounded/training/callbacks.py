@@ -17,6 +17,7 @@ ranks use the same learning rate and stop at the same step.
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -169,25 +170,37 @@ RECALL_PREFIX = "eval_"
 
 
 class _PeriodicEvaluation(TrainerCallback):
-    """Every ``every`` optimisation steps, ``evaluate(model)`` -> metrics logged with ``prefix``;
-    ``evaluate(model, tokenizer)`` with ``with_tokenizer`` (the trainer's ``processing_class``, for a caller
-    that did not load the model itself)."""
+    """Every ``every`` optimisation steps, or ``per_epoch`` times an epoch (every ``steps per epoch //
+    per_epoch`` steps, so ``per_epoch=1`` is each epoch's end), ``evaluate(model)`` -> metrics logged with
+    ``prefix``; ``evaluate(model, tokenizer)`` with ``with_tokenizer`` (the trainer's ``processing_class``, for
+    a caller that did not load the model itself)."""
 
     prefix = ""
     wants_clock = True  # RunTrainer hands it its TrainingClock, so evaluation is not counted as training
 
-    def __init__(self, evaluate: Callable[..., dict], every: int, with_tokenizer: bool = False) -> None:
-        if every < 0:
-            raise ValueError(f"every={every}: evaluate every N >= 1 steps, or 0 for never.")
+    def __init__(
+        self, evaluate: Callable[..., dict], every: int, with_tokenizer: bool = False, per_epoch: int = 0
+    ) -> None:
+        if every < 0 or per_epoch < 0 or (every and per_epoch):
+            raise ValueError(
+                f"every={every}, per_epoch={per_epoch}: evaluate every N >= 1 steps or M >= 1 times an epoch "
+                "(one of them), or neither for never."
+            )
         self.evaluate, self.every, self.with_tokenizer = evaluate, every, with_tokenizer
+        self.per_epoch = per_epoch
         self.clock: Any = None
         self.tokenizer: Any = None
 
     def _due(self, state) -> bool:
         return bool(self.every) and state.global_step > 0 and state.global_step % self.every == 0
 
-    def on_train_begin(self, args, state, control, processing_class=None, **kwargs):
+    def on_train_begin(self, args, state, control, processing_class=None, train_dataloader=None, **kwargs):
         self.tokenizer = processing_class
+        if self.per_epoch:
+            if train_dataloader is None:
+                raise ValueError("per_epoch needs the trainer's train_dataloader to count an epoch's steps")
+            steps = math.ceil(len(train_dataloader) / max(1, args.gradient_accumulation_steps))
+            self.every = max(1, steps // self.per_epoch)
         return control
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
@@ -232,12 +245,13 @@ class ValidationRecall(_PeriodicEvaluation):
         keep_best: str | None = None,
         directory: str | Path | None = None,
         with_tokenizer: bool = False,
+        per_epoch: int = 0,
     ) -> None:
-        super().__init__(evaluate, every, with_tokenizer)
-        if keep_best is not None and (not every or directory is None):
+        super().__init__(evaluate, every, with_tokenizer, per_epoch)
+        if keep_best is not None and ((not every and not per_epoch) or directory is None):
             raise ValueError(
-                f"keep_best={keep_best!r} needs validation points (every >= 1, got {every}) and a directory for "
-                "the best adapter"
+                f"keep_best={keep_best!r} needs validation points (every >= 1 or per_epoch >= 1, got {every} and "
+                f"{per_epoch}) and a directory for the best adapter"
             )
         self.curve: list[dict] = []
         self.keep_best = keep_best
