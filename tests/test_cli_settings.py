@@ -479,6 +479,44 @@ def test_sft_keep_best_over_epochs_decodes_validation_at_each_epoch_s_end(tmp_pa
     assert restored["restored_best_step"] == max(points, key=lambda p: p["eval_recall@10"])["step"]
 
 
+def test_sft_keep_best_over_epochs_resumes_after_a_kill(tmp_path, stage_data):
+    """Killed after its first epoch's checkpoint, `sft --eval_per_epoch 1 --keep_best --resume_from_checkpoint`
+    keeps that epoch's point, decodes the second epoch's end at the same step, and ends on the best of both."""
+    import shutil
+
+    out = tmp_path / "s"
+    flags = [f"--{k}={v}" for k, v in stage_data.items()]
+    flags += [
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "-1",
+        "--num_train_epochs",
+        "2",
+        "--save_steps",
+        "1",
+        "--save_total_limit",
+        "10",
+    ]
+    flags += ["--per_device_train_batch_size", "4", "--max_length", "96", "--objective", "sequence"]
+    flags += ["--learning_rate", "0.05", "--eval_per_epoch", "1", "--eval_users", "5", "--keep_best"]
+    assert main(["sft", *flags]) == 0
+    whole = json.loads((out / "log_history.json").read_text())
+    last = max(e["step"] for e in whole)
+    shutil.rmtree(out / "adapter")
+    for checkpoint in out.glob("checkpoint-*"):
+        if int(checkpoint.name.split("-")[1]) > last // 2:
+            shutil.rmtree(checkpoint)  # as if killed just after the first epoch's end
+    assert (out / f"checkpoint-{last // 2}").is_dir()
+    assert main(["sft", *flags, "--resume_from_checkpoint", "last"]) == 0
+    log = json.loads((out / "log_history.json").read_text())
+    points = [e for e in log if "eval_recall@10" in e]
+    assert [p["step"] for p in points] == [last // 2, last]
+    (restored,) = [e for e in log if "restored_best_step" in e]
+    assert restored["restored_best_step"] == max(points, key=lambda p: p["eval_recall@10"])["step"]
+    assert (out / "adapter" / "adapter_model.safetensors").is_file()
+
+
 @pytest.mark.parametrize(
     "batches, accumulation, per_epoch, every", [(10, 1, 1, 10), (10, 2, 1, 5), (11, 2, 2, 3), (3, 1, 4, 1)]
 )
